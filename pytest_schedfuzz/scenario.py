@@ -1,0 +1,400 @@
+"""Scenarios as plain data: graph specs, backend layouts and steps, with a versioned JSON form.
+
+A *graph spec* is a small op program that both the reference and the real engine materialize
+the same way: tensors in creation order (leafs: weights, KV cache, inputs; then ops), and the
+roots handed to ``ggml_build_forward_expand``. A *scenario* is a backend layout plus a list of
+steps over named graph specs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterable, Mapping, Sequence
+
+from reference.params import SchedParams
+
+from .shapes import OPS, Geometry, SpecError, ggml_srcs, infer, new_tensor
+
+FORMAT_VERSION = 1
+
+ROLES = ("weight", "cache", "input", "")
+BACKEND_KINDS = ("rpc", "blas", "cpu")
+STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset")
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor: a leaf (``op == "none"``) or an op over earlier tensors (``args``).
+
+    ``device`` is the index, in the layout, of the backend whose buffer holds a weight or a
+    cache tensor. ``ne`` is filled in by shape inference and checked on load.
+    """
+
+    name: str
+    op: str = "none"
+    type: str = "f32"
+    ne: tuple[int, ...] = ()
+    args: tuple[str | None, ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()
+    role: str = ""
+    device: int | None = None
+    output: bool = False
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op == "none"
+
+    @property
+    def srcs(self) -> tuple[str | None, ...]:
+        """Names in ggml's ``src[]`` order (see ``shapes.ggml_srcs``)."""
+        return ggml_srcs(self.op, self.args) if not self.is_leaf else ()
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "op": self.op, "type": self.type, "ne": list(self.ne)}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.params:
+            out["params"] = {k: _thaw(v) for k, v in self.params}
+        if self.role:
+            out["role"] = self.role
+        if self.device is not None:
+            out["device"] = self.device
+        if self.output:
+            out["output"] = True
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> TensorSpec:
+        return TensorSpec(
+            name=d["name"],
+            op=d.get("op", "none"),
+            type=d.get("type", "f32"),
+            ne=tuple(d.get("ne", ())),
+            args=tuple(d.get("args", ())),
+            params=tuple(sorted((k, _freeze(v)) for k, v in d.get("params", {}).items())),
+            role=d.get("role", ""),
+            device=d.get("device"),
+            output=bool(d.get("output", False)),
+        )
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A compute graph as an op program; ``forced`` are user assignments (tensor, backend)."""
+
+    tensors: tuple[TensorSpec, ...]
+    roots: tuple[str, ...]
+    forced: tuple[tuple[str, int], ...] = ()
+    label: str = ""
+
+    @cached_property
+    def by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.tensors}
+
+    @cached_property
+    def geometry(self) -> dict[str, Geometry]:
+        """Every tensor's type, ne, nb and view source, from ``shapes.infer``."""
+        geo: dict[str, Geometry] = {}
+        for t in self.tensors:
+            if t.is_leaf:
+                geo[t.name] = new_tensor(t.type, t.ne)
+                continue
+            args = [geo[a] if a is not None else None for a in t.args]
+            geo[t.name] = infer(t.op, args, t.args, dict(t.params))
+        return geo
+
+    def validate(self, n_backends: int | None = None) -> None:
+        """Raise ``SpecError`` naming the first problem: names, ops, order, shapes, devices."""
+        seen: set[str] = set()
+        for t in self.tensors:
+            if not t.name or len(t.name) >= 64:
+                raise SpecError(f"tensor name {t.name!r} must have 1 to 63 characters")
+            if t.name in seen:
+                raise SpecError(f"tensor {t.name!r} is defined twice")
+            if not t.is_leaf and t.op not in OPS:
+                raise SpecError(f"tensor {t.name!r}: unknown op {t.op!r}")
+            if t.role not in ROLES:
+                raise SpecError(f"tensor {t.name!r}: unknown role {t.role!r}")
+            for a in t.args:
+                if a is not None and a not in seen:
+                    # sources must be defined earlier: this also rules out cycles
+                    raise SpecError(f"tensor {t.name!r}: source {a!r} is not defined before it (or forms a cycle)")
+            if t.role in ("weight", "cache"):
+                if not t.is_leaf or t.device is None:
+                    raise SpecError(f"tensor {t.name!r}: a {t.role} must be a leaf with a device")
+                if n_backends is not None and not 0 <= t.device < n_backends:
+                    raise SpecError(f"tensor {t.name!r}: device {t.device} is not in the layout ({n_backends} backends)")
+            if t.is_leaf and t.role == "":
+                raise SpecError(f"leaf {t.name!r} needs a role (weight, cache or input)")
+            seen.add(t.name)
+        for r in self.roots:
+            if r not in seen:
+                raise SpecError(f"root {r!r} is not a tensor of the graph")
+        for name, backend in self.forced:
+            if name not in seen:
+                raise SpecError(f"forced assignment names unknown tensor {name!r}")
+            if n_backends is not None and not 0 <= backend < n_backends:
+                raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
+        geo = self.geometry
+        for t in self.tensors:
+            if t.ne and tuple(geo[t.name].ne[: len(t.ne)]) != tuple(t.ne) or any(n != 1 for n in geo[t.name].ne[len(t.ne):]):
+                raise SpecError(f"tensor {t.name!r}: stored shape {list(t.ne)} but ops give {list(geo[t.name].ne)}")
+
+    @property
+    def n_ops(self) -> int:
+        return sum(1 for t in self.tensors if not t.is_leaf)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tensors": [t.to_json() for t in self.tensors], "roots": list(self.roots)}
+        if self.forced:
+            out["forced"] = [list(f) for f in self.forced]
+        if self.label:
+            out["label"] = self.label
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> GraphSpec:
+        return GraphSpec(
+            tensors=tuple(TensorSpec.from_json(t) for t in d["tensors"]),
+            roots=tuple(d["roots"]),
+            forced=tuple((str(n), int(b)) for n, b in d.get("forced", ())),
+            label=d.get("label", ""),
+        )
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend given to ``ggml_backend_sched_new``.
+
+    ``rpc`` devices each have their own buffer type; ``blas`` and ``cpu`` share the host buffer
+    type. ``offload_min_batch`` models a backend whose ``offload_op`` accepts ops with a batch
+    (``ne[1]``) at least that large; no backend built here implements ``offload_op``, so it is
+    only settable on reference-only layouts.
+    """
+
+    kind: str
+    offload_min_batch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.offload_min_batch is not None:
+            out["offload_min_batch"] = self.offload_min_batch
+        return out
+
+
+@dataclass(frozen=True)
+class BackendLayout:
+    """The ordered backends (highest priority first, CPU last)."""
+
+    backends: tuple[BackendSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not self.backends or self.backends[-1].kind != "cpu":
+            raise SpecError("a layout must end with the CPU backend")
+        for b in self.backends:
+            if b.kind not in BACKEND_KINDS:
+                raise SpecError(f"unknown backend kind {b.kind!r}")
+        if sum(b.kind == "cpu" for b in self.backends) != 1:
+            raise SpecError("a layout has exactly one CPU backend")
+
+    @staticmethod
+    def of(*kinds: str) -> BackendLayout:
+        return BackendLayout(tuple(BackendSpec(k) for k in kinds))
+
+    @property
+    def n(self) -> int:
+        return len(self.backends)
+
+    @property
+    def n_rpc(self) -> int:
+        return sum(b.kind == "rpc" for b in self.backends)
+
+    def buft(self, i: int) -> str:
+        """Buffer type identity: each RPC device its own, host memory shared by BLAS and CPU."""
+        return f"RPC{i}" if self.backends[i].kind == "rpc" else "CPU"
+
+    def name(self, i: int) -> str:
+        kind = self.backends[i].kind
+        if kind == "rpc":
+            return f"RPC{self.backends[: i + 1].count(self.backends[i]) - 1}"
+        return kind.upper()
+
+    def is_host(self, i: int) -> bool:
+        return self.backends[i].kind != "rpc"
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [b.to_json() for b in self.backends]
+
+    @staticmethod
+    def from_json(d: Sequence[Mapping[str, Any]]) -> BackendLayout:
+        return BackendLayout(tuple(BackendSpec(b["kind"], b.get("offload_min_batch")) for b in d))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call on the scheduler. ``sched_new`` carries the params and the reuse decision."""
+
+    kind: str
+    graph: str | None = None
+    params: SchedParams | None = None
+    reuse: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.graph is not None:
+            out["graph"] = self.graph
+        if self.params is not None:
+            p = self.params
+            out["params"] = {"max_nodes": p.max_nodes, "parallel": p.parallel, "op_offload": p.op_offload}
+        if self.reuse:
+            out["reuse"] = True
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Step:
+        p = d.get("params")
+        return Step(
+            kind=d["kind"],
+            graph=d.get("graph"),
+            params=SchedParams(int(p["max_nodes"]), bool(p["parallel"]), bool(p["op_offload"])) if p else None,
+            reuse=bool(d.get("reuse", False)),
+        )
+
+    def describe(self) -> str:
+        if self.kind == "sched_new":
+            p = self.params
+            assert p is not None
+            verb = "reuse" if self.reuse else "sched_new"
+            return f"{verb}(max_nodes={p.max_nodes}, parallel={p.parallel}, op_offload={p.op_offload})"
+        return f"{self.kind}({self.graph})" if self.graph else self.kind
+
+
+@dataclass(frozen=True)
+class Scenario:
+    layout: BackendLayout
+    graphs: tuple[tuple[str, GraphSpec], ...]
+    steps: tuple[Step, ...]
+
+    @cached_property
+    def graph_map(self) -> dict[str, GraphSpec]:
+        return dict(self.graphs)
+
+    def graph(self, name: str) -> GraphSpec:
+        return self.graph_map[name]
+
+    def validate(self) -> None:
+        for name, g in self.graphs:
+            try:
+                g.validate(self.layout.n)
+            except SpecError as e:
+                raise SpecError(f"graph {name!r}: {e}") from None
+        if self.steps and self.steps[0].kind != "sched_new":
+            raise SpecError("the first step must be sched_new")
+        for i, s in enumerate(self.steps):
+            if s.kind not in STEP_KINDS:
+                raise SpecError(f"step {i}: unknown kind {s.kind!r}")
+            if s.kind == "sched_new" and s.params is None:
+                raise SpecError(f"step {i}: sched_new needs params")
+            if s.kind in ("reserve", "alloc", "compute") and s.graph not in self.graph_map:
+                raise SpecError(f"step {i}: unknown graph {s.graph!r}")
+            if s.kind == "sched_new" and s.reuse and i == 0:
+                raise SpecError("step 0: nothing to reuse")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "layout": self.layout.to_json(),
+            "graphs": {name: g.to_json() for name, g in self.graphs},
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Scenario:
+        version = d.get("version")
+        if version != FORMAT_VERSION:
+            raise SpecError(f"scenario format version {version!r} is not supported (this schedfuzz reads {FORMAT_VERSION})")
+        try:
+            sc = Scenario(
+                layout=BackendLayout.from_json(d["layout"]),
+                graphs=tuple((str(k), GraphSpec.from_json(v)) for k, v in d["graphs"].items()),
+                steps=tuple(Step.from_json(s) for s in d["steps"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, SpecError):
+                raise
+            raise SpecError(f"malformed scenario: {type(e).__name__}: {e}") from None
+        sc.validate()
+        return sc
+
+
+@dataclass
+class GraphBuilder:
+    """Builds a ``GraphSpec`` the way one writes a ggml graph, e.g.::
+
+        b = GraphBuilder()
+        w = b.weight("w", (64, 64), device=0)
+        x = b.input("x", (64, 8))
+        y = b.op("mul_mat", w, x, name="y")
+        spec = b.build(y)
+    """
+
+    tensors: list[TensorSpec] = field(default_factory=list)
+    forced: list[tuple[str, int]] = field(default_factory=list)
+    _geo: dict[str, Geometry] = field(default_factory=dict)
+
+    def _add(self, t: TensorSpec, geo: Geometry) -> str:
+        if t.name in self._geo:
+            raise SpecError(f"tensor {t.name!r} is defined twice")
+        self._geo[t.name] = geo
+        self.tensors.append(TensorSpec(**{**t.__dict__, "ne": tuple(geo.ne)}))
+        return t.name
+
+    def leaf(self, name: str, ne: Sequence[int], type: str = "f32", role: str = "input", device: int | None = None) -> str:
+        return self._add(TensorSpec(name, type=type, role=role, device=device), new_tensor(type, ne))
+
+    def weight(self, name: str, ne: Sequence[int], device: int, type: str = "f32") -> str:
+        return self.leaf(name, ne, type, "weight", device)
+
+    def cache(self, name: str, ne: Sequence[int], device: int, type: str = "f32") -> str:
+        return self.leaf(name, ne, type, "cache", device)
+
+    def input(self, name: str, ne: Sequence[int], type: str = "f32") -> str:
+        return self.leaf(name, ne, type, "input")
+
+    def op(self, op: str, *args: str | None, name: str, output: bool = False, **params: Any) -> str:
+        geo = infer(op, [self._geo[a] if a is not None else None for a in args], args, params)
+        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
+        return self._add(TensorSpec(name, op, geo.type, (), tuple(args), frozen, output=output), geo)
+
+    def force(self, name: str, backend: int) -> None:
+        self.forced.append((name, backend))
+
+    def shape(self, name: str) -> tuple[int, int, int, int]:
+        return self._geo[name].ne
+
+    def build(self, *roots: str, label: str = "") -> GraphSpec:
+        return GraphSpec(tuple(self.tensors), tuple(roots), tuple(self.forced), label)
+
+
+def graphs_used(steps: Iterable[Step]) -> list[str]:
+    return sorted({s.graph for s in steps if s.graph is not None})

@@ -1,0 +1,290 @@
+"""Shape inference for graph specs, following the constructors in ggml's ``ggml.c``.
+
+One function per op computes the result's ``ne`` (elements per dim), ``nb`` (bytes per dim),
+type and, for ops that return a view, which source the result views. Both the reference and
+the real-engine target rely on these figures; the target checks them against what ggml built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+Shape = tuple[int, int, int, int]
+
+# ggml type name -> (block size, type size), from ggml.c's type_traits
+TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "i32": (1, 4),
+    "i64": (1, 8),
+    "q8_0": (32, 34),
+}
+
+# ops whose result is a view of a source (ggml_is_view_op in ggml-backend.cpp)
+VIEW_OPS = frozenset({"view", "reshape", "permute", "transpose"})
+
+
+class SpecError(ValueError):
+    """A graph spec that ggml would reject (bad shape, unknown op, cycle...)."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Geometry of one tensor: its type, element counts, strides and view source."""
+
+    type: str
+    ne: Shape
+    nb: Shape
+    view_src: str | None = None  # name of the tensor whose memory this one views
+    view_offs: int = 0
+
+
+def contiguous_nb(type_: str, ne: Sequence[int]) -> Shape:
+    """Strides of a contiguous tensor, as ``ggml_new_tensor_impl`` sets them."""
+    blck, size = TYPES[type_]
+    nb0 = size
+    nb1 = nb0 * (ne[0] // blck)
+    nb2 = nb1 * ne[1]
+    nb3 = nb2 * ne[2]
+    return (nb0, nb1, nb2, nb3)
+
+
+def pad4(ne: Sequence[int]) -> Shape:
+    if not 1 <= len(ne) <= 4:
+        raise SpecError(f"shape {list(ne)} must have 1 to 4 dims")
+    if any(not isinstance(n, int) or n < 1 for n in ne):
+        raise SpecError(f"shape {list(ne)} must hold positive integers")
+    full = list(ne) + [1] * (4 - len(ne))
+    return (full[0], full[1], full[2], full[3])
+
+
+def new_tensor(type_: str, ne: Sequence[int]) -> Geometry:
+    if type_ not in TYPES:
+        raise SpecError(f"unknown type {type_!r}")
+    shape = pad4(ne)
+    if shape[0] % TYPES[type_][0]:
+        raise SpecError(f"ne0 {shape[0]} is not a multiple of {type_}'s block size")
+    return Geometry(type_, shape, contiguous_nb(type_, shape))
+
+
+def nbytes(t: Geometry) -> int:
+    """``ggml_nbytes``: the bytes spanned by a tensor, strides included."""
+    blck, size = TYPES[t.type]
+    if blck == 1:
+        total = size
+        for n, b in zip(t.ne, t.nb):
+            total += (n - 1) * b
+        return total
+    total = t.ne[0] * t.nb[0] // blck
+    for n, b in zip(t.ne[1:], t.nb[1:]):
+        total += (n - 1) * b
+    return total
+
+
+def is_contiguous(t: Geometry) -> bool:
+    return t.nb == contiguous_nb(t.type, t.ne)
+
+
+def nelements(t: Geometry) -> int:
+    return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise SpecError(msg)
+
+
+def _same(a: Geometry) -> Geometry:
+    return new_tensor(a.type, a.ne)
+
+
+def _f32(ne: Sequence[int]) -> Geometry:
+    return new_tensor("f32", ne)
+
+
+def _view(name: str, src: Geometry, type_: str, ne: Sequence[int], nb: Sequence[int], offs: int = 0) -> Geometry:
+    root = src.view_src or name
+    return Geometry(type_, pad4(ne), (nb[0], nb[1], nb[2], nb[3]), root, src.view_offs + offs)
+
+
+def _get_rows(a: Geometry, b: Geometry) -> Geometry:
+    _check(b.type == "i32", "get_rows: indices must be i32")
+    _check(a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1, "get_rows: shapes do not match")
+    return new_tensor("i32" if a.type == "i32" else "f32", (a.ne[0], b.ne[0], b.ne[1], b.ne[2]))
+
+
+def _mul_mat(a: Geometry, b: Geometry) -> Geometry:
+    _check(a.ne[0] == b.ne[0], f"mul_mat: ne0 differ ({a.ne[0]} vs {b.ne[0]})")
+    _check(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0, "mul_mat: cannot broadcast")
+    _check(b.type == "f32", "mul_mat: src1 must be f32")
+    return _f32((a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
+
+
+def _mul_mat_id(as_: Geometry, b: Geometry, ids: Geometry) -> Geometry:
+    _check(ids.type == "i32", "mul_mat_id: ids must be i32")
+    _check(as_.ne[3] == 1 and b.ne[3] == 1 and ids.ne[2] == 1 and ids.ne[3] == 1, "mul_mat_id: must be 3d")
+    _check(ids.ne[1] == b.ne[2], "mul_mat_id: ids.ne1 != b.ne2")
+    _check(as_.ne[0] == b.ne[0], "mul_mat_id: ne0 differ")
+    _check(ids.ne[0] % b.ne[1] == 0, "mul_mat_id: cannot broadcast")
+    return _f32((as_.ne[1], ids.ne[0], b.ne[2], 1))
+
+
+def _binary(a: Geometry, b: Geometry) -> Geometry:
+    _check(all(x % y == 0 for x, y in zip(a.ne, b.ne)), f"binary op: {b.ne} cannot repeat to {a.ne}")
+    _check(a.type == "f32" and b.type == "f32", "binary op: f32 only")
+    return _same(a)
+
+
+def _unary(a: Geometry) -> Geometry:
+    _check(a.type == "f32", "unary op: f32 only")
+    return _same(a)
+
+
+def _rope(a: Geometry, pos: Geometry, freqs: Geometry | None) -> Geometry:
+    _check(pos.type == "i32" and pos.ne[1:] == (1, 1, 1), "rope: positions must be an i32 vector")
+    _check(a.ne[2] == pos.ne[0], f"rope: {a.ne[2]} tokens but {pos.ne[0]} positions")
+    _check(freqs is None or freqs.type == "f32", "rope: freq factors must be f32")
+    return _same(a)
+
+
+def _soft_max_ext(a: Geometry, mask: Geometry | None) -> Geometry:
+    _check(is_contiguous(a), "soft_max_ext: src must be contiguous")
+    if mask is not None:
+        _check(mask.type in ("f16", "f32") and is_contiguous(mask), "soft_max_ext: bad mask")
+        _check(mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1], "soft_max_ext: mask shape")
+        _check(a.ne[2] % mask.ne[2] == 0 and a.ne[3] % mask.ne[3] == 0, "soft_max_ext: mask broadcast")
+    return _same(a)
+
+
+def _flash_attn_ext(q: Geometry, k: Geometry, v: Geometry, mask: Geometry | None) -> Geometry:
+    _check(k.ne[0] == q.ne[0] and q.ne[2] % k.ne[2] == 0, "flash_attn_ext: k/q mismatch")
+    _check(q.ne[3] == k.ne[3] == v.ne[3], "flash_attn_ext: ne3 differ")
+    if mask is not None:
+        _check(mask.type == "f16" and is_contiguous(mask), "flash_attn_ext: mask must be contiguous f16")
+        _check(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, "flash_attn_ext: mask broadcast")
+    return _f32((v.ne[0], q.ne[2], q.ne[1], q.ne[3]))
+
+
+def _concat(a: Geometry, b: Geometry, dim: int) -> Geometry:
+    _check(0 <= dim < 4 and a.type == b.type, "concat: bad dim or types")
+    ne = list(a.ne)
+    for d in range(4):
+        if d == dim:
+            ne[d] = a.ne[d] + b.ne[d]
+        else:
+            _check(a.ne[d] == b.ne[d], "concat: shapes differ outside dim")
+    return new_tensor(a.type, ne)
+
+
+# op -> (number of args, which args may be None)
+ARITY: dict[str, tuple[int, frozenset[int]]] = {
+    "get_rows": (2, frozenset()),
+    "mul_mat": (2, frozenset()),
+    "mul_mat_id": (3, frozenset()),
+    "add": (2, frozenset()),
+    "mul": (2, frozenset()),
+    "scale": (1, frozenset()),
+    "rms_norm": (1, frozenset()),
+    "rope": (3, frozenset({2})),
+    "soft_max_ext": (2, frozenset({1})),
+    "flash_attn_ext": (4, frozenset({3})),
+    "silu": (1, frozenset()),
+    "cpy": (2, frozenset()),
+    "set_rows": (3, frozenset()),
+    "view": (1, frozenset()),
+    "reshape": (1, frozenset()),
+    "permute": (1, frozenset()),
+    "transpose": (1, frozenset()),
+    "cont": (1, frozenset()),
+    "concat": (2, frozenset()),
+}
+OPS = frozenset(ARITY)
+
+
+def ggml_srcs(op: str, args: Sequence[str | None]) -> tuple[str | None, ...]:
+    """The ``src[]`` array ggml's constructor stores for an op, given its arguments in call order.
+
+    ``ggml_set_rows(a, b, c)`` stores ``{b, c, a}``; every other op here stores its arguments
+    in order (absent optional ones as NULL).
+    """
+    if op == "set_rows":
+        return (args[1], args[2], args[0])
+    return tuple(args)
+
+
+def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None], params: Mapping[str, object]) -> Geometry:
+    """Result layout of ``op`` applied to ``args`` (each a ``Geometry`` or None) named ``names``."""
+    if op not in ARITY:
+        raise SpecError(f"unknown op {op!r}")
+    n, optional = ARITY[op]
+    if len(args) != n:
+        raise SpecError(f"{op} takes {n} sources, got {len(args)}")
+    for i, a in enumerate(args):
+        if a is None and i not in optional:
+            raise SpecError(f"{op}: source {i} is required")
+    a = args[0]
+    assert a is not None
+    if op == "get_rows":
+        return _get_rows(a, args[1])  # type: ignore[arg-type]
+    if op == "mul_mat":
+        return _mul_mat(a, args[1])  # type: ignore[arg-type]
+    if op == "mul_mat_id":
+        return _mul_mat_id(a, args[1], args[2])  # type: ignore[arg-type]
+    if op in ("add", "mul"):
+        return _binary(a, args[1])  # type: ignore[arg-type]
+    if op in ("scale", "rms_norm", "silu"):
+        return _unary(a)
+    if op == "rope":
+        return _rope(a, args[1], args[2])  # type: ignore[arg-type]
+    if op == "soft_max_ext":
+        return _soft_max_ext(a, args[1])
+    if op == "flash_attn_ext":
+        return _flash_attn_ext(a, args[1], args[2], args[3])  # type: ignore[arg-type]
+    if op == "concat":
+        return _concat(a, args[1], int(params.get("dim", 0)))  # type: ignore[arg-type,call-overload]
+    if op == "cont":
+        return _same(a)
+    if op == "cpy":
+        b = args[1]
+        assert b is not None
+        _check(nelements(a) == nelements(b), "cpy: element counts differ")
+        return _view(str(names[1]), b, b.type, b.ne, b.nb)
+    if op == "set_rows":
+        b, c = args[1], args[2]
+        assert b is not None and c is not None
+        _check(a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows: shapes")
+        _check(b.ne[1] == c.ne[0] and c.ne[3] == 1, "set_rows: index count")
+        _check(b.type == "f32" and c.type in ("i32", "i64"), "set_rows: types")
+        return _view(str(names[0]), a, a.type, a.ne, a.nb)
+    return _view_op(op, a, str(names[0]), params)
+
+
+def _view_op(op: str, a: Geometry, src: str, params: Mapping[str, object]) -> Geometry:
+    if op == "reshape":
+        _check(is_contiguous(a), "reshape: source must be contiguous")
+        ne = pad4(params["ne"])  # type: ignore[arg-type]
+        _check(ne[0] * ne[1] * ne[2] * ne[3] == nelements(a), "reshape: element count differs")
+        return _view(src, a, a.type, ne, contiguous_nb(a.type, ne))
+    if op == "transpose":
+        return _view(src, a, a.type, (a.ne[1], a.ne[0], a.ne[2], a.ne[3]), (a.nb[1], a.nb[0], a.nb[2], a.nb[3]))
+    if op == "permute":
+        axes = [int(x) for x in params["axes"]]  # type: ignore[attr-defined]
+        _check(sorted(axes) == [0, 1, 2, 3], f"permute: bad axes {axes}")
+        ne, nb = [0] * 4, [0] * 4
+        for i, ax in enumerate(axes):
+            ne[ax], nb[ax] = a.ne[i], a.nb[i]
+        return _view(src, a, a.type, ne, nb)
+    # view: ne (1..4 dims), nb for dims 1.. and a byte offset, like ggml_view_Nd
+    ne = pad4(params["ne"])  # type: ignore[arg-type]
+    dims = len(params["ne"])  # type: ignore[arg-type]
+    strides = [int(x) for x in params.get("nb", [])]  # type: ignore[attr-defined]
+    _check(len(strides) == dims - 1, "view: needs one stride per dim after the first")
+    nb = [TYPES[a.type][1]] + strides
+    while len(nb) < 4:
+        nb.append(nb[-1] * ne[len(nb) - 1])
+    offs = int(params.get("offset", 0))  # type: ignore[call-overload]
+    view = _view(src, a, a.type, ne, nb, offs)
+    _check(offs + nbytes(view) <= nbytes(a), "view: out of the source's bounds")
+    return view
+

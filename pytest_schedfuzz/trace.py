@@ -1,0 +1,129 @@
+"""What a scheduler did, step by step: the common currency of targets and the reference.
+
+A target (the real ggml engine) produces a ``Trace``; the reference produces a ``Prediction``
+of the same shape; properties compare them. Everything is plain data with a JSON form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+# GGML_SCHED_MAX_SPLIT_INPUTS in ggml-backend.cpp: graph_size counts this many inputs per split
+MAX_SPLIT_INPUTS = 30
+
+
+def graph_size(n_nodes: int, n_leafs: int, n_splits: int, n_copies: int) -> int:
+    """The figure ``ggml_backend_sched_split_graph`` records as ``debug_graph_size``."""
+    return max(n_nodes, n_leafs) + n_splits * MAX_SPLIT_INPUTS * 2 * n_copies
+
+
+@dataclass(frozen=True)
+class Split:
+    """A run of nodes on one backend; ``inputs`` are the names of tensors copied in."""
+
+    backend: int
+    i_start: int
+    i_end: int
+    inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReallocEvent:
+    """An alloc that found its plan invalid and re-reserved.
+
+    ``via`` is ``"sched"`` when ``ggml_backend_sched_alloc_splits`` re-reserved (several
+    buffers), ``"gallocr"`` when ``ggml_gallocr_alloc_graph`` re-reserved by itself (a single
+    buffer: the CPU-only layout). ``reason`` is ggml's: ``backend ids changed``, ``different
+    number of nodes``, ``different number of leafs``, ``node NAME is not valid`` or
+    ``src J (NAME) of node NAME is not valid``.
+    """
+
+    step: int
+    via: str
+    backend_ids_changed: bool
+    graph_size: int
+    prev_graph_size: int
+    n_nodes: int
+    n_splits: int
+    reason: str = ""
+
+    @property
+    def same_size(self) -> bool:
+        return not self.backend_ids_changed and self.graph_size == self.prev_graph_size
+
+    def describe(self) -> str:
+        size = "same size" if self.same_size else "changed size"
+        return (
+            f"graph reallocation at step {self.step} ({size}, via {self.via}): nodes = {self.n_nodes}, "
+            f"splits = {self.n_splits}, backend_ids_changed = {int(self.backend_ids_changed)}, "
+            f"graph_size = {self.graph_size} (prev {self.prev_graph_size}); reason: {self.reason or '?'}"
+        )
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """The observable result of one step. Assignment fields are empty for steps without a graph.
+
+    ``node_backends``/``leaf_backends`` are backend indices per node/leaf of the graph in
+    ggml's order (``-1``: unassigned); ``n_nodes``/``n_leafs`` are the scheduled graph copy's.
+    """
+
+    index: int
+    kind: str
+    node_names: tuple[str, ...] = ()
+    node_backends: tuple[int, ...] = ()
+    leaf_names: tuple[str, ...] = ()
+    leaf_backends: tuple[int, ...] = ()
+    splits: tuple[Split, ...] = ()
+    n_copies: int = 1
+    graph_size: int = 0
+    n_nodes: int = 0
+    n_leafs: int = 0
+    buffer_sizes: tuple[int, ...] = ()
+    events: tuple[ReallocEvent, ...] = ()
+    reused: bool = False
+    ok: bool = True
+
+    @property
+    def n_splits(self) -> int:
+        return len(self.splits)
+
+
+@dataclass(frozen=True)
+class Abort:
+    """ggml aborted (``GGML_ABORT``/``GGML_ASSERT``), crashed, or a step hung."""
+
+    step: int
+    kind: str  # "abort" | "crash" | "timeout"
+    message: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    records: tuple[StepRecord, ...]
+    abort: Abort | None = None
+    engine: Mapping[str, str] = field(default_factory=dict)  # name, lib path, ggml version
+
+    @property
+    def events(self) -> list[ReallocEvent]:
+        return [e for r in self.records for e in r.events]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Trace:
+        records = tuple(
+            StepRecord(
+                **{
+                    **r,
+                    **{k: tuple(r[k]) for k in ("node_names", "node_backends", "leaf_names", "leaf_backends", "buffer_sizes")},
+                    "splits": tuple(Split(s["backend"], s["i_start"], s["i_end"], tuple(s["inputs"])) for s in r["splits"]),
+                    "events": tuple(ReallocEvent(**e) for e in r["events"]),
+                }
+            )
+            for r in d["records"]
+        )
+        abort = Abort(**d["abort"]) if d.get("abort") else None
+        return Trace(records, abort, dict(d.get("engine", {})))

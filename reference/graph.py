@@ -1,0 +1,151 @@
+"""A graph spec as a networkx ``DiGraph`` of tensors, in ggml's own node and leaf order.
+
+Vertices are tensor names; an edge ``src -> dst`` carries the ``slot`` of ``src`` in
+``dst->src[]``. Every vertex carries what the scheduler reads from a ``ggml_tensor``: its op,
+whether it is a view op, its view source, the backend whose buffer holds it (pre-allocated
+weights and caches), the buffer usage, the input/output flags and its ``ggml_nbytes``.
+
+``CGraph`` then flattens that into index arrays (nodes first, in graph order) so the passes
+can be written as the plain loops of ``ggml-backend.cpp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from pytest_schedfuzz.scenario import GraphSpec
+from pytest_schedfuzz.shapes import VIEW_OPS, is_contiguous, nbytes
+
+
+def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
+    """The spec's tensors and their ``src`` edges, with the attributes the scheduler reads.
+
+    >>> from pytest_schedfuzz.scenario import GraphBuilder
+    >>> b = GraphBuilder(); w = b.weight("w", (4, 4), device=0); x = b.input("x", (4, 2))
+    >>> g = tensor_graph(b.build(b.op("mul_mat", w, x, name="y")))
+    >>> sorted(g.edges(data="slot"))
+    [('w', 'y', 0), ('x', 'y', 1)]
+    """
+    geo = spec.geometry
+    g = nx.DiGraph()
+    for t in spec.tensors:
+        view_src = geo[t.name].view_src
+        g.add_node(
+            t.name,
+            op=t.op,
+            view_op=t.op in VIEW_OPS,
+            view_src=view_src,
+            buffer=t.device if t.role in ("weight", "cache") else None,
+            weights=t.role == "weight",
+            input=t.role == "input",
+            output=t.output,
+            nbytes=nbytes(geo[t.name]),
+            type=geo[t.name].type,
+            ne0=geo[t.name].ne[0],
+            ne1=geo[t.name].ne[1],
+            contiguous=is_contiguous(geo[t.name]),
+        )
+        for slot, src in enumerate(t.srcs):
+            if src is not None:
+                g.add_edge(src, t.name, slot=slot)
+    for t in spec.tensors:
+        g.nodes[t.name]["srcs"] = t.srcs
+    return g
+
+
+def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``ggml_build_forward_expand`` on each root in turn: (nodes, leafs) in ggml's order.
+
+    Mirrors ``ggml_visit_parents_graph``: a depth-first post-order over ``src[0..]``, left to
+    right, where tensors with ``op == NONE`` become leafs and everything else a node.
+
+    >>> g = nx.DiGraph(); g.add_nodes_from(["a", "b"], op="none", srcs=())
+    >>> g.add_node("c", op="add", srcs=("a", "b")); g.add_node("d", op="scale", srcs=("c",))
+    >>> forward_order(g, ("d",))
+    (['c', 'd'], ['a', 'b'])
+    """
+    visited: set[str] = set()
+    nodes: list[str] = []
+    leafs: list[str] = []
+    for root in roots:
+        # iterative post-order, so that graphs of thousands of nodes do not hit recursion limits
+        stack: list[tuple[str, int]] = [(root, 0)]
+        while stack:
+            name, i = stack.pop()
+            if i == 0:
+                if name in visited:
+                    continue
+                visited.add(name)
+            srcs = g.nodes[name]["srcs"]
+            while i < len(srcs) and (srcs[i] is None or srcs[i] in visited):
+                i += 1
+            if i < len(srcs):
+                stack.append((name, i + 1))
+                stack.append((srcs[i], 0))
+                continue
+            (leafs if g.nodes[name]["op"] == "none" else nodes).append(name)
+    return nodes, leafs
+
+
+@dataclass
+class CGraph:
+    """A ``ggml_cgraph`` as arrays over tensor ids: ids ``0..n_nodes-1`` are the nodes in graph
+    order, then the leafs in graph order. ``srcs[i]`` holds ids (``-1`` for NULL)."""
+
+    names: list[str]
+    n_nodes: int
+    n_leafs: int
+    op: list[str]
+    view_op: list[bool]
+    view_src: list[int]  # -1: none
+    buffer: list[int]  # backend whose buffer holds the tensor, -1: not pre-allocated
+    weights: list[bool]
+    input: list[bool]
+    output: list[bool]
+    nbytes: list[int]
+    type: list[str]
+    ne0: list[int]
+    ne1: list[int]
+    contiguous: list[bool]
+    srcs: list[tuple[int, ...]]
+
+    @staticmethod
+    def build(spec: GraphSpec) -> CGraph:
+        g = tensor_graph(spec)
+        nodes, leafs = forward_order(g, spec.roots)
+        names = nodes + leafs
+        index = {n: i for i, n in enumerate(names)}
+        # tensors outside the graph (not reachable from a root) can still be view sources
+        for extra in g.nodes:
+            if extra not in index:
+                index[extra] = len(names)
+                names.append(extra)
+        a = [g.nodes[n] for n in names]
+        return CGraph(
+            names=names,
+            n_nodes=len(nodes),
+            n_leafs=len(leafs),
+            op=[x["op"] for x in a],
+            view_op=[x["view_op"] for x in a],
+            view_src=[index[x["view_src"]] if x["view_src"] else -1 for x in a],
+            buffer=[x["buffer"] if x["buffer"] is not None else -1 for x in a],
+            weights=[x["weights"] for x in a],
+            input=[x["input"] for x in a],
+            output=[x["output"] for x in a],
+            nbytes=[x["nbytes"] for x in a],
+            type=[x["type"] for x in a],
+            ne0=[x["ne0"] for x in a],
+            ne1=[x["ne1"] for x in a],
+            contiguous=[x["contiguous"] for x in a],
+            srcs=[tuple(index[s] if s is not None else -1 for s in x["srcs"]) for x in a],
+        )
+
+    @property
+    def leaf_ids(self) -> range:
+        return range(self.n_nodes, self.n_nodes + self.n_leafs)
+
+    def has_data(self, t: int) -> bool:
+        """``tensor->data != NULL`` in a fresh graph: pre-allocated tensors and views of them."""
+        return self.buffer[t] >= 0 or (self.view_src[t] >= 0 and self.buffer[self.view_src[t]] >= 0)

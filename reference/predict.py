@@ -1,0 +1,67 @@
+"""Run a whole scenario through the reference scheduler: the ``Prediction`` of every step."""
+
+from __future__ import annotations
+
+from pytest_schedfuzz.scenario import Scenario, Step
+from pytest_schedfuzz.trace import Abort, ReallocEvent, StepRecord, Trace
+
+from .graph import CGraph
+from .sched import SchedAbort, Scheduler, SplitResult
+
+Prediction = Trace
+
+
+def _record(i: int, step: Step, sched: Scheduler, result: SplitResult, events: list[ReallocEvent], names: list[str], n_nodes: int) -> StepRecord:
+    copy = result.copy
+    return StepRecord(
+        index=i,
+        kind=step.kind,
+        node_names=tuple(names[:n_nodes]),
+        node_backends=tuple(result.node_backends),
+        leaf_names=tuple(names[n_nodes : n_nodes + len(result.leaf_backends)]),
+        leaf_backends=tuple(result.leaf_backends),
+        splits=tuple(result.splits),
+        n_copies=sched.n_copies,
+        graph_size=result.graph_size,
+        n_nodes=len(copy.nodes),
+        n_leafs=len(copy.leafs),
+        events=tuple(events),
+    )
+
+
+def predict(scenario: Scenario) -> Prediction:
+    """What ggml's scheduler must do for each step of ``scenario``, as a ``Trace``.
+
+    Steps mirror the calls a ``llama_context`` makes: ``reserve`` and ``alloc`` reset the
+    scheduler and apply the graph's forced assignments first; ``compute`` allocates like
+    ``alloc``; a ``sched_new`` with ``reuse`` keeps the current scheduler (and its params).
+    A predicted abort ends the prediction, as it ends the engine.
+    """
+    sched: Scheduler | None = None
+    records: list[StepRecord] = []
+    for i, step in enumerate(scenario.steps):
+        try:
+            if step.kind == "sched_new":
+                assert step.params is not None
+                if not (step.reuse and sched is not None):
+                    sched = Scheduler(scenario.layout, step.params)
+                records.append(StepRecord(i, step.kind, reused=step.reuse))
+                continue
+            assert sched is not None, "the first step must be sched_new"
+            if step.kind == "reset":
+                sched.reset()
+                records.append(StepRecord(i, step.kind))
+                continue
+            spec = scenario.graph(step.graph or "")
+            sched.reset()
+            for name, backend in spec.forced:
+                sched.set_tensor_backend(name, backend)
+            g = CGraph.build(spec)
+            if step.kind == "reserve":
+                result, events = sched.reserve(g), []
+            else:
+                result, events = sched.alloc_graph(g, i)
+            records.append(_record(i, step, sched, result, events, g.names, g.n_nodes))
+        except SchedAbort as e:
+            return Trace(tuple(records), Abort(i, "abort", str(e)), {"name": "reference"})
+    return Trace(tuple(records), None, {"name": "reference"})

@@ -1,0 +1,526 @@
+"""The reference scheduler: ``ggml_backend_sched`` of ggml 0.15.3, pass by pass.
+
+Read this side by side with ``ggml-backend.cpp`` (``ggml_backend_sched_split_graph``,
+``ggml_backend_sched_alloc_splits``, ``ggml_backend_sched_reserve``,
+``ggml_backend_sched_alloc_graph``) and ``ggml-alloc.c`` (``ggml_gallocr_reserve_n``,
+``ggml_gallocr_needs_realloc``, ``ggml_gallocr_alloc_graph``). Functions carry the names and
+the order of ggml's passes; state carries the names of ``struct ggml_backend_sched``'s fields.
+
+Where ggml compares pointers (buffer types, tensor copies), this model compares identities:
+a buffer type is a string from ``BackendLayout.buft``, a tensor copy a ``Ref``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pytest_schedfuzz.scenario import BackendLayout
+from pytest_schedfuzz.trace import MAX_SPLIT_INPUTS, ReallocEvent, Split, graph_size
+
+from .backends import Backends
+from .graph import CGraph
+from .params import SchedParams
+
+MAX_COPIES = 4  # GGML_SCHED_MAX_COPIES
+
+# ggml_hash_size: the next primes after powers of two
+_PRIMES = (2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537, 131101,
+           262147, 524309, 1048583, 2097169, 4194319, 8388617, 16777259, 33554467, 67108879)
+
+
+def ggml_hash_size(min_sz: int) -> int:
+    """``ggml_hash_size``: the hash set size ``ggml_backend_sched_new`` gets for ``max_nodes``."""
+    for p in _PRIMES:
+        if p >= min_sz:
+            return p
+    return min_sz | 1
+
+
+class SchedAbort(Exception):
+    """ggml would abort here (``GGML_ABORT`` / ``GGML_ASSERT``); the message is ggml's."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor of the scheduled graph copy as the allocator sees it.
+
+    ``needs_memory`` is ``!tensor->data && !tensor->view_src``: the tensor is allocated by
+    ggml-alloc and checked against the plan by ``ggml_gallocr_needs_realloc``.
+    """
+
+    name: str
+    needs_memory: bool
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GraphCopy:
+    """``sched->graph``: the split graph with input dependencies and copies inserted."""
+
+    nodes: tuple[Ref, ...]
+    node_srcs: tuple[tuple[Ref | None, ...], ...]
+    node_backend_ids: tuple[int, ...]
+    leafs: tuple[Ref, ...]
+    leaf_backend_ids: tuple[int, ...]
+
+
+@dataclass
+class Plan:
+    """What ``ggml_gallocr_reserve_n`` recorded per position: ``size_max`` of each node and of
+    each of its srcs, ``-1`` where the buffer id was ``-1`` (not allocated by ggml-alloc)."""
+
+    n_nodes: int = 0
+    n_leafs: int = 0
+    dst: list[int] = field(default_factory=list)
+    srcs: list[tuple[int, ...]] = field(default_factory=list)
+
+
+@dataclass
+class SplitResult:
+    """What one ``ggml_backend_sched_split_graph`` call leaves behind."""
+
+    node_backends: list[int]
+    leaf_backends: list[int]
+    splits: list[Split]
+    copy: GraphCopy
+    graph_size: int
+
+
+class Scheduler:
+    """One ``ggml_backend_sched`` instance, created by ``ggml_backend_sched_new``."""
+
+    def __init__(self, layout: BackendLayout, params: SchedParams) -> None:
+        self.backends = Backends(layout)
+        self.layout = layout
+        self.params = params
+        self.n_backends = layout.n
+        self.n_copies = MAX_COPIES if params.parallel else 1
+        self.op_offload = params.op_offload
+        self.hash_size = ggml_hash_size(params.max_nodes)
+        # node_backend_ids / prev_node_backend_ids are two calloc'ed arrays swapped at each split
+        self.node_backend_ids: list[int] = []
+        self.prev_node_backend_ids: list[int] = []
+        self.leaf_backend_ids: list[int] = []
+        self.prev_leaf_backend_ids: list[int] = []
+        self.debug_graph_size = 0
+        self.debug_prev_graph_size = 0
+        self.plan: Plan | None = None  # the galloc's node_allocs; None before the first reserve
+        self.user_assignments: dict[str, int] = {}
+        self.is_alloc = False
+
+    # ------------------------------------------------------------------ public API
+
+    def reset(self) -> None:
+        """``ggml_backend_sched_reset``: forget assignments (user ones too) and copies."""
+        self.user_assignments = {}
+        self.is_alloc = False
+
+    def set_tensor_backend(self, name: str, backend: int) -> None:
+        """``ggml_backend_sched_set_tensor_backend``."""
+        self.user_assignments[name] = backend
+
+    def reserve(self, g: CGraph) -> SplitResult:
+        """``ggml_backend_sched_reserve``: split, then ``ggml_gallocr_reserve_n``, then reset."""
+        self._check_hash_size(g, "measure_graph")
+        result = self.split_graph(g)
+        self.plan = gallocr_reserve_n(result.copy)
+        self.reset()
+        return result
+
+    def alloc_graph(self, g: CGraph, step: int) -> tuple[SplitResult, list[ReallocEvent]]:
+        """``ggml_backend_sched_alloc_graph``: split, then ``ggml_backend_sched_alloc_splits``."""
+        self._check_hash_size(g, "graph")
+        if self.is_alloc:
+            raise SchedAbort("GGML_ASSERT(!sched->is_alloc) failed")
+        result = self.split_graph(g)
+        events = self.alloc_splits(result, step)
+        self.is_alloc = True
+        return result, events
+
+    def _check_hash_size(self, g: CGraph, what: str) -> None:
+        if self.hash_size < g.n_nodes + g.n_leafs:
+            raise SchedAbort(
+                f"GGML_ASSERT((int)sched->hash_set.size >= {what}->n_nodes + {what}->n_leafs) failed "
+                f"(hash_set.size = {self.hash_size}, n_nodes + n_leafs = {g.n_nodes + g.n_leafs})"
+            )
+
+    # ------------------------------------------------------------------ helpers of ggml-backend.cpp
+
+    def backend_from_buffer(self, g: CGraph, ids: list[int], t: int, op: int) -> int:
+        """``ggml_backend_sched_backend_from_buffer``: the highest-priority backend that supports
+        the buffer type of ``t``'s buffer and the op ``op``; -1 if none or not pre-allocated."""
+        vs = g.view_src[t]
+        buffer = g.buffer[vs] if vs >= 0 else g.buffer[t]
+        if buffer < 0:
+            return -1
+        buft = self.backends.bufts[buffer]
+        for b in range(self.n_backends):
+            if self.backends.supports_buft(b, buft) and self.backends.supports_op(b, g, op):
+                return b
+        return -1
+
+    def backend_id_from_cur(self, g: CGraph, ids: list[int], t: int) -> int:
+        """``ggml_backend_sched_backend_id_from_cur``: pass 1's rules for one tensor."""
+        # assign pre-allocated nodes to their backend
+        cur = self.backend_from_buffer(g, ids, t, t)
+        if cur != -1:
+            return cur
+        # view_src
+        vs = g.view_src[t]
+        if vs >= 0:
+            cur = self.backend_from_buffer(g, ids, vs, t)
+            if cur != -1:
+                return cur
+        if g.buffer[t] >= 0 or (vs >= 0 and g.buffer[vs] >= 0):
+            # since the tensor is pre-allocated, it cannot be moved to another backend
+            buffer = g.buffer[vs] if vs >= 0 else g.buffer[t]
+            raise SchedAbort(
+                f"pre-allocated tensor ({g.names[t]}) in a buffer ({self.layout.name(buffer)}) "
+                f"that cannot run the operation ({g.op[t].upper()})"
+            )
+        # graph input
+        if g.input[t]:
+            return self.n_backends - 1  # last backend (assumed CPU)
+        # operations with weights are preferably run on the same backend as the weights
+        for src in g.srcs[t]:
+            if src < 0:
+                continue
+            # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
+            if g.op[t] != "rope" and g.buffer[src] >= 0 and g.weights[src]:
+                src_backend = self.backend_from_buffer(g, ids, src, t)
+                # check if a backend with higher prio wants to offload the op
+                if self.op_offload and src_backend == self.n_backends - 1 and self.backends.is_host(g.buffer[src]):
+                    for b in range(src_backend):
+                        if self.backends.supports_op(b, g, t) and self.backends.offload_op(b, g, t):
+                            return b
+                return src_backend
+        return -1
+
+    def buffer_supported(self, g: CGraph, ids: list[int], t: int, b: int) -> bool:
+        """``ggml_backend_sched_buffer_supported``: can backend ``b`` read ``t`` where it is?"""
+        vs = g.view_src[t]
+        buffer = g.buffer[vs] if vs >= 0 else g.buffer[t]
+        if buffer >= 0:
+            buft: str | None = self.backends.bufts[buffer]
+        else:
+            # see if the tensor already has a backend assigned, and use its buffer type
+            tid = ids[t]
+            if tid == -1 and vs >= 0:
+                tid = ids[vs]
+            buft = self.backends.bufts[tid] if tid != -1 else None
+        return buft is not None and self.backends.supports_buft(b, buft)
+
+    def set_if_supported(self, g: CGraph, ids: list[int], t: int, b: int) -> None:
+        """``ggml_backend_sched_set_if_supported``."""
+        if self.backends.supports_op(b, g, t):
+            ids[t] = b
+
+    # ------------------------------------------------------------------ ggml_backend_sched_split_graph
+
+    def split_graph(self, g: CGraph) -> SplitResult:
+        """``ggml_backend_sched_split_graph``: passes 1 to 5, then the graph copy."""
+        # tensor_backend_id(t) for every tensor: -1, or the user's assignment
+        ids = [-1] * len(g.names)
+        index = {n: i for i, n in enumerate(g.names)}
+        for name, b in self.user_assignments.items():
+            if name in index:
+                ids[index[name]] = b
+        self.pass1_assign_from_cur(g, ids)
+        self.pass2_expand(g, ids)
+        self.pass3_upgrade(g, ids)
+        self.pass4_assign_srcs(g, ids)
+        splits, node_srcs, graph_inputs = self.pass5_split(g, ids)
+        return self.build_graph_copy(g, ids, splits, node_srcs, graph_inputs)
+
+    def pass1_assign_from_cur(self, g: CGraph, ids: list[int]) -> None:
+        """Pass 1: assign backends to ops with pre-allocated inputs (leafs, then nodes); do not
+        overwrite user assignments."""
+        for t in g.leaf_ids:
+            if ids[t] == -1:
+                ids[t] = self.backend_id_from_cur(g, ids, t)
+        for t in range(g.n_nodes):
+            if ids[t] == -1:
+                ids[t] = self.backend_id_from_cur(g, ids, t)
+
+    def pass2_expand(self, g: CGraph, ids: list[int]) -> None:
+        """Pass 2: expand current backend assignments to adjacent nodes, skipping view ops.
+
+        First the non-CPU backends down then up (the CPU, lowest priority, interrupts them), then
+        every backend down then up. Unsupported ops stay unassigned for pass 3.
+        """
+        cpu = self.n_backends - 1
+        down = range(g.n_nodes)
+        up = range(g.n_nodes - 1, -1, -1)
+        for order, skip_cpu in ((down, True), (up, True), (down, False), (up, False)):
+            cur = -1
+            for t in order:
+                if g.view_op[t]:
+                    continue
+                if ids[t] != -1:
+                    cur = -1 if skip_cpu and ids[t] == cpu else ids[t]
+                elif cur != -1:
+                    self.set_if_supported(g, ids, t, cur)
+
+    def pass3_upgrade(self, g: CGraph, ids: list[int]) -> None:
+        """Pass 3: upgrade nodes to higher-priority backends with the same buffer type (when all
+        their srcs are readable there); give each still unassigned node the backend that
+        supports it with the most supported inputs."""
+        bk = self.backends
+        for t in range(g.n_nodes):
+            if g.view_op[t]:
+                continue
+            if ids[t] == -1:
+                best = -1
+                for b in range(self.n_backends):
+                    if not bk.supports_op(b, g, t):
+                        continue
+                    n_supported = 0
+                    for src in g.srcs[t]:
+                        if src < 0:
+                            continue
+                        vs = g.view_src[src]
+                        assigned = ids[src] != -1 or (vs >= 0 and ids[vs] != -1)
+                        if assigned and self.buffer_supported(g, ids, src, b):
+                            n_supported += 1
+                    if n_supported > best:
+                        best = n_supported
+                        ids[t] = b
+            else:
+                cur = ids[t]
+                for b in range(cur):
+                    if bk.bufts[b] == bk.bufts[cur] and bk.supports_op(b, g, t):
+                        if all(src < 0 or self.buffer_supported(g, ids, src, b) for src in g.srcs[t]):
+                            ids[t] = b
+                            break
+
+    def pass4_assign_srcs(self, g: CGraph, ids: list[int]) -> None:
+        """Pass 4: assign backends to remaining srcs from their consumer, and views from their
+        view source; a node still unassigned goes to the first backend that supports it."""
+        for t in range(g.n_nodes):
+            vs = g.view_src[t]
+            if vs >= 0 and ids[t] == -1:
+                ids[t] = ids[vs]
+            for src in g.srcs[t]:
+                if src < 0 or ids[src] != -1:
+                    continue
+                svs = g.view_src[src]
+                # views are always on the same backend as the source
+                ids[src] = ids[svs] if svs >= 0 else ids[t]
+            b = 0
+            while b < self.n_backends and ids[t] == -1:
+                self.set_if_supported(g, ids, t, b)
+                b += 1
+            if ids[t] == -1:
+                raise SchedAbort("GGML_ASSERT(*cur_backend_id != -1) failed")
+
+    def pass5_split(self, g: CGraph, ids: list[int]) -> tuple[list[Split], dict[int, list[Ref | None]], list[int]]:
+        """Pass 5: split the graph where the backend changes, and find the tensors that must be
+        copied into each split (``n_copies`` copies of each with ``parallel``).
+
+        A split also ends early when a node of the same backend reads a weight from an
+        incompatible buffer (so that offloaded weights' memory can be reused), or when the
+        split already has ``GGML_SCHED_MAX_SPLIT_INPUTS`` inputs and the node needs another.
+        Returns the splits, the rewritten srcs of each node, and the graph inputs.
+        """
+        n_copies = self.n_copies
+        # tensor_copy(t, backend, c) exists: (t, backend) in copies
+        copies: dict[tuple[int, int], list[Ref]] = {}
+        graph_inputs: list[int] = []
+        splits: list[Split] = []
+        node_srcs: dict[int, list[Ref | None]] = {}
+        i = 0
+        while i < g.n_nodes and g.view_op[i]:
+            i += 1
+        if i == g.n_nodes:
+            raise SchedAbort("graph has only view ops: ggml leaves the split's backend uninitialised")
+        cur = ids[i]
+        i_start, inputs = 0, []
+        for t in range(i, g.n_nodes):
+            if g.view_op[t]:
+                continue
+            node_backend = ids[t]
+            if node_backend == -1:
+                raise SchedAbort("GGML_ASSERT(node_backend_id != -1) failed")
+            need_new_split = False
+            if node_backend == cur and inputs:
+                for src in g.srcs[t]:
+                    if src < 0:
+                        continue
+                    # a weight on a different and incompatible backend
+                    if g.buffer[src] >= 0 and g.weights[src]:
+                        if ids[src] != cur and not self.buffer_supported(g, ids, src, cur):
+                            need_new_split = True
+                            break
+                    # the split has too many inputs (FIXME in ggml: only checked when full)
+                    if len(inputs) == MAX_SPLIT_INPUTS:
+                        if ids[src] != cur and (src, cur) not in copies and not self.buffer_supported(g, ids, src, cur):
+                            need_new_split = True
+                            break
+            if node_backend != cur or need_new_split:
+                splits.append(Split(cur, i_start, t, tuple(g.names[x] for x in inputs)))
+                cur, i_start, inputs = node_backend, t, []
+
+            srcs: list[Ref | None] = []
+            for src in g.srcs[t]:
+                if src < 0:
+                    srcs.append(None)
+                    continue
+                src_backend = ids[src]
+                if src_backend == -1:
+                    raise SchedAbort("GGML_ASSERT(src_backend_id != -1) failed")
+                ref = self.ref(g, src)
+                if g.input[src] and n_copies > 1 and (src, src_backend) not in copies:
+                    # copy c == cur_copy is the original tensor; the others are new inputs
+                    copies[(src, src_backend)] = [self.copy_ref(g, src, src_backend, c) for c in range(n_copies)]
+                    if len(graph_inputs) >= MAX_SPLIT_INPUTS:
+                        raise SchedAbort("GGML_ASSERT(n_graph_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed")
+                    graph_inputs.append(src)
+                if src_backend != cur and not self.buffer_supported(g, ids, src, cur):
+                    if (src, cur) not in copies:
+                        copies[(src, cur)] = [self.copy_ref(g, src, cur, c) for c in range(n_copies)]
+                        if len(inputs) >= MAX_SPLIT_INPUTS:
+                            raise SchedAbort("GGML_ASSERT(n_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed")
+                        inputs.append(src)
+                    ref = copies[(src, cur)][0]  # every copy has the same layout as the source
+                srcs.append(ref)
+            node_srcs[t] = srcs
+        splits.append(Split(cur, i_start, g.n_nodes, tuple(g.names[x] for x in inputs)))
+        return splits, node_srcs, graph_inputs
+
+    def ref(self, g: CGraph, t: int) -> Ref:
+        return Ref(g.names[t], not g.has_data(t) and g.view_src[t] < 0, g.nbytes[t])
+
+    def copy_ref(self, g: CGraph, t: int, backend: int, c: int) -> Ref:
+        """``ggml_dup_tensor_layout`` of ``t``, named ``BACKEND#name#c`` like ggml."""
+        return Ref(f"{self.layout.name(backend)}#{g.names[t]}#{c}", True, g.nbytes[t])
+
+    def build_graph_copy(
+        self, g: CGraph, ids: list[int], splits: list[Split], node_srcs: dict[int, list[Ref | None]], graph_inputs: list[int]
+    ) -> SplitResult:
+        """The end of ``ggml_backend_sched_split_graph``: swap the id arrays, record graph_size,
+        and build ``sched->graph`` — per split, for each input a dependency view of the source
+        (on the source's backend) and the input copy (on the split's backend), then the
+        split's nodes; leafs: with ``parallel`` the graph inputs' and the split inputs' copies,
+        then the original leafs."""
+        self.node_backend_ids, self.prev_node_backend_ids = self.prev_node_backend_ids, self.node_backend_ids
+        self.leaf_backend_ids, self.prev_leaf_backend_ids = self.prev_leaf_backend_ids, self.leaf_backend_ids
+        size = graph_size(g.n_nodes, g.n_leafs, len(splits), self.n_copies)
+        self.debug_prev_graph_size = self.debug_graph_size
+        self.debug_graph_size = size
+
+        index = {n: i for i, n in enumerate(g.names)}
+        nodes: list[Ref] = []
+        srcs: list[tuple[Ref | None, ...]] = []
+        node_ids: list[int] = []
+        for split in splits:
+            for name in split.inputs:
+                src = index[name]
+                nodes.append(Ref(f"{name} (view)", False, g.nbytes[src]))
+                srcs.append((self.ref(g, src),))
+                node_ids.append(ids[src])
+                nodes.append(self.copy_ref(g, src, split.backend, 0))
+                srcs.append(())
+                node_ids.append(split.backend)
+            for t in range(split.i_start, split.i_end):
+                nodes.append(self.ref(g, t))
+                srcs.append(tuple(node_srcs[t]) if t in node_srcs else tuple(
+                    self.ref(g, s) if s >= 0 else None for s in g.srcs[t]))
+                node_ids.append(ids[t])
+        leafs: list[Ref] = []
+        leaf_ids: list[int] = []
+        if self.n_copies > 1:
+            for src in graph_inputs:
+                for c in range(self.n_copies):
+                    leafs.append(self.copy_ref(g, src, ids[src], c))
+                    leaf_ids.append(ids[src])
+            for split in splits:
+                for name in split.inputs:
+                    for c in range(self.n_copies):
+                        leafs.append(self.copy_ref(g, index[name], split.backend, c))
+                        leaf_ids.append(split.backend)
+        for t in g.leaf_ids:
+            leafs.append(self.ref(g, t))
+            leaf_ids.append(ids[t])
+
+        _write(self.node_backend_ids, node_ids)
+        _write(self.leaf_backend_ids, leaf_ids)
+        copy = GraphCopy(tuple(nodes), tuple(srcs), tuple(node_ids), tuple(leafs), tuple(leaf_ids))
+        return SplitResult(ids[: g.n_nodes], ids[g.n_nodes : g.n_nodes + g.n_leafs], splits, copy, size)
+
+    # ------------------------------------------------------------------ ggml_backend_sched_alloc_splits
+
+    def alloc_splits(self, result: SplitResult, step: int) -> list[ReallocEvent]:
+        """``ggml_backend_sched_alloc_splits``: re-reserve when the backend ids changed (to a
+        different buffer type) at some position, or when the galloc plan is not valid."""
+        copy = result.copy
+        bufts = self.backends.bufts
+        changed = _ids_changed(self.node_backend_ids, self.prev_node_backend_ids, len(copy.nodes), bufts) or _ids_changed(
+            self.leaf_backend_ids, self.prev_leaf_backend_ids, len(copy.leafs), bufts
+        )
+        event = lambda via, reason: ReallocEvent(  # noqa: E731
+            step, via, changed, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes), len(result.splits), reason
+        )
+        if changed:
+            self.plan = gallocr_reserve_n(copy)
+            return [event("sched", "backend ids changed")]
+        reason = gallocr_needs_realloc(self.plan, copy)
+        if reason is None:
+            return []
+        self.plan = gallocr_reserve_n(copy)
+        # ggml_gallocr_alloc_graph re-reserves by itself when it has a single buffer
+        return [event("gallocr" if self.n_backends == 1 else "sched", reason)]
+
+
+def _write(arr: list[int], values: list[int]) -> None:
+    """Overwrite the start of a calloc'ed id array, growing it with zeros as needed."""
+    if len(arr) < len(values):
+        arr.extend([0] * (len(values) - len(arr)))
+    arr[: len(values)] = values
+
+
+def _ids_changed(cur: list[int], prev: list[int], n: int, bufts: list[str]) -> bool:
+    """The ``backend_ids_changed`` loop: an id differs *and* its buffer type differs."""
+    for i in range(n):
+        a = cur[i] if i < len(cur) else 0
+        b = prev[i] if i < len(prev) else 0
+        if a != b and bufts[a] != bufts[b]:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------- ggml-alloc.c
+
+
+def gallocr_reserve_n(copy: GraphCopy) -> Plan:
+    """``ggml_gallocr_reserve_n``: record, per position, the allocation size of each node and
+    each src (``-1`` for tensors with data or a view source, which ggml-alloc leaves alone)."""
+    plan = Plan(len(copy.nodes), len(copy.leafs))
+    for node, srcs in zip(copy.nodes, copy.node_srcs):
+        plan.dst.append(node.nbytes if node.needs_memory else -1)
+        plan.srcs.append(tuple(s.nbytes if s is not None and s.needs_memory else -1 for s in srcs))
+    return plan
+
+
+def _valid(size_max: int, t: Ref) -> bool:
+    """``ggml_gallocr_node_needs_realloc`` (true means *valid*, despite the name)."""
+    if not t.needs_memory:
+        return True
+    return size_max >= 0 and size_max >= t.nbytes
+
+
+def gallocr_needs_realloc(plan: Plan | None, copy: GraphCopy) -> str | None:
+    """``ggml_gallocr_needs_realloc``: ggml's reason the plan does not fit, or None if it does."""
+    if plan is None or plan.n_nodes != len(copy.nodes):
+        return "different number of nodes"
+    if plan.n_leafs != len(copy.leafs):
+        return "different number of leafs"
+    for i, (node, srcs) in enumerate(zip(copy.nodes, copy.node_srcs)):
+        if not _valid(plan.dst[i], node):
+            return f"node {node.name} is not valid"
+        planned = plan.srcs[i]
+        for j, src in enumerate(srcs):
+            if src is None:
+                continue
+            if not _valid(planned[j] if j < len(planned) else -1, src):
+                return f"src {j} ({src.name}) of node {node.name} is not valid"
+    return None
