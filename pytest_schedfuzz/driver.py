@@ -1,0 +1,116 @@
+"""A model of ``llama_context``'s use of the scheduler: workloads become scenario steps.
+
+``Driver.scenario(workload)`` plays a workload (reconfigurations and ubatches) the way
+``llama_context`` does after commit 3e86ce2 (``../shared/seeds/004_*``):
+
+- ``sched_new(params)`` reuses the current scheduler when the *policy* says so (default:
+  ``SchedParams.can_reuse``), then ``sched_reserve`` reserves the worst-case graphs: the
+  prompt-processing graph, the token-generation graph, then the prompt graph again;
+- every ubatch resets the scheduler and allocates a freshly built graph;
+- with ``rereserve`` (llama.cpp PR 18547), a ubatch whose graph topology differs from the
+  previous one first re-reserves the worst case of its own topology.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from reference.params import SchedParams
+
+from .models import ModelShape, llama_graph
+from .scenario import BackendLayout, GraphSpec, Scenario, Step
+
+Policy = Callable[[SchedParams, SchedParams], bool]
+
+
+def can_reuse(new: SchedParams, cur: SchedParams) -> bool:
+    """The seed's policy: ``new.can_reuse(cur)``."""
+    return new.can_reuse(cur)
+
+
+def load_policy(spec: str) -> Policy:
+    """``MODULE:CALLABLE`` -> the callable, with a clear error naming what is wrong."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--schedfuzz-policy {spec!r}: expected MODULE:CALLABLE")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--schedfuzz-policy {spec!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"--schedfuzz-policy {spec!r}: {attr} is not callable")
+    return fn
+
+
+@dataclass(frozen=True)
+class Ubatch:
+    """One ``llama_decode`` ubatch: tokens, rows of logits wanted, KV cells attended."""
+
+    n_tokens: int
+    n_outputs: int
+    n_kv: int
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    """A change of the scheduler parameters (``sched_need_reserve``), e.g. a new max_nodes."""
+
+    params: SchedParams
+
+
+@dataclass(frozen=True)
+class Workload:
+    layout: BackendLayout
+    model: ModelShape
+    n_ubatch: int  # the largest ubatch: the worst case the driver reserves for
+    events: tuple[Ubatch | Reconfigure, ...]
+
+
+def topology(spec: GraphSpec) -> tuple:
+    """What fixes the allocation plan's positions: the op program without shapes."""
+    return tuple((t.op, t.args, t.role, t.device) for t in spec.tensors) + (spec.roots,)
+
+
+@dataclass(frozen=True)
+class Driver:
+    policy: Policy = can_reuse
+    rereserve: bool = True
+
+    def scenario(self, w: Workload) -> Scenario:
+        graphs: dict[str, GraphSpec] = {}
+        steps: list[Step] = []
+        kv = w.model.kv_size
+
+        def graph(n_tokens: int, n_outputs: int, n_kv: int) -> str:
+            name = f"T{n_tokens}-out{n_outputs}-kv{n_kv}"
+            if name not in graphs:
+                graphs[name] = llama_graph(w.model, n_tokens, n_kv, n_outputs, label=name)
+            return name
+
+        def worst_case(u: Ubatch) -> str:
+            # the largest graph of the same topology: all outputs, or all but one
+            n_out = w.n_ubatch if u.n_outputs == u.n_tokens else w.n_ubatch - 1
+            return graph(w.n_ubatch, n_out, kv)
+
+        cur: SchedParams | None = None
+        last_topology: tuple | None = None
+        for ev in w.events:
+            if isinstance(ev, Reconfigure):
+                reuse = cur is not None and bool(self.policy(ev.params, cur))
+                steps.append(Step("sched_new", params=ev.params, reuse=reuse))
+                if not reuse:
+                    cur = ev.params
+                # sched_reserve: pp, then tg, then pp again so the pp assignment is the last
+                pp = graph(w.n_ubatch, w.n_ubatch, kv)
+                steps += [Step("reserve", pp), Step("reserve", graph(1, 1, kv)), Step("reserve", pp)]
+                last_topology = topology(graphs[pp])
+                continue
+            name = graph(ev.n_tokens, ev.n_outputs, ev.n_kv)
+            topo = topology(graphs[name])
+            if self.rereserve and topo != last_topology:
+                steps.append(Step("reserve", worst_case(ev)))
+            last_topology = topo
+            steps.append(Step("alloc", name))
+        return Scenario(w.layout, tuple(graphs.items()), tuple(steps))

@@ -1,0 +1,219 @@
+"""pytest glue: ``pytest --schedfuzz`` fuzzes ggml's scheduler. Nothing here runs without it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from .properties import PROPERTY_IDS
+
+STATS_KEY = "schedfuzz_stats"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("schedfuzz", "fuzz ggml's backend scheduler against a reference model")
+
+    def add(name: str, help: str, ini_type: str = "string", **kw: Any) -> None:
+        dest = name.replace("-", "_")
+        group.addoption(f"--{name}", dest=dest, default=None, help=f"{help} (ini: {dest})", **kw)
+        parser.addini(dest, help, type=ini_type, default=None)  # type: ignore[arg-type]
+
+    add("schedfuzz", "fuzz the scheduler: collect the property suite and the corpus", "bool", action="store_true")
+    add("schedfuzz-profile", "dev (fast, local), ci (deterministic, time-budgeted), nightly (large)")
+    add("schedfuzz-examples", "Hypothesis examples per property (overrides the profile)", type=int)
+    add("schedfuzz-seed", "seed of the run (printed in the header; default: random, 0 under ci)", type=int)
+    add("schedfuzz-budget", "seconds for the whole fuzzing run (overrides the profile)", type=float)
+    add("schedfuzz-target", "implementation under test as MODULE:FACTORY (default: the real ggml)")
+    add("schedfuzz-lib", "directory with your own build of the ggml shared libraries (env SCHEDFUZZ_GGML_LIB)")
+    add("schedfuzz-policy", "scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)")
+    add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
+    add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")
+    group.addoption(
+        "--schedfuzz-rereserve", "--no-schedfuzz-rereserve", dest="schedfuzz_rereserve", default=None,
+        action=_BoolFlag, nargs=0, help="driver re-reserves the worst case on topology changes (default on; ini: schedfuzz_rereserve)",
+    )
+    parser.addini("schedfuzz_rereserve", "driver re-reserves the worst case on topology changes", type="bool", default=None)  # type: ignore[arg-type]
+
+
+class _BoolFlag(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+def _opt(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name)
+    return value if value is not None else config.getini(name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "schedfuzz: a property test over the scheduler engine; runs only with --schedfuzz")
+    if not _opt(config, "schedfuzz"):
+        return
+    config.pluginmanager.register(SchedfuzzSession(config), "schedfuzz-session")
+
+
+class SchedfuzzSession:
+    """Per-process state of a ``--schedfuzz`` run: the config, the fuzzer and the statistics."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from .fuzz import FuzzConfig, Fuzzer, Stats, new_seed
+
+        def num(name: str, kind: type) -> Any:
+            v = _opt(config, name)
+            if v in (None, ""):
+                return None
+            try:
+                return kind(v)
+            except ValueError:
+                raise pytest.UsageError(f"--{name.replace('_', '-')}: {v!r} is not a {kind.__name__}") from None
+
+        profile = _opt(config, "schedfuzz_profile") or "dev"
+        workerinput = getattr(config, "workerinput", None)
+        seed = workerinput["schedfuzz_seed"] if workerinput else num("schedfuzz_seed", int)
+        rereserve = _opt(config, "schedfuzz_rereserve")
+        self.config = config
+        self.fuzz_config = FuzzConfig(
+            profile=profile,
+            examples=num("schedfuzz_examples", int),
+            seed=seed,
+            budget=num("schedfuzz_budget", float),
+            target=_opt(config, "schedfuzz_target") or None,
+            lib=_opt(config, "schedfuzz_lib") or os.environ.get("SCHEDFUZZ_GGML_LIB") or None,
+            policy=_opt(config, "schedfuzz_policy") or None,
+            rereserve=True if rereserve is None else bool(rereserve),
+            reference=_opt(config, "schedfuzz_reference") or None,
+            database=config.rootpath / ".schedfuzz" / "examples",
+        )
+        try:
+            profile_obj = self.fuzz_config.resolved_profile()
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        if self.fuzz_config.seed is None:
+            self.fuzz_config = replace(self.fuzz_config, seed=0 if profile_obj.derandomize else new_seed())
+        chosen = _opt(config, "schedfuzz_properties")
+        self.properties = [p.strip() for p in chosen.split(",")] if chosen else list(PROPERTY_IDS)
+        for p in self.properties:
+            if p not in PROPERTY_IDS:
+                raise pytest.UsageError(f"--schedfuzz-properties: unknown property {p!r} (known: {', '.join(PROPERTY_IDS)})")
+        self._fuzzer: Fuzzer | None = None
+        self._fuzzer_cls = Fuzzer
+        self.stats = Stats()
+
+    @property
+    def fuzzer(self) -> Any:
+        if self._fuzzer is None:
+            try:
+                self._fuzzer = self._fuzzer_cls(self.fuzz_config)
+            except ValueError as e:
+                raise pytest.UsageError(str(e)) from None
+        return self._fuzzer
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        fc = self.fuzz_config
+        engine = fc.target or f"ggml (lib: {fc.lib or 'ggml-python bundled'})"
+        return [
+            f"schedfuzz: profile={fc.profile} seed={fc.seed} engine={engine} "
+            f"policy={fc.policy or 'can_reuse'} rereserve={'on' if fc.rereserve else 'off'}"
+        ]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:  # pytest-xdist: same seed on every worker
+        node.workerinput["schedfuzz_seed"] = self.fuzz_config.seed
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        suite = SchedfuzzSuite.from_parent(session, name="schedfuzz", nodeid="schedfuzz")
+        items[:0] = list(suite.collect())
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for key, value in report.user_properties:
+            if key == STATS_KEY:
+                self.stats.merge(value)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.section("schedfuzz")
+        terminalreporter.write_line(f"seed = {self.fuzz_config.seed} (rerun with --schedfuzz-seed {self.fuzz_config.seed})")
+        for line in self.stats.summary_lines():
+            terminalreporter.write_line(line)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._fuzzer is not None:
+            self._fuzzer.close()
+
+
+class SchedfuzzSuite(pytest.Collector):
+    """The built-in property suite: one item per property, collected with no test file."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
+        for prop in session.properties:
+            yield PropertyItem.from_parent(self, name=prop, prop=prop)
+
+
+class SchedfuzzFailure(Exception):
+    def __init__(self, finding: Any) -> None:
+        super().__init__(finding.report())
+        self.finding = finding
+
+
+class PropertyItem(pytest.Item):
+    def __init__(self, *, prop: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.prop = prop
+        self.add_marker("schedfuzz")
+
+    def runtest(self) -> None:
+        session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
+        fuzzer = session.fuzzer
+        before = fuzzer.stats.as_dict()
+        try:
+            finding = fuzzer.fuzz(self.prop)
+        finally:
+            after = fuzzer.stats.as_dict()
+            delta = {k: after[k] - before[k] for k in after if k != "findings"}
+            delta["findings"] = {p: n - before["findings"].get(p, 0) for p, n in after["findings"].items()}
+            self.user_properties.append((STATS_KEY, delta))
+        if finding is not None:
+            self.user_properties.append(("schedfuzz_property", finding.violation.property))
+            raise SchedfuzzFailure(finding)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, SchedfuzzFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)  # type: ignore[arg-type]
+
+    def reportinfo(self) -> tuple[Path | str, int | None, str]:
+        return "schedfuzz", None, f"schedfuzz::{self.prop}"
+
+
+@pytest.fixture(scope="session")
+def schedfuzz_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The engine under test (a ``Target``: ``run(scenario) -> Trace``), shared by the session."""
+    session = request.config.pluginmanager.get_plugin("schedfuzz-session")
+    if session is None:
+        pytest.skip("the schedfuzz engine runs only with --schedfuzz")
+    yield session.fuzzer.target
+
+
+@pytest.fixture(scope="session")
+def schedfuzz_reference() -> Any:
+    """The reference scheduler's ``predict(scenario) -> Trace``."""
+    from reference.predict import predict
+
+    return predict
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _opt(config, "schedfuzz"):
+        return
+    skip = pytest.mark.skip(reason="schedfuzz property tests run with --schedfuzz")
+    for item in items:
+        if item.get_closest_marker("schedfuzz"):
+            item.add_marker(skip)

@@ -1,0 +1,237 @@
+"""The properties: pure functions from (scenario, trace, prediction) to violations.
+
+Each violation carries a stable property id, the step where it broke, a one-line message in
+the scheduler's own terms, and the facts that make up its failure signature.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from reference.params import SchedParams
+
+from .scenario import Scenario, Step
+from .trace import ReallocEvent, StepRecord, Trace
+
+PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "no-abort")
+
+
+@dataclass(frozen=True)
+class Violation:
+    property: str
+    step: int
+    message: str
+    facts: Mapping[str, object] = field(default_factory=dict)
+
+    def signature(self) -> str:
+        """Property id plus the minimal distinguishing facts: what a corpus case must keep."""
+        keys = ",".join(f"{k}={self.facts[k]}" for k in sorted(self.facts))
+        return f"{self.property}[{keys}]"
+
+    def __str__(self) -> str:
+        return f"[{self.property}] step {self.step}: {self.message}"
+
+
+Check = Callable[[Scenario, Trace, Trace], list[Violation]]
+
+
+def _schedulers(scenario: Scenario):
+    """Yield (index, step, params the current scheduler was built with) for sched_new steps."""
+    cur: SchedParams | None = None
+    for i, s in enumerate(scenario.steps):
+        if s.kind == "sched_new":
+            assert s.params is not None
+            yield i, s, cur
+            if not (s.reuse and cur is not None):
+                cur = s.params
+
+
+def _why_not(new: SchedParams, cur: SchedParams) -> str:
+    why = []
+    if new.parallel != cur.parallel:
+        why.append(f"parallel {cur.parallel} -> {new.parallel}")
+    if new.op_offload != cur.op_offload:
+        why.append(f"op_offload {cur.op_offload} -> {new.op_offload}")
+    if new.max_nodes > cur.max_nodes:
+        why.append(f"max_nodes {new.max_nodes} > current {cur.max_nodes}")
+    return ", ".join(why)
+
+
+def reuse_sound(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """Every reuse happens only when ``can_reuse(new, cur)`` holds."""
+    out = []
+    for i, s, cur in _schedulers(scenario):
+        assert s.params is not None
+        if s.reuse and cur is not None and not s.params.can_reuse(cur):
+            why = _why_not(s.params, cur)
+            out.append(Violation("reuse-sound", i, f"scheduler reused although can_reuse is false: {why}", {"why": why.split(" ")[0]}))
+    return out
+
+
+def reuse_complete(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """No scheduler is rebuilt when ``can_reuse`` held; the dropped buffers are reported."""
+    out = []
+    for i, s, cur in _schedulers(scenario):
+        assert s.params is not None
+        if not s.reuse and cur is not None and s.params.can_reuse(cur):
+            sizes = next((r.buffer_sizes for r in reversed(trace.records[:i]) if r.buffer_sizes), ())
+            dropped = ", ".join(f"{scenario.layout.name(b)} {n / 2**20:.2f} MiB" for b, n in enumerate(sizes)) or "unknown"
+            out.append(
+                Violation(
+                    "reuse-complete", i,
+                    f"scheduler rebuilt for max_nodes={s.params.max_nodes} although the current one "
+                    f"(max_nodes={cur.max_nodes}) could be reused; dropped compute buffers: {dropped}",
+                    {"rebuilt": True},
+                )
+            )
+    return out
+
+
+def fresh_variant(scenario: Scenario) -> Scenario:
+    """The same scenario with every reuse replaced by a fresh ``sched_new`` of the new params."""
+    steps = tuple(replace(s, reuse=False) if s.kind == "sched_new" else s for s in scenario.steps)
+    return replace(scenario, steps=steps)
+
+
+def reuse_equivalent(scenario: Scenario, reused: Trace, fresh: Trace) -> list[Violation]:
+    """A reused scheduler behaves like a fresh one built with the new parameters on the same
+    graphs: same assignment, same splits, no abort; its buffers may only be larger."""
+    out: list[Violation] = []
+    if reused.abort and not fresh.abort:
+        a = reused.abort
+        return [Violation("reuse-equivalent", a.step, f"the reused scheduler aborted where a fresh one did not: {a.message}", {"abort": True})]
+    reusing = False
+    for r, f in zip(reused.records, fresh.records):
+        if r.kind == "sched_new":
+            reusing = r.reused
+            continue
+        if not reusing or not r.node_backends:
+            continue
+        if r.node_backends != f.node_backends:
+            k = next(j for j, (x, y) in enumerate(zip(r.node_backends, f.node_backends)) if x != y)
+            out.append(Violation("reuse-equivalent", r.index, f"node {r.node_names[k]} on backend {r.node_backends[k]} in the reused scheduler, {f.node_backends[k]} in a fresh one", {"what": "assignment"}))
+        elif [(s.backend, s.i_start) for s in r.splits] != [(s.backend, s.i_start) for s in f.splits]:
+            out.append(Violation("reuse-equivalent", r.index, f"{r.n_splits} splits in the reused scheduler, {f.n_splits} in a fresh one", {"what": "splits"}))
+        elif r.buffer_sizes and f.buffer_sizes and any(a < b for a, b in zip(r.buffer_sizes, f.buffer_sizes)):
+            out.append(Violation("reuse-equivalent", r.index, f"reused buffers {list(r.buffer_sizes)} smaller than fresh {list(f.buffer_sizes)}", {"what": "buffers"}))
+    return out
+
+
+def _last_claim(scenario: Scenario, step: int) -> int | None:
+    """The driver's last reservation for the current scheduler before ``step``."""
+    for i in range(step - 1, -1, -1):
+        s = scenario.steps[i]
+        if s.kind == "reserve":
+            return i
+        if s.kind == "sched_new" and not s.reuse:
+            return None
+    return None
+
+
+def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """After the driver's reservation for the current configuration, no alloc causes a
+    same-size realloc. Each violation is explained by the reference."""
+    out = []
+    predicted = {e.step: e for e in prediction.events}
+    for ev in trace.events:
+        if not ev.same_size or scenario.steps[ev.step].kind == "reserve":
+            continue
+        claim = _last_claim(scenario, ev.step)
+        if claim is None:
+            continue
+        graph = scenario.steps[ev.step].graph
+        claimed = scenario.steps[claim].graph
+        head = f"same-size realloc on alloc({graph}): nodes = {ev.n_nodes}, splits = {ev.n_splits}, graph_size = {ev.graph_size}; reason: {ev.reason}"
+        replans = [e for e in prediction.events if claim < e.step < ev.step]
+        if ev.step not in predicted:
+            why, kind = "the engine re-planned although the reference says the plan was still valid (engine bug)", "engine"
+        elif replans:
+            k = replans[0].step
+            why = (f"the reservation of step {claim} ({claimed}) was lost: step {k} re-planned for "
+                   f"{scenario.steps[k].graph} ({replans[0].reason}), a topology switch")
+            kind = "lost"
+        else:
+            why = f"the reservation of step {claim} ({claimed}) does not dominate {graph}: {predicted[ev.step].reason}"
+            kind = "not-dominating"
+        out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}", {"explained": kind}))
+    return out
+
+
+_COPY = re.compile(r"[^\s(#]+#([^#\s]+)#(\d+)")
+
+
+def normalize_reason(reason: str) -> str:
+    """Input copies are named ``BACKEND#src#copy``; backend names differ between the engine
+    (``RPC[host:port]``) and the reference, so compare them without the backend."""
+    return _COPY.sub(r"*#\1#\2", reason)
+
+
+def _event_key(e: ReallocEvent) -> tuple:
+    return (e.step, e.via, e.backend_ids_changed, e.same_size, normalize_reason(e.reason))
+
+
+def _first_diff(a: tuple, b: tuple) -> int:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], str]) -> tuple[str, str] | None:
+    if r.node_backends and p.node_backends and r.node_backends != p.node_backends:
+        k = _first_diff(r.node_backends, p.node_backends)
+        name = p.node_names[k] if k < len(p.node_names) else "?"
+        eb = r.node_backends[k] if k < len(r.node_backends) else "-"
+        pb = p.node_backends[k] if k < len(p.node_backends) else "-"
+        return "assignment", f"node #{k} {name}: engine {layout_name(eb) if isinstance(eb, int) and eb >= 0 else eb}, reference {layout_name(pb) if isinstance(pb, int) and pb >= 0 else pb}"
+    if r.leaf_backends and p.leaf_backends and r.leaf_backends != p.leaf_backends:
+        k = _first_diff(r.leaf_backends, p.leaf_backends)
+        return "leaf-assignment", f"leaf #{k} {p.leaf_names[k] if k < len(p.leaf_names) else '?'}: engine {r.leaf_backends[k:k+1]}, reference {p.leaf_backends[k:k+1]}"
+    if r.splits and tuple(r.splits) != tuple(p.splits):
+        k = _first_diff(tuple(r.splits), tuple(p.splits))
+        es = r.splits[k] if k < len(r.splits) else None
+        ps = p.splits[k] if k < len(p.splits) else None
+        return "splits", f"split #{k}: engine {es}, reference {ps} ({r.n_splits} vs {p.n_splits} splits)"
+    if r.graph_size and r.graph_size != p.graph_size:
+        return "graph_size", f"graph_size engine {r.graph_size}, reference {p.graph_size}"
+    ek, pk = [_event_key(e) for e in r.events], [_event_key(e) for e in p.events]
+    if ek != pk:
+        return "events", f"realloc events: engine {[e.describe() for e in r.events]}, reference {[e.describe() for e in p.events]}"
+    return None
+
+
+def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """Assignment, splits, graph_size and realloc events equal the reference's prediction."""
+    for r, p in zip(trace.records, prediction.records):
+        diff = _compare_record(r, p, scenario.layout.name)
+        if diff:
+            what, msg = diff
+            return [Violation("matches-reference", r.index, f"{scenario.steps[r.index].describe()}: {msg}", {"what": what})]
+    ta, pa = trace.abort, prediction.abort
+    if (ta is None) != (pa is None) or (ta and pa and ta.step != pa.step):
+        step = (ta or pa).step  # type: ignore[union-attr]
+        msg = f"engine {'aborted: ' + ta.message if ta else 'did not abort'}; reference {'predicts abort: ' + pa.message if pa else 'predicts no abort'}"
+        return [Violation("matches-reference", step, msg, {"what": "abort"})]
+    if ta is None and len(trace.records) != len(prediction.records):
+        return [Violation("matches-reference", min(len(trace.records), len(prediction.records)), "engine and reference ran a different number of steps", {"what": "steps"})]
+    return []
+
+
+def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """Valid scenarios never abort the engine."""
+    a = trace.abort
+    if a is None:
+        return []
+    step: Step = scenario.steps[a.step] if a.step < len(scenario.steps) else Step("?")
+    predicted = " (the reference predicts it: " + prediction.abort.message + ")" if prediction.abort else ""
+    first = a.message.strip().splitlines()[0] if a.message.strip() else a.kind
+    kind = re.sub(r"\d+", "N", first)[:80]
+    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}", {"kind": a.kind, "message": kind})]
+
+
+CHECKS: dict[str, Check] = {
+    "reuse-sound": reuse_sound,
+    "reuse-complete": reuse_complete,
+    "no-same-size-realloc": no_same_size_realloc,
+    "matches-reference": matches_reference,
+    "no-abort": no_abort,
+}

@@ -1,0 +1,193 @@
+"""Hypothesis strategies for scheduler scenarios, small and composable.
+
+``layouts()`` -> ``BackendLayout``; ``graphs(layout)`` -> random op DAGs over every op the
+scheduler treats specially; ``models(layout)`` / ``llama_graphs(layout)`` -> llama-like layered
+graphs; ``param_sequences()`` -> ``SchedParams`` changes; ``workloads()`` -> driver workloads;
+``scenarios()`` -> layouts, graphs and step sequences for comparing engine and reference.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from reference.params import SchedParams
+
+from .driver import Reconfigure, Ubatch, Workload
+from .models import ModelShape, llama_graph
+from .scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
+
+DIMS = (8, 16, 32)
+
+
+@st.composite
+def layouts(draw: st.DrawFn, min_rpc: int = 0, max_rpc: int = 2, blas: bool = False) -> BackendLayout:
+    """0..``max_rpc`` RPC devices (each its own buffer type), optionally BLAS, then the CPU."""
+    kinds = ["rpc"] * draw(st.integers(min_rpc, max_rpc))
+    if blas and draw(st.booleans()):
+        kinds.append("blas")
+    return BackendLayout.of(*kinds, "cpu")
+
+
+@st.composite
+def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSpec:
+    """A random DAG of activations ``[d, T]`` grown one op at a time from earlier tensors,
+    with weights, KV-cache stores and views placed on random devices of ``layout``."""
+    b = GraphBuilder()
+    n_tokens = draw(st.sampled_from((1, 2, 4, 8)))
+    device = st.integers(0, layout.n - 1)
+    pool = [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))]
+    roots: list[str] = []
+    n_ops = draw(st.integers(1, max_ops))
+    for k in range(n_ops):
+        a = draw(st.sampled_from(pool))
+        d = b.shape(a)[0]
+        kind = draw(st.sampled_from(("mul_mat", "binary", "unary", "transpose", "concat", "get_rows", "soft_max",
+                                     "set_rows", "rope", "flash_attn", "mul_mat_id", "cpy")))
+        if kind == "mul_mat":
+            w = b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(device), draw(st.sampled_from(("f32", "f16"))))
+            pool.append(b.op("mul_mat", w, a, name=f"mm{k}"))
+        elif kind == "binary":
+            same = [t for t in pool if b.shape(t) == b.shape(a)]
+            other = draw(st.sampled_from(same)) if draw(st.booleans()) else b.weight(f"w{k}", (d,), draw(device))
+            pool.append(b.op(draw(st.sampled_from(("add", "mul"))), a, other, name=f"bin{k}"))
+        elif kind == "unary":
+            op = draw(st.sampled_from(("silu", "scale", "rms_norm")))
+            pool.append(b.op(op, a, name=f"{op}{k}", **({"s": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
+        elif kind == "transpose":
+            t = b.op("cont", b.op("transpose", a, name=f"tr{k}"), name=f"trc{k}")
+            pool.append(b.op("cont", b.op("permute", t, name=f"pm{k}", axes=[1, 0, 2, 3]), name=f"pmc{k}"))
+        elif kind == "concat":
+            other = draw(st.sampled_from(pool))
+            pool.append(b.op("concat", a, other, name=f"cat{k}", dim=0))
+        elif kind == "get_rows":
+            table = b.weight(f"tok{k}", (d, 64), draw(device))
+            pool.append(b.op("get_rows", table, b.input(f"ids{k}", (n_tokens,), "i32"), name=f"rows{k}"))
+        elif kind == "soft_max":
+            mask = b.input(f"mask{k}", (d, n_tokens)) if draw(st.booleans()) else None
+            pool.append(b.op("soft_max_ext", a, mask, name=f"sm{k}", scale=1.0))
+        elif kind == "set_rows":
+            cache = b.cache(f"cache{k}", (d, 32), draw(device))
+            roots.append(b.op("set_rows", cache, a, b.input(f"kvi{k}", (n_tokens,), "i64"), name=f"store{k}"))
+            pool.append(b.op("view", cache, name=f"kv{k}", ne=[d, n_tokens], nb=[d * 4]))
+        elif kind == "rope":
+            r = b.op("reshape", a, name=f"r3{k}", ne=[d, 1, n_tokens])
+            freqs = b.weight(f"freqs{k}", (d // 2,), draw(device)) if draw(st.booleans()) else None
+            r = b.op("rope", r, b.input(f"pos{k}", (n_tokens,), "i32"), freqs, name=f"rope{k}", n_dims=d)
+            pool.append(b.op("reshape", r, name=f"r2{k}", ne=[d, n_tokens]))
+        elif kind == "flash_attn":
+            q = b.op("permute", b.op("reshape", a, name=f"q3{k}", ne=[d, 1, n_tokens]), name=f"q{k}", axes=[0, 2, 1, 3])
+            kv_dev = draw(device)
+            kc = b.cache(f"kc{k}", (d, 16), kv_dev)
+            vc = b.cache(f"vc{k}", (d, 16), kv_dev)
+            kk = b.op("view", kc, name=f"kview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
+            vv = b.op("view", vc, name=f"vview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
+            mask = b.input(f"fmask{k}", (16, n_tokens), "f16") if draw(st.booleans()) else None
+            att = b.op("flash_attn_ext", q, kk, vv, mask, name=f"fa{k}", scale=1.0)
+            pool.append(b.op("reshape", att, name=f"fa2{k}", ne=[d, n_tokens]))
+        elif kind == "mul_mat_id":
+            n_exp, n_used, d_out = 4, 2, draw(st.sampled_from(DIMS))
+            experts = b.weight(f"exps{k}", (d, d_out, n_exp), draw(device))
+            ids = b.input(f"eids{k}", (n_used, n_tokens), "i32")
+            out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, n_tokens]), ids, name=f"moe{k}")
+            first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, n_tokens], nb=[d_out * 4 * n_used])
+            pool.append(b.op("cont", first, name=f"moe_c{k}"))
+        else:  # cpy into a pre-allocated buffer, a root like the KV stores
+            dst = b.cache(f"dst{k}", (d, n_tokens), draw(device))
+            roots.append(b.op("cpy", a, dst, name=f"cpy{k}"))
+    last = pool[-1]
+    if len(pool) == 1:
+        last = b.op("scale", last, name="out", s=1.0)
+    ops = [t.name for t in b.tensors if t.op != "none"]
+    for _ in range(draw(st.integers(0, 2))):
+        if draw(st.integers(0, 3)) == 0:
+            b.force(draw(st.sampled_from(ops)), draw(device))
+    return b.build(*roots, last)
+
+
+@st.composite
+def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4) -> ModelShape:
+    """A llama-like model: layers split over the devices in blocks (``--tensor-split``),
+    optionally FFN weights overridden to another device (``-ot``), FA or not, MoE or dense."""
+    n_layer = draw(st.integers(1, max_layers))
+    cuts = sorted(draw(st.lists(st.integers(0, n_layer), min_size=layout.n - 1, max_size=layout.n - 1)))
+    layer_devices = tuple(sum(c <= il for c in cuts) for il in range(n_layer))
+    ffn = tuple(draw(st.integers(0, layout.n - 1)) for _ in range(n_layer)) if draw(st.booleans()) else ()
+    moe = draw(st.booleans())
+    return ModelShape(
+        layer_devices=layer_devices,
+        output_device=draw(st.sampled_from((layer_devices[-1], layout.n - 1))),
+        cpu_device=layout.n - 1,
+        n_embd=32,
+        n_head=4,
+        n_head_kv=draw(st.sampled_from((1, 2, 4))),
+        n_ff=48,
+        n_vocab=64,
+        kv_size=64,
+        flash_attn=draw(st.booleans()),
+        n_expert=4 if moe else 0,
+        n_expert_used=2,
+        ffn_devices=ffn,
+    )
+
+
+@st.composite
+def llama_graphs(draw: st.DrawFn, layout: BackendLayout) -> GraphSpec:
+    m = draw(models(layout))
+    n_tokens = draw(st.integers(1, 16))
+    n_kv = draw(st.integers(n_tokens, m.kv_size))
+    return llama_graph(m, n_tokens, n_kv, draw(st.integers(1, n_tokens)))
+
+
+def param_sequences(min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[list[SchedParams]]:
+    """Sequences of scheduler parameters as ``llama_context`` would pass them."""
+    params = st.builds(
+        SchedParams,
+        max_nodes=st.sampled_from((1024, 2048, 4096, 8192)),
+        parallel=st.booleans(),
+        op_offload=st.booleans(),
+    )
+    return st.lists(params, min_size=min_size, max_size=max_size)
+
+
+@st.composite
+def workloads(draw: st.DrawFn, layout: BackendLayout | None = None, max_ubatches: int = 6, min_reconfigures: int = 0) -> Workload:
+    """A first configuration, then ubatches (prompt chunks and single tokens, with all or some
+    outputs) interleaved with at least ``min_reconfigures`` reconfigurations."""
+    layout = layout or draw(layouts(max_rpc=1))
+    m = draw(models(layout, max_layers=2))
+    n_ubatch = draw(st.sampled_from((8, 16, 32)))
+    first, *rest = draw(param_sequences(min_size=1 + min_reconfigures, max_size=4 + min_reconfigures))
+    events: list[Ubatch | Reconfigure] = [Reconfigure(first)]
+    for _ in range(draw(st.integers(1, max_ubatches))):
+        if rest and draw(st.integers(0, 3)) == 0:
+            events.append(Reconfigure(rest.pop(0)))
+            continue
+        n_tokens = draw(st.integers(1, n_ubatch))
+        n_outputs = draw(st.sampled_from((n_tokens, 1, max(1, n_tokens // 2))))
+        n_kv = draw(st.integers(n_tokens, m.kv_size))
+        events.append(Ubatch(n_tokens, n_outputs, n_kv))
+    while sum(isinstance(e, Reconfigure) for e in events) < 1 + min_reconfigures:
+        events.insert(draw(st.integers(1, len(events))), Reconfigure(rest.pop(0)))
+        events.append(Ubatch(1, 1, 1))
+    return Workload(layout, m, n_ubatch, tuple(events))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, max_rpc: int = 2, max_steps: int = 6, compute: bool = False) -> Scenario:
+    """A layout, up to three graphs (random or llama-like) and a step sequence over them."""
+    layout = draw(layouts(max_rpc=max_rpc))
+    specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout)), min_size=1, max_size=3))
+    names = [f"g{i}" for i in range(len(specs))]
+    biggest = max(len(s.tensors) for s in specs)
+    params = st.builds(SchedParams, max_nodes=st.integers(2 * biggest + 16, 4096), parallel=st.booleans(), op_offload=st.booleans())
+    kinds = ("reserve", "alloc", "alloc", "reset") + (("compute",) if compute else ())
+    steps = [Step("sched_new", params=draw(params))]
+    for _ in range(draw(st.integers(1, max_steps))):
+        kind = draw(st.sampled_from(kinds + ("sched_new",)))
+        if kind == "sched_new":
+            steps.append(Step("sched_new", params=draw(params)))
+        elif kind == "reset":
+            steps.append(Step("reset"))
+        else:
+            steps.append(Step(kind, draw(st.sampled_from(names))))
+    return Scenario(layout, tuple(zip(names, specs)), tuple(steps))
