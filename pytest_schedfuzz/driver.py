@@ -14,8 +14,8 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
 
 from reference.params import SchedParams
 
@@ -66,6 +66,28 @@ class Workload:
     model: ModelShape
     n_ubatch: int  # the largest ubatch: the worst case the driver reserves for
     events: tuple[Ubatch | Reconfigure, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        events: list[dict[str, Any]] = []
+        for e in self.events:
+            if isinstance(e, Ubatch):
+                events.append({"ubatch": [e.n_tokens, e.n_outputs, e.n_kv]})
+            else:
+                p = e.params
+                events.append({"reconfigure": {"max_nodes": p.max_nodes, "parallel": p.parallel, "op_offload": p.op_offload}})
+        return {"layout": self.layout.to_json(), "model": asdict(self.model), "n_ubatch": self.n_ubatch, "events": events}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Workload:
+        model = {k: tuple(v) if isinstance(v, list) else v for k, v in d["model"].items()}
+        events: list[Ubatch | Reconfigure] = []
+        for e in d["events"]:
+            if "ubatch" in e:
+                events.append(Ubatch(*(int(x) for x in e["ubatch"])))
+            else:
+                p = e["reconfigure"]
+                events.append(Reconfigure(SchedParams(int(p["max_nodes"]), bool(p["parallel"]), bool(p["op_offload"]))))
+        return Workload(BackendLayout.from_json(d["layout"]), ModelShape(**model), int(d["n_ubatch"]), tuple(events))
 
 
 def topology(spec: GraphSpec) -> tuple:

@@ -22,6 +22,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from reference.predict import predict as reference_predict
 
 from . import properties as props
+from .corpus import Case
 from .driver import Driver, Workload, can_reuse, load_policy
 from .scenario import Scenario
 from .strategies import scenarios, workloads
@@ -124,11 +125,15 @@ class Stats:
         return lines
 
 
+DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
+
+
 @dataclass(frozen=True)
 class Finding:
     property: str
     scenario: Scenario
     violation: props.Violation
+    workload: Workload | None = None
 
     def report(self) -> str:
         sc = self.scenario
@@ -137,12 +142,18 @@ class Finding:
         kinds = ", ".join(b.kind for b in sc.layout.backends)
         return f"{self.violation}\nlayout: [{kinds}]\ngraphs:\n{graphs}\nsteps:\n{steps}"
 
+    def to_case(self, fuzzer: Fuzzer) -> Case:
+        engine = dict(getattr(fuzzer._target, "engine", None) or {"name": fuzzer.config.target or "ggml"})
+        v = self.violation
+        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload)
+
 
 class ViolationFound(AssertionError):
-    def __init__(self, scenario: Scenario, violation: props.Violation) -> None:
+    def __init__(self, scenario: Scenario, violation: props.Violation, workload: Workload | None) -> None:
         super().__init__(str(violation))
         self.scenario = scenario
         self.violation = violation
+        self.workload = workload
 
 
 class Fuzzer:
@@ -203,16 +214,17 @@ class Fuzzer:
 
     # ----------------------------------------------------------------- a property
 
-    def strategy(self, prop: str) -> st.SearchStrategy[Scenario]:
+    def strategy(self, prop: str) -> st.SearchStrategy[Workload | Scenario]:
+        """Driver properties fuzz workloads (played by the driver); the others raw scenarios."""
         p = self.profile
-        if prop in ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc"):
+        if prop in DRIVER_PROPERTIES:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
             reconf = 0 if prop == "no-same-size-realloc" else 1
-            return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf).map(self.scenario_of)
+            return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf)
         return scenarios(max_rpc=p.max_rpc, max_steps=p.max_steps, compute=prop == "no-abort")
 
-    def scenario_of(self, w: Workload) -> Scenario:
-        return self.driver.scenario(w)
+    def scenario_of(self, case: Workload | Scenario) -> Scenario:
+        return self.driver.scenario(case) if isinstance(case, Workload) else case
 
     def fuzz(self, prop: str, examples: int | None = None) -> Finding | None:
         """Run Hypothesis on one property; the shrunk failing case, or None."""
@@ -232,25 +244,28 @@ class Fuzzer:
             report_multiple_bugs=False,
         )
         @given(self.strategy(prop))
-        def run(scenario: Scenario) -> None:
+        def run(case: Workload | Scenario) -> None:
             if self.out_of_budget():
                 return
             self.stats.examples += 1
+            scenario = self.scenario_of(case)
             try:
                 found = self.check(prop, scenario)
             except Unsupported:
                 return
             if found and (not target or found[0].signature() == target[0]):
                 target[:] = [found[0].signature()]
-                raise ViolationFound(scenario, found[0])
+                raise ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None)
 
         try:
             run()
         except ViolationFound as e:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
-            return Finding(prop, e.scenario, e.violation)
+            return Finding(prop, e.scenario, e.violation, e.workload)
         return None
 
-    def replay(self, prop: str, scenario: Scenario) -> list[props.Violation]:
-        """Check one saved case (no Hypothesis)."""
-        return self.check(prop, scenario)
+    def replay(self, case: Case) -> list[props.Violation]:
+        """Check one saved case (no Hypothesis). A case with a workload is played again by
+        this run's driver, so that it judges the current policy, not the recorded decisions."""
+        scenario = self.driver.scenario(case.workload) if case.workload is not None else case.scenario
+        return self.check(case.property, scenario)

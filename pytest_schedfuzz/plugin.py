@@ -33,6 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-policy", "scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)")
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
     add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")
+    add("schedfuzz-corpus", "directory of saved cases, replayed first; new findings are written there (default: corpus)")
     group.addoption(
         "--schedfuzz-rereserve", "--no-schedfuzz-rereserve", dest="schedfuzz_rereserve", default=None,
         action=_BoolFlag, nargs=0, help="driver re-reserves the worst case on topology changes (default on; ini: schedfuzz_rereserve)",
@@ -95,6 +96,7 @@ class SchedfuzzSession:
             raise pytest.UsageError(str(e)) from None
         if self.fuzz_config.seed is None:
             self.fuzz_config = replace(self.fuzz_config, seed=0 if profile_obj.derandomize else new_seed())
+        self.corpus = config.rootpath / (_opt(config, "schedfuzz_corpus") or "corpus")
         chosen = _opt(config, "schedfuzz_properties")
         self.properties = [p.strip() for p in chosen.split(",")] if chosen else list(PROPERTY_IDS)
         for p in self.properties:
@@ -152,15 +154,61 @@ class SchedfuzzSuite(pytest.Collector):
     """The built-in property suite: one item per property, collected with no test file."""
 
     def collect(self) -> Iterator[pytest.Item]:
+        from .corpus import case_files
+
         session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
+        # the corpus first: known findings are replayed before new fuzzing
+        for path in case_files(session.corpus):
+            yield CaseItem.from_parent(self, name=f"corpus/{path.name}", path_=path)
         for prop in session.properties:
             yield PropertyItem.from_parent(self, name=prop, prop=prop)
 
 
 class SchedfuzzFailure(Exception):
-    def __init__(self, finding: Any) -> None:
-        super().__init__(finding.report())
+    def __init__(self, finding: Any, where: str = "") -> None:
+        super().__init__(finding.report() + (f"\n{where}" if where else ""))
         self.finding = finding
+
+
+class CaseItem(pytest.Item):
+    """One corpus file, replayed on the engine: ``expect: pass`` must hold no violation of its
+    property; ``expect: {fail: ...}`` is a strict expected failure with the same signature."""
+
+    def __init__(self, *, path_: Path, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.case_path = path_
+        self.add_marker("schedfuzz")
+
+    def runtest(self) -> None:
+        from .corpus import CaseError, load_case
+
+        session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
+        try:
+            case = load_case(self.case_path)
+        except CaseError as e:
+            raise CorpusFailure(f"bad corpus file: {e}") from None
+        found = session.fuzzer.replay(case)
+        self.user_properties += [("schedfuzz_property", case.property), ("schedfuzz_case", str(self.case_path))]
+        same = [v for v in found if v.signature() == case.signature]
+        if case.expected_failure is not None:
+            if same:
+                pytest.xfail(f"known engine bug ({case.expected_failure}): {same[0]}")
+            got = f"now: {found[0]}" if found else "no violation any more"
+            raise CorpusFailure(f"[XPASS(strict)] {self.case_path.name} is expected to fail with {case.signature} ({case.expected_failure}); {got}")
+        if found:
+            raise CorpusFailure(f"{self.case_path.name} ({case.signature}) fails again:\n{found[0]}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CorpusFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)  # type: ignore[arg-type]
+
+    def reportinfo(self) -> tuple[Path | str, int | None, str]:
+        return self.case_path, None, f"schedfuzz::corpus/{self.case_path.name}"
+
+
+class CorpusFailure(Exception):
+    pass
 
 
 class PropertyItem(pytest.Item):
@@ -181,8 +229,12 @@ class PropertyItem(pytest.Item):
             delta["findings"] = {p: n - before["findings"].get(p, 0) for p, n in after["findings"].items()}
             self.user_properties.append((STATS_KEY, delta))
         if finding is not None:
+            from .corpus import save_case
+
+            path = save_case(session.corpus, finding.to_case(fuzzer))
             self.user_properties.append(("schedfuzz_property", finding.violation.property))
-            raise SchedfuzzFailure(finding)
+            self.user_properties.append(("schedfuzz_case", str(path)))
+            raise SchedfuzzFailure(finding, f"saved to {path}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, SchedfuzzFailure):

@@ -138,15 +138,23 @@ def llama_graphs(draw: st.DrawFn, layout: BackendLayout) -> GraphSpec:
     return llama_graph(m, n_tokens, n_kv, draw(st.integers(1, n_tokens)))
 
 
-def param_sequences(min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[list[SchedParams]]:
-    """Sequences of scheduler parameters as ``llama_context`` would pass them."""
-    params = st.builds(
-        SchedParams,
-        max_nodes=st.sampled_from((1024, 2048, 4096, 8192)),
-        parallel=st.booleans(),
-        op_offload=st.booleans(),
-    )
-    return st.lists(params, min_size=min_size, max_size=max_size)
+@st.composite
+def param_sequences(draw: st.DrawFn, min_size: int = 1, max_size: int = 4) -> list[SchedParams]:
+    """Sequences of scheduler parameters as ``llama_context`` changes them: each after the
+    first changes one field (a new max_nodes for a bigger model graph, pipeline parallelism
+    switched off after a failed reservation, op offload toggled)."""
+    max_nodes = st.sampled_from((1024, 2048, 4096, 8192))
+    seq = [SchedParams(draw(max_nodes), draw(st.booleans()), draw(st.booleans()))]
+    for _ in range(draw(st.integers(min_size, max_size)) - 1):
+        p = seq[-1]
+        field = draw(st.sampled_from(("max_nodes", "max_nodes", "parallel", "op_offload")))
+        if field == "max_nodes":
+            seq.append(SchedParams(draw(max_nodes), p.parallel, p.op_offload))
+        elif field == "parallel":
+            seq.append(SchedParams(p.max_nodes, not p.parallel, p.op_offload))
+        else:
+            seq.append(SchedParams(p.max_nodes, p.parallel, not p.op_offload))
+    return seq
 
 
 @st.composite

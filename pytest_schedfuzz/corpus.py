@@ -1,0 +1,177 @@
+"""The corpus: one JSON file per finding, saved atomically, checked on load, replayed, shrunk.
+
+A case holds the scenario, the property it broke, its failure signature (property id plus
+the distinguishing facts), the engine it was found on, and ``expect``: ``"pass"`` (the bug is
+fixed: the case guards against its return) or ``{"fail": reason}`` (a known engine bug that
+must keep failing until fixed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import jsonschema
+
+from .driver import Workload
+from .properties import PROPERTY_IDS
+from .scenario import Scenario
+from .shapes import SpecError
+
+CASE_VERSION = 1
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["format", "version", "property", "signature", "scenario"],
+    "properties": {
+        "format": {"const": "schedfuzz-case"},
+        "version": {"type": "integer"},
+        "property": {"enum": list(PROPERTY_IDS)},
+        "signature": {"type": "string"},
+        "message": {"type": "string"},
+        "step": {"type": "integer", "minimum": 0},
+        "seed": {"type": ["integer", "null"]},
+        "engine": {"type": "object", "additionalProperties": {"type": "string"}},
+        "expect": {
+            "oneOf": [
+                {"const": "pass"},
+                {"type": "object", "required": ["fail"], "properties": {"fail": {"type": "string"}}, "additionalProperties": False},
+            ]
+        },
+        "workload": {"type": "object", "required": ["layout", "model", "n_ubatch", "events"]},
+        "scenario": {
+            "type": "object",
+            "required": ["version", "layout", "graphs", "steps"],
+            "properties": {
+                "layout": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind"]}},
+                "graphs": {"type": "object", "additionalProperties": {"type": "object", "required": ["tensors", "roots"]}},
+                "steps": {"type": "array", "items": {"type": "object", "required": ["kind"]}},
+            },
+        },
+    },
+}
+
+
+class CaseError(Exception):
+    """A corpus file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Case:
+    property: str
+    signature: str
+    scenario: Scenario
+    message: str = ""
+    step: int = 0
+    seed: int | None = None
+    engine: Mapping[str, str] = field(default_factory=dict)
+    expect: str | Mapping[str, str] = "pass"
+    workload: Workload | None = None  # driver properties: replayed through the current driver
+    path: Path | None = None
+
+    @property
+    def expected_failure(self) -> str | None:
+        return self.expect["fail"] if isinstance(self.expect, Mapping) else None
+
+    def size(self) -> tuple[int, int]:
+        """(steps, op nodes over all graphs): what minimization reduces."""
+        return len(self.scenario.steps), sum(g.n_ops for _, g in self.scenario.graphs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "schedfuzz-case",
+            "version": CASE_VERSION,
+            "property": self.property,
+            "signature": self.signature,
+            "message": self.message,
+            "step": self.step,
+            "seed": self.seed,
+            "engine": dict(self.engine),
+            "expect": dict(self.expect) if isinstance(self.expect, Mapping) else self.expect,
+            "scenario": self.scenario.to_json(),
+        } | ({"workload": self.workload.to_json()} if self.workload is not None else {})
+
+    def file_name(self) -> str:
+        digest = hashlib.sha1(self.scenario.dumps().encode()).hexdigest()[:10]
+        return f"{self.property}-{digest}.json"
+
+
+def load_case(path: Path | str) -> Case:
+    """Read and check one case; any problem raises ``CaseError`` naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise CaseError(path, f"cannot read: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CaseError(path, f"not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}") from None
+    if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] > CASE_VERSION:
+        raise CaseError(path, f"case format version {data['version']} is newer than this schedfuzz reads ({CASE_VERSION}); upgrade schedfuzz")
+    try:
+        jsonschema.validate(data, SCHEMA)
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "the top level"
+        raise CaseError(path, f"does not match the case schema at {where}: {e.message}") from None
+    if data["version"] != CASE_VERSION:
+        raise CaseError(path, f"case format version {data['version']} is not supported (this schedfuzz reads {CASE_VERSION})")
+    try:
+        scenario = Scenario.from_json(data["scenario"])
+    except SpecError as e:
+        raise CaseError(path, f"inconsistent scenario: {e}") from None
+    workload = None
+    if "workload" in data:
+        try:
+            workload = Workload.from_json(data["workload"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CaseError(path, f"malformed workload: {type(e).__name__}: {e}") from None
+    return Case(
+        property=data["property"],
+        signature=data["signature"],
+        scenario=scenario,
+        message=data.get("message", ""),
+        step=data.get("step", 0),
+        seed=data.get("seed"),
+        engine=data.get("engine", {}),
+        expect=data.get("expect", "pass"),
+        workload=workload,
+        path=path,
+    )
+
+
+def save_case(directory: Path | str, case: Case) -> Path:
+    """Write ``case`` under ``directory`` atomically (a temporary file, then a rename), so that
+    concurrent writers (pytest-xdist workers) never leave a partial file or lose one."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / case.file_name()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(case.to_json(), f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def case_files(directory: Path | str) -> Iterator[Path]:
+    """Every case file of a corpus directory, in a stable order (temporary files excluded)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        yield from sorted(p for p in directory.glob("*.json") if not p.name.startswith(".tmp-"))
