@@ -6,6 +6,9 @@ import argparse
 import sys
 from typing import Sequence
 
+from pathlib import Path
+
+from .corpus import Case, CaseError, case_files, load_case, save_case
 from .fuzz import PROFILES, FuzzConfig, Fuzzer
 from .properties import PROPERTY_IDS
 
@@ -41,6 +44,131 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
+def _fuzzer(args: argparse.Namespace) -> Fuzzer:
+    return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, policy=args.policy, rereserve=args.rereserve, database=None))
+
+
+def _load_all(paths: Sequence[str]) -> list[Case]:
+    """Every case named (files or corpus directories); a bad one raises CaseError."""
+    cases = []
+    for p in paths:
+        files = list(case_files(p)) if Path(p).is_dir() else [Path(p)]
+        cases += [load_case(f) for f in files]
+    return cases
+
+
+def _replay(args: argparse.Namespace) -> int:
+    try:
+        cases = _load_all(args.cases)
+    except CaseError as e:
+        print(f"schedfuzz: {e}", file=sys.stderr)
+        return 2
+    fuzzer = _fuzzer(args)
+    failed = 0
+    try:
+        for case in cases:
+            print(f"== {case.path} [{case.property}] expect {case.expect}")
+            scenario = fuzzer.driver.scenario(case.workload) if case.workload else case.scenario
+            trace = fuzzer.run_engine(scenario)
+            for r in trace.records:
+                print(f"  {r.index:2d}: {scenario.steps[r.index].describe():<48} splits={r.n_splits} graph_size={r.graph_size}")
+                for e in r.events:
+                    print(f"      {e.describe()}")
+            if trace.abort:
+                print(f"  !! {trace.abort.kind} at step {trace.abort.step}: {trace.abort.message.strip()}")
+            found = [v for v in fuzzer.replay(case) if v.signature() == case.signature]
+            expected = case.expected_failure is not None
+            ok = bool(found) == expected
+            failed += not ok
+            verdict = ("still fails (known bug)" if expected else "FAIL: " + str(found[0])) if found else (
+                "XPASS: the known bug no longer reproduces" if expected else "pass")
+            print(f"  verdict: {verdict}")
+    finally:
+        fuzzer.close()
+    return 1 if failed else 0
+
+
+def _minimize(args: argparse.Namespace) -> int:
+    from .minimize import minimize_case, simplest
+
+    paths = [args.dir] if Path(args.dir).is_dir() else []
+    if not paths:
+        print(f"schedfuzz: {args.dir}: not a corpus directory", file=sys.stderr)
+        return 2
+    try:
+        cases = _load_all(paths)
+    except CaseError as e:
+        print(f"schedfuzz: {e} (nothing was changed)", file=sys.stderr)
+        return 2
+    fuzzer = _fuzzer(args)
+    kept: list[Case] = []
+    try:
+        for case in cases:
+            if not any(v.signature() == case.signature for v in fuzzer.replay(case)):
+                print(f"{case.path}: does not replay to {case.signature}; left as it is")
+                continue
+            small, tries = minimize_case(case, lambda c: [v.signature() for v in fuzzer.replay(c)], fuzzer.driver.scenario, fuzzer.screen)
+            (s0, n0), (s1, n1) = case.size(), small.size()
+            print(f"{case.path}: {s0} steps, {n0} nodes -> {s1} steps, {n1} nodes ({tries} replays)")
+            kept.append(small)
+    finally:
+        fuzzer.close()
+    best = simplest(kept)
+    for case in kept:
+        if best[case.signature] is case:
+            path = save_case(args.dir, case)
+            if case.path is not None and case.path.resolve() != path.resolve():
+                case.path.unlink()
+        elif case.path is not None:
+            # a smaller case keeps this signature; this one was replayed, so it can go
+            case.path.unlink()
+    print(f"{len(best)} signature(s) kept in {args.dir}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .draw import named_tensors, splits_text, to_dot, write
+
+    try:
+        case = load_case(args.case)
+    except CaseError as e:
+        print(f"schedfuzz: {e}", file=sys.stderr)
+        return 2
+    fuzzer = _fuzzer(args)
+    try:
+        scenario = fuzzer.driver.scenario(case.workload) if case.workload else case.scenario
+        trace = fuzzer.run_engine(scenario)
+    finally:
+        fuzzer.close()
+    graph_steps = [r for r in trace.records if r.splits]
+    record = next((r for r in graph_steps if r.index == case.step), graph_steps[-1] if graph_steps else None)
+    if record is None:
+        print(f"schedfuzz: {args.case}: no step with a graph to draw", file=sys.stderr)
+        return 2
+    highlight = set().union(*(named_tensors(e.reason) for e in record.events)) if record.events else set()
+    print(f"{case.signature}: {case.message}")
+    print(f"step {record.index}: {scenario.steps[record.index].describe()}")
+    print(splits_text(scenario, record))
+    for e in record.events:
+        print(e.describe())
+    out = Path(args.output or Path(args.case).with_suffix(".svg").name)
+    title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}"
+    try:
+        write(to_dot(scenario, record, highlight, title), out)
+    except (RuntimeError, ValueError) as e:
+        print(f"schedfuzz: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
+    p.add_argument("--lib", help="directory with your own ggml shared libraries")
+    p.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
+    p.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="schedfuzz", description="fuzz ggml's backend scheduler against a reference model")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,13 +177,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--examples", type=int)
     run.add_argument("--seed", type=int)
     run.add_argument("--budget", type=float, help="seconds for the whole run")
-    run.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
-    run.add_argument("--lib", help="directory with your own ggml shared libraries")
-    run.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
+    _engine_args(run)
     run.add_argument("--reference", help="replace the reference's predict with MODULE:CALLABLE")
-    run.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
     run.add_argument("--properties", help="comma-separated property ids")
     run.set_defaults(func=_run)
+    rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
+    rp.add_argument("cases", nargs="+", help="case files or corpus directories")
+    _engine_args(rp)
+    rp.set_defaults(func=_replay)
+    mn = sub.add_parser("minimize", help="shrink every case keeping its signature; keep the smallest per signature")
+    mn.add_argument("dir", nargs="?", default="corpus")
+    _engine_args(mn)
+    mn.set_defaults(func=_minimize)
+    sh = sub.add_parser("show", help="draw a case's graph (SVG, PNG or DOT) and print its splits")
+    sh.add_argument("case")
+    sh.add_argument("-o", "--output", help="output file: .svg, .png or .dot (default: CASE.svg here)")
+    _engine_args(sh)
+    sh.set_defaults(func=_show)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -224,7 +224,9 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     step: Step = scenario.steps[a.step] if a.step < len(scenario.steps) else Step("?")
     predicted = " (the reference predicts it: " + prediction.abort.message + ")" if prediction.abort else ""
     first = a.message.strip().splitlines()[0] if a.message.strip() else a.kind
-    kind = re.sub(r"\d+", "N", first)[:80]
+    # ggml prefixes its source path (a build directory): keep the file name, drop line numbers
+    first = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", first)
+    kind = re.sub(r"\d+", "N", first)[:100]
     return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}", {"kind": a.kind, "message": kind})]
 
 

@@ -1,5 +1,10 @@
 """Shape inference for graph specs, following the constructors in ggml's ``ggml.c``.
 
+Op parameters (``TensorSpec.params``), as the engine passes them to ggml: scale: ``scale``;
+rms_norm: ``eps``; rope: ``n_dims``, ``mode`` (0); soft_max_ext: ``scale``, ``max_bias``;
+flash_attn_ext: ``scale``, ``max_bias``, ``logit_softcap``; concat: ``dim``; view: ``ne``,
+``nb`` (strides of dims 1..), ``offset``; reshape: ``ne``; permute: ``axes``.
+
 One function per op computes the result's ``ne`` (elements per dim), ``nb`` (bytes per dim),
 type and, for ops that return a view, which source the result views. Both the reference and
 the real-engine target rely on these figures; the target checks them against what ggml built.
@@ -86,6 +91,16 @@ def is_contiguous(t: Geometry) -> bool:
     return t.nb == contiguous_nb(t.type, t.ne)
 
 
+def is_transposed(t: Geometry) -> bool:
+    """``ggml_is_transposed``."""
+    return t.nb[0] > t.nb[1]
+
+
+def is_contiguous_rows(t: Geometry) -> bool:
+    """``ggml_is_contiguous_rows``: elements of a row are adjacent."""
+    return t.ne[0] == TYPES[t.type][0] or t.nb[0] == TYPES[t.type][1]
+
+
 def nelements(t: Geometry) -> int:
     return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
 
@@ -116,6 +131,7 @@ def _get_rows(a: Geometry, b: Geometry) -> Geometry:
 
 def _mul_mat(a: Geometry, b: Geometry) -> Geometry:
     _check(a.ne[0] == b.ne[0], f"mul_mat: ne0 differ ({a.ne[0]} vs {b.ne[0]})")
+    _check(not is_transposed(a), "mul_mat: src0 is transposed")
     _check(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0, "mul_mat: cannot broadcast")
     _check(b.type == "f32", "mul_mat: src1 must be f32")
     return _f32((a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
@@ -123,6 +139,7 @@ def _mul_mat(a: Geometry, b: Geometry) -> Geometry:
 
 def _mul_mat_id(as_: Geometry, b: Geometry, ids: Geometry) -> Geometry:
     _check(ids.type == "i32", "mul_mat_id: ids must be i32")
+    _check(not is_transposed(as_), "mul_mat_id: experts are transposed")
     _check(as_.ne[3] == 1 and b.ne[3] == 1 and ids.ne[2] == 1 and ids.ne[3] == 1, "mul_mat_id: must be 3d")
     _check(ids.ne[1] == b.ne[2], "mul_mat_id: ids.ne1 != b.ne2")
     _check(as_.ne[0] == b.ne[0], "mul_mat_id: ne0 differ")
@@ -136,8 +153,10 @@ def _binary(a: Geometry, b: Geometry) -> Geometry:
     return _same(a)
 
 
-def _unary(a: Geometry) -> Geometry:
+def _unary(a: Geometry, op: str) -> Geometry:
     _check(a.type == "f32", "unary op: f32 only")
+    # ggml_unary_impl asserts contiguous rows, ggml_scale_impl a padded 1d tensor: ask for both
+    _check(op == "rms_norm" or is_contiguous(a), f"{op}: source must be contiguous")
     return _same(a)
 
 
@@ -234,7 +253,7 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
     if op in ("add", "mul"):
         return _binary(a, args[1])  # type: ignore[arg-type]
     if op in ("scale", "rms_norm", "silu"):
-        return _unary(a)
+        return _unary(a, op)
     if op == "rope":
         return _rope(a, args[1], args[2])  # type: ignore[arg-type]
     if op == "soft_max_ext":
@@ -256,6 +275,7 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
         _check(a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows: shapes")
         _check(b.ne[1] == c.ne[0] and c.ne[3] == 1, "set_rows: index count")
         _check(b.type == "f32" and c.type in ("i32", "i64"), "set_rows: types")
+        _check(is_contiguous_rows(a) and is_contiguous_rows(b), "set_rows: rows must be contiguous")
         return _view(str(names[0]), a, a.type, a.ne, a.nb)
     return _view_op(op, a, str(names[0]), params)
 
@@ -271,10 +291,10 @@ def _view_op(op: str, a: Geometry, src: str, params: Mapping[str, object]) -> Ge
     if op == "permute":
         axes = [int(x) for x in params["axes"]]  # type: ignore[attr-defined]
         _check(sorted(axes) == [0, 1, 2, 3], f"permute: bad axes {axes}")
-        ne, nb = [0] * 4, [0] * 4
+        pne, pnb = [0] * 4, [0] * 4
         for i, ax in enumerate(axes):
-            ne[ax], nb[ax] = a.ne[i], a.nb[i]
-        return _view(src, a, a.type, ne, nb)
+            pne[ax], pnb[ax] = a.ne[i], a.nb[i]
+        return _view(src, a, a.type, pne, pnb)
     # view: ne (1..4 dims), nb for dims 1.. and a byte offset, like ggml_view_Nd
     ne = pad4(params["ne"])  # type: ignore[arg-type]
     dims = len(params["ne"])  # type: ignore[arg-type]

@@ -52,7 +52,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             pool.append(b.op(draw(st.sampled_from(("add", "mul"))), a, other, name=f"bin{k}"))
         elif kind == "unary":
             op = draw(st.sampled_from(("silu", "scale", "rms_norm")))
-            pool.append(b.op(op, a, name=f"{op}{k}", **({"s": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
+            pool.append(b.op(op, a, name=f"{op}{k}", **({"scale": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
         elif kind == "transpose":
             t = b.op("cont", b.op("transpose", a, name=f"tr{k}"), name=f"trc{k}")
             pool.append(b.op("cont", b.op("permute", t, name=f"pm{k}", axes=[1, 0, 2, 3]), name=f"pmc{k}"))
@@ -96,7 +96,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             roots.append(b.op("cpy", a, dst, name=f"cpy{k}"))
     last = pool[-1]
     if len(pool) == 1:
-        last = b.op("scale", last, name="out", s=1.0)
+        last = b.op("scale", last, name="out", scale=1.0)
     ops = [t.name for t in b.tensors if t.op != "none"]
     for _ in range(draw(st.integers(0, 2))):
         if draw(st.integers(0, 3)) == 0:

@@ -66,7 +66,9 @@ class StepRecord:
     """The observable result of one step. Assignment fields are empty for steps without a graph.
 
     ``node_backends``/``leaf_backends`` are backend indices per node/leaf of the graph in
-    ggml's order (``-1``: unassigned); ``n_nodes``/``n_leafs`` are the scheduled graph copy's.
+    ggml's order (``-1``: unassigned); ``n_nodes``/``n_leafs`` are the scheduled graph copy's
+    (as in ggml's own realloc message; the engine reports ``n_leafs`` 0 when ``n_copies > 1``,
+    since its log does not tell it).
     """
 
     index: int

@@ -122,7 +122,7 @@ def _chain() -> GraphSpec:
     x = b.input("x", (8, 4))
     h = b.op("mul_mat", wc, x, name="h")
     h = b.op("silu", h, name="h_silu")
-    h = b.op("scale", h, name="h_scale", s=0.5)
+    h = b.op("scale", h, name="h_scale", scale=0.5)
     y = b.op("mul_mat", wr, h, name="y")
     y = b.op("silu", y, name="y_silu")
     return b.build(y)

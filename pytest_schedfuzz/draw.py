@@ -1,0 +1,114 @@
+"""Draw a case's graph as ggml scheduled it: nodes coloured by backend, one box per split,
+copies between devices as red dashed edges, the node a realloc or disagreement names
+highlighted. DOT through pydot; SVG and PNG through Graphviz's ``dot``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pydot
+
+from .scenario import Scenario
+from .trace import StepRecord
+
+COLOURS = ("#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69")
+CPU_COLOUR = "#d9d9d9"
+
+
+def named_tensors(reason: str) -> set[str]:
+    """Tensor names in a ggml realloc reason ("src 1 (x) of node y is not valid" -> x, y),
+    with input copies (``BACKEND#name#c``) and dependency views (``name (view)``) resolved
+    to the tensor they stand for."""
+    names = set()
+    for m in re.finditer(r"\(([^()]+(?:\([^()]*\))?)\) of node (.+?) is not valid|node (.+?) is not valid", reason):
+        for n in m.groups():
+            if n:
+                names.add(n)
+    out = set()
+    for n in names:
+        if "#" in n:
+            n = n.split("#")[1]
+        out.add(n.removesuffix(" (view)"))
+    return out
+
+
+def backend_colour(scenario: Scenario, b: int) -> str:
+    return CPU_COLOUR if b == scenario.layout.n - 1 else COLOURS[b % len(COLOURS)]
+
+
+def to_dot(scenario: Scenario, record: StepRecord, highlight: set[str] = frozenset(), title: str = "") -> pydot.Dot:  # type: ignore[assignment]
+    """The graph of ``record``'s step as DOT."""
+    spec = scenario.graph(scenario.steps[record.index].graph or "")
+    backend = dict(zip(record.node_names + record.leaf_names, record.node_backends + record.leaf_backends))
+    dot = pydot.Dot(graph_type="digraph", rankdir="TB", label=title, labelloc="t", fontsize="12")
+    dot.set_node_defaults(shape="box", style="filled,rounded", fontname="monospace", fontsize="9")
+    clusters: dict[str, pydot.Subgraph] = {}
+    position = {n: i for i, n in enumerate(record.node_names)}
+    for k, split in enumerate(record.splits):
+        c = pydot.Cluster(f"split{k}", label=f"split #{k}: {scenario.layout.name(split.backend)}, {len(split.inputs)} inputs",
+                          style="dashed", color=backend_colour(scenario, split.backend))
+        clusters[str(k)] = c
+        dot.add_subgraph(c)
+    for t in spec.tensors:
+        b = backend.get(t.name, -1)
+        label = f"{t.name}\\n{t.op if not t.is_leaf else t.role} {t.type} {list(t.ne)}"
+        if b >= 0:
+            label += f"\\n[{scenario.layout.name(b)}]"
+        node = pydot.Node(_id(t.name), label=label, fillcolor=backend_colour(scenario, b) if b >= 0 else "white")
+        if t.is_leaf:
+            node.set("shape", "ellipse")
+        if t.name in highlight:
+            node.set("penwidth", "4")
+            node.set("color", "red")
+        where = dot
+        if t.name in position:
+            k = next((k for k, s in enumerate(record.splits) if s.i_start <= position[t.name] < s.i_end), None)
+            if k is not None:
+                where = clusters[str(k)]
+        where.add_node(node)
+    copied = {(name, s.backend) for s in record.splits for name in s.inputs}
+    split_of = {n: next((s.backend for s in record.splits if s.i_start <= i < s.i_end), -1) for n, i in position.items()}
+    for t in spec.tensors:
+        for a in t.srcs:
+            if a is None:
+                continue
+            edge = pydot.Edge(_id(a), _id(t.name))
+            if (a, split_of.get(t.name, -2)) in copied:
+                edge.set("color", "red")
+                edge.set("style", "dashed")
+                edge.set("label", "copy")
+                edge.set("fontcolor", "red")
+            dot.add_edge(edge)
+    return dot
+
+
+def _id(name: str) -> str:
+    return '"' + name.replace('"', "'") + '"'
+
+
+def splits_text(scenario: Scenario, record: StepRecord) -> str:
+    """ggml's ``GGML_SCHED_DEBUG`` view: one line per split with its inputs."""
+    lines = []
+    for k, s in enumerate(record.splits):
+        nodes = ", ".join(record.node_names[s.i_start : min(s.i_end, s.i_start + 4)])
+        more = f", ... ({s.i_end - s.i_start} nodes)" if s.i_end - s.i_start > 4 else ""
+        inputs = ": " + ", ".join(s.inputs) if s.inputs else ""
+        lines.append(f"## SPLIT #{k}: {scenario.layout.name(s.backend)} # {len(s.inputs)} inputs{inputs}\n   nodes {s.i_start}..{s.i_end - 1}: {nodes}{more}")
+    return "\n".join(lines)
+
+
+def write(dot: pydot.Dot, out: Path) -> Path:
+    """Write DOT, SVG or PNG by ``out``'s suffix."""
+    fmt = out.suffix.lstrip(".").lower() or "svg"
+    if fmt == "dot":
+        out.write_text(dot.to_string())
+    elif fmt in ("svg", "png"):
+        try:
+            data = dot.create(format=fmt)
+        except FileNotFoundError:
+            raise RuntimeError("Graphviz's `dot` is not installed (apt-get install graphviz); write a .dot file instead") from None
+        out.write_bytes(data)
+    else:
+        raise ValueError(f"-o {out}: the suffix must be .svg, .png or .dot")
+    return out

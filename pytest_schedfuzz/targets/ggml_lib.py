@@ -1,0 +1,105 @@
+"""Loading ggml-python, optionally against shared libraries from another directory.
+
+ggml-python (0.0.45) has no setting for where its shared libraries live: ``ggml/ggml.py``'s
+``load_shared_library`` always opens ``<package dir>/lib/libggml.so`` (after preloading
+``libggml-base.so``, ``libggml-cpu.so``, ``libggml-rpc.so``... from the same ``lib`` folder).
+To run against a ggml built elsewhere (``SCHEDFUZZ_GGML_LIB=DIR``), we therefore import the
+package from an *overlay*: a folder ``ggml/`` whose Python files link to the installed ones and
+whose ``lib`` links to ``DIR``. The bindings stay those of the installed ggml-python, so the
+other build must keep the same C API and struct layouts.
+
+Only the child processes (the worker and the RPC servers) import ggml; the parent never does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+LIB_ENV = "SCHEDFUZZ_GGML_LIB"
+PARENT_ENV = "SCHEDFUZZ_PARENT_PID"
+
+
+def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
+    """The environment of a ggml child process: no gdb backtrace on abort, the library folder."""
+    env = dict(os.environ)
+    env.pop(LIB_ENV, None)
+    env.update({"GGML_NO_BACKTRACE": "1", PARENT_ENV: str(os.getpid()), **extra})
+    # the project root, so that ``python -m pytest_schedfuzz.targets...`` resolves
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    if lib_dir:
+        env[LIB_ENV] = lib_dir
+    return env
+
+
+def _installed_package_dir() -> Path:
+    spec = importlib.util.find_spec("ggml")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("ggml-python is not installed in this environment")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _overlay(lib_dir: Path) -> Path:
+    """A folder holding a ``ggml`` package that loads its libraries from ``lib_dir``.
+
+    The folder name is derived from both paths, so concurrent processes share one overlay.
+    """
+    if not (lib_dir / "libggml.so").exists():
+        raise FileNotFoundError(f"{LIB_ENV}={lib_dir}: no libggml.so there")
+    pkg = _installed_package_dir()
+    key = hashlib.sha1(f"{pkg}\0{lib_dir}".encode()).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"schedfuzz-ggml-overlay-{key}"
+    if (root / "ggml" / "lib").exists():
+        return root
+    staging = Path(tempfile.mkdtemp(prefix="schedfuzz-ggml-overlay-"))
+    (staging / "ggml").mkdir()
+    for entry in pkg.iterdir():
+        if entry.name not in ("lib", "__pycache__"):
+            (staging / "ggml" / entry.name).symlink_to(entry)
+    (staging / "ggml" / "lib").symlink_to(lib_dir, target_is_directory=True)
+    try:
+        staging.rename(root)
+    except OSError:  # another process won the race: use its overlay
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def import_ggml() -> ModuleType:
+    """Import ggml-python, loading its shared libraries from ``$SCHEDFUZZ_GGML_LIB`` when set."""
+    lib_dir = os.environ.get(LIB_ENV)
+    if lib_dir:
+        sys.path.insert(0, str(_overlay(Path(lib_dir).resolve())))
+    import ggml
+
+    return ggml
+
+
+def loaded_library_path(stem: str = "libggml-base") -> str:
+    """The file a shared library was actually mapped from (``/proc/self/maps``)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and Path(fields[5]).name.startswith(stem + "."):
+            return os.path.realpath(fields[5])
+    raise RuntimeError(f"{stem} is not mapped into this process")
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
+
+    The parent passes its pid in ``SCHEDFUZZ_PARENT_PID``; if it is already gone, exit now.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    parent = os.environ.get(PARENT_ENV)
+    if parent is not None and os.getppid() != int(parent):
+        os._exit(1)

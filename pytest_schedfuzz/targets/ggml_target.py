@@ -1,0 +1,219 @@
+"""``GgmlTarget``: runs scenarios on the real ggml, in a worker process, with local RPC servers.
+
+The parent never loads ggml. It keeps one worker (``worker.py``) and a pool of RPC servers
+(``rpc.RpcServers``, grown to the largest number of RPC backends asked so far), sends each
+scenario to the worker and collects its step records. When ggml aborts, crashes or a step
+runs past ``step_timeout``, the worker is killed, the trace ends with an ``Abort``, and the
+next scenario gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from typing import IO, Any
+
+from ..scenario import Scenario
+from ..trace import Abort, Trace
+from . import TargetError, Unsupported
+from .ggml_lib import LIB_ENV, child_env
+from .rpc import RpcServers, describe_exit, kill_group, spawn
+
+
+class _Eof(Exception):
+    """The worker closed its protocol channel (it exited or died)."""
+
+
+class _Timeout(Exception):
+    """No message from the worker within the allowed time."""
+
+
+class _Unreachable(Exception):
+    """The worker found no RPC server at this endpoint."""
+
+
+class _Worker:
+    """One worker process: JSON requests on its stdin, JSON lines from its stdout, stderr to a file."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()
+        self.proc = spawn(
+            [sys.executable, "-m", "pytest_schedfuzz.targets.worker"],
+            env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._out, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._out, selectors.EVENT_READ)
+        self._buf = b""
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        """The next message; ``_Eof`` when the worker is gone, ``_Timeout`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                raise _Timeout()
+            chunk = os.read(self._out, 1 << 16)
+            if not chunk:
+                raise _Eof()
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def stderr_tail(self, n: int = 3000) -> str:
+        self.stderr.seek(0, os.SEEK_END)
+        size = self.stderr.tell()
+        self.stderr.seek(max(0, size - n))
+        return self.stderr.read().decode(errors="replace")
+
+    def death(self) -> str:
+        """Reap the process and say how it ended."""
+        try:
+            code = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            code = self.proc.wait()
+        return f"the worker {describe_exit(code)}"
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        kill_group(self.proc)
+        self._sel.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.stderr.close()
+
+
+class GgmlTarget:
+    """The real ggml engine (the ggml-python install, or the libraries in ``lib_dir``).
+
+    ``lib_dir`` defaults to ``$SCHEDFUZZ_GGML_LIB``. ``step_timeout`` bounds each step (and the
+    setup of a scenario's backends); ``start_timeout`` bounds the worker's startup probe.
+    ``engine`` describes the loaded ggml once the worker has started.
+    """
+
+    def __init__(self, lib_dir: str | None = None, step_timeout: float = 60.0, start_timeout: float = 120.0, rpc_threads: int = 2) -> None:
+        self.lib_dir = lib_dir if lib_dir is not None else (os.environ.get(LIB_ENV) or None)
+        self.step_timeout = step_timeout
+        self.start_timeout = start_timeout
+        self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
+        self.engine: dict[str, str] = {}
+        self._worker: _Worker | None = None
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._worker.proc.pid if self._worker is not None else None
+
+    def _start_worker(self) -> _Worker:
+        env = child_env(self.lib_dir, GGML_SCHED_DEBUG="2")
+        env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it would turn reallocations into aborts
+        worker = _Worker(env)
+        try:
+            msg = worker.recv(self.start_timeout)
+        except (_Eof, _Timeout) as e:
+            what = "did not start in time" if isinstance(e, _Timeout) else worker.death()
+            tail = worker.stderr_tail()
+            worker.close()
+            raise TargetError(f"the ggml worker {what}:\n{tail}") from None
+        if "hello" not in msg:
+            worker.close()
+            raise TargetError(f"the ggml worker refused to run: {msg.get('fatal', msg)}")
+        self.engine = dict(msg["hello"])
+        return worker
+
+    def run(self, scenario: Scenario) -> Trace:
+        for attempt in range(2):
+            endpoints = self.servers.ensure(scenario.layout.n_rpc)
+            if self._worker is not None and self._worker.proc.poll() is not None:
+                self._worker.close()  # died while idle (killed from outside)
+                self._worker = None
+            if self._worker is None:
+                self._worker = self._start_worker()
+            worker = self._worker
+            records: list[dict[str, Any]] = []
+            try:
+                worker.send({"scenario": scenario.to_json(), "endpoints": endpoints})
+                abort = self._collect(worker, records)
+                break
+            except _Unreachable as e:
+                if attempt:
+                    raise TargetError(f"the RPC server at {e} does not answer, even after a restart") from None
+                self.servers.restart(str(e))
+            except (Unsupported, TargetError):
+                raise  # the worker reported it and waits for the next scenario
+            except BaseException:
+                # an unexpected message, a broken pipe, or interrupted: the worker is out of step with us
+                self._worker = None
+                worker.close()
+                raise
+        if abort is None:
+            return self._trace(records, None)
+        # ggml aborted, the worker crashed or hung: this worker is done, the next run starts another
+        self._worker = None
+        worker.close()
+        dead = self.servers.dead()  # an RPC server crash shows in the worker as an abort
+        if dead:
+            abort = Abort(abort.step, abort.kind, abort.message + "\n" + "\n".join(dead))
+        if abort.kind == "timeout":
+            self.servers.close()  # a server may be the one that hangs: start afresh
+        return self._trace(records, abort)
+
+    def _collect(self, worker: _Worker, records: list[dict[str, Any]]) -> Abort | None:
+        """Read the worker's messages for one scenario into ``records``; the ``Abort`` if it ended early."""
+        while True:
+            try:
+                msg = worker.recv(self.step_timeout)
+            except _Timeout:
+                return Abort(len(records), "timeout", f"step {len(records)} did not finish within {self.step_timeout:g} s")
+            except _Eof:
+                return Abort(len(records), "crash", f"{worker.death()}\n{worker.stderr_tail()}")
+            if "record" in msg:
+                records.append(msg["record"])
+            elif "done" in msg:
+                return None
+            elif "abort" in msg:
+                return Abort(int(msg["abort"]["step"]), "abort", msg["abort"]["message"])
+            elif "unsupported" in msg:
+                raise Unsupported(msg["unsupported"])
+            elif "unreachable" in msg:
+                raise _Unreachable(msg["unreachable"])
+            elif "error" in msg:
+                raise TargetError(f"the ggml worker failed at step {msg['error']['step']}:\n{msg['error']['message']}")
+            else:
+                raise RuntimeError(f"unexpected message from the ggml worker: {msg}")
+
+    def _trace(self, records: list[dict[str, Any]], abort: Abort | None) -> Trace:
+        trace = Trace.from_json({"records": records, "engine": self.engine})
+        return Trace(trace.records, abort, trace.engine)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self.servers.close()
+
+    def __enter__(self) -> GgmlTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

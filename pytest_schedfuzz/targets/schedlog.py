@@ -1,0 +1,138 @@
+"""Reading ggml's debug log: the scheduler's splits and the graph reallocations.
+
+With ``GGML_SCHED_DEBUG=2``, ``ggml_backend_sched_split_graph`` calls
+``ggml_backend_sched_print_assignments``, which logs, for the ORIGINAL graph::
+
+    ## SPLIT #k: <backend name> # n inputs: [<name> (<size>)] [<name> (<size>)] ...
+    node #  i (    OP): <name> ...          (one line per non-view node)
+
+Each ``GGML_LOG_DEBUG`` call reaches the log callback as one fragment; a line may span many
+fragments (the header: one per input), so lines are assembled from fragments and the split
+inputs are read one fragment each (tensor names may hold spaces and parentheses).
+
+In a build without ``NDEBUG`` (a Debug build), ggml-alloc and the scheduler also log::
+
+    ggml_gallocr_needs_realloc: graph has different number of nodes|leafs
+    ggml_gallocr_needs_realloc: node NAME is not valid
+    ggml_gallocr_needs_realloc: src J (NAME) of node NAME is not valid
+    ggml_gallocr_alloc_graph: reallocating buffers automatically          (one buffer)
+    ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = B)
+
+from which ``SchedLog`` tells each reallocation, how it happened and why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+_HEADER = re.compile(r"^## SPLIT #(\d+): (.*) # (\d+) inputs$", re.DOTALL)
+_INPUT = re.compile(r"^\[(.*) \(.{5}\)\] $", re.DOTALL)
+_NODE = re.compile(r"^node #\s*(\d+) \(")
+_NEEDS = "ggml_gallocr_needs_realloc: "
+_AUTO = "ggml_gallocr_alloc_graph: reallocating buffers automatically"
+_SCHED = re.compile(r"^ggml_backend_sched_alloc_splits: failed to allocate graph, reserving \(backend_ids_changed = (\d+)\)$")
+
+
+@dataclass
+class LoggedSplit:
+    """One ``## SPLIT`` header and the index of the first ``node #`` line after it."""
+
+    index: int
+    backend_name: str
+    inputs: list[str]
+    first_node: int | None = None
+
+
+@dataclass(frozen=True)
+class LoggedRealloc:
+    """A reallocation: ``via`` "sched" or "gallocr", and ggml's reason for it."""
+
+    via: str
+    backend_ids_changed: bool
+    reason: str
+
+
+@dataclass
+class SchedLog:
+    """Collects one step's worth of ggml log: feed it every fragment the log callback gets.
+
+    ``on_split_print`` is called once, at the first ``## SPLIT #0`` header, i.e. from inside
+    ``ggml_backend_sched_split_graph`` right after every node got its backend and before the
+    scheduler can reset its hash table (``ggml_backend_sched_reserve`` resets it on return).
+    """
+
+    on_split_print: Callable[[], None] | None = None
+    splits: list[LoggedSplit] = field(default_factory=list)
+    reallocs: list[LoggedRealloc] = field(default_factory=list)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))  # the last lines, for error messages
+    errors: list[str] = field(default_factory=list)
+    _pieces: list[str] = field(default_factory=list)
+    _reason: str = ""
+    _printed: bool = False
+
+    def begin(self, on_split_print: Callable[[], None] | None = None) -> None:
+        """Forget the previous step."""
+        self.on_split_print = on_split_print
+        self.splits, self.reallocs, self.errors = [], [], []
+        self._reason, self._printed = "", False
+
+    def feed(self, text: str) -> None:
+        while True:
+            head, newline, text = text.partition("\n")
+            if head:
+                if not self._pieces and head.startswith("## SPLIT #0:") and not self._printed:
+                    self._printed = True
+                    if self.on_split_print is not None:
+                        self.on_split_print()
+                self._pieces.append(head)
+            if not newline:
+                return
+            pieces, self._pieces = self._pieces, []
+            if pieces:
+                self._line(pieces)
+
+    def _line(self, pieces: list[str]) -> None:
+        line = "".join(pieces)
+        self.tail.append(line)
+        if line.startswith("## SPLIT #"):
+            self._header(pieces)
+        elif line.startswith("node #"):
+            m = _NODE.match(line)
+            if m is None:
+                self.errors.append(f"unreadable node line: {line!r}")
+            elif self.splits and self.splits[-1].first_node is None:
+                self.splits[-1].first_node = int(m.group(1))
+        elif line.startswith(_NEEDS):
+            reason = line[len(_NEEDS) :]
+            self._reason = reason[len("graph has ") :] if reason.startswith("graph has ") else reason
+        elif line == _AUTO:
+            self.reallocs.append(LoggedRealloc("gallocr", False, self._reason))
+            self._reason = ""
+        elif (m := _SCHED.match(line)) is not None:
+            changed = m.group(1) != "0"
+            self.reallocs.append(LoggedRealloc("sched", changed, "backend ids changed" if changed else self._reason))
+            self._reason = ""
+
+    def _header(self, pieces: list[str]) -> None:
+        m = _HEADER.match(pieces[0])
+        if m is None:
+            self.errors.append(f"unreadable split header: {''.join(pieces)!r}")
+            return
+        index, name, n_inputs = int(m.group(1)), m.group(2), int(m.group(3))
+        inputs: list[str] = []
+        for piece in pieces[1:]:
+            if piece == ": ":
+                continue
+            im = _INPUT.match(piece)
+            if im is None:
+                self.errors.append(f"split #{index}: unreadable input {piece!r}")
+                continue
+            inputs.append(im.group(1))
+        if len(inputs) != n_inputs:
+            self.errors.append(f"split #{index}: header says {n_inputs} inputs, read {len(inputs)}")
+        if index != len(self.splits):
+            self.errors.append(f"split #{index} logged after {len(self.splits)} splits")
+        self.splits.append(LoggedSplit(index, name, inputs, 0 if index == 0 else None))

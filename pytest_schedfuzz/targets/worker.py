@@ -1,0 +1,592 @@
+"""The process that runs scenarios on the real ggml: ``python -m pytest_schedfuzz.targets.worker``.
+
+Protocol: JSON lines. The worker reads requests on stdin and writes replies on the file
+descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever ggml or Python
+print cannot corrupt the protocol.
+
+* startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
+* request ``{"scenario": <Scenario JSON>, "endpoints": ["127.0.0.1:P", ...]}``, answered with one
+  ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
+  or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
+  and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
+  harness failed (not ggml);
+* when ggml aborts (``GGML_ABORT``/``GGML_ASSERT``): ``{"abort": {"step": i, "message": text}}``
+  is written from ggml's abort callback, and the process dies right after.
+
+What is observed, and how:
+
+* backends of nodes and leafs: ``ggml_backend_sched_get_tensor_backend``, called from the log
+  callback when ``ggml_backend_sched_print_assignments`` starts (``GGML_SCHED_DEBUG=2``): that
+  is inside ``ggml_backend_sched_split_graph``, once every node has its backend, and before
+  ``ggml_backend_sched_reserve`` resets the scheduler (which empties its hash table);
+* splits: the ``## SPLIT`` headers of the same printout (``schedlog.SchedLog``);
+* reallocations: ggml's debug log (Debug builds only; checked by a probe at startup).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any, Sequence
+
+from reference.params import SchedParams
+
+from ..scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step, TensorSpec
+from ..shapes import Geometry
+from ..trace import ReallocEvent, Split, StepRecord, graph_size
+from . import TargetError, Unsupported
+from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
+from .schedlog import SchedLog
+
+Ptr = Any  # a ctypes pointer to a ggml struct (ggml_tensor, ggml_cgraph...)
+
+TYPE_NAMES = ("f32", "f16", "i32", "i64", "q8_0")
+
+NO_REALLOC_FIX = (
+    "ggml logged no graph reallocation for a graph that must reallocate: its debug logging is "
+    "compiled out (NDEBUG). Rebuild ggml-python as a Debug build: pip install --force-reinstall "
+    "--no-binary ggml-python ggml-python==0.0.45 --config-settings=cmake.build-type=Debug "
+    "--config-settings=cmake.define.GGML_RPC=ON"
+)
+
+
+class GeometryMismatch(TargetError):
+    """ggml built a tensor whose layout differs from what ``shapes`` inferred for the spec."""
+
+
+class RpcUnreachable(Exception):
+    """No RPC server answers at this endpoint (``ggml_backend_rpc_get_device_memory`` gives 0)."""
+
+
+def check_geometry(name: str, want: Geometry, got: Geometry) -> None:
+    """Raise ``GeometryMismatch`` naming every field (type, ne, nb, view source) that differs."""
+    diffs = [
+        f"{f}: spec {getattr(want, f)!r}, ggml {getattr(got, f)!r}"
+        for f in ("type", "ne", "nb", "view_src", "view_offs")
+        if getattr(want, f) != getattr(got, f)
+    ]
+    if diffs:
+        raise GeometryMismatch(f"tensor {name!r}: shapes.infer and ggml disagree: " + "; ".join(diffs))
+
+
+class Channel:
+    """The protocol's output: JSON lines on a file descriptor of its own."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+
+class Ggml:
+    """ggml-python as loaded in this process, with the log and abort callbacks installed.
+
+    ``ggml_log_set`` routes all ggml logging to ``log`` (a ``SchedLog``); ``ggml_set_abort_callback``
+    reports an abort on the channel (with the step being run) before ggml calls ``abort()``.
+    The callback objects are kept on ``self``: ggml holds only their C pointers.
+    """
+
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.g: ModuleType = import_ggml()
+        self.lib = self.g.ggml.lib
+        # ggml-python 0.0.45 declares this restype as an int NewType: ctypes truncates to 32 bits
+        self.lib.ggml_backend_sched_get_tensor_backend.restype = ctypes.c_void_p
+        self.step = -1
+        self.log = SchedLog()
+        self._log_cb = self.g.ggml_log_callback(self._on_log)
+        self.g.ggml_log_set(self._log_cb, None)
+        self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
+        self.g.ggml_set_abort_callback(self._abort_cb)
+        self.types = {name: getattr(self.g, f"GGML_TYPE_{name.upper()}") for name in TYPE_NAMES}
+        self.type_names = {v: k for k, v in self.types.items()}
+
+    def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
+        try:
+            self.log.feed((text or b"").decode(errors="replace"))
+        except Exception as e:  # an exception must not unwind into C
+            self.log.errors.append(f"log callback failed: {e!r}")
+
+    def _on_abort(self, message: bytes | None) -> None:
+        try:
+            self.chan.send({"abort": {"step": self.step, "message": (message or b"").decode(errors="replace")}})
+        except Exception:
+            pass  # ggml aborts anyway; the parent then reports a crash
+
+    def info(self) -> dict[str, str]:
+        """Engine description for ``Trace.engine``."""
+        has_cb = hasattr(self.lib, "ggml_backend_sched_set_realloc_callback")
+        return {
+            "name": "ggml",
+            "lib": loaded_library_path("libggml-base"),
+            "ggml_version": self.version(),
+            "ggml_python": self.g.__version__,
+            # a newer ggml reports reallocations through a callback; this one only logs them
+            "realloc_callback": "present (unused: observed from the debug log)" if has_cb else "absent",
+        }
+
+    def version(self) -> str:
+        """``ggml_version()``, which ggml-python 0.0.45 does not bind (its vendored ggml is 0.15.3)."""
+        if not hasattr(self.lib, "ggml_version"):
+            return "unknown (the library has no ggml_version())"
+        fn = self.lib.ggml_version
+        fn.restype = ctypes.c_char_p
+        return str(fn().decode())
+
+    def name_of(self, t: Ptr) -> str:
+        return bytes(t.contents.name).split(b"\0", 1)[0].decode(errors="replace")
+
+    def geometry_of(self, t: Ptr) -> Geometry:
+        c = t.contents
+        view_src = self.name_of(c.view_src) if c.view_src else None
+        return Geometry(
+            self.type_names.get(c.type, f"type#{c.type}"),
+            (c.ne[0], c.ne[1], c.ne[2], c.ne[3]),
+            (c.nb[0], c.nb[1], c.nb[2], c.nb[3]),
+            view_src,
+            c.view_offs if view_src is not None else 0,
+        )
+
+    def new_context(self, n_tensors: int, extra: int = 0) -> int:
+        """``ggml_init`` of a no_alloc context for ``n_tensors`` tensor headers and ``extra`` bytes."""
+        g = self.g
+        mem = (n_tensors + 1) * g.ggml_tensor_overhead() + extra
+        ctx = g.ggml_init(g.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+        if not ctx:
+            raise TargetError("ggml_init failed")
+        return int(ctx)
+
+    def new_leaf(self, ctx: int, t: TensorSpec) -> Ptr:
+        """``ggml_new_tensor`` with the spec's type and shape, named."""
+        ne = list(t.ne) + [1] * (4 - len(t.ne))
+        p = self.g.ggml_new_tensor(ctx, self.types[t.type], max(len(t.ne), 1), (ctypes.c_int64 * 4)(*ne))
+        self.g.ggml_set_name(p, t.name.encode())
+        return p
+
+    def new_op(self, ctx: int, t: TensorSpec, a: list[Ptr | None]) -> Ptr:
+        """The ggml call that builds op ``t.op`` over ``a`` (the spec's ``args``, in call order)."""
+        g, op, P = self.g, t.op, t.param
+        if op in ("get_rows", "mul_mat", "add", "mul", "cpy"):
+            return getattr(g, f"ggml_{op}")(ctx, a[0], a[1])
+        if op in ("silu", "cont", "transpose"):
+            return getattr(g, f"ggml_{op}")(ctx, a[0])
+        if op == "mul_mat_id":
+            return g.ggml_mul_mat_id(ctx, a[0], a[1], a[2])
+        if op == "set_rows":
+            return g.ggml_set_rows(ctx, a[0], a[1], a[2])
+        if op == "scale":
+            return g.ggml_scale(ctx, a[0], float(P("scale", 1.0)))
+        if op == "rms_norm":
+            return g.ggml_rms_norm(ctx, a[0], float(P("eps", 1e-6)))
+        if op == "rope":
+            # ggml_rope_ext(a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+            #               ext_factor, attn_factor, beta_fast, beta_slow)
+            return g.ggml_rope_ext(ctx, a[0], a[1], a[2], int(P("n_dims")), int(P("mode", 0)), 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+        if op == "soft_max_ext":
+            return g.ggml_soft_max_ext(ctx, a[0], a[1], float(P("scale", 1.0)), float(P("max_bias", 0.0)))
+        if op == "flash_attn_ext":
+            return g.ggml_flash_attn_ext(
+                ctx, a[0], a[1], a[2], a[3], float(P("scale", 1.0)), float(P("max_bias", 0.0)), float(P("logit_softcap", 0.0))
+            )
+        if op == "concat":
+            return g.ggml_concat(ctx, a[0], a[1], int(P("dim", 0)))
+        if op == "permute":
+            return g.ggml_permute(ctx, a[0], *[int(x) for x in P("axes")])
+        if op == "reshape":
+            ne = [int(x) for x in P("ne")]
+            return getattr(g, f"ggml_reshape_{len(ne)}d")(ctx, a[0], *ne)
+        if op == "view":
+            ne, nb = [int(x) for x in P("ne")], [int(x) for x in P("nb", ())]
+            return getattr(g, f"ggml_view_{len(ne)}d")(ctx, a[0], *ne, *nb, int(P("offset", 0)))
+        raise TargetError(f"tensor {t.name!r}: op {op!r} has no ggml builder here")
+
+
+@dataclass
+class Built:
+    """A graph spec materialized in a fresh no_alloc context: tensors by name, and the cgraph."""
+
+    ctx: int
+    gf: Ptr
+    tensors: dict[str, Ptr]
+    nodes: list[Ptr]
+    leafs: list[Ptr]
+    inputs: list[Ptr]
+
+    def node_names(self, eng: Ggml) -> tuple[str, ...]:
+        return tuple(eng.name_of(t) for t in self.nodes)
+
+    def leaf_names(self, eng: Ggml) -> tuple[str, ...]:
+        return tuple(eng.name_of(t) for t in self.leafs)
+
+
+@dataclass
+class Snapshot:
+    """Backend index (-1: none) of every node and leaf, read while the hash table is live."""
+
+    nodes: tuple[int, ...] = ()
+    leafs: tuple[int, ...] = ()
+    taken: bool = False
+
+
+@dataclass
+class _Persistent:
+    """Weights and caches: one context and one backend buffer per (device, role)."""
+
+    tensors: dict[tuple[Any, ...], Ptr] = field(default_factory=dict)
+    ctxs: list[int] = field(default_factory=list)
+    buffers: list[int] = field(default_factory=list)
+
+
+class ScenarioRun:
+    """The backends, scheduler, weights and graphs of one scenario, run step by step.
+
+    Backends: ``ggml_backend_rpc_init`` (one per "rpc" entry, in layout order, each on its own
+    server), ``ggml_backend_blas_init``, ``ggml_backend_cpu_init``. Steps, on ``ggml_backend_sched_*``:
+    ``sched_new`` -> ``_new`` (or keep the scheduler: reuse); ``reserve`` -> ``_set_tensor_backend``
+    for forced tensors, ``_reserve``; ``alloc`` -> ``_reset``, forced, ``_alloc_graph``; ``compute``
+    -> as alloc, inputs zeroed (``ggml_backend_tensor_set``), ``_graph_compute``; ``reset`` -> ``_reset``.
+    Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
+    """
+
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str]) -> None:
+        self.eng = eng
+        self.g = eng.g
+        self.scenario = scenario
+        self.backends: list[int] = []
+        self.sched: int | None = None
+        self.graph_size = 0  # of the last ggml_backend_sched_split_graph on this scheduler
+        self.built: list[Built] = []
+        self.persistent = _Persistent()
+        try:
+            self._init_backends(scenario.layout, endpoints)
+            self.names = [self.g.ggml_backend_name(b).decode() for b in self.backends]
+            if len(set(self.names)) != len(self.names):
+                raise TargetError(f"backend names are not unique: {self.names}")
+            self.index_of = {b: i for i, b in enumerate(self.backends)}
+            self._alloc_persistent()
+        except BaseException:
+            self.close()
+            raise
+
+    def _init_backends(self, layout: BackendLayout, endpoints: Sequence[str]) -> None:
+        if layout.n_rpc > len(endpoints):
+            raise TargetError(f"the layout has {layout.n_rpc} RPC backends but {len(endpoints)} endpoints were given")
+        if layout.n_rpc and not self.g.GGML_USE_RPC:
+            raise Unsupported("this ggml was built without the RPC backend (GGML_RPC=OFF)")
+        rpc = iter(endpoints)
+        for b in layout.backends:
+            if b.kind == "rpc":
+                endpoint = next(rpc).encode()
+                # ggml_backend_rpc_init does not check the server: it crashes on a dead one
+                free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+                self.g.ggml_backend_rpc_get_device_memory(endpoint, 0, ctypes.byref(free), ctypes.byref(total))
+                if total.value == 0:
+                    raise RpcUnreachable(endpoint.decode())
+                backend = self.g.ggml_backend_rpc_init(endpoint, 0)
+            elif b.kind == "blas":
+                if not self.g.GGML_USE_BLAS:
+                    raise Unsupported("this ggml was built without the BLAS backend (GGML_BLAS=OFF)")
+                backend = self.g.ggml_backend_blas_init()
+            else:
+                backend = self.g.ggml_backend_cpu_init()
+            if not backend:
+                raise TargetError(f"could not initialize the {b.kind} backend")
+            self.backends.append(backend)
+
+    @staticmethod
+    def _key(t: TensorSpec) -> tuple[Any, ...]:
+        return (t.name, t.type, t.ne, t.role, t.device)
+
+    def _alloc_persistent(self) -> None:
+        """Weights (buffer usage WEIGHTS) and caches (usage ANY) of all graphs: per device and
+        role, one context allocated with ``ggml_backend_alloc_ctx_tensors`` and zeroed."""
+        g = self.g
+        unique: dict[tuple[Any, ...], TensorSpec] = {}
+        for _, spec in self.scenario.graphs:
+            for t in spec.tensors:
+                if t.role in ("weight", "cache"):
+                    unique.setdefault(self._key(t), t)
+        groups: dict[tuple[int, str], list[TensorSpec]] = {}
+        for t in unique.values():
+            assert t.device is not None  # Scenario.validate
+            groups.setdefault((t.device, t.role), []).append(t)
+        for (device, role), specs in sorted(groups.items()):
+            ctx = self.eng.new_context(len(specs))
+            self.persistent.ctxs.append(ctx)
+            for t in specs:
+                self.persistent.tensors[self._key(t)] = self.eng.new_leaf(ctx, t)
+            buf = g.ggml_backend_alloc_ctx_tensors(ctx, self.backends[device])
+            if not buf:
+                raise TargetError(f"could not allocate the {role} buffer of backend {device}")
+            self.persistent.buffers.append(buf)
+            usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
+            g.ggml_backend_buffer_set_usage(buf, usage)
+            g.ggml_backend_buffer_clear(buf, 0)
+
+    # -- graphs --------------------------------------------------------------------------
+
+    def materialize(self, spec: GraphSpec) -> Built:
+        """A fresh context and cgraph for ``spec``: inputs (``ggml_set_input``) and ops are new,
+        weights and caches are the scenario's; every tensor is named and checked against
+        ``spec.geometry``; the roots go to ``ggml_build_forward_expand`` in order."""
+        g, eng = self.g, self.eng
+        size = len(spec.tensors) + 1  # ggml_visit_parents asserts n_nodes, n_leafs < size
+        ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
+        built = Built(ctx, None, {}, [], [], [])
+        self.built.append(built)
+        geo = spec.geometry
+        for t in spec.tensors:
+            if t.role in ("weight", "cache"):
+                p = self.persistent.tensors[self._key(t)]
+            elif t.is_leaf:
+                p = eng.new_leaf(ctx, t)
+                g.ggml_set_input(p)
+                built.inputs.append(p)
+            else:
+                p = eng.new_op(ctx, t, [built.tensors[a] if a is not None else None for a in t.args])
+                g.ggml_set_name(p, t.name.encode())
+            if t.output:
+                g.ggml_set_output(p)
+            check_geometry(t.name, geo[t.name], eng.geometry_of(p))
+            built.tensors[t.name] = p
+        built.gf = g.ggml_new_graph_custom(ctx, size, False)
+        for root in spec.roots:
+            g.ggml_build_forward_expand(built.gf, built.tensors[root])
+        built.nodes = [g.ggml_graph_node(built.gf, i) for i in range(g.ggml_graph_n_nodes(built.gf))]
+        cg = built.gf.contents
+        if cg.n_nodes != len(built.nodes):
+            raise TargetError("ggml_cgraph's layout in ggml-python does not match the loaded ggml")
+        built.leafs = [cg.leafs[i] for i in range(cg.n_leafs)]
+        # the previous graph stays alive: while its tensors exist, no new tensor can take the
+        # address of one the scheduler's hash table may still hold (a reserve does not reset first)
+        while len(self.built) > 2:
+            g.ggml_free(self.built.pop(0).ctx)
+        return built
+
+    def _backend_index(self, t: Ptr) -> int:
+        b = self.eng.lib.ggml_backend_sched_get_tensor_backend(self.sched, t)
+        return -1 if b is None else self.index_of[b]
+
+    def _snapshot(self, built: Built) -> Snapshot:
+        return Snapshot(
+            tuple(self._backend_index(t) for t in built.nodes),
+            tuple(self._backend_index(t) for t in built.leafs),
+            True,
+        )
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _sizes(self) -> tuple[int, ...]:
+        return tuple(self.g.ggml_backend_sched_get_buffer_size(self.sched, b) for b in self.backends)
+
+    def step(self, index: int, st: Step) -> StepRecord:
+        g = self.g
+        if st.kind == "sched_new":
+            assert st.params is not None
+            if st.reuse:
+                if self.sched is None:
+                    raise TargetError(f"step {index}: nothing to reuse")
+            else:
+                self._new_sched(st.params)
+            n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
+            return StepRecord(index, st.kind, n_copies=n_copies, buffer_sizes=self._sizes(), reused=st.reuse)
+        if self.sched is None:
+            raise TargetError(f"step {index}: {st.kind} before any sched_new")
+        if st.kind == "reset":
+            g.ggml_backend_sched_reset(self.sched)
+            return StepRecord(index, st.kind, n_copies=g.ggml_backend_sched_get_n_copies(self.sched), buffer_sizes=self._sizes())
+        assert st.graph is not None
+        spec = self.scenario.graph(st.graph)
+        built = self.materialize(spec)
+        snap = Snapshot()
+
+        def on_split_print() -> None:
+            nonlocal snap
+            snap = self._snapshot(built)
+
+        self.eng.log.begin(on_split_print)
+        # like llama_context::graph_reserve and ::decode: reset (forget the previous graph's
+        # assignments and copies), apply the graph's own assignments, then reserve or alloc
+        g.ggml_backend_sched_reset(self.sched)
+        self._force(spec, built)
+        if st.kind == "reserve":
+            ok = bool(g.ggml_backend_sched_reserve(self.sched, built.gf))
+        else:
+            ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
+            if not snap.taken:  # a graph without nodes prints no split: read the live hash table
+                snap = self._snapshot(built)
+            if ok and st.kind == "compute":
+                self._set_inputs(built)
+                ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
+        self.eng.log.on_split_print = None
+        return self._record(index, st.kind, built, snap, ok)
+
+    def _new_sched(self, params: SchedParams) -> None:
+        """``ggml_backend_sched_new(backends, NULL, n, max_nodes, parallel, op_offload)``; the
+        debug level comes from ``GGML_SCHED_DEBUG`` (set to 2 when this module starts)."""
+        g = self.g
+        if self.sched is not None:
+            g.ggml_backend_sched_free(self.sched)
+            self.sched = None
+        arr = (g.ggml_backend_t_ctypes * len(self.backends))(*self.backends)
+        self.sched = g.ggml_backend_sched_new(arr, None, len(self.backends), params.max_nodes, params.parallel, params.op_offload)
+        if not self.sched:
+            raise TargetError("ggml_backend_sched_new returned NULL")
+        self.graph_size = 0
+
+    def _force(self, spec: GraphSpec, built: Built) -> None:
+        for name, backend in spec.forced:
+            self.g.ggml_backend_sched_set_tensor_backend(self.sched, built.tensors[name], self.backends[backend])
+
+    def _set_inputs(self, built: Built) -> None:
+        """Zero every input the graph uses (zeros are valid indices for get_rows, set_rows...)."""
+        g = self.g
+        in_graph = {ctypes.addressof(t.contents) for t in built.leafs}
+        for t in built.inputs:
+            if ctypes.addressof(t.contents) in in_graph:
+                n = g.ggml_nbytes(t)
+                g.ggml_backend_tensor_set(t, ctypes.create_string_buffer(n), 0, n)
+
+    def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool) -> StepRecord:
+        g, log = self.g, self.eng.log
+        if log.errors:
+            raise TargetError(f"step {index}: cannot read ggml's log: " + "; ".join(log.errors) + self._log_tail())
+        n_nodes, n_leafs = len(built.nodes), len(built.leafs)
+        n_splits = g.ggml_backend_sched_get_n_splits(self.sched)
+        n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
+        splits = self._splits(index, n_nodes, n_splits)
+        size = graph_size(n_nodes, n_leafs, n_splits, n_copies)
+        prev, self.graph_size = self.graph_size, size
+        # the scheduler's graph copy: each split input adds two nodes (its source's view and its
+        # copy); with n_copies > 1 the copies also become leafs, which the log does not tell
+        copy_nodes = n_nodes + 2 * sum(len(s.inputs) for s in splits)
+        copy_leafs = n_leafs if n_copies == 1 else 0
+        events = tuple(
+            ReallocEvent(index, r.via, r.backend_ids_changed, size, prev, copy_nodes, n_splits, r.reason) for r in log.reallocs
+        )
+        return StepRecord(
+            index,
+            kind,
+            node_names=built.node_names(self.eng),
+            node_backends=snap.nodes,
+            leaf_names=built.leaf_names(self.eng),
+            leaf_backends=snap.leafs,
+            splits=splits,
+            n_copies=n_copies,
+            graph_size=size,
+            n_nodes=copy_nodes,
+            n_leafs=copy_leafs,
+            buffer_sizes=self._sizes(),
+            events=events,
+            ok=ok,
+        )
+
+    def _splits(self, index: int, n_nodes: int, n_splits: int) -> tuple[Split, ...]:
+        logged = self.eng.log.splits
+        if n_nodes == 0:
+            return ()
+        if len(logged) != n_splits:
+            raise TargetError(
+                f"step {index}: ggml_backend_sched_get_n_splits says {n_splits} splits, the log shows {len(logged)}"
+                " (is GGML_SCHED_DEBUG=2 set before ggml_backend_sched_new?)" + self._log_tail()
+            )
+        starts = [s.first_node for s in logged]
+        if any(s is None for s in starts):
+            raise TargetError(f"step {index}: a logged split has no node line" + self._log_tail())
+        bounds = [int(s) for s in starts if s is not None] + [n_nodes]
+        by_name = {n: i for i, n in enumerate(self.names)}
+        return tuple(Split(by_name[s.backend_name], bounds[k], bounds[k + 1], tuple(s.inputs)) for k, s in enumerate(logged))
+
+    def _log_tail(self) -> str:
+        return "\nlast lines of ggml's log:\n" + "\n".join(self.eng.log.tail)
+
+    def close(self) -> None:
+        """Free the scheduler, graphs, weight buffers and backends, in that order."""
+        g = self.g
+        if self.sched is not None:
+            g.ggml_backend_sched_free(self.sched)
+            self.sched = None
+        for b in self.built:
+            g.ggml_free(b.ctx)
+        self.built.clear()
+        for buf in self.persistent.buffers:
+            g.ggml_backend_buffer_free(buf)
+        for ctx in self.persistent.ctxs:
+            g.ggml_free(ctx)
+        self.persistent = _Persistent()
+        for backend in self.backends:
+            g.ggml_backend_free(backend)
+        self.backends.clear()
+
+
+def probe_scenario() -> Scenario:
+    """CPU only: reserve a one-op graph, then alloc a two-op one. The single compute buffer
+    must reallocate by itself (``ggml_gallocr_alloc_graph``: "different number of nodes")."""
+    small, big = GraphBuilder(), GraphBuilder()
+    for b in (small, big):
+        b.input("x", (8, 2))
+        b.op("scale", "x", name="y", scale=2.0)
+    big.op("add", "y", "y", name="z")
+    return Scenario(
+        BackendLayout.of("cpu"),
+        (("small", small.build("y")), ("big", big.build("z"))),
+        (Step("sched_new", params=SchedParams(64, False, True)), Step("reserve", "small"), Step("alloc", "big")),
+    )
+
+
+def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None) -> list[StepRecord]:
+    """Run every step, sending each record on ``chan`` as soon as it exists."""
+    records: list[StepRecord] = []
+    eng.step = 0  # backends and weights are set up as part of step 0
+    run = ScenarioRun(eng, scenario, endpoints)
+    try:
+        for i, st in enumerate(scenario.steps):
+            eng.step = i
+            records.append(run.step(i, st))
+            if chan is not None:
+                chan.send({"record": asdict(records[-1])})
+    finally:
+        run.close()
+    return records
+
+
+def main() -> None:
+    die_with_parent()
+    os.environ["GGML_SCHED_DEBUG"] = "2"  # read by ggml_backend_sched_new
+    chan = Channel(os.dup(1))
+    os.dup2(2, 1)  # ggml's printf and Python's print now go to stderr
+    sys.stdout = sys.stderr
+    eng = Ggml(chan)
+    try:
+        probe = run_scenario(eng, probe_scenario(), [], None)
+    except Exception:
+        chan.send({"fatal": "the startup probe failed:\n" + traceback.format_exc()})
+        raise SystemExit(2)
+    if not any(r.events for r in probe):
+        chan.send({"fatal": NO_REALLOC_FIX + f" (library: {eng.info()['lib']})"})
+        raise SystemExit(2)
+    chan.send({"hello": eng.info()})
+    for line in sys.stdin.buffer:
+        req = json.loads(line)
+        eng.step = -1
+        try:
+            run_scenario(eng, Scenario.from_json(req["scenario"]), req["endpoints"], chan)
+            chan.send({"done": True})
+        except Unsupported as e:
+            chan.send({"unsupported": str(e)})
+        except RpcUnreachable as e:
+            chan.send({"unreachable": str(e)})
+        except Exception:
+            chan.send({"error": {"step": eng.step, "message": traceback.format_exc()}})
+
+
+if __name__ == "__main__":
+    main()

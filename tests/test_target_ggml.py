@@ -1,0 +1,252 @@
+"""The real-engine target: ggml in a worker process, with local RPC servers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from pytest_schedfuzz.models import ModelShape, llama_graph
+from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
+from pytest_schedfuzz.shapes import Geometry, new_tensor
+from pytest_schedfuzz.trace import graph_size
+from pytest_schedfuzz.targets import Target, Unsupported, load_target
+from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+from pytest_schedfuzz.targets.rpc import free_port, port_accepts
+from pytest_schedfuzz.targets.schedlog import SchedLog
+from pytest_schedfuzz.targets.worker import GeometryMismatch, check_geometry
+from reference.params import SchedParams
+
+RPC_CPU = BackendLayout.of("rpc", "cpu")
+TWO_LAYERS = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1)
+
+
+def sched_new(max_nodes: int = 1024, parallel: bool = False) -> Step:
+    return Step("sched_new", params=SchedParams(max_nodes, parallel, True))
+
+
+def scenario(layout: BackendLayout, graphs: dict[str, GraphSpec], *steps: Step) -> Scenario:
+    sc = Scenario(layout, tuple(graphs.items()), steps)
+    sc.validate()
+    return sc
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[GgmlTarget]:
+    t = GgmlTarget()
+    yield t
+    t.close()
+
+
+def test_llama_on_rpc_and_cpu(target: GgmlTarget) -> None:
+    spec = llama_graph(TWO_LAYERS, n_tokens=8, n_kv=32)
+    sc = scenario(RPC_CPU, {"A": spec}, sched_new(), Step("reserve", "A"), Step("alloc", "A"), Step("compute", "A"))
+    trace = target.run(sc)
+    assert trace.abort is None
+    assert trace.engine["name"] == "ggml" and trace.engine["lib"].endswith(".so")
+    ops = {t.name for t in spec.tensors if not t.is_leaf}
+    leafs = {t.name for t in spec.tensors if t.is_leaf}
+    for rec in trace.records[1:]:
+        assert rec.ok
+        assert set(rec.node_names) == ops and len(rec.node_names) == len(ops)
+        assert set(rec.leaf_names) == leafs
+        assert len(rec.node_backends) == len(rec.node_names) and set(rec.node_backends) <= {0, 1}
+        assert len(rec.leaf_backends) == len(rec.leaf_names) and set(rec.leaf_backends) <= {0, 1}
+        assert rec.n_splits > 1
+        assert rec.splits[0].i_start == 0 and rec.splits[-1].i_end == len(rec.node_names)
+        assert all(a.i_end == b.i_start for a, b in zip(rec.splits, rec.splits[1:]))
+        assert rec.graph_size == graph_size(len(rec.node_names), len(rec.leaf_names), rec.n_splits, rec.n_copies)
+        assert rec.n_nodes == len(rec.node_names) + 2 * sum(len(s.inputs) for s in rec.splits)
+        assert all(size > 0 for size in rec.buffer_sizes)
+        # a non-view node runs on its split's backend
+        for s in rec.splits:
+            for i in range(s.i_start, s.i_end):
+                if spec.by_name[rec.node_names[i]].op not in ("view", "reshape", "permute", "transpose"):
+                    assert rec.node_backends[i] == s.backend
+    # weights decide: the layer-0 projections run on the RPC device, the embedding on the CPU
+    rec = trace.records[-1]
+    backend = dict(zip(rec.node_names, rec.node_backends))
+    assert backend["Qcur-0"] == 0 and backend["Qcur-1"] == 1 and backend["inp_embd"] == 1
+    # the reserve step saw the same assignment as the allocations (read before its reset)
+    assert trace.records[1].node_backends == rec.node_backends
+
+
+def test_forced_assignment(target: GgmlTarget) -> None:
+    b = GraphBuilder()
+    w = b.weight("w", (16, 8), device=0)
+    x = b.input("x", (16, 4))
+    y = b.op("mul_mat", w, x, name="y")
+    z = b.op("scale", y, name="z", scale=0.5)
+    b.force("z", 1)
+    trace = target.run(scenario(RPC_CPU, {"g": b.build(z)}, sched_new(), Step("compute", "g")))
+    rec = trace.records[-1]
+    assert trace.abort is None and rec.ok
+    assert dict(zip(rec.node_names, rec.node_backends)) == {"y": 0, "z": 1}
+    assert [(s.backend, s.i_start, s.i_end, s.inputs) for s in rec.splits] == [(0, 0, 1, ("x",)), (1, 1, 2, ("y",))]
+
+
+def test_topology_switch_reallocates_at_same_size(target: GgmlTarget) -> None:
+    """llama.cpp PR 17617: reserve(32 tokens), a graph of another topology, 2 tokens, then 32
+    tokens again: the last alloc re-reserves although its graph size did not change."""
+    graphs = {
+        "A32": llama_graph(TWO_LAYERS, n_tokens=32, n_kv=64, n_outputs=32),
+        "B": llama_graph(TWO_LAYERS, n_tokens=32, n_kv=64, n_outputs=1),
+        "A2": llama_graph(TWO_LAYERS, n_tokens=2, n_kv=64, n_outputs=2),
+    }
+    steps = (sched_new(), Step("reserve", "A32"), Step("alloc", "B"), Step("alloc", "A2"), Step("alloc", "A32"))
+    trace = target.run(scenario(RPC_CPU, graphs, *steps))
+    assert trace.abort is None
+    reserve, alloc_b, alloc_a2, alloc_a32 = trace.records[1:]
+    assert not reserve.events
+    # B has one more node and leaf (the output selection) and moves nodes between buffers
+    (eb,) = alloc_b.events
+    assert eb.via == "sched" and eb.backend_ids_changed and eb.prev_graph_size == reserve.graph_size
+    (e2,) = alloc_a2.events
+    assert e2.via == "sched" and not e2.backend_ids_changed and e2.reason == "different number of nodes"
+    (e,) = alloc_a32.events
+    assert e.via == "sched" and not e.backend_ids_changed
+    assert e.graph_size == e.prev_graph_size == reserve.graph_size and e.same_size
+    assert e.reason == "node inp_embd is not valid"  # sized for 2 tokens, now 32
+    assert e.n_nodes == alloc_a32.n_nodes and e.n_splits == alloc_a32.n_splits and e.step == 4
+
+
+def test_abort_is_reported_and_the_next_scenario_runs(target: GgmlTarget) -> None:
+    spec = llama_graph(TWO_LAYERS, n_tokens=4, n_kv=16)
+    assert len(spec.tensors) > 100
+    trace = target.run(scenario(RPC_CPU, {"A": spec}, sched_new(max_nodes=16), Step("alloc", "A")))
+    assert trace.abort is not None
+    assert trace.abort.kind == "abort" and trace.abort.step == 1
+    assert "GGML_ASSERT" in trace.abort.message and "hash_set.size" in trace.abort.message
+    assert [r.kind for r in trace.records] == ["sched_new"]
+    trace = target.run(scenario(RPC_CPU, {"A": spec}, sched_new(), Step("compute", "A")))
+    assert trace.abort is None and trace.records[-1].ok
+
+
+def test_single_buffer_reallocates_by_itself(target: GgmlTarget) -> None:
+    """CPU only: one compute buffer, so ggml_gallocr_alloc_graph re-reserves without the scheduler."""
+    cpu = ModelShape(layer_devices=(0, 0), output_device=0, cpu_device=0)
+    graphs = {"A32": llama_graph(cpu, 32, 64), "A2": llama_graph(cpu, 2, 64)}
+    steps = (sched_new(), Step("reserve", "A2"), Step("alloc", "A32"), Step("alloc", "A2"))
+    trace = target.run(scenario(BackendLayout.of("cpu"), graphs, *steps))
+    assert trace.abort is None
+    assert [[(e.via, e.reason, e.same_size) for e in r.events] for r in trace.records[2:]] == [
+        [("gallocr", "node inp_embd is not valid", True)],
+        [],
+    ]
+    assert trace.records[2].splits == trace.records[3].splits and len(trace.records[2].splits) == 1
+
+
+def test_dead_rpc_server_is_replaced(target: GgmlTarget) -> None:
+    sc = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    target.servers.ensure(1)
+    victim, port = target.servers.pids[0], target.servers.ports[0]
+    os.kill(victim, signal.SIGKILL)
+    # until its socket is closed: ggml's RPC client aborts when a dying server accepts but never answers
+    deadline = time.monotonic() + 10
+    while port_accepts(port):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    trace = target.run(sc)
+    assert trace.abort is None and trace.records[-1].ok
+    assert target.servers.pids[0] != victim
+
+
+def test_unreachable_endpoint_is_retried(target: GgmlTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker checks each RPC server before ggml_backend_rpc_init (which crashes on a dead
+    one); the target then restarts that server and sends the scenario again."""
+    sc = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    real = target.servers.ensure
+    given: list[list[str]] = []
+
+    def first_one_dead(n: int) -> list[str]:
+        given.append([f"127.0.0.1:{free_port()}"] if not given else real(n))
+        return given[-1]
+
+    monkeypatch.setattr(target.servers, "ensure", first_one_dead)
+    trace = target.run(sc)
+    assert trace.abort is None and trace.records[-1].ok and len(given) == 2
+
+
+def test_step_timeout() -> None:
+    with GgmlTarget(step_timeout=1e-4) as t:
+        trace = t.run(scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A")))
+    assert trace.abort is not None and trace.abort.kind == "timeout" and trace.abort.step == 0
+
+
+def test_close_leaves_no_process() -> None:
+    t = load_target("pytest_schedfuzz.targets.ggml_target:GgmlTarget")
+    assert isinstance(t, GgmlTarget) and isinstance(t, Target)
+    layout = BackendLayout.of("rpc", "rpc", "cpu")
+    spec = llama_graph(ModelShape(layer_devices=(0, 1), output_device=2, cpu_device=2), 4, 16)
+    trace = t.run(scenario(layout, {"A": spec}, sched_new(), Step("compute", "A")))
+    assert trace.abort is None
+    pids, ports, worker = t.servers.pids, t.servers.ports, t.worker_pid
+    assert len(pids) == 2 and worker is not None and all(port_accepts(p) for p in ports)
+    t.close()
+    for pid in [*pids, worker]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not any(port_accepts(p) for p in ports)
+
+
+def test_other_library_dir(tmp_path: Path, target: GgmlTarget) -> None:
+    lib = tmp_path / "lib"
+    shutil.copytree(Path(target.engine["lib"]).parent, lib)
+    with GgmlTarget(lib_dir=str(lib)) as t:
+        trace = t.run(scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A")))
+    assert trace.abort is None
+    assert Path(trace.engine["lib"]).parent == lib.resolve()
+
+
+def test_blas_needs_a_blas_build(target: GgmlTarget) -> None:
+    sc = scenario(BackendLayout.of("blas", "cpu"), {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A"))
+    try:
+        trace = target.run(sc)
+    except Unsupported as e:
+        assert "BLAS" in str(e)
+    else:
+        assert trace.abort is None
+
+
+def test_geometry_check() -> None:
+    want = new_tensor("f32", (4, 3))
+    check_geometry("t", want, want)
+    with pytest.raises(GeometryMismatch, match=r"'t'.*ne: spec \(4, 3, 1, 1\), ggml \(4, 6, 1, 1\)"):
+        check_geometry("t", want, new_tensor("f32", (4, 6)))
+    with pytest.raises(GeometryMismatch, match="view_src"):
+        check_geometry("t", want, Geometry("f32", want.ne, want.nb, "src"))
+
+
+def test_schedlog_reads_fragments() -> None:
+    seen: list[int] = []
+    log = SchedLog()
+    log.begin(lambda: seen.append(len(log.splits)))
+    fragments = [
+        "\n## SPLIT #0: CPU # 0 inputs", "\n",
+        "node #  0 (  GET_ROWS):             inp_embd (   1K) [  CPU         ] use=1,c=0:", "   token_embd (  32K) [  CPU         ]", "\n",
+        "\n## SPLIT #1: RPC0[127.0.0.1:5] # 2 inputs", ": ", "[inp_embd (   1K)] ", "[Kcur-0 (rope) (x) (  12K)] ", "\n",
+        "node #  3 (   MUL_MAT):               Qcur-0 (   1K) [RPC0[         ] use=1,c=0:", "\n",
+        "ggml_gallocr_needs_realloc: src 1 (Kcur-0 (rope)) of node k_store-0 is not valid\n",
+        "ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve\n",
+        "ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 0)\n",
+        "ggml_gallocr_needs_realloc: graph has different number of leafs\n",
+        "ggml_gallocr_alloc_graph: reallocating buffers automatically\n",
+        "ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 1)\n",
+    ]
+    for f in fragments:
+        log.feed(f)
+    assert seen == [0] and not log.errors
+    assert [(s.backend_name, s.inputs, s.first_node) for s in log.splits] == [
+        ("CPU", [], 0),
+        ("RPC0[127.0.0.1:5]", ["inp_embd", "Kcur-0 (rope) (x)"], 3),
+    ]
+    assert [(r.via, r.backend_ids_changed, r.reason) for r in log.reallocs] == [
+        ("sched", False, "src 1 (Kcur-0 (rope)) of node k_store-0 is not valid"),
+        ("gallocr", False, "different number of leafs"),
+        ("sched", True, "backend ids changed"),
+    ]
