@@ -159,7 +159,7 @@ class SchedfuzzSuite(pytest.Collector):
         session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
         # the corpus first: known findings are replayed before new fuzzing
         for path in case_files(session.corpus):
-            yield CaseItem.from_parent(self, name=f"corpus/{path.name}", path_=path)
+            yield CaseItem.from_parent(self, name=f"corpus/{path.stem}", path_=path)
         for prop in session.properties:
             yield PropertyItem.from_parent(self, name=prop, prop=prop)
 
@@ -204,7 +204,7 @@ class CaseItem(pytest.Item):
         return super().repr_failure(excinfo, style)  # type: ignore[arg-type]
 
     def reportinfo(self) -> tuple[Path | str, int | None, str]:
-        return self.case_path, None, f"schedfuzz::corpus/{self.case_path.name}"
+        return self.case_path, None, f"schedfuzz::corpus/{self.case_path.stem}"
 
 
 class CorpusFailure(Exception):

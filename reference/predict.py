@@ -29,13 +29,14 @@ def _record(i: int, step: Step, sched: Scheduler, result: SplitResult, events: l
     )
 
 
-def predict(scenario: Scenario) -> Prediction:
+def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler) -> Prediction:
     """What ggml's scheduler must do for each step of ``scenario``, as a ``Trace``.
 
     Steps mirror the calls a ``llama_context`` makes: ``reserve`` and ``alloc`` reset the
     scheduler and apply the graph's forced assignments first; ``compute`` allocates like
     ``alloc``; a ``sched_new`` with ``reuse`` keeps the current scheduler (and its params).
-    A predicted abort ends the prediction, as it ends the engine.
+    A predicted abort ends the prediction, as it ends the engine. ``scheduler`` lets a test
+    plant a fault in one pass (a subclass overriding it).
     """
     sched: Scheduler | None = None
     records: list[StepRecord] = []
@@ -44,7 +45,7 @@ def predict(scenario: Scenario) -> Prediction:
             if step.kind == "sched_new":
                 assert step.params is not None
                 if not (step.reuse and sched is not None):
-                    sched = Scheduler(scenario.layout, step.params)
+                    sched = scheduler(scenario.layout, step.params)
                 records.append(StepRecord(i, step.kind, reused=step.reuse))
                 continue
             assert sched is not None, "the first step must be sched_new"

@@ -26,6 +26,8 @@ What is observed, and how:
 from __future__ import annotations
 
 import ctypes
+
+import numpy as np
 import json
 import os
 import sys
@@ -330,6 +332,13 @@ class ScenarioRun:
             usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
             g.ggml_backend_buffer_set_usage(buf, usage)
             g.ggml_backend_buffer_clear(buf, 0)
+        # zero weights are valid everywhere but as rope frequency factors (theta / 0 = inf,
+        # then NaN, which the debug build's vec_dot asserts against): those are ones
+        freq_factors = {(s.args[2]) for _, spec in self.scenario.graphs for s in spec.tensors if s.op == "rope" and s.args[2]}
+        for key, tensor in self.persistent.tensors.items():
+            if key[0] in freq_factors:
+                ones = np.ones(g.ggml_nelements(tensor), dtype=np.float32)
+                g.ggml_backend_tensor_set(tensor, ones.ctypes.data, 0, ones.nbytes)
 
     # -- graphs --------------------------------------------------------------------------
 

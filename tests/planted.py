@@ -1,0 +1,30 @@
+"""Planted faults for the plugin's own tests: wrong reuse policies and a broken reference."""
+
+from __future__ import annotations
+
+from pytest_schedfuzz.scenario import Scenario
+from pytest_schedfuzz.trace import Trace
+from reference.params import SchedParams
+from reference.predict import predict
+from reference.sched import Scheduler
+
+
+def ignore_op_offload(new: SchedParams, cur: SchedParams) -> bool:
+    return new.parallel == cur.parallel and new.max_nodes <= cur.max_nodes
+
+
+def never(new: SchedParams, cur: SchedParams) -> bool:
+    return False
+
+
+def ignore_max_nodes(new: SchedParams, cur: SchedParams) -> bool:
+    return new.parallel == cur.parallel and new.op_offload == cur.op_offload
+
+
+class WithoutPass2(Scheduler):
+    def pass2_expand(self, g, ids) -> None:  # type: ignore[no-untyped-def]
+        """Pass 2 removed: nothing is expanded to neighbours."""
+
+
+def predict_without_pass2(scenario: Scenario) -> Trace:
+    return predict(scenario, WithoutPass2)
