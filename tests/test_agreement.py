@@ -1,0 +1,43 @@
+"""Engine and reference agree on generated scenarios: every node's and leaf's backend, the
+splits and their inputs, graph_size and every realloc event, over layouts with 0, 1 and 2
+RPC devices plus the CPU."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from pytest_schedfuzz.properties import matches_reference, no_abort
+from pytest_schedfuzz.scenario import Scenario
+from pytest_schedfuzz.strategies import scenarios
+from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+from reference.predict import predict
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with GgmlTarget() as target:
+        yield target
+
+
+def test_engine_and_reference_agree_on_200_scenarios(engine: GgmlTarget):
+    seen: Counter[int] = Counter()
+    events = 0
+
+    @seed(20261129)
+    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, 2).flatmap(lambda n: scenarios(max_rpc=2).filter(lambda s: s.layout.n_rpc == n)))
+    def agree(scenario: Scenario) -> None:
+        nonlocal events
+        trace, prediction = engine.run(scenario), predict(scenario)
+        found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
+        assert not found, str(found[0])
+        seen[scenario.layout.n_rpc] += 1
+        events += len(trace.events)
+
+    agree()
+    assert sum(seen.values()) >= 200 and set(seen) == {0, 1, 2}
+    assert events > 100  # the comparison covered many realloc events

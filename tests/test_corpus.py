@@ -1,0 +1,157 @@
+"""Corpus files: bad input gets one clear error naming the file, nothing is changed; saves are
+atomic under concurrency; a saved finding replays alone in a fresh process; minimize shrinks."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.corpus import Case, CaseError, case_files, load_case, save_case
+from pytest_schedfuzz.models import ModelShape, llama_graph
+from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, Scenario, Step
+from reference import SchedParams
+
+pytest_plugins = ["pytester"]
+SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]
+
+
+def small_case(prop: str = "matches-reference", tag: int = 0) -> Case:
+    b = GraphBuilder()
+    w = b.weight("w", (8, 8), device=0)
+    y = b.op("mul_mat", w, b.input("x", (8, 2 + tag)), name="y")
+    sc = Scenario(BackendLayout.of("rpc", "cpu"), (("g", b.build(y)),), (Step("sched_new", params=SchedParams(64)), Step("alloc", "g")))
+    return Case(prop, f"{prop}[what=assignment]", sc, "a message", 1)
+
+
+def topology_switch_case(n_layers: int) -> Case:
+    """reserve(A, 32 tokens) -> alloc(B) -> alloc(A, 2) -> alloc(A, 32), weights on RPC and CPU."""
+    m = ModelShape(layer_devices=tuple(0 if i < n_layers // 2 else 1 for i in range(n_layers)), output_device=1, cpu_device=1)
+    graphs = (("A32", llama_graph(m, 32, 64, 32)), ("B", llama_graph(m, 32, 64, 1)), ("A2", llama_graph(m, 2, 64, 2)))
+    steps = (Step("sched_new", params=SchedParams(8192)), Step("reserve", "A32"), Step("alloc", "B"), Step("alloc", "A2"), Step("alloc", "A32"))
+    return Case("no-same-size-realloc", "no-same-size-realloc[explained=lost]", Scenario(BackendLayout.of("rpc", "cpu"), graphs, steps), "", 4)
+
+
+def test_round_trip(tmp_path: Path):
+    case = small_case()
+    path = save_case(tmp_path, case)
+    loaded = load_case(path)
+    assert loaded.scenario == case.scenario and loaded.signature == case.signature and loaded.expect == "pass"
+
+
+def _corrupt(data: dict, how: str) -> str:
+    g = data["scenario"]["graphs"]["g"]
+    if how == "unknown op":
+        g["tensors"][-1]["op"] = "frobnicate"
+    elif how == "bad shape":
+        g["tensors"][-1]["ne"] = [9, 2, 1, 1]
+    elif how == "cycle":
+        g["tensors"][-1]["args"] = ["w", "y"]
+    elif how == "backend missing":
+        g["tensors"][0]["device"] = 5
+    elif how == "future version":
+        data["version"] = 99
+    elif how == "schema":
+        data["property"] = "no-such-property"
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("how", "needle"),
+    [
+        ("unknown op", "unknown op 'frobnicate'"),
+        ("bad shape", "stored shape [9, 2, 1, 1]"),
+        ("cycle", "not defined before it (or forms a cycle)"),
+        ("backend missing", "device 5 is not in the layout"),
+        ("future version", "newer than this schedfuzz reads"),
+        ("schema", "does not match the case schema at property"),
+        ("truncated", "not valid JSON (truncated?)"),
+        ("malformed", "not valid JSON"),
+    ],
+)
+def test_bad_input_gets_one_clear_error_and_nothing_changes(tmp_path: Path, how: str, needle: str):
+    good = save_case(tmp_path, small_case())
+    text = good.read_text()
+    if how == "truncated":
+        bad_text = text[: len(text) // 2]
+    elif how == "malformed":
+        bad_text = "{not json"
+    else:
+        bad_text = _corrupt(json.loads(text), how)
+    bad = tmp_path / "bad.json"
+    bad.write_text(bad_text)
+    with pytest.raises(CaseError) as e:
+        load_case(bad)
+    assert str(bad) in str(e.value) and needle in str(e.value)
+    # the CLI: exit status 2, the file named, nothing changed
+    run = subprocess.run([*SCHEDFUZZ, "replay", str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and str(bad) in run.stderr and needle in run.stderr
+    mini = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert mini.returncode == 2 and "nothing was changed" in mini.stderr
+    assert bad.read_text() == bad_text and good.read_text() == text
+
+
+def test_bad_corpus_file_is_a_failed_item_and_the_rest_runs(pytester: pytest.Pytester):
+    corpus = pytester.path / "corpus"
+    save_case(corpus, small_case())
+    (corpus / "broken.json").write_text('{"format": "schedfuzz-case", "version": 1')
+    result = pytester.runpytest_subprocess("--schedfuzz", "--schedfuzz-properties", "reuse-sound", "-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*bad corpus file: */corpus/broken.json: not valid JSON (truncated?)*"])
+    assert (corpus / "broken.json").read_text() == '{"format": "schedfuzz-case", "version": 1'
+
+
+def _writer(args: tuple[str, int]) -> None:
+    directory, k = args
+    for j in range(20):
+        save_case(directory, small_case(tag=k * 20 + j))
+
+
+def test_concurrent_saves_lose_nothing(tmp_path: Path):
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_writer, [(str(tmp_path), k) for k in range(4)])
+    files = list(case_files(tmp_path))
+    assert len(files) == 80
+    assert all(load_case(f) for f in files)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_xdist_workers_write_findings_concurrently(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    result = pytester.runpytest_subprocess(
+        "--schedfuzz", "-n", "2", "-p", "no:cacheprovider", "--schedfuzz-seed", "3",
+        "--schedfuzz-policy", "planted:ignore_op_offload", "--no-schedfuzz-rereserve",
+        "--schedfuzz-reference", "planted:predict_without_pass2",
+        "--schedfuzz-properties", "reuse-sound,no-same-size-realloc,matches-reference", timeout=600,
+    )
+    result.assert_outcomes(failed=3)
+    props = sorted(load_case(p).property for p in case_files(pytester.path / "corpus"))
+    assert props == ["matches-reference", "no-same-size-realloc", "reuse-sound"]
+    result.stdout.fnmatch_lines(["*findings?reuse-sound? = 1*", "*findings?matches-reference? = 1*"])
+
+
+def test_saved_finding_replays_from_its_file_alone_in_a_fresh_process(tmp_path: Path):
+    path = save_case(tmp_path, topology_switch_case(2))
+    run = subprocess.run([*SCHEDFUZZ, "replay", str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "same size, via sched" in run.stdout
+    assert "verdict: FAIL: [no-same-size-realloc] step 4" in run.stdout and "a topology switch" in run.stdout
+
+
+def test_minimize_shrinks_a_several_hundred_node_case(tmp_path: Path):
+    case = topology_switch_case(8)
+    assert case.size()[1] > 600
+    save_case(tmp_path, case)
+    run = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    (path,) = case_files(tmp_path)
+    small = load_case(path)
+    assert small.signature == case.signature
+    assert small.size()[1] <= 36
+    assert "-> " in run.stdout
+    replay = subprocess.run([*SCHEDFUZZ, "replay", str(path)], capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 1 and "same size" in replay.stdout
