@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +103,11 @@ class Case:
         } | ({"workload": self.workload.to_json()} if self.workload is not None else {})
 
     def file_name(self) -> str:
+        """``<signature as a slug>-<scenario hash>.json``, e.g.
+        ``no-same-size-realloc-explained-lost-73f51b5e50.json``."""
         digest = hashlib.sha1(self.scenario.dumps().encode()).hexdigest()[:10]
-        return f"{self.property}-{digest}.json"
+        slug = re.sub(r"[^a-z0-9]+", "-", self.signature.lower()).strip("-")[:60].rstrip("-")
+        return f"{slug}-{digest}.json"
 
 
 def load_case(path: Path | str) -> Case:

@@ -91,8 +91,11 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, n_tokens]), ids, name=f"moe{k}")
             first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, n_tokens], nb=[d_out * 4 * n_used])
             pool.append(b.op("cont", first, name=f"moe_c{k}"))
-        else:  # cpy into a pre-allocated buffer, a root like the KV stores
-            dst = b.cache(f"dst{k}", (d, n_tokens), draw(device))
+        else:  # cpy into a pre-allocated buffer (a root, like the KV stores) or into an input
+            if draw(st.booleans()):
+                dst = b.cache(f"dst{k}", (d, n_tokens), draw(device))
+            else:
+                dst = b.input(f"dst{k}", (d, n_tokens))
             roots.append(b.op("cpy", a, dst, name=f"cpy{k}"))
     last = pool[-1]
     if len(pool) == 1:
