@@ -162,6 +162,12 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
     p.add_argument("--lib", help="directory with your own ggml shared libraries")
@@ -194,6 +200,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sh.add_argument("-o", "--output", help="output file: .svg, .png or .dot (default: CASE.svg here)")
     _engine_args(sh)
     sh.set_defaults(func=_show)
+    bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")
+    bn.add_argument("--json", help="also write the figures to this JSON file")
+    bn.add_argument("--repeats", type=int, default=5, help="timings per figure (the median is reported)")
+    bn.add_argument("--release-lib", help="a Release build's ggml lib directory, timed beside the Debug engine")
+    bn.add_argument("--build-release", metavar="DIR", help="build ggml-python 0.0.45 in Release into DIR and time it")
+    bn.add_argument("--examples", type=int, default=20, help="examples per property for the rate figures")
+    bn.add_argument("--seeds", type=int, default=5, help="seeds per planted fault")
+    bn.add_argument("--sections", default="all", help="comma-separated: scaling,overhead,examples,failure,xdist")
+    bn.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

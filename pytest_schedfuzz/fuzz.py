@@ -168,6 +168,7 @@ class Fuzzer:
         self.predict: Predict = _load(config.reference, "--schedfuzz-reference") if config.reference else reference_predict
         self.stats = Stats()
         self.started = time.monotonic()
+        self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self._target: Target | None = None
 
     @property
@@ -232,6 +233,8 @@ class Fuzzer:
         db = DirectoryBasedExampleDatabase(str(self.config.database)) if self.config.database else None
         # shrink towards the first failure's signature only, so that a case keeps its finding
         target: list[str] = []
+        start = time.monotonic()
+        self.first_failure = None
 
         @hypothesis_seed(self.seed)
         @settings(
@@ -253,6 +256,8 @@ class Fuzzer:
                 found = self.check(prop, scenario)
             except Unsupported:
                 return
+            if found and self.first_failure is None:
+                self.first_failure = time.monotonic() - start
             if found and (not target or found[0].signature() == target[0]):
                 target[:] = [found[0].signature()]
                 raise ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None)

@@ -31,6 +31,9 @@ class ModelShape:
     n_expert_used: int = 2
     weight_type: str = "f32"
     ffn_devices: tuple[int, ...] = field(default=())  # -ot style override of FFN weights per layer
+    # elementwise ops per layer after attention, standing in for the norms, gates and
+    # activations of larger architectures (they scale a graph's node count, not its splits)
+    extra_ops: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -105,6 +108,8 @@ def llama_graph(m: ModelShape, n_tokens: int, n_kv: int, n_outputs: int | None =
             kqv = b.op("cont", kqv, name=f"kqv-{il} (cont)")
             cur = b.op("reshape", kqv, name=f"kqv_out-{il}", ne=[m.n_embd, n_tokens])
         cur = b.op("mul_mat", wo, cur, name=f"attn_out-{il}")
+        for e in range(m.extra_ops):
+            cur = b.op("scale", cur, name=f"attn_extra_{e}-{il}", scale=1.0)
         x = b.op("add", cur, x, name=f"ffn_inp-{il}")
 
         ffn_norm = b.weight(p + "ffn_norm", (m.n_embd,), fdev)

@@ -86,6 +86,7 @@ class StepRecord:
     events: tuple[ReallocEvent, ...] = ()
     reused: bool = False
     ok: bool = True
+    seconds: float = 0.0  # wall time of the bare ggml calls of the step (reset, reserve/alloc)
 
     @property
     def n_splits(self) -> int:

@@ -11,7 +11,7 @@ can be written as the plain loops of ``ggml-backend.cpp``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -89,6 +89,19 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
     return nodes, leafs
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A tensor of the scheduled graph copy as the allocator sees it.
+
+    ``needs_memory`` is ``!tensor->data && !tensor->view_src``: the tensor is allocated by
+    ggml-alloc and checked against the plan by ``ggml_gallocr_needs_realloc``.
+    """
+
+    name: str
+    needs_memory: bool
+    nbytes: int
+
+
 @dataclass
 class CGraph:
     """A ``ggml_cgraph`` as arrays over tensor ids: ids ``0..n_nodes-1`` are the nodes in graph
@@ -110,6 +123,7 @@ class CGraph:
     ne1: list[int]
     contiguous: list[bool]
     srcs: list[tuple[int, ...]]
+    refs: list[Ref] = field(default_factory=list)  # each tensor as the allocator sees it
 
     @staticmethod
     def build(spec: GraphSpec) -> CGraph:
@@ -123,7 +137,7 @@ class CGraph:
                 index[extra] = len(names)
                 names.append(extra)
         a = [g.nodes[n] for n in names]
-        return CGraph(
+        cg = CGraph(
             names=names,
             n_nodes=len(nodes),
             n_leafs=len(leafs),
@@ -141,6 +155,8 @@ class CGraph:
             contiguous=[x["contiguous"] for x in a],
             srcs=[tuple(index[s] if s is not None else -1 for s in x["srcs"]) for x in a],
         )
+        cg.refs = [Ref(n, not cg.has_data(t) and cg.view_src[t] < 0, cg.nbytes[t]) for t, n in enumerate(names)]
+        return cg
 
     @property
     def leaf_ids(self) -> range:

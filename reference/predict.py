@@ -40,6 +40,7 @@ def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler) -> Predi
     """
     sched: Scheduler | None = None
     records: list[StepRecord] = []
+    cgraphs: dict[str, CGraph] = {}  # a graph is built once however many steps use it
     for i, step in enumerate(scenario.steps):
         try:
             if step.kind == "sched_new":
@@ -57,7 +58,8 @@ def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler) -> Predi
             sched.reset()
             for name, backend in spec.forced:
                 sched.set_tensor_backend(name, backend)
-            g = CGraph.build(spec)
+            name = step.graph or ""
+            g = cgraphs.get(name) or cgraphs.setdefault(name, CGraph.build(spec))
             if step.kind == "reserve":
                 result, events = sched.reserve(g), []
             else:

@@ -18,7 +18,7 @@ from pytest_schedfuzz.scenario import BackendLayout
 from pytest_schedfuzz.trace import MAX_SPLIT_INPUTS, ReallocEvent, Split, graph_size
 
 from .backends import Backends
-from .graph import CGraph
+from .graph import CGraph, Ref
 from .params import SchedParams
 
 MAX_COPIES = 4  # GGML_SCHED_MAX_COPIES
@@ -38,19 +38,6 @@ def ggml_hash_size(min_sz: int) -> int:
 
 class SchedAbort(Exception):
     """ggml would abort here (``GGML_ABORT`` / ``GGML_ASSERT``); the message is ggml's."""
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A tensor of the scheduled graph copy as the allocator sees it.
-
-    ``needs_memory`` is ``!tensor->data && !tensor->view_src``: the tensor is allocated by
-    ggml-alloc and checked against the plan by ``ggml_gallocr_needs_realloc``.
-    """
-
-    name: str
-    needs_memory: bool
-    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -388,7 +375,7 @@ class Scheduler:
         return splits, node_srcs, graph_inputs
 
     def ref(self, g: CGraph, t: int) -> Ref:
-        return Ref(g.names[t], not g.has_data(t) and g.view_src[t] < 0, g.nbytes[t])
+        return g.refs[t]
 
     def copy_ref(self, g: CGraph, t: int, backend: int, c: int) -> Ref:
         """``ggml_dup_tensor_layout`` of ``t``, named ``BACKEND#name#c`` like ggml."""

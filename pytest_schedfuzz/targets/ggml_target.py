@@ -112,9 +112,12 @@ class GgmlTarget:
     ``engine`` describes the loaded ggml once the worker has started.
     """
 
-    def __init__(self, lib_dir: str | None = None, step_timeout: float = 60.0, start_timeout: float = 120.0, rpc_threads: int = 2) -> None:
+    def __init__(
+        self, lib_dir: str | None = None, step_timeout: float = 60.0, start_timeout: float = 120.0, rpc_threads: int = 2, bare: bool = False
+    ) -> None:
         self.lib_dir = lib_dir if lib_dir is not None else (os.environ.get(LIB_ENV) or None)
         self.step_timeout = step_timeout
+        self.bare = bare  # benchmarks: the scheduler without debug output, no splits recorded
         self.start_timeout = start_timeout
         self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
         self.engine: dict[str, str] = {}
@@ -125,8 +128,10 @@ class GgmlTarget:
         return self._worker.proc.pid if self._worker is not None else None
 
     def _start_worker(self) -> _Worker:
-        env = child_env(self.lib_dir, GGML_SCHED_DEBUG="2")
+        env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it would turn reallocations into aborts
+        if self.bare:
+            env.pop("GGML_SCHED_DEBUG", None)
         worker = _Worker(env)
         try:
             msg = worker.recv(self.start_timeout)
