@@ -84,9 +84,10 @@ class Case:
     def expected_failure(self) -> str | None:
         return self.expect["fail"] if isinstance(self.expect, Mapping) else None
 
-    def size(self) -> tuple[int, int]:
-        """(steps, op nodes over all graphs): what minimization reduces."""
-        return len(self.scenario.steps), sum(g.n_ops for _, g in self.scenario.graphs)
+    def size(self) -> tuple[int, int, int]:
+        """(steps, op nodes, leafs), over all graphs: what minimization reduces, in that order."""
+        graphs = [g for _, g in self.scenario.graphs]
+        return len(self.scenario.steps), sum(g.n_ops for g in graphs), sum(len(g.tensors) - g.n_ops for g in graphs)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -109,9 +109,11 @@ def _structural_candidates(sc: Scenario) -> Iterator[Scenario]:
     for gi, (name, g) in enumerate(sc.graphs):
         for k in range(len(g.forced)):
             yield _with_graph(sc, gi, replace(g, forced=g.forced[:k] + g.forced[k + 1 :]))
-        for k in range(len(g.roots)):
-            if len(g.roots) > 1:
-                yield _with_graph(sc, gi, _prune(replace(g, roots=g.roots[:k] + g.roots[k + 1 :])))
+    # a root goes from every graph that has it (graphs of one model shrink together)
+    for root in dict.fromkeys(r for _, g in sc.graphs for r in g.roots):
+        graphs = tuple((n, _prune(replace(g, roots=tuple(r for r in g.roots if r != root))) if root in g.roots else g) for n, g in sc.graphs)
+        if all(g.roots for _, g in graphs):
+            yield replace(sc, graphs=graphs)
 
 
 def _with_graph(sc: Scenario, gi: int, new: GraphSpec) -> Scenario:
