@@ -93,13 +93,13 @@ def scaling(repeats: int, release_lib: str | None) -> dict[str, Any]:
         for n_layer in LAYERS:
             sc = scaling_scenario(n_layer)
             g = sc.graph("g")
-            ref = _median(lambda: _reference_seconds(sc), repeats)
+            ref = _median(lambda sc=sc: _reference_seconds(sc), repeats)
             row: dict[str, Any] = {"layers": n_layer, "nodes": g.n_ops, "reference_s": ref}
             pred = predict(sc).records[1]
             row["splits"] = pred.n_splits
             for name, target in engines.items():
                 _engine_seconds(target, sc)  # warm up: servers, worker, persistent tensors
-                eng = _median(lambda: _engine_seconds(target, sc), repeats)
+                eng = _median(lambda target=target, sc=sc: _engine_seconds(target, sc), repeats)
                 row[f"{name}_s"] = eng
                 row[f"ratio_{name}"] = ref / eng
             rows.append(row)

@@ -48,6 +48,12 @@ def _fuzzer(args: argparse.Namespace) -> Fuzzer:
     return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, policy=args.policy, rereserve=args.rereserve, database=None))
 
 
+def _bad(e: CaseError, suffix: str = "") -> int:
+    """A corpus file that cannot be used: its error on stderr, exit status 2."""
+    print(f"schedfuzz: {e}{suffix}", file=sys.stderr)
+    return 2
+
+
 def _load_all(paths: Sequence[str]) -> list[Case]:
     """Every case named (files or corpus directories); a bad one raises CaseError."""
     cases = []
@@ -61,14 +67,13 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         cases = _load_all(args.cases)
     except CaseError as e:
-        print(f"schedfuzz: {e}", file=sys.stderr)
-        return 2
+        return _bad(e)
     fuzzer = _fuzzer(args)
     failed = 0
     try:
         for case in cases:
             print(f"== {case.path} [{case.property}] expect {case.expect}")
-            scenario = fuzzer.driver.scenario(case.workload) if case.workload else case.scenario
+            scenario = fuzzer.scenario_for(case)
             trace = fuzzer.run_engine(scenario)
             for r in trace.records:
                 print(f"  {r.index:2d}: {scenario.steps[r.index].describe():<48} splits={r.n_splits} graph_size={r.graph_size}")
@@ -98,8 +103,7 @@ def _minimize(args: argparse.Namespace) -> int:
     try:
         cases = _load_all(paths)
     except CaseError as e:
-        print(f"schedfuzz: {e} (nothing was changed)", file=sys.stderr)
-        return 2
+        return _bad(e, " (nothing was changed)")
     fuzzer = _fuzzer(args)
     kept: list[Case] = []
     try:
@@ -132,11 +136,10 @@ def _show(args: argparse.Namespace) -> int:
     try:
         case = load_case(args.case)
     except CaseError as e:
-        print(f"schedfuzz: {e}", file=sys.stderr)
-        return 2
+        return _bad(e)
     fuzzer = _fuzzer(args)
     try:
-        scenario = fuzzer.driver.scenario(case.workload) if case.workload else case.scenario
+        scenario = fuzzer.scenario_for(case)
         trace = fuzzer.run_engine(scenario)
     finally:
         fuzzer.close()

@@ -269,17 +269,20 @@ class Fuzzer:
             return Finding(prop, e.scenario, e.violation, e.workload)
         return None
 
+    def scenario_for(self, case: Case) -> Scenario:
+        """A case's scenario: its workload played by this run's driver, or the one it holds."""
+        return self.driver.scenario(case.workload) if case.workload is not None else case.scenario
+
     def screen(self, case: Case) -> list[str] | None:
         """The signatures the reference alone predicts for a case (the engine replaced by its
         prediction), where that says anything: a cheap filter before replaying on the engine."""
         if case.property != "no-same-size-realloc":
             return None
-        scenario = self.driver.scenario(case.workload) if case.workload is not None else case.scenario
+        scenario = self.scenario_for(case)
         p = self.predict(scenario)
         return [v.signature() for v in props.no_same_size_realloc(scenario, p, p)]
 
     def replay(self, case: Case) -> list[props.Violation]:
         """Check one saved case (no Hypothesis). A case with a workload is played again by
         this run's driver, so that it judges the current policy, not the recorded decisions."""
-        scenario = self.driver.scenario(case.workload) if case.workload is not None else case.scenario
-        return self.check(case.property, scenario)
+        return self.check(case.property, self.scenario_for(case))

@@ -106,7 +106,7 @@ def _structural_candidates(sc: Scenario) -> Iterator[Scenario]:
         if b.kind == "rpc":
             layout = BackendLayout(sc.layout.backends[:dev] + sc.layout.backends[dev + 1 :])
             yield Scenario(layout, tuple((n, _drop_device(sc.layout, g, dev)) for n, g in sc.graphs), sc.steps)
-    for gi, (name, g) in enumerate(sc.graphs):
+    for gi, (_, g) in enumerate(sc.graphs):
         for k in range(len(g.forced)):
             yield _with_graph(sc, gi, replace(g, forced=g.forced[:k] + g.forced[k + 1 :]))
     # a root goes from every graph that has it (graphs of one model shrink together)

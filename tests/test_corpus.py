@@ -155,3 +155,17 @@ def test_minimize_shrinks_a_several_hundred_node_case(tmp_path: Path):
     assert "-> " in run.stdout
     replay = subprocess.run([*SCHEDFUZZ, "replay", str(path)], capture_output=True, text=True, timeout=300)
     assert replay.returncode == 1 and "same size" in replay.stdout
+
+
+def test_show_draws_the_realloc_step_with_splits_and_the_named_node(tmp_path: Path):
+    path = save_case(tmp_path, topology_switch_case(2))
+    out = tmp_path / "case.dot"
+    run = subprocess.run([*SCHEDFUZZ, "show", str(path), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "## SPLIT #0: CPU" in run.stdout and "step 4: alloc(A32)" in run.stdout
+    dot = out.read_text()
+    assert "cluster_split0" in dot and "cluster_split1" in dot  # one box per split
+    assert "label=copy" in dot  # a copy between devices
+    assert '"inp_embd" [label=' in dot and "penwidth=4, color=red" in dot  # the node ggml's reason names
+    bad = subprocess.run([*SCHEDFUZZ, "show", str(path), "-o", str(tmp_path / "case.gif")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "must be .svg, .png or .dot" in bad.stderr
