@@ -6,7 +6,9 @@
 2. harness overhead: a full fuzzing step ÷ the bare engine calls it contains;
 3. examples per second of each property under the dev and ci profiles;
 4. time to the first failure of each planted fault of the plugin's tests (median of seeds);
-5. examples per second with pytest-xdist ``-n 1`` against ``-n 2``.
+5. examples per second with pytest-xdist ``-n 1`` against ``-n 2`` (120 examples per property
+   by default: each worker starts its own engine and RPC servers, which short runs do not
+   amortize).
 
 The engine is timed inside its worker (``StepRecord.seconds``: the ggml calls alone), with
 ``GGML_SCHED_DEBUG`` off. Flash attention stays off the RPC devices: each FA node there costs
@@ -192,7 +194,9 @@ def xdist(examples: int) -> dict[str, Any]:
     return out
 
 
-def run(repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all") -> dict[str, Any]:
+def run(
+    repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 120
+) -> dict[str, Any]:
     chosen = set(sections.split(",")) if sections != "all" else {"scaling", "overhead", "examples", "failure", "xdist"}
     results: dict[str, Any] = {}
     if "scaling" in chosen:
@@ -204,7 +208,7 @@ def run(repeats: int = 5, release_lib: str | None = None, examples: int = 20, se
     if "failure" in chosen:
         results["time_to_first_failure"] = time_to_failure(seeds)
     if "xdist" in chosen:
-        results["xdist"] = xdist(examples)
+        results["xdist"] = xdist(xdist_examples)
     return results
 
 
@@ -242,7 +246,7 @@ def main(args: Any) -> int:
     release = args.release_lib
     if args.build_release:
         release = str(build_release(Path(args.build_release)))
-    results = run(args.repeats, release, args.examples, args.seeds, args.sections)
+    results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples)
     print(report(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

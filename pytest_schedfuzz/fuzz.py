@@ -227,16 +227,19 @@ class Fuzzer:
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case
 
-    def fuzz(self, prop: str, examples: int | None = None) -> Finding | None:
-        """Run Hypothesis on one property; the shrunk failing case, or None."""
+    def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1) -> Finding | None:
+        """Run Hypothesis on one property; the shrunk failing case, or None. With ``shards``
+        (one per pytest-xdist worker) this runs shard ``shard``: its share of the examples,
+        under seed ``seed + shard``."""
         n = examples or self.config.examples or self.profile.examples
+        n = -(-n // shards)
         db = DirectoryBasedExampleDatabase(str(self.config.database)) if self.config.database else None
         # shrink towards the first failure's signature only, so that a case keeps its finding
         target: list[str] = []
         start = time.monotonic()
         self.first_failure = None
 
-        @hypothesis_seed(self.seed)
+        @hypothesis_seed(self.seed + shard)
         @settings(
             max_examples=n,
             deadline=None,

@@ -160,8 +160,13 @@ class SchedfuzzSuite(pytest.Collector):
         # the corpus first: known findings are replayed before new fuzzing
         for path in case_files(session.corpus):
             yield CaseItem.from_parent(self, name=f"corpus/{path.stem}", path_=path)
+        # under pytest-xdist each property is split into one shard per worker, so that the
+        # workers share the fuzzing evenly (every worker collects the same items)
+        shards = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
         for prop in session.properties:
-            yield PropertyItem.from_parent(self, name=prop, prop=prop)
+            for k in range(shards):
+                name = prop if shards == 1 else f"{prop}[{k}]"
+                yield PropertyItem.from_parent(self, name=name, prop=prop, shard=k, shards=shards)
 
 
 class SchedfuzzFailure(Exception):
@@ -212,9 +217,10 @@ class CorpusFailure(Exception):
 
 
 class PropertyItem(pytest.Item):
-    def __init__(self, *, prop: str, **kw: Any) -> None:
+    def __init__(self, *, prop: str, shard: int = 0, shards: int = 1, **kw: Any) -> None:
         super().__init__(**kw)
         self.prop = prop
+        self.shard, self.shards = shard, shards
         self.add_marker("schedfuzz")
 
     def runtest(self) -> None:
@@ -222,7 +228,7 @@ class PropertyItem(pytest.Item):
         fuzzer = session.fuzzer
         before = fuzzer.stats.as_dict()
         try:
-            finding = fuzzer.fuzz(self.prop)
+            finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards)
         finally:
             after = fuzzer.stats.as_dict()
             delta = {k: after[k] - before[k] for k in after if k != "findings"}
@@ -242,7 +248,7 @@ class PropertyItem(pytest.Item):
         return super().repr_failure(excinfo, style)  # type: ignore[arg-type]
 
     def reportinfo(self) -> tuple[Path | str, int | None, str]:
-        return "schedfuzz", None, f"schedfuzz::{self.prop}"
+        return "schedfuzz", None, f"schedfuzz::{self.name}"
 
 
 @pytest.fixture(scope="session")

@@ -108,6 +108,8 @@ class Ggml:
         self.lib.ggml_backend_sched_get_tensor_backend.restype = ctypes.c_void_p
         self.step = -1
         self.log = SchedLog()
+        # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
+        self.backends: dict[tuple[str, str], int] = {}
         self._log_cb = self.g.ggml_log_callback(self._on_log)
         self.g.ggml_log_set(self._log_cb, None)
         self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
@@ -288,9 +290,14 @@ class ScenarioRun:
         if layout.n_rpc and not self.g.GGML_USE_RPC:
             raise Unsupported("this ggml was built without the RPC backend (GGML_RPC=OFF)")
         rpc = iter(endpoints)
+        pool = self.eng.backends
         for b in layout.backends:
+            key = (b.kind, next(rpc) if b.kind == "rpc" else "")
+            if key in pool:
+                self.backends.append(pool[key])
+                continue
             if b.kind == "rpc":
-                endpoint = next(rpc).encode()
+                endpoint = key[1].encode()
                 # ggml_backend_rpc_init does not check the server: it crashes on a dead one
                 free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
                 self.g.ggml_backend_rpc_get_device_memory(endpoint, 0, ctypes.byref(free), ctypes.byref(total))
@@ -305,6 +312,7 @@ class ScenarioRun:
                 backend = self.g.ggml_backend_cpu_init()
             if not backend:
                 raise TargetError(f"could not initialize the {b.kind} backend")
+            pool[key] = backend
             self.backends.append(backend)
 
     @staticmethod
@@ -525,7 +533,7 @@ class ScenarioRun:
         return "\nlast lines of ggml's log:\n" + "\n".join(self.eng.log.tail)
 
     def close(self) -> None:
-        """Free the scheduler, graphs, weight buffers and backends, in that order."""
+        """Free the scheduler, graphs and weight buffers, in that order (backends are pooled)."""
         g = self.g
         if self.sched is not None:
             g.ggml_backend_sched_free(self.sched)
@@ -538,8 +546,6 @@ class ScenarioRun:
         for ctx in self.persistent.ctxs:
             g.ggml_free(ctx)
         self.persistent = _Persistent()
-        for backend in self.backends:
-            g.ggml_backend_free(backend)
         self.backends.clear()
 
 
