@@ -143,7 +143,9 @@ def _moe(b: GraphBuilder, m: ModelShape, il: int, dev: int, h: str, n_tokens: in
     """``build_moe_ffn``: routed experts through ``mul_mat_id``, summed over the used experts."""
     p = f"blk.{il}."
     k = m.n_expert_used
-    ids = b.input(f"expert_ids-{il}", (k, n_tokens), "i32")
+    # the router's choice (argsort/top-k in llama.cpp) is one input shared by all layers here:
+    # one input per layer would make every deep MoE graph hit ggml's 30-graph-inputs limit
+    ids = b.by_name("inp_expert_ids") or b.input("inp_expert_ids", (k, n_tokens), "i32")
     up_e = b.weight(p + "ffn_up_exps", (m.n_embd, m.n_ff, m.n_expert), dev, m.weight_type)
     gate_e = b.weight(p + "ffn_gate_exps", (m.n_embd, m.n_ff, m.n_expert), dev, m.weight_type)
     down_e = b.weight(p + "ffn_down_exps", (m.n_ff, m.n_embd, m.n_expert), dev, m.weight_type)

@@ -161,6 +161,9 @@ class GraphSpec:
     def n_ops(self) -> int:
         return sum(1 for t in self.tensors if not t.is_leaf)
 
+    def __repr__(self) -> str:
+        return f"GraphSpec({self.label or 'graph'}: {self.n_ops} ops, {len(self.tensors) - self.n_ops} leafs)"
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tensors": [t.to_json() for t in self.tensors], "roots": list(self.roots)}
         if self.forced:
@@ -299,6 +302,12 @@ class Scenario:
     def graph(self, name: str) -> GraphSpec:
         return self.graph_map[name]
 
+    def __repr__(self) -> str:
+        kinds = ", ".join(b.kind for b in self.layout.backends)
+        graphs = ", ".join(f"{n}: {g!r}" for n, g in self.graphs)
+        steps = "; ".join(s.describe() for s in self.steps)
+        return f"Scenario([{kinds}], {{{graphs}}}, [{steps}])"
+
     def validate(self) -> None:
         for name, g in self.graphs:
             try:
@@ -385,6 +394,10 @@ class GraphBuilder:
         geo = infer(op, [self._geo[a] if a is not None else None for a in args], args, params)
         frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
         return self._add(TensorSpec(name, op, geo.type, (), tuple(args), frozen, output=output), geo)
+
+    def by_name(self, name: str) -> str | None:
+        """``name`` if a tensor of that name was already added."""
+        return name if name in self._geo else None
 
     def force(self, name: str, backend: int) -> None:
         self.forced.append((name, backend))

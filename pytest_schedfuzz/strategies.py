@@ -108,9 +108,10 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
 
 
 @st.composite
-def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4) -> ModelShape:
+def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extra_ops: int = 0) -> ModelShape:
     """A llama-like model: layers split over the devices in blocks (``--tensor-split``),
-    optionally FFN weights overridden to another device (``-ot``), FA or not, MoE or dense."""
+    optionally FFN weights overridden to another device (``-ot``), FA or not, MoE or dense;
+    up to ``max_extra_ops`` elementwise ops per layer scale it to thousands of nodes."""
     n_layer = draw(st.integers(1, max_layers))
     cuts = sorted(draw(st.lists(st.integers(0, n_layer), min_size=layout.n - 1, max_size=layout.n - 1)))
     layer_devices = tuple(sum(c <= il for c in cuts) for il in range(n_layer))
@@ -130,23 +131,25 @@ def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4) -> Model
         n_expert=4 if moe else 0,
         n_expert_used=2,
         ffn_devices=ffn,
+        extra_ops=draw(st.integers(0, max_extra_ops)),
     )
 
 
 @st.composite
-def llama_graphs(draw: st.DrawFn, layout: BackendLayout) -> GraphSpec:
-    m = draw(models(layout))
+def llama_graphs(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extra_ops: int = 0) -> GraphSpec:
+    m = draw(models(layout, max_layers, max_extra_ops))
     n_tokens = draw(st.integers(1, 16))
     n_kv = draw(st.integers(n_tokens, m.kv_size))
     return llama_graph(m, n_tokens, n_kv, draw(st.integers(1, n_tokens)))
 
 
 @st.composite
-def param_sequences(draw: st.DrawFn, min_size: int = 1, max_size: int = 4) -> list[SchedParams]:
+def param_sequences(draw: st.DrawFn, min_size: int = 1, max_size: int = 4, min_nodes: int = 1024) -> list[SchedParams]:
     """Sequences of scheduler parameters as ``llama_context`` changes them: each after the
     first changes one field (a new max_nodes for a bigger model graph, pipeline parallelism
-    switched off after a failed reservation, op offload toggled)."""
-    max_nodes = st.sampled_from((1024, 2048, 4096, 8192))
+    switched off after a failed reservation, op offload toggled). ``max_nodes`` is 1, 2, 4 or
+    8 times ``min_nodes`` (llama.cpp's ``graph_max_nodes`` for the model)."""
+    max_nodes = st.sampled_from(tuple(min_nodes * k for k in (1, 2, 4, 8)))
     seq = [SchedParams(draw(max_nodes), draw(st.booleans()), draw(st.booleans()))]
     for _ in range(draw(st.integers(min_size, max_size)) - 1):
         p = seq[-1]
@@ -161,13 +164,23 @@ def param_sequences(draw: st.DrawFn, min_size: int = 1, max_size: int = 4) -> li
 
 
 @st.composite
-def workloads(draw: st.DrawFn, layout: BackendLayout | None = None, max_ubatches: int = 6, min_reconfigures: int = 0) -> Workload:
+def workloads(
+    draw: st.DrawFn,
+    layout: BackendLayout | None = None,
+    max_ubatches: int = 6,
+    min_reconfigures: int = 0,
+    max_layers: int = 2,
+    max_extra_ops: int = 0,
+) -> Workload:
     """A first configuration, then ubatches (prompt chunks and single tokens, with all or some
     outputs) interleaved with at least ``min_reconfigures`` reconfigurations."""
     layout = layout or draw(layouts(max_rpc=1))
-    m = draw(models(layout, max_layers=2))
+    m = draw(models(layout, max_layers, max_extra_ops))
     n_ubatch = draw(st.sampled_from((8, 16, 32)))
-    first, *rest = draw(param_sequences(min_size=1 + min_reconfigures, max_size=4 + min_reconfigures))
+    # like llama_context::graph_max_nodes: at least 1024, and room for the largest graph
+    need = len(llama_graph(m, n_ubatch, m.kv_size, n_ubatch).tensors)
+    min_nodes = max(1024, 1024 * -(-2 * need // 1024))
+    first, *rest = draw(param_sequences(min_size=1 + min_reconfigures, max_size=4 + min_reconfigures, min_nodes=min_nodes))
     events: list[Ubatch | Reconfigure] = [Reconfigure(first)]
     for _ in range(draw(st.integers(1, max_ubatches))):
         if rest and draw(st.integers(0, 3)) == 0:
@@ -184,13 +197,17 @@ def workloads(draw: st.DrawFn, layout: BackendLayout | None = None, max_ubatches
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, max_rpc: int = 2, max_steps: int = 6, compute: bool = False) -> Scenario:
+def scenarios(
+    draw: st.DrawFn, max_rpc: int = 2, max_steps: int = 6, compute: bool = False, max_layers: int = 4, max_extra_ops: int = 0
+) -> Scenario:
     """A layout, up to three graphs (random or llama-like) and a step sequence over them."""
     layout = draw(layouts(max_rpc=max_rpc))
-    specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout)), min_size=1, max_size=3))
+    specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout, max_layers, max_extra_ops)), min_size=1, max_size=3))
     names = [f"g{i}" for i in range(len(specs))]
     biggest = max(len(s.tensors) for s in specs)
-    params = st.builds(SchedParams, max_nodes=st.integers(2 * biggest + 16, 4096), parallel=st.booleans(), op_offload=st.booleans())
+    params = st.builds(
+        SchedParams, max_nodes=st.integers(2 * biggest + 16, max(4096, 4 * biggest)), parallel=st.booleans(), op_offload=st.booleans()
+    )
     kinds = ("reserve", "alloc", "alloc", "reset") + (("compute",) if compute else ())
     steps = [Step("sched_new", params=draw(params))]
     for _ in range(draw(st.integers(1, max_steps))):
