@@ -29,6 +29,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"schedfuzz: {e}", file=sys.stderr)
         return 2
+    fuzzer.learn_known_bugs(Path(args.corpus))
     print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}")
     findings = []
     try:
@@ -189,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _engine_args(run)
     run.add_argument("--reference", help="replace the reference's predict with MODULE:CALLABLE")
     run.add_argument("--properties", help="comma-separated property ids")
+    run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again")
     run.set_defaults(func=_run)
     rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
     rp.add_argument("cases", nargs="+", help="case files or corpus directories")

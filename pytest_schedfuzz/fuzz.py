@@ -93,6 +93,7 @@ class Stats:
     reallocs_same: int = 0
     reallocs_changed: int = 0
     splits: int = 0
+    known: int = 0  # violations matching a known engine bug of the corpus
     findings: dict[str, int] = field(default_factory=dict)
 
     def add_trace(self, trace: Trace) -> None:
@@ -107,13 +108,13 @@ class Stats:
                 self.reallocs_changed += 1
 
     def merge(self, other: dict[str, Any]) -> None:
-        for k in ("examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits"):
+        for k in ("examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known"):
             setattr(self, k, getattr(self, k) + int(other.get(k, 0)))
         for p, n in other.get("findings", {}).items():
             self.findings[p] = self.findings.get(p, 0) + n
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits")} | {
+        return {k: getattr(self, k) for k in ("examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known")} | {
             "findings": dict(self.findings)
         }
 
@@ -123,6 +124,7 @@ class Stats:
             f"graphs reused = {self.graphs_reused}",
             f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
             f"splits = {self.splits}",
+            f"known engine bugs seen again = {self.known}",
         ]
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
         return lines
@@ -170,6 +172,7 @@ class Fuzzer:
         self.driver = Driver(self.policy, config.rereserve)
         self.predict: Predict = _load(config.reference, "--schedfuzz-reference") if config.reference else reference_predict
         self.stats = Stats()
+        self.known: set[str] = set()  # signatures of known engine bugs, not reported again
         self.started = time.monotonic()
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self._target: Target | None = None
@@ -262,6 +265,10 @@ class Fuzzer:
                 found = self.check(prop, scenario)
             except Unsupported:
                 return
+            # a known engine bug (an expect-fail case of the corpus) found again is not news
+            known = [v for v in found if v.signature() in self.known]
+            self.stats.known += len(known)
+            found = [v for v in found if v.signature() not in self.known]
             if found and self.first_failure is None:
                 self.first_failure = time.monotonic() - start
             if found and (not target or found[0].signature() == target[0]):
@@ -274,6 +281,19 @@ class Fuzzer:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
             return Finding(prop, e.scenario, e.violation, e.workload)
         return None
+
+    def learn_known_bugs(self, directory: Path) -> None:
+        """Remember the signatures of the corpus's expect-fail cases (unreadable files are
+        reported by their own corpus items)."""
+        from .corpus import CaseError, case_files, load_case
+
+        for path in case_files(directory):
+            try:
+                case = load_case(path)
+            except CaseError:
+                continue
+            if case.expected_failure is not None:
+                self.known.add(case.signature)
 
     def scenario_for(self, case: Case) -> Scenario:
         """A case's scenario: its workload played by this run's driver, or the one it holds."""

@@ -111,6 +111,7 @@ class SchedfuzzSession:
         if self._fuzzer is None:
             try:
                 self._fuzzer = self._fuzzer_cls(self.fuzz_config)
+                self._fuzzer.learn_known_bugs(self.corpus)
             except ValueError as e:
                 raise pytest.UsageError(str(e)) from None
         return self._fuzzer

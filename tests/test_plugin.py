@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,20 @@ def test_saved_finding_is_replayed_first_and_judges_the_current_policy(fuzz, pyt
     # the fixed (default) policy: the case passes
     fixed = fuzz("--schedfuzz-properties", "reuse-sound")
     fixed.assert_outcomes(passed=2)
+
+
+def test_junitxml_carries_the_property_and_the_case_file(fuzz, pytester: pytest.Pytester):
+    fuzz("--schedfuzz-policy", "planted:ignore_op_offload", "--schedfuzz-properties", "reuse-sound", "--junitxml=out.xml")
+    xml = (pytester.path / "out.xml").read_text()
+    (case,) = sorted((pytester.path / "corpus").glob("*.json"))
+    assert '<property name="schedfuzz_property" value="reuse-sound"' in xml
+    assert f'<property name="schedfuzz_case" value="{case}"' in xml
+
+
+def test_schedfuzz_run_exits_non_zero_on_findings(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    cli = (sys.executable, "-m", "pytest_schedfuzz.cli", "run", "--seed", "1")
+    good = pytester.run(*cli, "--properties", "reuse-complete,matches-reference", timeout=300)
+    assert good.ret == 0 and "graph reallocs = " in good.stdout.str()
+    bad = pytester.run(*cli, "--properties", "reuse-complete", "--policy", "planted:never", timeout=300)
+    assert bad.ret == 1 and "reuse-complete: FAIL" in bad.stdout.str()

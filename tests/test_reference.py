@@ -14,6 +14,7 @@ from pytest_schedfuzz.models import ModelShape, llama_graph
 from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step
 from pytest_schedfuzz.trace import StepRecord
 from reference import SchedParams
+from reference.backends import Backends
 from reference.graph import CGraph, forward_order, tensor_graph
 from reference.predict import predict
 from reference.sched import Scheduler, ggml_hash_size
@@ -338,6 +339,15 @@ RULE_TESTS: list[tuple[str, Callable[[], None], Callable[[pytest.MonkeyPatch], N
     ("pass 4 views", test_pass4_views_follow_their_view_source, lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.view_src.__setitem__(slice(None), [-1] * len(g.view_src))))),
     ("weight split", test_pass5_new_split_for_weight_on_incompatible_backend, lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.weights.__setitem__(slice(None), [False] * len(g.weights))))),
     ("ids swap", test_topology_switch_forgets_the_larger_reservation, lambda mp: mp.setattr("reference.sched.gallocr_needs_realloc", lambda plan, copy: None)),
+    ("op_offload", test_pass1_op_offload_moves_host_weight_ops_to_an_offloading_backend, lambda mp: mp.setattr(Backends, "offload_op", lambda s, b, g, t: False)),
+    ("inputs on the last backend", test_pass1_weights_pull_ops_to_their_backend,
+     lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.input.__setitem__(slice(None), [False] * len(g.input))))),
+    ("split inputs limit", test_pass5_new_split_when_split_inputs_are_full, lambda mp: mp.setattr("reference.sched.MAX_SPLIT_INPUTS", 1000)),
+    ("n_copies", test_pass5_parallel_makes_n_copies_and_graph_size_counts_them, lambda mp: mp.setattr("reference.sched.MAX_COPIES", 1)),
+    ("same buffer type", test_backend_ids_changed_only_across_buffer_types,
+     lambda mp: mp.setattr("reference.sched._ids_changed", lambda cur, prev, n, bufts: any(
+         (cur[i] if i < len(cur) else 0) != (prev[i] if i < len(prev) else 0) for i in range(n)))),
+    ("allocation sizes", test_alloc_larger_than_reservation_reallocs_naming_the_node, lambda mp: mp.setattr("reference.sched._valid", lambda size_max, t: True)),
 ]
 
 
