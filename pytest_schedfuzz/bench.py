@@ -6,7 +6,7 @@
 2. harness overhead: a full fuzzing step ÷ the bare engine calls it contains;
 3. examples per second of each property under the dev and ci profiles;
 4. time to the first failure of each planted fault of the plugin's tests (median of seeds);
-5. examples per second with pytest-xdist ``-n 1`` against ``-n 2`` (120 examples per property
+5. examples per second with pytest-xdist ``-n 1`` against ``-n 2`` (500 examples per property
    by default: each worker starts its own engine and RPC servers, which short runs do not
    amortize).
 
@@ -197,7 +197,7 @@ def xdist(examples: int) -> dict[str, Any]:
 
 
 def run(
-    repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 120
+    repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500
 ) -> dict[str, Any]:
     chosen = set(sections.split(",")) if sections != "all" else {"scaling", "overhead", "examples", "failure", "xdist"}
     results: dict[str, Any] = {}
