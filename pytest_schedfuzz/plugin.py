@@ -102,19 +102,14 @@ class SchedfuzzSession:
         for p in self.properties:
             if p not in PROPERTY_IDS:
                 raise pytest.UsageError(f"--schedfuzz-properties: unknown property {p!r} (known: {', '.join(PROPERTY_IDS)})")
-        self._fuzzer: Fuzzer | None = None
-        self._fuzzer_cls = Fuzzer
         self.stats = Stats()
-
-    @property
-    def fuzzer(self) -> Any:
-        if self._fuzzer is None:
-            try:
-                self._fuzzer = self._fuzzer_cls(self.fuzz_config)
-                self._fuzzer.learn_known_bugs(self.corpus)
-            except ValueError as e:
-                raise pytest.UsageError(str(e)) from None
-        return self._fuzzer
+        # built now, so that a bad --schedfuzz-policy or --schedfuzz-reference is a usage error
+        # at startup; the engine itself starts with the first case
+        try:
+            self.fuzzer = Fuzzer(self.fuzz_config)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        self.fuzzer.learn_known_bugs(self.corpus)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         fc = self.fuzz_config
@@ -147,8 +142,7 @@ class SchedfuzzSession:
             terminalreporter.write_line(line)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if self._fuzzer is not None:
-            self._fuzzer.close()
+        self.fuzzer.close()
 
 
 class SchedfuzzSuite(pytest.Collector):
