@@ -24,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from reference.params import SchedParams
 from reference.predict import predict

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
-
+from collections.abc import Sequence
 from pathlib import Path
 
 from .corpus import Case, CaseError, case_files, load_case, save_case

@@ -13,9 +13,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import jsonschema
 

@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from reference.params import SchedParams
 

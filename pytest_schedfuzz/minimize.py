@@ -8,8 +8,8 @@ shrink ubatches. A candidate is kept only when replaying it still shows the same
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Callable, Iterator, Sequence
 
 from tqdm import tqdm
 

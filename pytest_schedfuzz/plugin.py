@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -7,8 +7,8 @@ the scheduler's own terms, and the facts that make up its failure signature.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
 
 from reference.params import SchedParams
 

@@ -9,9 +9,10 @@ steps over named graph specs.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from reference.params import SchedParams
 

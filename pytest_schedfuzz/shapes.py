@@ -12,8 +12,8 @@ the real-engine target rely on these figures; the target checks them against wha
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 Shape = tuple[int, int, int, int]
 

@@ -6,8 +6,9 @@ of the same shape; properties compare them. Everything is plain data with a JSON
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 # GGML_SCHED_MAX_SPLIT_INPUTS in ggml-backend.cpp: graph_size counts this many inputs per split
 MAX_SPLIT_INPUTS = 30

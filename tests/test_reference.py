@@ -6,7 +6,7 @@ Each test names the rule of ``ggml_backend_sched_split_graph`` / ``ggml-alloc.c`
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -6,20 +6,20 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from pytest_schedfuzz.models import ModelShape, llama_graph
 from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
 from pytest_schedfuzz.shapes import Geometry, new_tensor
-from pytest_schedfuzz.trace import graph_size
 from pytest_schedfuzz.targets import Target, Unsupported, load_target
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from pytest_schedfuzz.targets.rpc import free_port, port_accepts
 from pytest_schedfuzz.targets.schedlog import SchedLog
 from pytest_schedfuzz.targets.worker import GeometryMismatch, check_geometry
+from pytest_schedfuzz.trace import graph_size
 from reference.params import SchedParams
 
 RPC_CPU = BackendLayout.of("rpc", "cpu")

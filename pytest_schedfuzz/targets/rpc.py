@@ -20,10 +20,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Sequence
+from typing import IO
 
 from .ggml_lib import child_env
 

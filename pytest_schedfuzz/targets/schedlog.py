@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 _HEADER = re.compile(r"^## SPLIT #(\d+): (.*) # (\d+) inputs$", re.DOTALL)
 _INPUT = re.compile(r"^\[(.*) \(.{5}\)\] $", re.DOTALL)

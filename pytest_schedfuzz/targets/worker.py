@@ -31,9 +31,10 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
