@@ -41,3 +41,33 @@ def test_engine_and_reference_agree_on_200_scenarios(engine: GgmlTarget):
     agree()
     assert sum(seen.values()) >= 200 and set(seen) == {0, 1, 2}
     assert events > 100  # the comparison covered many realloc events
+
+
+def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine: GgmlTarget):
+    """GGML_SCHED_DEBUG_REALLOC=1 makes ggml abort on a same-size realloc in
+    ggml_backend_sched_alloc_splits: it must abort exactly at the first step where the
+    observed trace has a same-size realloc through the scheduler, and nowhere else."""
+    from pytest_schedfuzz.driver import Driver
+    from pytest_schedfuzz.strategies import workloads
+
+    driver = Driver(rereserve=False)
+    outcomes: Counter[str] = Counter()
+    with GgmlTarget(debug_realloc=True) as oracle:
+
+        @seed(7)
+        @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(workloads(max_ubatches=6))
+        def agree(w) -> None:
+            scenario = driver.scenario(w)
+            observed, checked = engine.run(scenario), oracle.run(scenario)
+            first = next((e.step for e in observed.events if e.same_size and e.via == "sched"), None)
+            if first is None:
+                assert checked.abort is None
+                outcomes["no same-size realloc"] += 1
+            else:
+                assert checked.abort is not None and checked.abort.step == first
+                assert "unexpected graph reallocation" in checked.abort.message
+                outcomes["same-size realloc"] += 1
+
+        agree()
+    assert outcomes["same-size realloc"] and outcomes["no same-size realloc"]

@@ -109,15 +109,24 @@ class GgmlTarget:
 
     ``lib_dir`` defaults to ``$SCHEDFUZZ_GGML_LIB``. ``step_timeout`` bounds each step (and the
     setup of a scenario's backends); ``start_timeout`` bounds the worker's startup probe.
-    ``engine`` describes the loaded ggml once the worker has started.
+    ``engine`` describes the loaded ggml once the worker has started. ``debug_realloc`` runs
+    ggml with ``GGML_SCHED_DEBUG_REALLOC=1``: ggml's own check, which aborts on a same-size
+    realloc in ``ggml_backend_sched_alloc_splits`` (an independent oracle for that property).
     """
 
     def __init__(
-        self, lib_dir: str | None = None, step_timeout: float = 60.0, start_timeout: float = 120.0, rpc_threads: int = 2, bare: bool = False
+        self,
+        lib_dir: str | None = None,
+        step_timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        rpc_threads: int = 2,
+        bare: bool = False,
+        debug_realloc: bool = False,
     ) -> None:
         self.lib_dir = lib_dir if lib_dir is not None else (os.environ.get(LIB_ENV) or None)
         self.step_timeout = step_timeout
         self.bare = bare  # benchmarks: the scheduler without debug output, no splits recorded
+        self.debug_realloc = debug_realloc
         self.start_timeout = start_timeout
         self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
         self.engine: dict[str, str] = {}
@@ -129,7 +138,9 @@ class GgmlTarget:
 
     def _start_worker(self) -> _Worker:
         env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
-        env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it would turn reallocations into aborts
+        env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it turns same-size reallocations into aborts
+        if self.debug_realloc:
+            env["GGML_SCHED_DEBUG_REALLOC"] = "1"
         if self.bare:
             env.pop("GGML_SCHED_DEBUG", None)
         worker = _Worker(env)
