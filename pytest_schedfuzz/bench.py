@@ -80,7 +80,8 @@ def build_release(dest: Path) -> Path:
     lib = dest / "ggml" / "lib"
     if not (lib / "libggml-base.so").exists():
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-binary", "ggml-python", "--target", str(dest),
+            # --no-cache-dir: pip would reuse a cached wheel of another build type
+            [sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--no-binary", "ggml-python", "--target", str(dest),
              "ggml-python==0.0.45", "--config-settings=cmake.build-type=Release", "--config-settings=cmake.define.GGML_RPC=ON"],
             check=True,
         )

@@ -57,8 +57,8 @@ OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
 NO_REALLOC_FIX = (
     "ggml logged no graph reallocation for a graph that must reallocate: its debug logging is "
     "compiled out (NDEBUG). Rebuild ggml-python as a Debug build: pip install --force-reinstall "
-    "--no-binary ggml-python ggml-python==0.0.45 --config-settings=cmake.build-type=Debug "
-    "--config-settings=cmake.define.GGML_RPC=ON"
+    "--no-cache-dir --no-binary ggml-python ggml-python==0.0.45 --config-settings=cmake.build-type=Debug "
+    "--config-settings=cmake.define.GGML_RPC=ON (--no-cache-dir: pip's wheel cache ignores build settings)"
 )
 
 
