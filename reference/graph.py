@@ -30,28 +30,28 @@ def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
     """
     geo = spec.geometry
     g = nx.DiGraph()
-    for t in spec.tensors:
-        view_src = geo[t.name].view_src
-        g.add_node(
+    g.add_nodes_from(
+        (
             t.name,
-            op=t.op,
-            view_op=t.op in VIEW_OPS,
-            view_src=view_src,
-            buffer=t.device if t.role in ("weight", "cache") else None,
-            weights=t.role == "weight",
-            input=t.role == "input",
-            output=t.output,
-            nbytes=nbytes(geo[t.name]),
-            type=geo[t.name].type,
-            ne0=geo[t.name].ne[0],
-            ne1=geo[t.name].ne[1],
-            contiguous=is_contiguous(geo[t.name]),
+            {
+                "op": t.op,
+                "srcs": t.srcs,
+                "view_op": t.op in VIEW_OPS,
+                "view_src": geo[t.name].view_src,
+                "buffer": t.device if t.role in ("weight", "cache") else None,
+                "weights": t.role == "weight",
+                "input": t.role == "input",
+                "output": t.output,
+                "nbytes": nbytes(geo[t.name]),
+                "type": geo[t.name].type,
+                "ne0": geo[t.name].ne[0],
+                "ne1": geo[t.name].ne[1],
+                "contiguous": is_contiguous(geo[t.name]),
+            },
         )
-        for slot, src in enumerate(t.srcs):
-            if src is not None:
-                g.add_edge(src, t.name, slot=slot)
-    for t in spec.tensors:
-        g.nodes[t.name]["srcs"] = t.srcs
+        for t in spec.tensors
+    )
+    g.add_edges_from((src, t.name, {"slot": slot}) for t in spec.tensors for slot, src in enumerate(t.srcs) if src is not None)
     return g
 
 
@@ -66,6 +66,7 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
     >>> forward_order(g, ("d",))
     (['c', 'd'], ['a', 'b'])
     """
+    attrs = dict(g.nodes(data=True))
     visited: set[str] = set()
     nodes: list[str] = []
     leafs: list[str] = []
@@ -78,14 +79,14 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
                 if name in visited:
                     continue
                 visited.add(name)
-            srcs = g.nodes[name]["srcs"]
+            srcs = attrs[name]["srcs"]
             while i < len(srcs) and (srcs[i] is None or srcs[i] in visited):
                 i += 1
             if i < len(srcs):
                 stack.append((name, i + 1))
                 stack.append((srcs[i], 0))
                 continue
-            (leafs if g.nodes[name]["op"] == "none" else nodes).append(name)
+            (leafs if attrs[name]["op"] == "none" else nodes).append(name)
     return nodes, leafs
 
 
@@ -136,7 +137,8 @@ class CGraph:
             if extra not in index:
                 index[extra] = len(names)
                 names.append(extra)
-        a = [g.nodes[n] for n in names]
+        data = dict(g.nodes(data=True))
+        a = [data[n] for n in names]
         cg = CGraph(
             names=names,
             n_nodes=len(nodes),
