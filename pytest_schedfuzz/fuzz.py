@@ -44,13 +44,16 @@ class Profile:
     derandomize: bool
     max_layers: int = 4  # llama-like graphs: layers, and extra elementwise ops per layer
     max_extra_ops: int = 0
+    blas: bool = False  # layouts with a BLAS backend (skipped where ggml has none)
 
 
 PROFILES: dict[str, Profile] = {
     "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False),
     "ci": Profile(examples=25, max_rpc=2, max_steps=6, budget=240.0, derandomize=True),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
-    "nightly": Profile(examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200),
+    "nightly": Profile(
+        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True
+    ),
 }
 
 
@@ -229,7 +232,7 @@ class Fuzzer:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
             reconf = 0 if prop == "no-same-size-realloc" else 1
             return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops)
-        return scenarios(p.max_rpc, p.max_steps, prop == "no-abort", p.max_layers, p.max_extra_ops)
+        return scenarios(p.max_rpc, p.max_steps, prop == "no-abort", p.max_layers, p.max_extra_ops, p.blas)
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case

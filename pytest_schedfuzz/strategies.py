@@ -198,10 +198,16 @@ def workloads(
 
 @st.composite
 def scenarios(
-    draw: st.DrawFn, max_rpc: int = 2, max_steps: int = 6, compute: bool = False, max_layers: int = 4, max_extra_ops: int = 0
+    draw: st.DrawFn,
+    max_rpc: int = 2,
+    max_steps: int = 6,
+    compute: bool = False,
+    max_layers: int = 4,
+    max_extra_ops: int = 0,
+    blas: bool = False,
 ) -> Scenario:
     """A layout, up to three graphs (random or llama-like) and a step sequence over them."""
-    layout = draw(layouts(max_rpc=max_rpc))
+    layout = draw(layouts(max_rpc=max_rpc, blas=blas))
     specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout, max_layers, max_extra_ops)), min_size=1, max_size=3))
     names = [f"g{i}" for i in range(len(specs))]
     biggest = max(len(s.tensors) for s in specs)

@@ -4,7 +4,9 @@ RPC devices plus the CPU."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
@@ -71,3 +73,41 @@ def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine
 
         agree()
     assert outcomes["same-size realloc"] and outcomes["no same-size realloc"]
+
+
+BLAS_LIB = os.environ.get("SCHEDFUZZ_BLAS_LIB") or str(Path(__file__).resolve().parent.parent / ".schedfuzz" / "blas" / "ggml" / "lib")
+
+
+@pytest.mark.skipif(not Path(BLAS_LIB, "libggml-blas.so").exists(), reason=f"no ggml build with BLAS at {BLAS_LIB} (.ci/run builds one when OpenBLAS installs)")
+def test_engine_and_reference_agree_with_a_blas_backend():
+    """BLAS takes large contiguous matmuls and shares the CPU's buffer type: pass 3 upgrades
+    CPU nodes to it, and positions moving between BLAS and CPU are not a backend change."""
+    from pytest_schedfuzz.models import llama_graph
+    from pytest_schedfuzz.scenario import BackendLayout, Step
+    from pytest_schedfuzz.strategies import models
+    from reference.params import SchedParams
+
+    blas_nodes = 0
+    with GgmlTarget(lib_dir=BLAS_LIB) as target:
+
+        @seed(11)
+        @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(st.sampled_from([("blas", "cpu"), ("rpc", "blas", "cpu")]).flatmap(lambda kinds: st.tuples(
+            st.just(BackendLayout.of(*kinds)), st.data())))
+        def agree(args) -> None:
+            nonlocal blas_nodes
+            layout, data = args
+            m = data.draw(models(layout, max_layers=2))
+            tokens = data.draw(st.lists(st.sampled_from((1, 8, 32, 40, 64)), min_size=2, max_size=4))
+            graphs = tuple((f"T{t}", llama_graph(m, t, 64)) for t in dict.fromkeys(tokens))
+            steps = (Step("sched_new", params=SchedParams(4096)), Step("reserve", graphs[0][0]),
+                     *(Step("alloc", f"T{t}") for t in tokens))
+            scenario = Scenario(layout, graphs, steps)
+            trace, prediction = target.run(scenario), predict(scenario)
+            found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
+            assert not found, str(found[0])
+            blas = layout.backends.index(next(b for b in layout.backends if b.kind == "blas"))
+            blas_nodes += sum(r.node_backends.count(blas) for r in trace.records)
+
+        agree()
+    assert blas_nodes > 0  # the BLAS backend did take nodes
