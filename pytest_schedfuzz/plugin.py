@@ -158,7 +158,8 @@ class SchedfuzzSuite(pytest.Collector):
             yield CaseItem.from_parent(self, name=f"corpus/{path.stem}", path_=path)
         # under pytest-xdist each property is split into one shard per worker, so that the
         # workers share the fuzzing evenly (every worker collects the same items)
-        shards = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        shards = 1 if workers == 1 else 4 * workers  # several per worker: they balance better
         for prop in session.properties:
             for k in range(shards):
                 name = prop if shards == 1 else f"{prop}[{k}]"

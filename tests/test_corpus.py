@@ -129,14 +129,16 @@ def test_xdist_workers_write_findings_concurrently(pytester: pytest.Pytester, mo
         "--schedfuzz-reference", "planted:predict_without_pass2",
         "--schedfuzz-properties", "reuse-sound,no-same-size-realloc,matches-reference", timeout=600,
     )
-    # each property is split into one shard per worker: six items, six findings
-    result.assert_outcomes(failed=6)
+    # each property is split into four shards per worker, each may find and save its own case
+    failed = result.parseoutcomes()["failed"]
+    assert failed >= 3
     saved = set(re.findall(r"saved to (\S+\.json)", result.stdout.str()))
-    assert len(saved) == 6
-    assert all(load_case(p) for p in saved)  # every finding written is there, whole
-    props = {load_case(p).property for p in case_files(pytester.path / "corpus")}
+    assert saved and all(load_case(p) for p in saved)  # every finding written is there, whole
+    assert saved == {str(p) for p in case_files(pytester.path / "corpus")}
+    props = {load_case(p).property for p in saved}
     assert props == {"matches-reference", "no-same-size-realloc", "reuse-sound"}
-    result.stdout.fnmatch_lines(["*findings?reuse-sound? = 2*", "*findings?matches-reference? = 2*"])
+    # the summary adds up the workers' statistics
+    assert sum(int(n) for n in re.findall(r"findings\[[\w-]+\] = (\d+)", result.stdout.str())) == failed
 
 
 def test_saved_finding_replays_from_its_file_alone_in_a_fresh_process(tmp_path: Path):
