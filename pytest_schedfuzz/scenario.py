@@ -9,7 +9,7 @@ steps over named graph specs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -409,6 +409,3 @@ class GraphBuilder:
     def build(self, *roots: str, label: str = "") -> GraphSpec:
         return GraphSpec(tuple(self.tensors), tuple(roots), tuple(self.forced), label)
 
-
-def graphs_used(steps: Iterable[Step]) -> list[str]:
-    return sorted({s.graph for s in steps if s.graph is not None})
