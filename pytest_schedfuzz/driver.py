@@ -5,7 +5,9 @@
 
 - ``sched_new(params)`` reuses the current scheduler when the *policy* says so (default:
   ``SchedParams.can_reuse``), then ``sched_reserve`` reserves the worst-case graphs: the
-  prompt-processing graph, the token-generation graph, then the prompt graph again;
+  prompt-processing graph, the token-generation graph, then the prompt graph again; when the
+  workload declares the reservation out of memory with pipeline parallelism, the driver
+  retries with ``parallel = false`` (a second ``sched_new``) as ``sched_reserve`` does;
 - every ubatch resets the scheduler and allocates a freshly built graph;
 - with ``rereserve`` (llama.cpp PR 18547), a ubatch whose graph topology differs from the
   previous one first re-reserves the worst case of its own topology.
@@ -56,9 +58,16 @@ class Ubatch:
 
 @dataclass(frozen=True)
 class Reconfigure:
-    """A change of the scheduler parameters (``sched_need_reserve``), e.g. a new max_nodes."""
+    """A change of the scheduler parameters (``sched_need_reserve``), e.g. a new max_nodes.
+
+    ``out_of_memory`` declares that the compute buffers for these params do not fit, so that
+    the driver takes ``sched_reserve``'s fallback. No device here can run out, so the failure
+    is declared by the workload, not observed: what it exercises is the sequence of scheduler
+    parameters (and reuse decisions) that the fallback produces.
+    """
 
     params: SchedParams
+    out_of_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,10 @@ class Workload:
                 events.append({"ubatch": [e.n_tokens, e.n_outputs, e.n_kv]})
             else:
                 p = e.params
-                events.append({"reconfigure": {"max_nodes": p.max_nodes, "parallel": p.parallel, "op_offload": p.op_offload}})
+                r: dict[str, Any] = {"max_nodes": p.max_nodes, "parallel": p.parallel, "op_offload": p.op_offload}
+                if e.out_of_memory:
+                    r["out_of_memory"] = True
+                events.append({"reconfigure": r})
         return {"layout": self.layout.to_json(), "model": asdict(self.model), "n_ubatch": self.n_ubatch, "events": events}
 
     @staticmethod
@@ -87,7 +99,8 @@ class Workload:
                 events.append(Ubatch(*(int(x) for x in e["ubatch"])))
             else:
                 p = e["reconfigure"]
-                events.append(Reconfigure(SchedParams(int(p["max_nodes"]), bool(p["parallel"]), bool(p["op_offload"]))))
+                params = SchedParams(int(p["max_nodes"]), bool(p["parallel"]), bool(p["op_offload"]))
+                events.append(Reconfigure(params, bool(p.get("out_of_memory", False))))
         return Workload(BackendLayout.from_json(d["layout"]), ModelShape(**model), int(d["n_ubatch"]), tuple(events))
 
 
@@ -100,6 +113,13 @@ def topology(spec: GraphSpec) -> tuple:
 class Driver:
     policy: Policy = can_reuse
     rereserve: bool = True
+
+    def _sched_new(self, steps: list[Step], params: SchedParams, cur: SchedParams | None) -> SchedParams:
+        """``llama_context::sched_new``: reuse when the policy says so; the params the current
+        scheduler was built with afterwards."""
+        reuse = cur is not None and bool(self.policy(params, cur))
+        steps.append(Step("sched_new", params=params, reuse=reuse))
+        return cur if reuse and cur is not None else params
 
     def scenario(self, w: Workload) -> Scenario:
         graphs: dict[str, GraphSpec] = {}
@@ -121,12 +141,15 @@ class Driver:
         last_topology: tuple | None = None
         for ev in w.events:
             if isinstance(ev, Reconfigure):
-                reuse = cur is not None and bool(self.policy(ev.params, cur))
-                steps.append(Step("sched_new", params=ev.params, reuse=reuse))
-                if not reuse:
-                    cur = ev.params
-                # sched_reserve: pp, then tg, then pp again so the pp assignment is the last
                 pp = graph(w.n_ubatch, w.n_ubatch, kv)
+                params = ev.params
+                cur = self._sched_new(steps, params, cur)
+                if ev.out_of_memory and params.parallel:
+                    # "compute buffer allocation failed, retrying without pipeline parallelism"
+                    steps.append(Step("reserve", pp))
+                    params = SchedParams(params.max_nodes, False, params.op_offload)
+                    cur = self._sched_new(steps, params, cur)
+                # sched_reserve: pp, then tg, then pp again so the pp assignment is the last
                 steps += [Step("reserve", pp), Step("reserve", graph(1, 1, kv)), Step("reserve", pp)]
                 last_topology = topology(graphs[pp])
                 continue

@@ -181,17 +181,22 @@ def workloads(
     need = len(llama_graph(m, n_ubatch, m.kv_size, n_ubatch).tensors)
     min_nodes = max(1024, 1024 * -(-2 * need // 1024))
     first, *rest = draw(param_sequences(min_size=1 + min_reconfigures, max_size=4 + min_reconfigures, min_nodes=min_nodes))
-    events: list[Ubatch | Reconfigure] = [Reconfigure(first)]
+
+    def reconfigure(p: SchedParams) -> Reconfigure:
+        # now and then the pipeline-parallel reservation does not fit: the fallback path
+        return Reconfigure(p, p.parallel and draw(st.integers(0, 3)) == 0)
+
+    events: list[Ubatch | Reconfigure] = [reconfigure(first)]
     for _ in range(draw(st.integers(1, max_ubatches))):
         if rest and draw(st.integers(0, 3)) == 0:
-            events.append(Reconfigure(rest.pop(0)))
+            events.append(reconfigure(rest.pop(0)))
             continue
         n_tokens = draw(st.integers(1, n_ubatch))
         n_outputs = draw(st.sampled_from((n_tokens, 1, max(1, n_tokens // 2))))
         n_kv = draw(st.integers(n_tokens, m.kv_size))
         events.append(Ubatch(n_tokens, n_outputs, n_kv))
     while sum(isinstance(e, Reconfigure) for e in events) < 1 + min_reconfigures:
-        events.insert(draw(st.integers(1, len(events))), Reconfigure(rest.pop(0)))
+        events.insert(draw(st.integers(1, len(events))), reconfigure(rest.pop(0)))
         events.append(Ubatch(1, 1, 1))
     return Workload(layout, m, n_ubatch, tuple(events))
 
