@@ -112,8 +112,9 @@ def _minimize(args: argparse.Namespace) -> int:
                 print(f"{case.path}: does not replay to {case.signature}; left as it is")
                 continue
             small, tries = minimize_case(case, lambda c: [v.signature() for v in fuzzer.replay(c)], fuzzer.driver.scenario, fuzzer.screen)
-            (s0, n0, l0), (s1, n1, l1) = case.size(), small.size()
-            print(f"{case.path}: {s0} steps, {n0} nodes, {l0} leafs -> {s1} steps, {n1} nodes, {l1} leafs ({tries} replays)")
+            (s0, n0, l0, e0), (s1, n1, l1, e1) = case.size(), small.size()
+            print(f"{case.path}: {s0} steps, {n0} nodes, {l0} leafs, {e0} elements -> "
+                  f"{s1} steps, {n1} nodes, {l1} leafs, {e1} elements ({tries} replays)")
             kept.append(small)
     finally:
         fuzzer.close()

@@ -23,7 +23,7 @@ import jsonschema
 from .driver import Workload
 from .properties import PROPERTY_IDS
 from .scenario import Scenario
-from .shapes import SpecError
+from .shapes import SpecError, nelements
 
 CASE_VERSION = 1
 
@@ -85,10 +85,12 @@ class Case:
     def expected_failure(self) -> str | None:
         return self.expect["fail"] if isinstance(self.expect, Mapping) else None
 
-    def size(self) -> tuple[int, int, int]:
-        """(steps, op nodes, leafs), over all graphs: what minimization reduces, in that order."""
+    def size(self) -> tuple[int, int, int, int]:
+        """(steps, op nodes, leafs, elements), over all graphs: what minimization reduces, in
+        that order."""
         graphs = [g for _, g in self.scenario.graphs]
-        return len(self.scenario.steps), sum(g.n_ops for g in graphs), sum(len(g.tensors) - g.n_ops for g in graphs)
+        elements = sum(nelements(geo) for g in graphs for geo in g.geometry.values())
+        return len(self.scenario.steps), sum(g.n_ops for g in graphs), sum(len(g.tensors) - g.n_ops for g in graphs), elements
 
     def to_json(self) -> dict[str, Any]:
         return {

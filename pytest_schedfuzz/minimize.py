@@ -2,8 +2,9 @@
 
 Reductions, tried greedily until none applies: drop steps; bypass op nodes (a consumer reads
 one of the op's same-shaped sources instead), many at a time first, then one by one; drop
-roots, forced assignments and RPC devices; for workload cases, drop events and layers and
-shrink ubatches. A candidate is kept only when replaying it still shows the same signature.
+roots, forced assignments and RPC devices; halve leaf shapes (every op's shape inferred
+again); for workload cases, drop events and layers and shrink ubatches. A candidate is kept
+only when replaying it still shows the same signature.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from .corpus import Case
 from .driver import Ubatch, Workload
 from .scenario import BackendLayout, GraphSpec, Scenario
-from .shapes import SpecError
+from .shapes import TYPES, Geometry, SpecError, infer, new_tensor
 
 Replay = Callable[[Case], list[str]]  # the signatures a case shows when replayed
 
@@ -116,6 +117,48 @@ def _structural_candidates(sc: Scenario) -> Iterator[Scenario]:
             yield replace(sc, graphs=graphs)
 
 
+def reshaped(spec: GraphSpec, leaf: str, dim: int) -> GraphSpec | None:
+    """``spec`` with dimension ``dim`` of ``leaf`` halved and every op's shape inferred again;
+    None where an op no longer accepts its sources (views keep their explicit shapes, so
+    graphs built on them rarely shrink this way)."""
+    t = spec.by_name.get(leaf)
+    if t is None or not t.is_leaf or t.ne[dim] < 2:
+        return None
+    ne = list(t.ne)
+    ne[dim] //= 2
+    if dim == 0 and ne[0] % TYPES[t.type][0]:
+        return None
+    geo: dict[str, Geometry] = {}
+    tensors = []
+    try:
+        for u in spec.tensors:
+            if u.is_leaf:
+                g = new_tensor(u.type, ne if u.name == leaf else u.ne)
+            else:
+                g = infer(u.op, [geo[a] if a else None for a in u.args], u.args, dict(u.params))
+            geo[u.name] = g
+            tensors.append(replace(u, ne=g.ne))
+    except SpecError:
+        return None
+    return replace(spec, tensors=tuple(tensors))
+
+
+def _shape_candidates(sc: Scenario) -> Iterator[Scenario]:
+    """Halve one dimension of one leaf, in every graph that has it."""
+    leafs = dict.fromkeys(t.name for _, g in sc.graphs for t in g.tensors if t.is_leaf)
+    for leaf in leafs:
+        for dim in range(4):
+            graphs = []
+            for n, g in sc.graphs:
+                new = reshaped(g, leaf, dim) if leaf in g.by_name else g
+                if new is None:
+                    break
+                graphs.append((n, new))
+            else:
+                if any(new is not old for (_, new), (_, old) in zip(graphs, sc.graphs, strict=True)):
+                    yield replace(sc, graphs=tuple(graphs))
+
+
 def _with_graph(sc: Scenario, gi: int, new: GraphSpec) -> Scenario:
     return replace(sc, graphs=sc.graphs[:gi] + ((sc.graphs[gi][0], new),) + sc.graphs[gi + 1 :])
 
@@ -199,8 +242,8 @@ def minimize_case(
                 return cand
         return None
 
-    def fixpoint(best: Case) -> Case:
-        while (better := first_success(best, _structural_candidates(best.scenario))) is not None:
+    def fixpoint(best: Case, candidates: Callable[[Scenario], Iterator[Scenario]] = _structural_candidates) -> Case:
+        while (better := first_success(best, candidates(best.scenario))) is not None:
             best = better
         return best
 
@@ -237,7 +280,7 @@ def minimize_case(
                     best, improved = cand, True
                     break
     else:
-        best = fixpoint(ddmin_ops(fixpoint(best)))
+        best = fixpoint(fixpoint(ddmin_ops(fixpoint(best))), _shape_candidates)
     bar.close()
     return best, tries
 
