@@ -301,7 +301,7 @@ class Fuzzer:
 
     def scenario_for(self, case: Case) -> Scenario:
         """A case's scenario: its workload played by this run's driver, or the one it holds."""
-        return self.driver.scenario(case.workload) if case.workload is not None else case.scenario
+        return self.scenario_of(case.workload if case.workload is not None else case.scenario)
 
     def screen(self, case: Case) -> list[str] | None:
         """The signatures the reference alone predicts for a case (the engine replaced by its
