@@ -48,15 +48,45 @@ def _installed_package_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def _soname_file(lib: Path) -> Path:
+    """The file the dynamic linker loads for ``lib``'s soname. Wheels store ``libX.so``,
+    ``libX.so.0`` and ``libX.so.0.25.3`` as three copies, and loading two of them gives two ggml
+    instances in one process (two loggers, two abort callbacks, two backend registries):
+    everything must load ``libX.so.0``, the name libllama and libggml record as needed."""
+    versioned = sorted(lib.parent.glob(lib.name + ".*"), key=lambda p: len(p.name))
+    return (versioned[0] if versioned else lib).resolve()
+
+
+def lib_overlay(lib_dir: Path) -> Path:
+    """A folder of links to ``lib_dir``'s shared libraries in which every name of a library
+    (``libX.so``, ``libX.so.N``...) leads to the one file of its soname. Shared by concurrent
+    processes (the folder name is derived from ``lib_dir``)."""
+    if not (lib_dir / "libggml.so").exists() and not (lib_dir / "libggml.so.0").exists():
+        raise FileNotFoundError(f"{LIB_ENV}={lib_dir}: no libggml.so there")
+    key = hashlib.sha1(f"libs-v2\0{lib_dir}".encode()).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"schedfuzz-libs-{key}"
+    if root.exists():
+        return root
+    staging = Path(tempfile.mkdtemp(prefix="schedfuzz-libs-"))
+    for lib in sorted(lib_dir.glob("lib*.so*")):
+        stem = lib.name.split(".so", 1)[0] + ".so"
+        (staging / lib.name).symlink_to(_soname_file(lib_dir / stem) if (lib_dir / stem).exists() else lib.resolve())
+    try:
+        staging.rename(root)
+    except OSError:  # another process won the race: use its folder
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
 def _overlay(lib_dir: Path) -> Path:
-    """A folder holding a ``ggml`` package that loads its libraries from ``lib_dir``.
+    """A folder holding a ``ggml`` package that loads its libraries from ``lib_dir`` (through
+    ``lib_overlay``, so that they are the very files libllama loads).
 
     The folder name is derived from both paths, so concurrent processes share one overlay.
     """
-    if not (lib_dir / "libggml.so").exists():
-        raise FileNotFoundError(f"{LIB_ENV}={lib_dir}: no libggml.so there")
+    libs = lib_overlay(lib_dir)
     pkg = _installed_package_dir()
-    key = hashlib.sha1(f"{pkg}\0{lib_dir}".encode()).hexdigest()[:16]
+    key = hashlib.sha1(f"v2\0{pkg}\0{lib_dir}".encode()).hexdigest()[:16]
     root = Path(tempfile.gettempdir()) / f"schedfuzz-ggml-overlay-{key}"
     if (root / "ggml" / "lib").exists():
         return root
@@ -65,7 +95,7 @@ def _overlay(lib_dir: Path) -> Path:
     for entry in pkg.iterdir():
         if entry.name not in ("lib", "__pycache__"):
             (staging / "ggml" / entry.name).symlink_to(entry)
-    (staging / "ggml" / "lib").symlink_to(lib_dir, target_is_directory=True)
+    (staging / "ggml" / "lib").symlink_to(libs, target_is_directory=True)
     try:
         staging.rename(root)
     except OSError:  # another process won the race: use its overlay

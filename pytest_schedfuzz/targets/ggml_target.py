@@ -40,10 +40,10 @@ class _Unreachable(Exception):
 class _Worker:
     """One worker process: JSON requests on its stdin, JSON lines from its stdout, stderr to a file."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], module: str = "pytest_schedfuzz.targets.worker") -> None:
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
         self.proc = spawn(
-            [sys.executable, "-m", "pytest_schedfuzz.targets.worker"],
+            [sys.executable, "-m", module],
             env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

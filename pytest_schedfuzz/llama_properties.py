@@ -1,0 +1,141 @@
+"""Properties of the real llama.cpp: pure functions from (workload, trace) to violations.
+
+* ``llama-no-same-size-realloc``: after the context's own worst-case reservation
+  (``llama_context::sched_reserve``), no call makes the scheduler re-plan at the same graph size
+  with the same backend ids (ggml 0.25.3's ``GGML_SCHED_DEBUG_REALLOC`` condition). Each
+  violation is explained in llama.cpp's terms: which call re-planned, which node the allocator
+  found invalid, which graph the plan in force had been made for, and which earlier call
+  replaced the worst-case reservation's plan (a topology switch) if one did.
+* ``llama-reuse-sound``: when llama.cpp keeps its scheduler across a re-reservation, the new
+  parameters satisfy ``can_reuse`` (llama.cpp 0.3.36 never does: it builds a new one each time).
+* ``llama-no-abort``: no ggml abort, crash or hang, and no ``llama_decode`` failure below -1
+  (-2/-3: the graph could not be allocated or computed).
+"""
+
+from __future__ import annotations
+
+import re
+
+from reference.params import SchedParams
+
+from .llama import LlamaWorkload
+from .llama_trace import LlamaTrace, SchedCall
+from .properties import Violation
+
+LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort")
+
+
+def role(name: str) -> str:
+    """A tensor's name without its layer or copy numbers: ``ffn_moe_gate-1`` -> ``ffn_moe_gate-N``."""
+    return re.sub(r"\d+", "N", name)
+
+
+def reason_kind(reason: str) -> str:
+    """ggml's reallocation reason reduced to what separates root causes."""
+    if reason in ("different number of nodes", "different number of leafs", "backend ids changed"):
+        return reason.split()[-1]
+    m = re.match(r"node (.+) is not valid$", reason)
+    if m:
+        return f"node {role(m.group(1))}"
+    m = re.match(r"src (\d+) \((.+)\) of node (.+) is not valid$", reason)
+    if m:
+        return f"src {role(m.group(2))} of {role(m.group(3))}"
+    return reason or "unknown"
+
+
+def _call_name(w: LlamaWorkload, index: int) -> str:
+    if index < 0:
+        return "llama_init_from_model"
+    if index >= len(w.calls):
+        return "llama_free"
+    return f"call {index} {w.calls[index].describe()}"
+
+
+def _what_grew(plan: SchedCall, now: SchedCall) -> str:
+    grew = [f"{k} {list(plan.inputs[k])} -> {list(v)}" for k, v in sorted(now.inputs.items()) if k in plan.inputs and tuple(v) != tuple(plan.inputs[k])]
+    return "; ".join(grew) or "no input shape changed"
+
+
+def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    out: list[Violation] = []
+    reserved: dict[int, tuple[int, SchedCall]] = {}  # sched -> its worst-case reservation (the last reserve)
+    plan: dict[int, tuple[int, SchedCall]] = {}  # sched -> the graph its plan in force was made for
+    replaced: dict[int, tuple[int, SchedCall]] = {}  # sched -> the first realloc that replaced the reservation's plan
+    for call, s in trace.sched_calls():
+        if s.kind == "reserve" and s.ok:
+            reserved[s.sched] = plan[s.sched] = (call, s)
+            replaced.pop(s.sched, None)
+            continue
+        if s.kind != "alloc" or not s.realloc:
+            continue
+        if s.same_size and s.sched in reserved:
+            p_call, p = plan.get(s.sched, reserved[s.sched])
+            r_call, r = reserved[s.sched]
+            invalid = reason_kind(s.realloc_reason)
+            head = (f"same-size graph reallocation in {_call_name(w, call)}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
+                    f"graph_size = {s.graph_size} (prev {s.prev_graph_size}), backend_ids_changed = 0; "
+                    f"ggml_gallocr_needs_realloc: {s.realloc_reason or '?'}")
+            if s.sched in replaced:
+                x_call, x = replaced[s.sched]
+                how = "lost"
+                why = (f"the worst-case reservation ({r.shape()}) had been replaced in {_call_name(w, x_call)}, which re-planned because "
+                       f"{x.realloc_reason or '?'} (a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}); "
+                       f"the plan in force was made in {_call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {_what_grew(p, s)}")
+                lost_by = reason_kind(x.realloc_reason)
+            else:
+                how = "not-dominating"
+                why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph: "
+                       f"{_what_grew(r, s)}")
+                lost_by = "-"
+            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}",
+                                 {"explained": how, "invalid": invalid, "lost_by": lost_by}))
+        plan[s.sched] = (call, s)
+        if s.sched in reserved and s.sched not in replaced:
+            replaced[s.sched] = (call, s)
+    return out
+
+
+def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedCall]]:
+    """(call, the kept scheduler's creation, the reservation made on it) for every reservation
+    that llama.cpp made on a scheduler built in an earlier call (its reuse)."""
+    created: dict[int, tuple[int, SchedCall]] = {}
+    out = []
+    seen_reserve: set[tuple[int, int]] = set()
+    for call, s in trace.sched_calls():
+        if s.kind == "new":
+            created[s.sched] = (call, s)
+        elif s.kind == "reserve" and s.sched in created and created[s.sched][0] < call and (call, s.sched) not in seen_reserve:
+            seen_reserve.add((call, s.sched))
+            out.append((call, created[s.sched][1], s))
+    return out
+
+
+def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    out = []
+    for call, new, _ in scheduler_reuses(trace):
+        cur = SchedParams(max_nodes=new.max_nodes, parallel=new.parallel, op_offload=new.op_offload)
+        # what llama.cpp would build now: op_offload is fixed per context, parallel only drops
+        want = SchedParams(max_nodes=new.max_nodes, parallel=new.parallel, op_offload=w.ctx.op_offload)
+        if not want.can_reuse(cur):
+            out.append(Violation("llama-reuse-sound", max(call, 0), f"{_call_name(w, call)} kept scheduler #{new.sched} although can_reuse is false", {"why": "params"}))
+    return out
+
+
+def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    a = trace.abort
+    if a is not None:
+        first = a.message.strip().splitlines()[0] if a.message.strip() else a.kind
+        first = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", first)
+        kind = re.sub(r"\d+", "N", first)[:100]
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {first}", {"kind": a.kind, "message": kind})]
+    for c in trace.calls:
+        if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
+            return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed)", {"kind": "decode", "rc": c.rc})]
+    return []
+
+
+LLAMA_CHECKS = {
+    "llama-no-same-size-realloc": llama_no_same_size_realloc,
+    "llama-reuse-sound": llama_reuse_sound,
+    "llama-no-abort": llama_no_abort,
+}

@@ -1,0 +1,93 @@
+"""What llama.cpp's scheduler did during a workload, call by call: the llama target's output.
+
+Every ``llama_decode`` (and the context's constructor, call ``-1``, and any call after which
+llama.cpp reserved again) shows up as the scheduler calls libllama made: ``new`` (a scheduler
+built, with its ``max_nodes``/``parallel``/``op_offload``), ``reserve`` and ``alloc`` (one per
+ubatch whose graph was not reused), each with the graph's size as ggml computes it and, when
+the scheduler re-planned, the reallocation and ggml's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SchedCall:
+    """One scheduler call made by libllama. ``realloc_reason`` is set when ``alloc`` re-planned:
+    ``backend ids changed``, ``different number of nodes|leafs``, ``node NAME is not valid``..."""
+
+    kind: str  # new | reserve | alloc | free
+    sched: int
+    ok: bool = True
+    n_nodes: int = 0
+    n_leafs: int = 0
+    n_splits: int = 0
+    n_copies: int = 1
+    graph_size: int = 0
+    prev_graph_size: int = 0
+    inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    realloc: bool = False
+    backend_ids_changed: bool = False
+    realloc_reason: str = ""
+    max_nodes: int = 0
+    parallel: bool = False
+    op_offload: bool = False
+
+    @property
+    def same_size(self) -> bool:
+        return self.realloc and not self.backend_ids_changed and self.graph_size == self.prev_graph_size
+
+    def shape(self) -> str:
+        """The batch the graph was built for, read from its input leafs."""
+        parts = []
+        for name, ne in sorted(self.inputs.items()):
+            dims = "x".join(str(n) for n in ne[: max(1, max((k + 1 for k, n in enumerate(ne) if n != 1), default=1))])
+            parts.append(f"{name}[{dims}]")
+        return ", ".join(parts)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SchedCall:
+        r = d.get("realloc") or {}
+        return SchedCall(
+            kind=d["kind"], sched=int(d["sched"]), ok=bool(d.get("ok", True)),
+            n_nodes=int(d.get("n_nodes", 0)), n_leafs=int(d.get("n_leafs", 0)), n_splits=int(d.get("n_splits", 0)),
+            n_copies=int(d.get("n_copies", 1)), graph_size=int(d.get("graph_size", 0)), prev_graph_size=int(d.get("prev_graph_size", 0)),
+            inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()},
+            realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")),
+            max_nodes=int(d.get("max_nodes", 0)), parallel=bool(d.get("parallel", False)), op_offload=bool(d.get("op_offload", False)),
+        )
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    index: int  # -1: llama_init_from_model
+    kind: str
+    rc: int | str
+    sched: tuple[SchedCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class LlamaAbort:
+    call: int
+    kind: str  # abort | crash | timeout
+    message: str
+
+
+@dataclass(frozen=True)
+class LlamaTrace:
+    calls: tuple[CallRecord, ...]
+    abort: LlamaAbort | None = None
+    engine: Mapping[str, str] = field(default_factory=dict)
+    perf: Mapping[str, int] = field(default_factory=dict)  # llama_perf_context: n_eval, n_p_eval, n_reused
+
+    def sched_calls(self) -> list[tuple[int, SchedCall]]:
+        """Every scheduler call with the index of the llama call it happened in, in order."""
+        return [(c.index, s) for c in self.calls for s in c.sched]
+
+    @staticmethod
+    def from_messages(calls: list[Mapping[str, Any]], abort: LlamaAbort | None, engine: Mapping[str, str], perf: Mapping[str, int]) -> LlamaTrace:
+        records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"])) for c in calls)
+        return LlamaTrace(records, abort, dict(engine), dict(perf))

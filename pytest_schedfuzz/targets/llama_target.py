@@ -1,0 +1,198 @@
+"""``LlamaTarget``: runs server-like workloads on the real llama.cpp, in a worker process, with
+its extra devices on local ggml RPC servers.
+
+The libraries are llama-cpp-python's (its Debug build with RPC: libllama and ggml 0.25.3), or a
+user's llama.cpp build (``lib_dir``: a checkout's ``build/bin``; env ``SCHEDFUZZ_LLAMA_LIB``).
+The RPC servers run the same ggml, so client and server speak the same protocol. The scheduler
+is observed through ``sched_hook.c``, compiled once per source version with the system's C
+compiler and preloaded into the worker. The parent never loads llama.cpp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..gguf_models import write_model
+from ..llama import LlamaWorkload
+from ..llama_trace import LlamaAbort, LlamaTrace
+from . import TargetError
+from .ggml_lib import child_env, lib_overlay
+from .ggml_target import _Eof, _Timeout, _Worker
+from .rpc import RpcServers
+
+LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
+HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
+
+
+def cache_dir() -> Path:
+    """Where built models and the compiled hook live (``$SCHEDFUZZ_CACHE``, else the user's cache)."""
+    base = os.environ.get("SCHEDFUZZ_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "schedfuzz")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_lib_dir() -> Path:
+    """llama-cpp-python's ``lib`` folder, found without importing it (that would load libllama here)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            "llama-cpp-python is not installed: install it as the README says (built from source, Debug, GGML_RPC=ON), "
+            f"or point --schedfuzz-llama-lib / {LIB_ENV} at your llama.cpp build's library folder"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "lib"
+
+
+def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
+    """The folder holding libllama.so and its libggml*.so; a clear ``TargetError`` otherwise."""
+    path = Path(lib_dir).expanduser().resolve() if lib_dir else default_lib_dir()
+    missing = [n for n in ("libllama.so", "libggml-base.so", "libggml-rpc.so") if not (path / n).exists()]
+    if missing:
+        raise TargetError(
+            f"llama library folder {path}: no {', '.join(missing)} there (a llama.cpp build keeps them in build/bin; "
+            "configure it with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON -DCMAKE_BUILD_TYPE=Debug)"
+        )
+    return path
+
+
+def build_hook() -> Path:
+    """``sched_hook.so``, compiled from ``sched_hook.c`` once per source version (cached)."""
+    source = HOOK_SOURCE.read_bytes()
+    out = cache_dir() / f"sched_hook-{hashlib.sha1(source).hexdigest()[:12]}.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise TargetError("no C compiler (cc/gcc) to build the scheduler hook: install gcc")
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", tmp, str(HOOK_SOURCE), "-ldl"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        raise TargetError(f"building {HOOK_SOURCE.name} failed:\n{proc.stderr}")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    return out
+
+
+class LlamaTarget:
+    """The real llama.cpp. ``run(workload) -> LlamaTrace``; an abort, crash or hang ends the trace
+    at the call that caused it and the next workload gets a fresh worker.
+
+    ``debug_realloc`` runs with ``GGML_SCHED_DEBUG_REALLOC=1``: ggml's own same-size check, which
+    aborts on a same-size reallocation (an independent confirmation of a finding)."""
+
+    def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: bool = False) -> None:
+        self.lib_dir = resolve_lib_dir(lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None)
+        self.call_timeout = call_timeout
+        self.start_timeout = start_timeout
+        self.debug_realloc = debug_realloc
+        self.hook = build_hook()
+        self.models = cache_dir() / "models"
+        self.servers = RpcServers(str(self.lib_dir), threads=1)
+        self.engine: dict[str, str] = {}
+        self._worker: _Worker | None = None
+
+    def _start_worker(self) -> _Worker:
+        env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
+        env["LD_PRELOAD"] = " ".join(p for p in (str(self.hook), env.get("LD_PRELOAD", "")) if p)
+        env.pop("GGML_SCHED_DEBUG_REALLOC", None)
+        if self.debug_realloc:
+            env["GGML_SCHED_DEBUG_REALLOC"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+        worker = _Worker(env, "pytest_schedfuzz.targets.llama_worker")
+        try:
+            msg = worker.recv(self.start_timeout)
+        except (_Eof, _Timeout) as e:
+            what = "did not start in time" if isinstance(e, _Timeout) else worker.death()
+            tail = worker.stderr_tail()
+            worker.close()
+            raise TargetError(f"the llama.cpp worker {what}:\n{tail}") from None
+        if "hello" not in msg:
+            worker.close()
+            raise TargetError(f"the llama.cpp worker refused to run: {msg.get('fatal', msg)}")
+        self.engine = dict(msg["hello"])
+        return worker
+
+    def run(self, workload: LlamaWorkload) -> LlamaTrace:
+        model_path = write_model(workload.model, self.models)
+        for attempt in range(2):
+            endpoints = self.servers.ensure(workload.devices.n_rpc)
+            if self._worker is not None and self._worker.proc.poll() is not None:
+                self._worker.close()
+                self._worker = None
+            if self._worker is None:
+                self._worker = self._start_worker()
+            worker = self._worker
+            calls: list[dict[str, Any]] = []
+            try:
+                worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints})
+                result = self._collect(worker, calls)
+            except BaseException:
+                self._worker = None
+                worker.close()
+                raise
+            if isinstance(result, str):  # an RPC server did not answer: replace it, once
+                if attempt:
+                    raise TargetError(f"the RPC server at {result} does not answer, even after a restart")
+                self.servers.restart(result)
+                continue
+            break
+        if isinstance(result, LlamaAbort):
+            self._worker = None
+            worker.close()
+            dead = self.servers.dead()
+            if dead:
+                result = LlamaAbort(result.call, result.kind, result.message + "\n" + "\n".join(dead))
+            if result.kind == "timeout":
+                self.servers.close()
+            return LlamaTrace.from_messages(calls, result, self.engine, {})
+        # a server that died during the workload (RPC computes asynchronously) is charged to it
+        dead = self.servers.dead(grace=0.0)
+        if dead:
+            last = calls[-1]["index"] if calls else -1
+            return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})
+        return LlamaTrace.from_messages(calls, None, self.engine, result)
+
+    def _collect(self, worker: _Worker, calls: list[dict[str, Any]]) -> dict[str, int] | LlamaAbort | str:
+        current = -1
+        while True:
+            try:
+                msg = worker.recv(self.call_timeout)
+            except _Timeout:
+                return LlamaAbort(current, "timeout", f"call {current} did not finish within {self.call_timeout:g} s")
+            except _Eof:
+                return LlamaAbort(current, "crash", f"{worker.death()}\n{worker.stderr_tail()}")
+            if "begin" in msg:
+                current = int(msg["begin"])
+            elif "call" in msg:
+                calls.append(msg["call"])
+            elif "done" in msg:
+                return dict(msg["done"].get("perf", {}))
+            elif "abort" in msg:
+                return LlamaAbort(int(msg["abort"]["call"]), "abort", msg["abort"]["message"])
+            elif "unreachable" in msg:
+                return str(msg["unreachable"])
+            elif "error" in msg:
+                raise TargetError(f"the llama.cpp worker failed (harness, not llama.cpp):\n{msg['error']}")
+            else:
+                raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self.servers.close()
+
+    def __enter__(self) -> LlamaTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

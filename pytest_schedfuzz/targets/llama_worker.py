@@ -1,0 +1,360 @@
+"""The process that runs server-like workloads on the real llama.cpp:
+``python -m pytest_schedfuzz.targets.llama_worker`` (started by ``llama_target.LlamaTarget``).
+
+Protocol: JSON lines, as ``worker.py``: replies go to the file descriptor that was stdout, and fd 1
+is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
+
+* startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
+* request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...]}``, answered with
+  ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
+  ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
+  RPC server does not answer; ``{"error": message}`` when the harness failed;
+* on a ggml abort: ``{"abort": {"call": i, "message": text}}`` from ggml's abort callback, then
+  the process dies.
+
+What is observed, and how: the scheduler calls libllama makes (``ggml_backend_sched_new``,
+``_reserve``, ``_alloc_graph``, ``_free``) through ``sched_hook.c``, preloaded into this process;
+the graph handed to each (node and leaf counts, the input leafs and their shapes) through ggml's
+own structs (ggml-python's ``ggml_tensor``); splits and the reallocation decision with its reason
+from ggml's debug log (``GGML_SCHED_DEBUG=1`` prints the split headers; a Debug build logs
+``ggml_gallocr_needs_realloc`` and ``failed to allocate graph, reserving``), which
+``llama_log_set`` routes to us together with llama.cpp's own lines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from ..llama import Call, ContextParams, Devices, LlamaWorkload
+from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
+from .schedlog import SchedLog
+from .worker import Channel
+
+HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE = range(6)
+HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long)
+TENSOR_FLAG_INPUT = 1
+KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
+FLASH = {"off": 0, "on": 1, "auto": -1}
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+
+
+class CGraphHead(ctypes.Structure):
+    """The leading fields of ``struct ggml_cgraph`` (ggml-impl.h; unchanged from 0.15.3 to 0.25.3)."""
+
+    _fields_ = [
+        ("size", ctypes.c_int),
+        ("n_nodes", ctypes.c_int),
+        ("n_leafs", ctypes.c_int),
+        ("nodes", ctypes.c_void_p),
+        ("grads", ctypes.c_void_p),
+        ("grad_accs", ctypes.c_void_p),
+        ("leafs", ctypes.c_void_p),
+    ]
+
+
+def graph_size_of(version: str, n_nodes: int, n_leafs: int, split_inputs: int, n_splits: int, graph_inputs: int, n_copies: int) -> int:
+    """``debug_graph_size`` as ``ggml_backend_sched_split_graph`` computes it in the loaded ggml:
+    0.25.3 counts the inputs (split inputs, plus every input leaf when ``n_copies > 1``; no backend
+    here adds dependency nodes), 0.15.3 reserved 30 inputs per split."""
+    if version.startswith("0.15."):
+        return max(n_nodes, n_leafs) + n_splits * 30 * 2 * n_copies
+    return max(n_nodes, n_leafs) + (split_inputs + graph_inputs) * 2 * n_copies
+
+
+class Llama:
+    """libllama (llama-cpp-python's bindings) and ggml (ggml-python's, on the same libraries)."""
+
+    def __init__(self, chan: Channel) -> None:
+        import llama_cpp.llama_cpp as L
+
+        self.L: ModuleType = L
+        self.chan = chan
+        self.g: ModuleType = import_ggml()
+        glib = self.g.ggml.lib
+        glib.ggml_backend_sched_get_n_splits.restype = ctypes.c_int
+        glib.ggml_backend_sched_get_n_copies.restype = ctypes.c_int
+        self.glib = glib
+        self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
+        self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+        self.rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+        glib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+        glib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        glib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+        glib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+        fn = glib.ggml_version
+        fn.restype = ctypes.c_char_p
+        self.version = fn().decode()
+        try:
+            set_hook = ctypes.CDLL(None).schedfuzz_set_hook
+        except AttributeError:
+            raise RuntimeError("sched_hook.so is not preloaded (LD_PRELOAD): the scheduler cannot be observed") from None
+        self.call = -1
+        self.log = SchedLog()
+        self.sched_events: list[dict[str, Any]] = []
+        self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
+        self.last_size: dict[int, int] = {}  # sched id -> graph_size of its last split_graph
+        self.graph: dict[str, Any] = {}
+        self._hook = HOOK_T(self._on_sched)
+        set_hook(self._hook)
+        self._log_cb = L.llama_log_callback(self._on_log)
+        L.llama_log_set(self._log_cb, None)
+        self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
+        self.g.ggml_set_abort_callback(self._abort_cb)
+        L.llama_backend_init()
+        self.devices: dict[str, int] = {}  # endpoint -> ggml_backend_dev_t
+        self.model: Any = None
+        self.model_key: tuple[Any, ...] | None = None
+
+    # ------------------------------------------------------------------ callbacks from C
+
+    def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
+        try:
+            self.log.feed((text or b"").decode(errors="replace"))
+        except Exception as e:  # an exception must not unwind into C
+            self.log.errors.append(f"log callback failed: {e!r}")
+
+    def _on_abort(self, message: bytes | None) -> None:
+        try:
+            self.chan.send({"abort": {"call": self.call, "message": (message or b"").decode(errors="replace")}})
+        except Exception:
+            pass
+
+    def _on_sched(self, phase: int, sched: int | None, graph: int | None, a: int, b: int, c: int) -> None:
+        try:
+            self._sched_event(phase, sched or 0, graph or 0, a, b, c)
+        except Exception:
+            self.log.errors.append("sched hook failed: " + traceback.format_exc())
+
+    def _sched_event(self, phase: int, sched: int, graph: int, a: int, b: int, c: int) -> None:
+        if phase == HOOK_SCHED_NEW:
+            sid = self.scheds[sched] = len(self.scheds)
+            self.last_size[sid] = 0  # ggml_backend_sched_new callocs: debug_graph_size starts at 0
+            self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b), "op_offload": bool(c)})
+        elif phase == HOOK_SCHED_FREE:
+            self.sched_events.append({"kind": "free", "sched": self.scheds.get(sched, -1)})
+        elif phase in (HOOK_RESERVE_BEGIN, HOOK_ALLOC_BEGIN):
+            self.log.begin()
+            self.graph = self._read_graph(graph)
+        else:
+            sid = self.scheds.get(sched, -1)
+            n_splits = int(self.glib.ggml_backend_sched_get_n_splits(ctypes.c_void_p(sched)))
+            n_copies = int(self.glib.ggml_backend_sched_get_n_copies(ctypes.c_void_p(sched)))
+            g = self.graph
+            split_inputs = sum(len(s.inputs) for s in self.log.splits)
+            size = graph_size_of(self.version, g["n_nodes"], g["n_leafs"], split_inputs, n_splits, len(g["inputs"]) if n_copies > 1 else 0, n_copies)
+            prev, self.last_size[sid] = self.last_size.get(sid, 0), size
+            rec: dict[str, Any] = {
+                "kind": "reserve" if phase == HOOK_RESERVE_END else "alloc",
+                "sched": sid,
+                "ok": bool(a),
+                "n_nodes": g["n_nodes"],
+                "n_leafs": g["n_leafs"],
+                "n_splits": n_splits,
+                "n_copies": n_copies,
+                "split_inputs": split_inputs,
+                "graph_size": size,
+                "prev_graph_size": prev,
+                "inputs": g["inputs"],
+                "splits": [[s.backend_name, len(s.inputs)] for s in self.log.splits],
+            }
+            if self.log.reallocs:
+                r = self.log.reallocs[-1]
+                rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
+            if self.log.errors:
+                rec["log_errors"] = list(self.log.errors)
+            self.sched_events.append(rec)
+
+    def _read_graph(self, graph: int) -> dict[str, Any]:
+        """Node and leaf counts of the graph handed to the scheduler, and its input leafs' shapes
+        (they say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...)."""
+        head = CGraphHead.from_address(graph)
+        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.POINTER(self.g.ggml_tensor)))
+        inputs: dict[str, list[int]] = {}
+        for i in range(head.n_leafs):
+            t = leafs[i].contents
+            if t.flags & TENSOR_FLAG_INPUT:
+                name = bytes(t.name).split(b"\0", 1)[0].decode(errors="replace")
+                inputs[name] = [int(x) for x in t.ne]
+        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs}
+
+    # ------------------------------------------------------------------ running a workload
+
+    def info(self) -> dict[str, str]:
+        return {
+            "name": "llama.cpp",
+            "lib": loaded_library_path("libllama"),
+            "ggml_lib": loaded_library_path("libggml-base"),
+            "ggml_version": self.version,
+            "llama_cpp_python": getattr(sys.modules.get("llama_cpp"), "__version__", "?"),
+            "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
+        }
+
+    def rpc_device(self, endpoint: str) -> int:
+        if endpoint not in self.devices:
+            reg = self.rpc.ggml_backend_rpc_add_server(endpoint.encode())
+            if not reg or not self.glib.ggml_backend_reg_dev_count(reg):
+                raise ConnectionError(endpoint)
+            self.devices[endpoint] = self.glib.ggml_backend_reg_dev_get(reg, 0)
+        return self.devices[endpoint]
+
+    def load_model(self, path: str, dv: Devices, endpoints: Sequence[str]) -> Any:
+        key = (path, tuple(endpoints[: dv.n_rpc]), dv.n_gpu_layers, dv.tensor_split)
+        if key == self.model_key:
+            return self.model
+        self.free_model()
+        L = self.L
+        devs = [self.rpc_device(e) for e in endpoints[: dv.n_rpc]]
+        self._devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        mp = L.llama_model_default_params()
+        mp.devices = ctypes.cast(self._devs, ctypes.c_void_p)
+        mp.n_gpu_layers = dv.n_gpu_layers
+        mp.use_mmap = False
+        if dv.tensor_split:
+            self._split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
+            mp.tensor_split = self._split
+        model = L.llama_model_load_from_file(path.encode(), mp)
+        if not model:
+            raise RuntimeError(f"llama_model_load_from_file({path}) failed: {self.log.tail and list(self.log.tail)[-3:]}")
+        self.model, self.model_key = model, key
+        return model
+
+    def free_model(self) -> None:
+        if self.model:
+            self.L.llama_model_free(self.model)
+        self.model, self.model_key = None, None
+
+    def context_params(self, c: ContextParams) -> Any:
+        L = self.L
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = c.n_ctx, c.n_batch, c.n_ubatch, c.n_seq_max
+        p.n_threads = p.n_threads_batch = 1
+        p.flash_attn_type = FLASH[c.flash_attn]
+        p.op_offload, p.offload_kqv, p.kv_unified = c.op_offload, c.offload_kqv, c.kv_unified
+        p.type_k, p.type_v = KV_TYPE[c.type_k], KV_TYPE[c.type_v]
+        p.embeddings = c.embeddings
+        p.pooling_type = POOLING[c.pooling] if c.embeddings else L.LLAMA_POOLING_TYPE_UNSPECIFIED
+        p.n_outputs_max, p.n_outputs_max_per_seq = c.n_outputs_max, c.n_outputs_max_per_seq
+        p.no_perf = False
+        if c.backend_samplers:
+            self._samplers = [L.llama_sampler_init_greedy() for _ in range(c.n_seq_max)]
+            self._seq_cfg = (L.llama_sampler_seq_config * c.n_seq_max)(*[L.llama_sampler_seq_config(s, ctypes.cast(smpl, ctypes.c_void_p)) for s, smpl in enumerate(self._samplers)])
+            p.samplers = self._seq_cfg
+            p.n_samplers = c.n_seq_max
+        return p
+
+    def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str]) -> dict[str, Any]:
+        L = self.L
+        model = self.load_model(model_path, w.devices, endpoints)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+        self._samplers = []
+        self.begin(-1)
+        ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
+        self.end(-1, "init", 0 if ctx else -1)
+        if not ctx:
+            return {"perf": {}}
+        try:
+            mem = L.llama_get_memory(ctx)
+            for i, call in enumerate(w.calls):
+                self.begin(i)
+                rc = self.do(ctx, mem, call)
+                self.end(i, call.kind, rc)
+            perf = L.llama_perf_context(ctx)
+            return {"perf": {"n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval, "n_reused": perf.n_reused}}
+        finally:
+            self.begin(len(w.calls))
+            L.llama_free(ctx)
+            for s in self._samplers:
+                L.llama_sampler_free(s)
+            self._samplers = []
+
+    def begin(self, i: int) -> None:
+        self.call = i
+        self.sched_events = []
+        self.chan.send({"begin": i})
+
+    def end(self, i: int, kind: str, rc: int | str) -> None:
+        self.chan.send({"call": {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}})
+
+    def do(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        """One call; its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
+        L = self.L
+        k = call.kind
+        if k == "decode":
+            n = call.n_tokens()
+            batch = L.llama_batch_init(n, 0, 1)
+            try:
+                j = 0
+                for part in call.parts:
+                    pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
+                    for t in range(part.n_tokens):
+                        batch.token[j] = 3 + (part.seq * 31 + (pos0 + t) * 7) % max(1, self.n_vocab - 3)
+                        batch.pos[j] = pos0 + t
+                        batch.n_seq_id[j] = 1
+                        batch.seq_id[j][0] = part.seq
+                        batch.logits[j] = part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1)
+                        j += 1
+                batch.n_tokens = n
+                rc = int(L.llama_decode(ctx, batch))
+                L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
+                return rc
+            finally:
+                L.llama_batch_free(batch)
+        if k == "seq_rm":
+            end = L.llama_memory_seq_pos_max(mem, call.seq) + 1
+            p0 = 0 if call.n < 0 else max(0, end - call.n)
+            return int(not L.llama_memory_seq_rm(mem, call.seq, p0, -1))
+        if k == "seq_cp":
+            L.llama_memory_seq_cp(mem, call.seq, call.dst, -1, -1)
+            return 0
+        if k == "seq_keep":
+            L.llama_memory_seq_keep(mem, call.seq)
+            return 0
+        if k == "shift":
+            if not L.llama_memory_can_shift(mem):
+                return "cannot shift"
+            a, b = call.n_keep, call.n_keep + call.n
+            if not L.llama_memory_seq_rm(mem, call.seq, a, b):
+                return 1
+            L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n)
+            return 0
+        if k == "clear":
+            L.llama_memory_clear(mem, True)
+            return 0
+        if k == "set_sampler":
+            smpl = self._samplers[call.seq] if call.flag and call.seq < len(self._samplers) else None
+            return int(not L.llama_set_sampler(ctx, call.seq, smpl))
+        getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
+        return 0
+
+
+def main() -> None:
+    chan = Channel(os.dup(1))
+    os.dup2(2, 1)
+    die_with_parent()
+    try:
+        eng = Llama(chan)
+    except Exception:
+        chan.send({"fatal": traceback.format_exc()})
+        return
+    chan.send({"hello": eng.info()})
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            w = LlamaWorkload.from_json(req["workload"])
+            done = eng.run(w, req["model_path"], req["endpoints"])
+            chan.send({"done": done})
+        except ConnectionError as e:
+            chan.send({"unreachable": str(e)})
+        except Exception:
+            chan.send({"error": traceback.format_exc()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+/* schedfuzz's window on a scheduler it does not own: preloaded (LD_PRELOAD) into the llama.cpp
+ * worker, it interposes the four scheduler entry points libllama calls through its PLT, calls the
+ * real ones (dlsym RTLD_NEXT) unchanged, and reports each call to a hook the worker installs.
+ * It includes no ggml header: the hook reads the graph through ggml's own public functions. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef void (*schedfuzz_hook_t)(int phase, void * sched, void * graph, long a, long b, long c);
+
+enum { HOOK_SCHED_NEW = 0, HOOK_RESERVE_BEGIN = 1, HOOK_RESERVE_END = 2, HOOK_ALLOC_BEGIN = 3, HOOK_ALLOC_END = 4, HOOK_SCHED_FREE = 5 };
+
+static schedfuzz_hook_t hook = NULL;
+
+void schedfuzz_set_hook(schedfuzz_hook_t h) { hook = h; }
+
+static void * real(const char * name) {
+    void * f = dlsym(RTLD_NEXT, name);
+    if (f == NULL) {
+        /* nothing sensible to do without the real scheduler */
+        __builtin_trap();
+    }
+    return f;
+}
+
+void * ggml_backend_sched_new(void * backends, void * bufts, int n_backends, size_t graph_size, bool parallel, bool op_offload) {
+    static void * (*f)(void *, void *, int, size_t, bool, bool);
+    if (!f) f = (void * (*)(void *, void *, int, size_t, bool, bool)) real("ggml_backend_sched_new");
+    void * sched = f(backends, bufts, n_backends, graph_size, parallel, op_offload);
+    if (hook) hook(HOOK_SCHED_NEW, sched, NULL, (long) graph_size, parallel, op_offload);
+    return sched;
+}
+
+void ggml_backend_sched_free(void * sched) {
+    static void (*f)(void *);
+    if (!f) f = (void (*)(void *)) real("ggml_backend_sched_free");
+    if (hook) hook(HOOK_SCHED_FREE, sched, NULL, 0, 0, 0);
+    f(sched);
+}
+
+bool ggml_backend_sched_reserve(void * sched, void * graph) {
+    static bool (*f)(void *, void *);
+    if (!f) f = (bool (*)(void *, void *)) real("ggml_backend_sched_reserve");
+    if (hook) hook(HOOK_RESERVE_BEGIN, sched, graph, 0, 0, 0);
+    bool ok = f(sched, graph);
+    if (hook) hook(HOOK_RESERVE_END, sched, graph, ok, 0, 0);
+    return ok;
+}
+
+bool ggml_backend_sched_alloc_graph(void * sched, void * graph) {
+    static bool (*f)(void *, void *);
+    if (!f) f = (bool (*)(void *, void *)) real("ggml_backend_sched_alloc_graph");
+    if (hook) hook(HOOK_ALLOC_BEGIN, sched, graph, 0, 0, 0);
+    bool ok = f(sched, graph);
+    if (hook) hook(HOOK_ALLOC_END, sched, graph, ok, 0, 0);
+    return ok;
+}
