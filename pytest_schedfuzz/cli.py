@@ -22,7 +22,7 @@ def _run(args: argparse.Namespace) -> int:
         fuzzer = Fuzzer(
             FuzzConfig(
                 profile=args.profile, examples=args.examples, seed=args.seed, budget=args.budget, target=args.target,
-                lib=args.lib, policy=args.policy, rereserve=args.rereserve, reference=args.reference,
+                lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, reference=args.reference,
             )
         )
     except ValueError as e:
@@ -45,7 +45,27 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _fuzzer(args: argparse.Namespace) -> Fuzzer:
-    return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, policy=args.policy, rereserve=args.rereserve, database=None))
+    return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None))
+
+
+def print_llama_run(fuzzer: Fuzzer, case: Case) -> None:
+    """A llama case's calls, each with the scheduler calls it caused: reallocations and reasons."""
+    assert case.llama is not None
+    w = case.llama
+    print(f"  {w.describe()}")
+    trace = fuzzer.llama_target.run(w)
+    names = {-1: "llama_init_from_model"} | {i: c.describe() for i, c in enumerate(w.calls)}
+    for c in trace.calls:
+        print(f"  {c.index:2d}: {names.get(c.index, c.kind):<60} rc={c.rc}")
+        for s in c.sched:
+            if s.kind in ("reserve", "alloc"):
+                mark = ("SAME-SIZE REALLOC" if s.same_size else "realloc") if s.realloc else ""
+                print(f"        {s.kind:<7} nodes={s.n_nodes} leafs={s.n_leafs} splits={s.n_splits} copies={s.n_copies} "
+                      f"graph_size={s.graph_size} (prev {s.prev_graph_size}) {mark}" + (f": {s.realloc_reason}" if s.realloc else ""))
+            elif s.kind == "new":
+                print(f"        ggml_backend_sched_new #{s.sched}: max_nodes={s.max_nodes} parallel={s.parallel} op_offload={s.op_offload}")
+    if trace.abort:
+        print(f"  !! {trace.abort.kind} in call {trace.abort.call}: {trace.abort.message.strip()[:2000]}")
 
 
 def _bad(e: CaseError, suffix: str = "") -> int:
@@ -72,14 +92,16 @@ def _replay(args: argparse.Namespace) -> int:
     failed = 0
     try:
         for case in cases:
-            print(f"== {case.path} [{case.property}] expect {case.expect}")
-            scenario = fuzzer.scenario_for(case)
-            trace = fuzzer.run_engine(scenario)
-            for r in trace.records:
+            print(f"== {case.path} [{case.property}] expect {case.expect if isinstance(case.expect, str) else 'fail: ' + case.expect['fail']}")
+            if case.llama is not None:
+                print_llama_run(fuzzer, case)
+            scenario = None if case.llama is not None else fuzzer.scenario_for(case)
+            trace = fuzzer.run_engine(scenario) if scenario is not None else None
+            for r in trace.records if trace is not None and scenario is not None else ():
                 print(f"  {r.index:2d}: {scenario.steps[r.index].describe():<48} splits={r.n_splits} graph_size={r.graph_size}")
                 for e in r.events:
                     print(f"      {e.describe()}")
-            if trace.abort:
+            if trace is not None and trace.abort:
                 print(f"  !! {trace.abort.kind} at step {trace.abort.step}: {trace.abort.message.strip()}")
             found = [v for v in fuzzer.replay(case) if v.signature() == case.signature]
             expected = case.expected_failure is not None
@@ -139,6 +161,13 @@ def _show(args: argparse.Namespace) -> int:
     except CaseError as e:
         return _bad(e)
     fuzzer = _fuzzer(args)
+    if case.llama is not None:  # a llama.cpp case: its calls, with the reallocations they caused
+        try:
+            print(f"{case.signature}: {case.message}")
+            print_llama_run(fuzzer, case)
+        finally:
+            fuzzer.close()
+        return 0
     try:
         scenario = fuzzer.scenario_for(case)
         trace = fuzzer.run_engine(scenario)
@@ -175,6 +204,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
     p.add_argument("--lib", help="directory with your own ggml shared libraries")
+    p.add_argument("--llama-lib", help="your llama.cpp build's library folder (default: llama-cpp-python's)")
     p.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
     p.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
 

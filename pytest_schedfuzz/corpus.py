@@ -1,6 +1,7 @@
 """The corpus: one JSON file per finding, saved atomically, checked on load, replayed, shrunk.
 
-A case holds the scenario, the property it broke, its failure signature (property id plus
+A case holds the scenario (or, for the llama.cpp properties, the llama workload: model, devices,
+context parameters and calls), the property it broke, its failure signature (property id plus
 the distinguishing facts), the engine it was found on, and ``expect``: ``"pass"`` (the bug is
 fixed: the case guards against its return) or ``{"fail": reason}`` (a known engine bug that
 must keep failing until fixed).
@@ -21,6 +22,7 @@ from typing import Any
 import jsonschema
 
 from .driver import Workload
+from .llama import LlamaWorkload, WorkloadError
 from .properties import PROPERTY_IDS
 from .scenario import Scenario
 from .shapes import SpecError, nelements
@@ -29,7 +31,8 @@ CASE_VERSION = 1
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["format", "version", "property", "signature", "scenario"],
+    "required": ["format", "version", "property", "signature"],
+    "oneOf": [{"required": ["scenario"]}, {"required": ["llama"]}],
     "properties": {
         "format": {"const": "schedfuzz-case"},
         "version": {"type": "integer"},
@@ -46,6 +49,7 @@ SCHEMA: dict[str, Any] = {
             ]
         },
         "workload": {"type": "object", "required": ["layout", "model", "n_ubatch", "events"]},
+        "llama": {"type": "object", "required": ["model", "ctx", "calls"], "properties": {"calls": {"type": "array", "items": {"type": "object", "required": ["kind"]}}}},
         "scenario": {
             "type": "object",
             "required": ["version", "layout", "graphs", "steps"],
@@ -72,7 +76,7 @@ class CaseError(Exception):
 class Case:
     property: str
     signature: str
-    scenario: Scenario
+    scenario: Scenario | None  # None for a llama.cpp case
     message: str = ""
     step: int = 0
     seed: int | None = None
@@ -80,6 +84,7 @@ class Case:
     expect: str | Mapping[str, str] = "pass"
     workload: Workload | None = None  # driver properties: replayed through the current driver
     path: Path | None = None
+    llama: LlamaWorkload | None = None  # llama.cpp properties: replayed on llama.cpp
 
     @property
     def expected_failure(self) -> str | None:
@@ -87,7 +92,10 @@ class Case:
 
     def size(self) -> tuple[int, int, int, int]:
         """(steps, op nodes, leafs, elements), over all graphs: what minimization reduces, in
-        that order."""
+        that order; for a llama case: calls, batch tokens, model layers, 0)."""
+        if self.scenario is None:
+            assert self.llama is not None
+            return len(self.llama.calls), sum(c.n_tokens() for c in self.llama.calls), self.llama.model.n_layer, 0
         graphs = [g for _, g in self.scenario.graphs]
         elements = sum(nelements(geo) for g in graphs for geo in g.geometry.values())
         return len(self.scenario.steps), sum(g.n_ops for g in graphs), sum(len(g.tensors) - g.n_ops for g in graphs), elements
@@ -103,13 +111,15 @@ class Case:
             "seed": self.seed,
             "engine": dict(self.engine),
             "expect": dict(self.expect) if isinstance(self.expect, Mapping) else self.expect,
-            "scenario": self.scenario.to_json(),
-        } | ({"workload": self.workload.to_json()} if self.workload is not None else {})
+        } | ({"scenario": self.scenario.to_json()} if self.scenario is not None else {}) \
+          | ({"workload": self.workload.to_json()} if self.workload is not None else {}) \
+          | ({"llama": self.llama.to_json()} if self.llama is not None else {})
 
     def file_name(self) -> str:
         """``<signature as a slug>-<scenario hash>.json``, e.g.
         ``no-same-size-realloc-explained-lost-73f51b5e50.json``."""
-        digest = hashlib.sha1(self.scenario.dumps().encode()).hexdigest()[:10]
+        body = self.scenario.dumps() if self.scenario is not None else json.dumps(self.llama.to_json() if self.llama else {}, sort_keys=True)
+        digest = hashlib.sha1(body.encode()).hexdigest()[:10]
         slug = re.sub(r"[^a-z0-9]+", "-", self.signature.lower()).strip("-")[:60].rstrip("-")
         return f"{slug}-{digest}.json"
 
@@ -118,13 +128,17 @@ def load_case(path: Path | str) -> Case:
     """Read and check one case; any problem raises ``CaseError`` naming the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise CaseError(path, f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise CaseError(path, f"not UTF-8 text: byte {e.object[e.start]:#04x} at offset {e.start}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise CaseError(path, f"not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise CaseError(path, "JSON nested too deeply to be a case") from None
     if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] > CASE_VERSION:
         raise CaseError(path, f"case format version {data['version']} is newer than this schedfuzz reads ({CASE_VERSION}); upgrade schedfuzz")
     try:
@@ -134,10 +148,23 @@ def load_case(path: Path | str) -> Case:
         raise CaseError(path, f"does not match the case schema at {where}: {e.message}") from None
     if data["version"] != CASE_VERSION:
         raise CaseError(path, f"case format version {data['version']} is not supported (this schedfuzz reads {CASE_VERSION})")
+    scenario = llama = None
     try:
-        scenario = Scenario.from_json(data["scenario"])
+        if "scenario" in data:
+            scenario = Scenario.from_json(data["scenario"])
     except SpecError as e:
         raise CaseError(path, f"inconsistent scenario: {e}") from None
+    except (KeyError, TypeError, ValueError, RecursionError) as e:
+        raise CaseError(path, f"malformed scenario: {type(e).__name__}: {e}") from None
+    if "llama" in data:
+        if not data["property"].startswith("llama-"):
+            raise CaseError(path, f"a llama workload cannot replay property {data['property']!r}")
+        try:
+            llama = LlamaWorkload.from_json(data["llama"])
+        except WorkloadError as e:
+            raise CaseError(path, f"llama workload: {e}") from None
+    elif data["property"].startswith("llama-"):
+        raise CaseError(path, f"property {data['property']!r} needs a llama workload")
     workload = None
     if "workload" in data:
         try:
@@ -155,6 +182,7 @@ def load_case(path: Path | str) -> Case:
         expect=data.get("expect", "pass"),
         workload=workload,
         path=path,
+        llama=llama,
     )
 
 

@@ -25,6 +25,9 @@ from reference.predict import predict as reference_predict
 from . import properties as props
 from .corpus import Case
 from .driver import Driver, Workload, can_reuse, load_policy
+from .llama import LlamaWorkload, llama_workloads
+from .llama_properties import LLAMA_CHECKS, scheduler_reuses
+from .llama_trace import LlamaTrace
 from .scenario import Scenario
 from .strategies import scenarios, workloads
 from .targets import Target, Unsupported, load_target
@@ -45,14 +48,18 @@ class Profile:
     max_layers: int = 4  # llama-like graphs: layers, and extra elementwise ops per layer
     max_extra_ops: int = 0
     blas: bool = False  # layouts with a BLAS backend (skipped where ggml has none)
+    llama_examples: int = 60  # workloads per llama.cpp property (tiny models: ~10 per second)
+    llama_layers: int = 3
+    llama_calls: int = 24
 
 
 PROFILES: dict[str, Profile] = {
-    "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False),
-    "ci": Profile(examples=25, max_rpc=2, max_steps=6, budget=240.0, derandomize=True),
+    "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40),
+    "ci": Profile(examples=25, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
-        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True
+        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True,
+        llama_examples=1000, llama_layers=6, llama_calls=48,
     ),
 }
 
@@ -65,6 +72,7 @@ class FuzzConfig:
     budget: float | None = None
     target: str | None = None  # module:factory; default the built-in ggml engine
     lib: str | None = None
+    llama_lib: str | None = None  # a llama.cpp build's library folder; default llama-cpp-python's
     policy: str | None = None  # module:callable
     rereserve: bool = True
     reference: str | None = None  # module:callable replacing reference.predict.predict
@@ -99,6 +107,31 @@ class Stats:
     splits: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
     findings: dict[str, int] = field(default_factory=dict)
+    # the llama.cpp target, counted as llama_perf_context_print does
+    llama_workloads: int = 0
+    llama_decodes: int = 0
+    llama_graphs_reused: int = 0
+    llama_reallocs_same: int = 0
+    llama_reallocs_changed: int = 0
+    llama_scheds_built: int = 0
+    llama_sched_reuses: int = 0
+    llama_decode_rc: dict[str, int] = field(default_factory=dict)
+
+    def add_llama(self, trace: LlamaTrace) -> None:
+        self.llama_workloads += 1
+        for c in trace.calls:
+            if c.kind == "decode":
+                self.llama_decodes += 1
+                self.llama_decode_rc[str(c.rc)] = self.llama_decode_rc.get(str(c.rc), 0) + 1
+            for s in c.sched:
+                self.llama_scheds_built += s.kind == "new"
+                if s.realloc:
+                    if s.same_size:
+                        self.llama_reallocs_same += 1
+                    else:
+                        self.llama_reallocs_changed += 1
+        self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
+        self.llama_sched_reuses += len(scheduler_reuses(trace))
 
     def add_trace(self, trace: Trace) -> None:
         for r in trace.records:
@@ -112,15 +145,23 @@ class Stats:
                 self.reallocs_changed += 1
 
     def merge(self, other: dict[str, Any]) -> None:
-        for k in ("examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known"):
+        for k in COUNTERS:
             setattr(self, k, getattr(self, k) + int(other.get(k, 0)))
-        for p, n in other.get("findings", {}).items():
-            self.findings[p] = self.findings.get(p, 0) + n
+        for key in ("findings", "llama_decode_rc"):
+            mine = getattr(self, key)
+            for p, n in other.get(key, {}).items():
+                mine[p] = mine.get(p, 0) + n
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known")} | {
-            "findings": dict(self.findings)
-        }
+        return {k: getattr(self, k) for k in COUNTERS} | {"findings": dict(self.findings), "llama_decode_rc": dict(self.llama_decode_rc)}
+
+    def delta(self, before: dict[str, Any]) -> dict[str, Any]:
+        """What was added since ``before`` (an ``as_dict``)."""
+        now = self.as_dict()
+        out: dict[str, Any] = {k: now[k] - before[k] for k in COUNTERS}
+        for key in ("findings", "llama_decode_rc"):
+            out[key] = {p: n - before[key].get(p, 0) for p, n in now[key].items()}
+        return out
 
     def summary_lines(self) -> list[str]:
         lines = [
@@ -130,10 +171,23 @@ class Stats:
             f"splits = {self.splits}",
             f"known engine bugs seen again = {self.known}",
         ]
+        if self.llama_workloads:
+            rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
+            lines += [
+                f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs})",
+                f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
+                f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
+                f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
+                + ("   (this llama.cpp builds a new scheduler on every reservation: llama-reuse-sound had nothing to check)" if not self.llama_sched_reuses else ""),
+            ]
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
         return lines
 
 
+COUNTERS = (
+    "examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known", "llama_workloads", "llama_decodes",
+    "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses",
+)
 DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
 
 
@@ -143,8 +197,12 @@ class Finding:
     scenario: Scenario
     violation: props.Violation
     workload: Workload | None = None
+    llama: LlamaWorkload | None = None
 
     def report(self) -> str:
+        if self.llama is not None:
+            calls = "\n".join(f"  {i:2d}: {c.describe()}" for i, c in enumerate(self.llama.calls))
+            return f"{self.violation}\n{self.llama.describe()}\ncalls:\n{calls}"
         sc = self.scenario
         steps = "\n".join(f"  {i:2d}: {s.describe()}" for i, s in enumerate(sc.steps))
         graphs = "\n".join(f"  {n}: {g.label or ''} {g.n_ops} ops, {len(g.tensors) - g.n_ops} leafs" for n, g in sc.graphs)
@@ -154,15 +212,18 @@ class Finding:
     def to_case(self, fuzzer: Fuzzer) -> Case:
         engine = dict(getattr(fuzzer._target, "engine", None) or {"name": fuzzer.config.target or "ggml"})
         v = self.violation
-        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload)
+        if self.llama is not None:
+            engine = dict(fuzzer.llama_target.engine) if fuzzer._llama is not None else {"name": "llama.cpp"}
+        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload, llama=self.llama)
 
 
 class ViolationFound(AssertionError):
-    def __init__(self, scenario: Scenario, violation: props.Violation, workload: Workload | None) -> None:
+    def __init__(self, scenario: Scenario | None, violation: props.Violation, workload: Workload | None, llama: LlamaWorkload | None = None) -> None:
         super().__init__(str(violation))
         self.scenario = scenario
         self.violation = violation
         self.workload = workload
+        self.llama = llama
 
 
 class Fuzzer:
@@ -180,6 +241,16 @@ class Fuzzer:
         self.started = time.monotonic()
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self._target: Target | None = None
+        self._llama: Any = None
+
+    @property
+    def llama_target(self) -> Any:
+        """The real llama.cpp (``targets.llama_target.LlamaTarget``), started on first use."""
+        if self._llama is None:
+            from .targets.llama_target import LlamaTarget
+
+            self._llama = LlamaTarget(lib_dir=self.config.llama_lib)
+        return self._llama
 
     @property
     def target(self) -> Target:
@@ -196,6 +267,9 @@ class Fuzzer:
         if self._target is not None:
             self._target.close()
             self._target = None
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
 
     def out_of_budget(self) -> bool:
         budget = self.config.budget if self.config.budget is not None else self.profile.budget
@@ -207,6 +281,14 @@ class Fuzzer:
         trace = self.target.run(scenario)
         self.stats.add_trace(trace)
         return trace
+
+    def check_llama(self, prop: str, workload: LlamaWorkload) -> list[props.Violation]:
+        """Every violation of ``prop`` on one workload run on llama.cpp. An abort is reported by
+        llama-no-abort only: llama.cpp aborts on some configurations at once, and that one bug
+        must not stop the search for reallocations (the workload then simply shows nothing)."""
+        trace = self.llama_target.run(workload)
+        self.stats.add_llama(trace)
+        return LLAMA_CHECKS[prop](workload, trace)
 
     def check(self, prop: str, scenario: Scenario) -> list[props.Violation]:
         """Every violation of ``prop`` (and of no-abort, whenever the engine ran) on one case."""
@@ -225,9 +307,12 @@ class Fuzzer:
 
     # ----------------------------------------------------------------- a property
 
-    def strategy(self, prop: str) -> st.SearchStrategy[Workload | Scenario]:
-        """Driver properties fuzz workloads (played by the driver); the others raw scenarios."""
+    def strategy(self, prop: str) -> st.SearchStrategy[Workload | Scenario | LlamaWorkload]:
+        """Driver properties fuzz workloads (played by the driver), llama properties server-like
+        workloads (run on llama.cpp); the others raw scenarios."""
         p = self.profile
+        if prop in props.LLAMA_PROPERTY_IDS:
+            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls)
         if prop in DRIVER_PROPERTIES:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
             reconf = 0 if prop == "no-same-size-realloc" else 1
@@ -241,7 +326,7 @@ class Fuzzer:
         """Run Hypothesis on one property; the shrunk failing case, or None. With ``shards``
         (one per pytest-xdist worker) this runs shard ``shard``: its share of the examples,
         under seed ``seed + shard``."""
-        n = examples or self.config.examples or self.profile.examples
+        n = examples or self.config.examples or (self.profile.llama_examples if prop in props.LLAMA_PROPERTY_IDS else self.profile.examples)
         n = -(-n // shards)
         db = DirectoryBasedExampleDatabase(str(self.config.database)) if self.config.database else None
         # shrink towards the first failure's signature only, so that a case keeps its finding
@@ -260,13 +345,13 @@ class Fuzzer:
             report_multiple_bugs=False,
         )
         @given(self.strategy(prop))
-        def run(case: Workload | Scenario) -> None:
+        def run(case: Workload | Scenario | LlamaWorkload) -> None:
             if self.out_of_budget():
                 return
             self.stats.examples += 1
-            scenario = self.scenario_of(case)
+            scenario = None if isinstance(case, LlamaWorkload) else self.scenario_of(case)
             try:
-                found = self.check(prop, scenario)
+                found = self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
             except Unsupported:
                 return
             # a known engine bug (an expect-fail case of the corpus) found again is not news
@@ -277,13 +362,13 @@ class Fuzzer:
                 self.first_failure = time.monotonic() - start
             if found and (not target or found[0].signature() == target[0]):
                 target[:] = [found[0].signature()]
-                raise ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None)
+                raise ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None, case if isinstance(case, LlamaWorkload) else None)
 
         try:
             run()
         except ViolationFound as e:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
-            return Finding(prop, e.scenario, e.violation, e.workload)
+            return Finding(prop, e.scenario, e.violation, e.workload, e.llama)  # type: ignore[arg-type]
         return None
 
     def learn_known_bugs(self, directory: Path) -> None:
@@ -306,7 +391,7 @@ class Fuzzer:
     def screen(self, case: Case) -> list[str] | None:
         """The signatures the reference alone predicts for a case (the engine replaced by its
         prediction), where that says anything: a cheap filter before replaying on the engine."""
-        if case.property != "no-same-size-realloc":
+        if case.property != "no-same-size-realloc" or case.scenario is None:
             return None
         scenario = self.scenario_for(case)
         p = self.predict(scenario)
@@ -315,4 +400,6 @@ class Fuzzer:
     def replay(self, case: Case) -> list[props.Violation]:
         """Check one saved case (no Hypothesis). A case with a workload is played again by
         this run's driver, so that it judges the current policy, not the recorded decisions."""
+        if case.llama is not None:
+            return self.check_llama(case.property, case.llama)
         return self.check(case.property, self.scenario_for(case))

@@ -146,6 +146,9 @@ class LlamaWorkload:
         """Parse and validate; any problem raises ``WorkloadError`` naming the field."""
         try:
             model = ModelSpec.from_json(d["model"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise WorkloadError(f"model: {e}") from None
+        try:
             dv = dict(d.get("devices", {}))
             dv["tensor_split"] = tuple(float(x) for x in dv.get("tensor_split", ()))
             devices = Devices(**dv)
@@ -184,7 +187,10 @@ class LlamaWorkload:
         need(0 <= c.n_outputs_max <= c.n_batch and 0 <= c.n_outputs_max_per_seq <= c.n_batch,
              f"ctx.n_outputs_max {c.n_outputs_max} / n_outputs_max_per_seq {c.n_outputs_max_per_seq}: must be 0..n_batch")
         need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
+        causal = True
         for i, call in enumerate(self.calls):
+            if call.kind == "set_causal_attn":
+                causal = call.flag
             where = f"calls[{i}] ({call.kind})"
             need(call.kind in CALL_KINDS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
             need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
@@ -198,6 +204,7 @@ class LlamaWorkload:
                     need(p.n_tokens >= 1 and p.outputs in OUTPUTS, f"{where}: part {p} out of range")
                     need(p.n_outputs() <= c.outputs_max_per_seq(), f"{where}: {p.n_outputs()} outputs for seq {p.seq} > n_outputs_max_per_seq {c.outputs_max_per_seq()}")
                 need(call.n_tokens() <= c.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {c.n_batch}")
+                need(causal or call.n_tokens() <= c.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
                 need(call.n_outputs() <= c.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {c.outputs_max()}")
 
     def describe(self) -> str:
@@ -231,7 +238,7 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3) -> ModelSpec:
     """A tiny dense or mixture-of-experts llama (sizes within ``ModelSpec``'s bounds)."""
     n_head_kv = draw(st.sampled_from((1, 2, 4)))
     n_head = n_head_kv * draw(st.sampled_from((1, 2)))
-    head_dim = draw(st.sampled_from((16, 32) if n_head == 1 else (8, 16, 32)))
+    head_dim = draw(st.sampled_from((16, 32) if n_head == 1 else (8, 16, 32) if n_head <= 4 else (8, 16)))
     moe = draw(st.booleans())
     return ModelSpec(
         kind="moe" if moe else "dense",
@@ -261,7 +268,8 @@ def context_params(draw: st.DrawFn, head_dim: int = 32) -> ContextParams:
     pooling = draw(st.sampled_from(POOLING)) if embeddings else "none"
     # the limits llama-server sets: n_parallel * (1 + n_draft) outputs, capped at n_batch
     n_draft = draw(st.sampled_from((0, 0, 1, 3)))
-    limited = draw(st.booleans())
+    # with embeddings on and no pooling llama.cpp outputs every token: llama-server then sets no limit
+    limited = draw(st.booleans()) and not embeddings
     per_seq = min(n_batch, 1 + n_draft) if limited else 0
     total = min(n_batch, n_seq_max * (1 + n_draft)) if limited else 0
     return ContextParams(
@@ -363,12 +371,30 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24) -> tu
             calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
         else:
             kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")))
-            if kind == "set_sampler" and not ctx.backend_samplers:
+            if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
                 kind = "set_warmup"
             calls.append(Call(kind, seq=draw(st.sampled_from(seqs)), flag=draw(st.booleans())))
             if kind == "clear":
                 active = set()
-    return tuple(calls[:max_calls])
+    return _within_ubatch_when_non_causal(calls[:max_calls], ctx.n_ubatch)
+
+
+def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Call, ...]:
+    """llama.cpp requires ``n_tokens <= n_ubatch`` while causal attention is off: trim such batches."""
+    out, causal = [], True
+    for c in calls:
+        if c.kind == "set_causal_attn":
+            causal = c.flag
+        elif c.kind == "decode" and not causal and c.n_tokens() > n_ubatch:
+            parts, room = [], n_ubatch
+            for p in c.parts:
+                if room > 0:
+                    n = min(p.n_tokens, room)
+                    parts.append(replace(p, n_tokens=n, outputs="last" if p.outputs == "all" and n < p.n_tokens else p.outputs))
+                    room -= n
+            c = replace(c, parts=tuple(parts))
+        out.append(c)
+    return tuple(out)
 
 
 @st.composite

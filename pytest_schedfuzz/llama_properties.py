@@ -15,14 +15,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from reference.params import SchedParams
 
 from .llama import LlamaWorkload
 from .llama_trace import LlamaTrace, SchedCall
-from .properties import Violation
-
-LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort")
+from .properties import LLAMA_PROPERTY_IDS, Violation
 
 
 def role(name: str) -> str:
@@ -84,8 +83,11 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 lost_by = reason_kind(x.realloc_reason)
             else:
                 how = "not-dominating"
-                why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph: "
-                       f"{_what_grew(r, s)}")
+                switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]
+                changed = (f"; the graph was changed without a new reservation by {', '.join(_call_name(w, i) for i in switches)}"
+                           if switches else "")
+                why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
+                       f"({_what_grew(r, s)}){changed}")
                 lost_by = "-"
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}",
                                  {"explained": how, "invalid": invalid, "lost_by": lost_by}))
@@ -96,28 +98,33 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
 
 
 def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedCall]]:
-    """(call, the kept scheduler's creation, the reservation made on it) for every reservation
-    that llama.cpp made on a scheduler built in an earlier call (its reuse)."""
-    created: dict[int, tuple[int, SchedCall]] = {}
+    """(call, the kept scheduler's creation, llama.cpp's ``sched_reserve``) for every worst-case
+    re-reservation (``llama_context::sched_reserve``) that kept the scheduler it had instead of
+    building a new one: the reuse that ``sched_params::can_reuse`` must allow."""
     out = []
-    seen_reserve: set[tuple[int, int]] = set()
+    current: SchedCall | None = None
+    pending: tuple[int, SchedCall] | None = None
     for call, s in trace.sched_calls():
-        if s.kind == "new":
-            created[s.sched] = (call, s)
-        elif s.kind == "reserve" and s.sched in created and created[s.sched][0] < call and (call, s.sched) not in seen_reserve:
-            seen_reserve.add((call, s.sched))
-            out.append((call, created[s.sched][1], s))
+        if s.kind == "sched_reserve":
+            pending = (call, s)
+        elif s.kind == "new":
+            current, pending = s, None
+        elif s.kind == "reserve" and pending is not None and current is not None:
+            out.append((pending[0], current, pending[1]))
+            pending = None
     return out
 
 
 def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     out = []
-    for call, new, _ in scheduler_reuses(trace):
-        cur = SchedParams(max_nodes=new.max_nodes, parallel=new.parallel, op_offload=new.op_offload)
-        # what llama.cpp would build now: op_offload is fixed per context, parallel only drops
-        want = SchedParams(max_nodes=new.max_nodes, parallel=new.parallel, op_offload=w.ctx.op_offload)
-        if not want.can_reuse(cur):
-            out.append(Violation("llama-reuse-sound", max(call, 0), f"{_call_name(w, call)} kept scheduler #{new.sched} although can_reuse is false", {"why": "params"}))
+    for call, kept, asked in scheduler_reuses(trace):
+        cur = SchedParams(max_nodes=kept.max_nodes, parallel=kept.parallel, op_offload=kept.op_offload)
+        # what llama.cpp asks for now: max_nodes as it logs it; op_offload is fixed per context
+        new = SchedParams(max_nodes=asked.max_nodes, parallel=kept.parallel, op_offload=w.ctx.op_offload)
+        if not new.can_reuse(cur):
+            out.append(Violation("llama-reuse-sound", max(call, 0),
+                                 f"{_call_name(w, call)} kept scheduler #{kept.sched} (max_nodes {cur.max_nodes}, op_offload {cur.op_offload}) "
+                                 f"for max_nodes {new.max_nodes}, op_offload {new.op_offload}: can_reuse is false", {"why": "params"}))
     return out
 
 
@@ -134,8 +141,9 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     return []
 
 
-LLAMA_CHECKS = {
+LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {
     "llama-no-same-size-realloc": llama_no_same_size_realloc,
     "llama-reuse-sound": llama_reuse_sound,
     "llama-no-abort": llama_no_abort,
 }
+assert tuple(LLAMA_CHECKS) == LLAMA_PROPERTY_IDS

@@ -19,7 +19,7 @@ class SchedCall:
     """One scheduler call made by libllama. ``realloc_reason`` is set when ``alloc`` re-planned:
     ``backend ids changed``, ``different number of nodes|leafs``, ``node NAME is not valid``..."""
 
-    kind: str  # new | reserve | alloc | free
+    kind: str  # sched_reserve (llama.cpp reserves the worst case again) | new | reserve | alloc | free
     sched: int
     ok: bool = True
     n_nodes: int = 0

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from .corpus import Case
 from .driver import Ubatch, Workload
+from .llama import LlamaWorkload
 from .scenario import BackendLayout, GraphSpec, Scenario
 from .shapes import TYPES, Geometry, SpecError, infer, new_tensor
 
@@ -203,6 +204,41 @@ def _workload_candidates(w: Workload) -> Iterator[Workload]:
         yield replace(w, n_ubatch=n, events=events)
 
 
+def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
+    """Smaller llama workloads, most shrinking first: fewer calls (from the end), fewer parts and
+    tokens per batch, one RPC device, fewer layers and sequences. Invalid ones are skipped."""
+
+    def valid(c: LlamaWorkload) -> bool:
+        try:
+            c.validate()
+        except ValueError:
+            return False
+        return True
+
+    calls = list(w.calls)
+    cands: list[LlamaWorkload] = []
+    for i in reversed(range(len(calls))):
+        cands.append(replace(w, calls=tuple(calls[:i] + calls[i + 1 :])))
+    for i, c in enumerate(calls):
+        if c.kind != "decode":
+            continue
+        for j, p in enumerate(c.parts):
+            if len(c.parts) > 1:
+                cands.append(replace(w, calls=tuple(calls[:i] + [replace(c, parts=c.parts[:j] + c.parts[j + 1 :])] + calls[i + 1 :])))
+            if p.n_tokens > 1:
+                for n in (1, p.n_tokens // 2, p.n_tokens - 1):
+                    q = replace(p, n_tokens=n)
+                    cands.append(replace(w, calls=tuple(calls[:i] + [replace(c, parts=c.parts[:j] + (q,) + c.parts[j + 1 :])] + calls[i + 1 :])))
+    if w.devices.n_rpc > 1:
+        cands.append(replace(w, devices=replace(w.devices, n_rpc=1, tensor_split=())))
+    if w.model.n_layer > 1:
+        cands.append(replace(w, model=replace(w.model, n_layer=1)))
+    used = max((max((p.seq for p in c.parts), default=c.seq) for c in calls), default=0)
+    if w.ctx.n_seq_max > used + 1:
+        cands.append(replace(w, ctx=replace(w.ctx, n_seq_max=used + 1)))
+    yield from (c for c in cands if valid(c))
+
+
 def minimize_case(
     case: Case,
     replay: Replay,
@@ -266,7 +302,16 @@ def minimize_case(
         return best
 
     best = case
-    if best.workload is not None:
+    if best.llama is not None:
+        improved = True
+        while improved:
+            improved = False
+            for lw in llama_candidates(best.llama):
+                cand = replace(best, llama=lw)
+                if keeps(cand):
+                    best, improved = cand, True
+                    break
+    elif best.workload is not None:
         improved = True
         while improved:
             improved = False

@@ -31,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-budget", "seconds for the whole fuzzing run (overrides the profile)", type=float)
     add("schedfuzz-target", "implementation under test as MODULE:FACTORY (default: the real ggml)")
     add("schedfuzz-lib", "directory with your own build of the ggml shared libraries (env SCHEDFUZZ_GGML_LIB)")
+    add("schedfuzz-llama-lib", "your llama.cpp build's library folder, e.g. build/bin (env SCHEDFUZZ_LLAMA_LIB; default: llama-cpp-python's)")
     add("schedfuzz-policy", "scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)")
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
     add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")
@@ -86,6 +87,7 @@ class SchedfuzzSession:
             budget=num("schedfuzz_budget", float),
             target=_opt(config, "schedfuzz_target") or None,
             lib=_opt(config, "schedfuzz_lib") or os.environ.get("SCHEDFUZZ_GGML_LIB") or None,
+            llama_lib=_opt(config, "schedfuzz_llama_lib") or os.environ.get("SCHEDFUZZ_LLAMA_LIB") or None,
             policy=_opt(config, "schedfuzz_policy") or None,
             rereserve=True if rereserve is None else bool(rereserve),
             reference=_opt(config, "schedfuzz_reference") or None,
@@ -115,10 +117,13 @@ class SchedfuzzSession:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         fc = self.fuzz_config
         engine = fc.target or f"ggml (lib: {fc.lib or 'ggml-python bundled'})"
-        return [
+        lines = [
             f"schedfuzz: profile={fc.profile} seed={fc.seed} engine={engine} "
             f"policy={fc.policy or 'can_reuse'} rereserve={'on' if fc.rereserve else 'off'}"
         ]
+        if any(p.startswith("llama-") for p in self.properties):
+            lines.append(f"schedfuzz: llama.cpp (lib: {fc.llama_lib or 'llama-cpp-python bundled'})")
+        return lines
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:  # pytest-xdist: same seed on every worker
@@ -227,10 +232,7 @@ class PropertyItem(pytest.Item):
         try:
             finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards)
         finally:
-            after = fuzzer.stats.as_dict()
-            delta = {k: after[k] - before[k] for k in after if k != "findings"}
-            delta["findings"] = {p: n - before["findings"].get(p, 0) for p, n in after["findings"].items()}
-            self.user_properties.append((STATS_KEY, delta))
+            self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
         if finding is not None:
             from .corpus import save_case
 

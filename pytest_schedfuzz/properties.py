@@ -15,7 +15,10 @@ from reference.params import SchedParams
 from .scenario import Scenario, Step
 from .trace import ReallocEvent, StepRecord, Trace
 
-PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "no-abort")
+GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "no-abort")
+# properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
+LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort")
+PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
 
 
 @dataclass(frozen=True)

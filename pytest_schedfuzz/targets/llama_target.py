@@ -86,10 +86,11 @@ class LlamaTarget:
     """The real llama.cpp. ``run(workload) -> LlamaTrace``; an abort, crash or hang ends the trace
     at the call that caused it and the next workload gets a fresh worker.
 
-    ``debug_realloc`` runs with ``GGML_SCHED_DEBUG_REALLOC=1``: ggml's own same-size check, which
-    aborts on a same-size reallocation (an independent confirmation of a finding)."""
+    ``debug_realloc`` sets ``GGML_SCHED_DEBUG_REALLOC``: 1 is ggml's own same-size check, which
+    aborts on a same-size reallocation (an independent confirmation of a finding); 2 aborts on
+    any reallocation, printing ggml's graph size."""
 
-    def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: bool = False) -> None:
+    def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: int = 0) -> None:
         self.lib_dir = resolve_lib_dir(lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None)
         self.call_timeout = call_timeout
         self.start_timeout = start_timeout
@@ -105,7 +106,7 @@ class LlamaTarget:
         env["LD_PRELOAD"] = " ".join(p for p in (str(self.hook), env.get("LD_PRELOAD", "")) if p)
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)
         if self.debug_realloc:
-            env["GGML_SCHED_DEBUG_REALLOC"] = "1"
+            env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
         env.setdefault("OMP_NUM_THREADS", "1")
         worker = _Worker(env, "pytest_schedfuzz.targets.llama_worker")
         try:

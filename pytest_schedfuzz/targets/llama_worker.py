@@ -116,7 +116,11 @@ class Llama:
 
     def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
         try:
-            self.log.feed((text or b"").decode(errors="replace"))
+            line = (text or b"").decode(errors="replace")
+            if line.startswith("sched_reserve: max_nodes = "):
+                # llama_context::sched_reserve: the worst case is reserved again (on a new or a kept scheduler)
+                self.sched_events.append({"kind": "sched_reserve", "sched": -1, "max_nodes": int(line.split("=")[1])})
+            self.log.feed(line)
         except Exception as e:  # an exception must not unwind into C
             self.log.errors.append(f"log callback failed: {e!r}")
 

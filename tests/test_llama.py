@@ -1,0 +1,168 @@
+"""The llama.cpp target: workloads, the properties on synthetic traces, and the real llama.cpp
+(llama-cpp-python 0.3.36, ggml 0.25.3) with RPC devices on loopback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from pytest_schedfuzz.gguf_models import ModelSpec
+from pytest_schedfuzz.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError, llama_workloads
+from pytest_schedfuzz.llama_properties import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
+from pytest_schedfuzz.llama_trace import CallRecord, LlamaTrace, SchedCall
+
+needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+
+MOE = ModelSpec(kind="moe", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=16, n_expert=4, n_expert_used=2)
+
+
+def decode(*parts: tuple[int, int, str]) -> Call:
+    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
+
+
+# a MoE context in warmup: llama.cpp routes every token to all 4 experts, not 2, and does not
+# reserve again ("warmups are usually with small batches"), so a warmup batch of more than
+# n_ubatch * 2 / 4 tokens outgrows ffn_moe_weights' reservation: a same-size reallocation
+# (shrunk by the fuzzer from a server-like workload)
+WARMUP = LlamaWorkload(
+    MOE, Devices(n_rpc=1, n_gpu_layers=0),
+    ContextParams(n_ctx=256, n_batch=8, n_ubatch=8, flash_attn="off", op_offload=False, kv_unified=False, embeddings=True),
+    (decode((0, 1, "last")), Call("set_warmup", flag=True), decode((0, 1, "last")), decode((0, 5, "last"))),
+)
+# ordinary traffic of one slot: prompt chunks, then token generation, all within the reservation
+STEADY = LlamaWorkload(
+    ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=2),
+    (decode((0, 32, "none")), decode((0, 7, "last")), decode((0, 1, "last")), decode((0, 1, "last"), (1, 5, "last")), decode((0, 1, "last"), (1, 1, "last"))),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(llama_workloads())
+def test_generated_workloads_are_valid_and_round_trip(w: LlamaWorkload) -> None:
+    w.validate()
+    assert LlamaWorkload.from_json(w.to_json()) == w
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda w: replace(w, ctx=replace(w.ctx, n_ubatch=-3)), "ctx.n_ubatch"),
+        (lambda w: replace(w, calls=(decode((5, 1, "last")),)), "sequence id 5 >= n_seq_max"),
+        (lambda w: replace(w, ctx=replace(w.ctx, n_outputs_max=1), calls=(decode((0, 2, "all")),)), "n_outputs_max"),
+        (lambda w: replace(w, calls=(decode((0, 65, "last")),)), "n_batch"),
+        (lambda w: replace(w, devices=Devices(n_rpc=7)), "devices.n_rpc"),
+        (lambda w: replace(w, calls=(Call("set_causal_attn", flag=False), decode((0, 64, "last")))), "causal attention is off"),
+        (lambda w: replace(w, model=replace(w.model, n_head=0)), "model: n_head"),
+    ],
+)
+def test_invalid_workloads_are_refused_naming_the_field(change, field: str) -> None:
+    with pytest.raises(WorkloadError, match=field):
+        LlamaWorkload.from_json(change(STEADY).to_json())
+
+
+def _alloc(sched: int, size: int, prev: int, reason: str = "", ids: bool = False, n_nodes: int = 10, tokens: int = 1) -> SchedCall:
+    return SchedCall("alloc", sched, n_nodes=n_nodes, graph_size=size, prev_graph_size=prev, inputs={"inp_tokens": (tokens, 1, 1, 1)},
+                     realloc=bool(reason), backend_ids_changed=ids, realloc_reason=reason)
+
+
+def test_same_size_realloc_is_explained_as_a_lost_reservation() -> None:
+    w = replace(STEADY, calls=STEADY.calls[:3])
+    reserve = SchedCall("reserve", 0, n_nodes=10, graph_size=20, inputs={"inp_tokens": (32, 1, 1, 1)})
+    trace = LlamaTrace((
+        CallRecord(-1, "init", 0, (SchedCall("new", 0, max_nodes=1024), reserve)),
+        CallRecord(0, "decode", 0, (_alloc(0, 22, 20, "different number of nodes", n_nodes=12, tokens=1),)),
+        CallRecord(1, "decode", 0, (_alloc(0, 20, 22, "different number of nodes", tokens=1),)),
+        CallRecord(2, "decode", 0, (_alloc(0, 20, 20, "node inp_embd is not valid", tokens=7),)),
+    ))
+    (v,) = llama_no_same_size_realloc(w, trace)
+    assert v.step == 2 and v.facts == {"explained": "lost", "invalid": "node inp_embd", "lost_by": "nodes"}
+    assert "replaced in call 0" in v.message and "inp_tokens [1, 1, 1, 1] -> [7, 1, 1, 1]" in v.message
+    # backend ids that changed or a changed graph size are not same-size reallocations
+    trace2 = replace(trace, calls=trace.calls[:3] + (CallRecord(2, "decode", 0, (_alloc(0, 20, 20, "backend ids changed", ids=True),)),))
+    assert llama_no_same_size_realloc(w, trace2) == []
+
+
+def test_reuse_sound_catches_a_kept_scheduler_that_is_too_small() -> None:
+    """A planted llama.cpp that keeps its scheduler across a reservation asking for more nodes."""
+    new = SchedCall("new", 0, max_nodes=1024, op_offload=True)
+    kept = (CallRecord(-1, "init", 0, (SchedCall("sched_reserve", -1, max_nodes=1024), new, SchedCall("reserve", 0))),
+            CallRecord(0, "set_warmup", 0, ()),
+            CallRecord(1, "decode", 0, (SchedCall("sched_reserve", -1, max_nodes=4096), SchedCall("reserve", 0))))
+    trace = LlamaTrace(kept)
+    assert [c for c, _, _ in scheduler_reuses(trace)] == [1]
+    (v,) = llama_reuse_sound(STEADY, trace)
+    assert "max_nodes 4096" in v.message
+    smaller = replace(trace, calls=kept[:2] + (CallRecord(1, "decode", 0, (SchedCall("sched_reserve", -1, max_nodes=512), SchedCall("reserve", 0))),))
+    assert llama_reuse_sound(STEADY, smaller) == []
+
+
+@pytest.fixture(scope="module")
+def target():
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+
+    t = LlamaTarget()
+    yield t
+    t.close()
+
+
+@needs_llama
+@pytest.mark.engine
+def test_traffic_within_the_reservation_passes(target) -> None:
+    trace = target.run(STEADY)
+    assert trace.abort is None
+    allocs = [s for _, s in trace.sched_calls() if s.kind == "alloc"]
+    assert len(allocs) >= 5 and all(not s.realloc for s in allocs)
+    assert [c.rc for c in trace.calls if c.kind == "decode"] == [0] * 5
+    assert all(f(STEADY, trace) == [] for f in LLAMA_CHECKS.values())
+    assert trace.engine["ggml_version"] == "0.25.3"
+
+
+@needs_llama
+@pytest.mark.engine
+def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
+    trace = target.run(WARMUP)
+    (v,) = llama_no_same_size_realloc(WARMUP, trace)
+    assert v.step == 3 and v.facts["invalid"] == "node ffn_moe_weights-N" and v.facts["explained"] == "not-dominating"
+    # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) aborts at the same call
+    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+
+    with LlamaTarget(debug_realloc=1) as strict:
+        confirmed = strict.run(WARMUP)
+    assert confirmed.abort is not None and confirmed.abort.call == 3
+    assert "unexpected graph reallocation" in confirmed.abort.message
+
+
+@needs_llama
+@pytest.mark.engine
+def test_graph_size_is_the_one_ggml_computes(target) -> None:
+    """GGML_SCHED_DEBUG_REALLOC=2 makes ggml abort on the first reallocation, printing its graph size."""
+    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+
+    for w in (WARMUP, replace(WARMUP, devices=Devices(n_rpc=2, n_gpu_layers=99))):
+        ours = next(s for _, s in target.run(w).sched_calls() if s.realloc)
+        with LlamaTarget(debug_realloc=2) as t:
+            trace = t.run(w)
+        assert trace.abort is not None
+        assert f"graph size = {ours.graph_size}, nodes = " in trace.abort.message
+
+
+@needs_llama
+@pytest.mark.engine
+def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
+    # llama.cpp 0.3.36 asserts in output_reserve when embeddings without pooling output every
+    # token past a limit of one output (llama-server sets no limit with embeddings)
+    bad = replace(STEADY, ctx=replace(STEADY.ctx, embeddings=True, n_outputs_max=1, n_outputs_max_per_seq=1), calls=(decode((0, 2, "last")),))
+    trace = target.run(bad)
+    (v,) = LLAMA_CHECKS["llama-no-abort"](bad, trace)
+    assert v.step == 0 and "n_outputs_max" in v.message
+    assert target.run(STEADY).abort is None
+    pids = target.servers.pids
+    target.close()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
