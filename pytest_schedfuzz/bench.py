@@ -36,7 +36,7 @@ from reference.sched import Scheduler
 
 from .fuzz import FuzzConfig, Fuzzer
 from .models import ModelShape, llama_graph
-from .properties import PROPERTY_IDS
+from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from .scenario import BackendLayout, Scenario, Step
 from .targets.ggml_target import GgmlTarget
 
@@ -203,6 +203,33 @@ def time_to_failure(seeds: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+def llama(examples: int, seeds: int) -> dict[str, Any]:
+    """The llama.cpp properties: workloads and decodes per second with the corpus's known bugs
+    (as under pytest), and the time to the first same-size finding from nothing known."""
+    fuzzer = Fuzzer(FuzzConfig(profile="ci", database=None, budget=1e9))
+    fuzzer.learn_known_bugs(Path(__file__).resolve().parent.parent / "corpus")
+    rates: dict[str, dict[str, float]] = {}
+    try:
+        for prop in LLAMA_PROPERTY_IDS:
+            before = fuzzer.stats.as_dict()
+            t = time.perf_counter()
+            fuzzer.fuzz(prop, examples)
+            wall = time.perf_counter() - t
+            d = fuzzer.stats.delta(before)
+            rates[prop] = {"workloads_per_s": d["llama_workloads"] / wall, "decodes_per_s": d["llama_decodes"] / wall}
+    finally:
+        fuzzer.close()
+    times = []
+    for seed in range(1, seeds + 1):
+        fuzzer = Fuzzer(FuzzConfig(profile="ci", seed=seed, database=None, budget=1e9, examples=1000))
+        try:
+            finding = fuzzer.fuzz("llama-no-same-size-realloc")
+        finally:
+            fuzzer.close()
+        times.append(fuzzer.first_failure if finding is not None and fuzzer.first_failure is not None else float("inf"))
+    return {"rates": rates, "first_same_size_median_s": statistics.median(times), "found": sum(t != float("inf") for t in times), "seeds": seeds}
+
+
 def xdist(examples: int) -> dict[str, Any]:
     # no-abort is left out: it finds the known RPC server crash, and shrinking that (one worker
     # restart per abort) would dominate the figure
@@ -224,11 +251,19 @@ def xdist(examples: int) -> dict[str, Any]:
     return out
 
 
+SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama")
+
+
 def run(
     repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500
 ) -> dict[str, Any]:
-    chosen = set(sections.split(",")) if sections != "all" else {"scaling", "overhead", "examples", "failure", "xdist"}
+    chosen = set(sections.split(",")) if sections != "all" else set(SECTIONS)
+    unknown = chosen - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"--sections: unknown {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
     results: dict[str, Any] = {}
+    if "llama" in chosen:
+        results["llama"] = llama(max(examples, 100), seeds)
     if "scaling" in chosen:
         results["scaling"] = scaling(repeats, release_lib)
     if "overhead" in chosen:
@@ -267,6 +302,12 @@ def report(r: dict[str, Any]) -> str:
         lines.append("time to first failure (median over seeds):")
         for name, v in r["time_to_first_failure"].items():
             lines.append(f"  {name:<32} {v['property']:<22} {v['median_s']:.2f} s ({v['found']}/{v['seeds']} seeds)")
+    if "llama" in r:
+        ll = r["llama"]
+        lines.append("llama.cpp properties (ci profile, known bugs of the corpus loaded):")
+        for prop, v in ll["rates"].items():
+            lines.append(f"  {prop:<28} {v['workloads_per_s']:.1f} workloads/s, {v['decodes_per_s']:.1f} decodes/s")
+        lines.append(f"  first same-size finding, nothing known: median {ll['first_same_size_median_s']:.2f} s ({ll['found']}/{ll['seeds']} seeds)")
     if "xdist" in r:
         x = r["xdist"]
         lines.append(f"xdist: -n 1 {x['n1']['examples_per_s']:.1f} ex/s, -n 2 {x['n2']['examples_per_s']:.1f} ex/s: {x['speedup']:.2f}x")
@@ -277,7 +318,11 @@ def main(args: Any) -> int:
     release = args.release_lib
     if args.build_release:
         release = str(build_release(Path(args.build_release)))
-    results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples)
+    try:
+        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples)
+    except ValueError as e:
+        print(f"schedfuzz bench: {e}", file=sys.stderr)
+        return 2
     print(report(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

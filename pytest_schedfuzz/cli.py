@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bn.add_argument("--examples", type=int, default=20, help="examples per property for the rate figures")
     bn.add_argument("--seeds", type=int, default=5, help="seeds per planted fault")
     bn.add_argument("--xdist-examples", type=int, default=500, help="examples per property for the -n 1 / -n 2 figure")
-    bn.add_argument("--sections", default="all", help="comma-separated: scaling,overhead,examples,failure,xdist")
+    bn.add_argument("--sections", default="all", help="comma-separated: scaling,overhead,examples,failure,xdist,llama")
     bn.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.properties import GRAPH_PROPERTY_IDS
+
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).parent
@@ -51,7 +53,7 @@ def test_flag_off_costs_nothing(pytester: pytest.Pytester):
 
 
 def test_dev_profile_passes_and_prints_the_summary(fuzz, pytester: pytest.Pytester):
-    result = fuzz()
+    result = fuzz("--schedfuzz-properties", ",".join(GRAPH_PROPERTY_IDS))
     result.assert_outcomes(passed=6)
     out = result.stdout.str()
     assert "schedfuzz: profile=dev seed=1 engine=ggml" in out
@@ -120,3 +122,19 @@ def test_schedfuzz_run_exits_non_zero_on_findings(pytester: pytest.Pytester, mon
     assert good.ret == 0 and "graph reallocs = " in good.stdout.str()
     bad = pytester.run(*cli, "--properties", "reuse-complete", "--policy", "planted:never", timeout=300)
     assert bad.ret == 1 and "reuse-complete: FAIL" in bad.stdout.str()
+
+
+@pytest.mark.engine
+def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(fuzz, pytester: pytest.Pytester):
+    """In an empty directory the generic strategies find a same-size reallocation in llama.cpp
+    0.3.36, shrink it to a few calls, explain it and save it; replayed, it fails again."""
+    result = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-properties", "llama-no-same-size-realloc")
+    assert failing_properties(result) == {"llama-no-same-size-realloc"}
+    (case,) = saved_cases(pytester)
+    assert case["signature"].startswith("llama-no-same-size-realloc[explained=")
+    assert len(case["llama"]["calls"]) <= 16  # Hypothesis shrinks; schedfuzz minimize goes further
+    assert "ggml_gallocr_needs_realloc:" in case["message"] and "reservation" in case["message"]
+    out = result.stdout.str()
+    assert "llama.cpp: graph reallocs = " in out and "llama-reuse-sound had nothing to check" in out
+    again = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-properties", "llama-no-abort", "--schedfuzz-examples", "3")
+    assert again.ret != 0 and "fails again" in again.stdout.str()
