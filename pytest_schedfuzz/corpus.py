@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 import jsonschema
 
 from .driver import Workload
+from .files import atomic_write
 from .llama import LlamaWorkload, WorkloadError
 from .properties import PROPERTY_IDS
 from .scenario import Scenario
@@ -189,21 +188,8 @@ def load_case(path: Path | str) -> Case:
 def save_case(directory: Path | str, case: Case) -> Path:
     """Write ``case`` under ``directory`` atomically (a temporary file, then a rename), so that
     concurrent writers (pytest-xdist workers) never leave a partial file or lose one."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / case.file_name()
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(case.to_json(), f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    text = json.dumps(case.to_json(), indent=1, sort_keys=True) + "\n"
+    return atomic_write(Path(directory) / case.file_name(), lambda tmp: tmp.write_text(text))
 
 
 def case_files(directory: Path | str) -> Iterator[Path]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
+
+from .files import atomic_write
 
 # Part of each file's cache key: bump it whenever the bytes ``write_model`` produces for a spec change.
 FORMAT_VERSION = 1
@@ -153,18 +153,7 @@ def write_model(spec: ModelSpec, cache_dir: Path) -> Path:
     target = cache_dir / spec.file_name()
     if target.exists():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=cache_dir)
-    os.close(fd)
-    try:
-        _write_gguf(spec, Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write(target, lambda tmp: _write_gguf(spec, tmp))
 
 
 def _write_gguf(spec: ModelSpec, path: Path) -> None:

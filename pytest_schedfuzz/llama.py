@@ -15,7 +15,7 @@ allow, a batch larger than ``n_batch``) are never generated and are refused by `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -405,11 +405,7 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     return LlamaWorkload(model, draw(devices(model.n_layer, max_rpc)), ctx, draw(server_calls(ctx, max_calls)))
 
 
-def with_calls(w: LlamaWorkload, calls: Sequence[Call]) -> LlamaWorkload:
-    return replace(w, calls=tuple(calls))
-
-
 __all__ = [
     "Call", "ContextParams", "Devices", "LlamaWorkload", "Part", "WorkloadError",
-    "context_params", "devices", "llama_workloads", "model_specs", "server_calls", "with_calls",
+    "context_params", "devices", "llama_workloads", "model_specs", "server_calls",
 ]

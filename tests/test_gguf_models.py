@@ -4,7 +4,6 @@ cached, atomic and small; llama.cpp loads a dense and a MoE model and decodes wi
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -183,7 +182,6 @@ L.llama_backend_free()
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 @pytest.mark.parametrize("spec", [DENSE, MOE, LARGE_DENSE, LARGE_MOE], ids=["dense", "moe", "large-dense", "large-moe"])
 def test_llama_cpp_loads_and_decodes(tmp_path: Path, spec: ModelSpec):
     path = write_model(spec, tmp_path)

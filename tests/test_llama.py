@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import replace
 
@@ -14,8 +13,6 @@ from pytest_schedfuzz.gguf_models import ModelSpec
 from pytest_schedfuzz.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError, llama_workloads
 from pytest_schedfuzz.llama_properties import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
 from pytest_schedfuzz.llama_trace import CallRecord, LlamaTrace, SchedCall
-
-needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
 
 MOE = ModelSpec(kind="moe", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=16, n_expert=4, n_expert_used=2)
 
@@ -102,8 +99,6 @@ def test_reuse_sound_catches_a_kept_scheduler_that_is_too_small() -> None:
 
 @pytest.fixture(scope="module")
 def target():
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed")
     from pytest_schedfuzz.targets.llama_target import LlamaTarget
 
     t = LlamaTarget()
@@ -111,7 +106,6 @@ def target():
     t.close()
 
 
-@needs_llama
 @pytest.mark.engine
 def test_traffic_within_the_reservation_passes(target) -> None:
     trace = target.run(STEADY)
@@ -123,7 +117,6 @@ def test_traffic_within_the_reservation_passes(target) -> None:
     assert trace.engine["ggml_version"] == "0.25.3"
 
 
-@needs_llama
 @pytest.mark.engine
 def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
     trace = target.run(WARMUP)
@@ -138,7 +131,6 @@ def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
     assert "unexpected graph reallocation" in confirmed.abort.message
 
 
-@needs_llama
 @pytest.mark.engine
 def test_graph_size_is_the_one_ggml_computes(target) -> None:
     """GGML_SCHED_DEBUG_REALLOC=2 makes ggml abort on the first reallocation, printing its graph size."""
@@ -152,7 +144,6 @@ def test_graph_size_is_the_one_ggml_computes(target) -> None:
         assert f"graph size = {ours.graph_size}, nodes = " in trace.abort.message
 
 
-@needs_llama
 @pytest.mark.engine
 def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
     # llama.cpp 0.3.36 asserts in output_reserve when embeddings without pooling output every

@@ -56,6 +56,23 @@ class _Worker:
         self._sel.register(self._out, selectors.EVENT_READ)
         self._buf = b""
 
+    @staticmethod
+    def start(env: dict[str, str], module: str, timeout: float, what: str) -> tuple[_Worker, dict[str, str]]:
+        """A started worker and its ``hello`` (engine info); a ``TargetError`` with the worker's
+        own words if it dies, refuses (``fatal``) or is silent for ``timeout`` s."""
+        worker = _Worker(env, module)
+        try:
+            msg = worker.recv(timeout)
+        except (_Eof, _Timeout) as e:
+            how = "did not start in time" if isinstance(e, _Timeout) else worker.death()
+            tail = worker.stderr_tail()
+            worker.close()
+            raise TargetError(f"the {what} worker {how}:\n{tail}") from None
+        if "hello" not in msg:
+            worker.close()
+            raise TargetError(f"the {what} worker refused to run: {msg.get('fatal', msg)}")
+        return worker, dict(msg["hello"])
+
     def send(self, msg: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
@@ -143,18 +160,7 @@ class GgmlTarget:
             env["GGML_SCHED_DEBUG_REALLOC"] = "1"
         if self.bare:
             env.pop("GGML_SCHED_DEBUG", None)
-        worker = _Worker(env)
-        try:
-            msg = worker.recv(self.start_timeout)
-        except (_Eof, _Timeout) as e:
-            what = "did not start in time" if isinstance(e, _Timeout) else worker.death()
-            tail = worker.stderr_tail()
-            worker.close()
-            raise TargetError(f"the ggml worker {what}:\n{tail}") from None
-        if "hello" not in msg:
-            worker.close()
-            raise TargetError(f"the ggml worker refused to run: {msg.get('fatal', msg)}")
-        self.engine = dict(msg["hello"])
+        worker, self.engine = _Worker.start(env, "pytest_schedfuzz.targets.worker", self.start_timeout, "ggml")
         return worker
 
     def run(self, scenario: Scenario) -> Trace:

@@ -15,10 +15,10 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_write
 from ..gguf_models import write_model
 from ..llama import LlamaWorkload
 from ..llama_trace import LlamaAbort, LlamaTrace
@@ -71,15 +71,13 @@ def build_hook() -> Path:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise TargetError("no C compiler (cc/gcc) to build the scheduler hook: install gcc")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", tmp, str(HOOK_SOURCE), "-ldl"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        Path(tmp).unlink(missing_ok=True)
-        raise TargetError(f"building {HOOK_SOURCE.name} failed:\n{proc.stderr}")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, out)
-    return out
+
+    def compile_to(tmp: Path) -> None:
+        proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(HOOK_SOURCE), "-ldl"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TargetError(f"building {HOOK_SOURCE.name} failed:\n{proc.stderr}")
+
+    return atomic_write(out, compile_to, 0o777)
 
 
 class LlamaTarget:
@@ -108,18 +106,7 @@ class LlamaTarget:
         if self.debug_realloc:
             env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
         env.setdefault("OMP_NUM_THREADS", "1")
-        worker = _Worker(env, "pytest_schedfuzz.targets.llama_worker")
-        try:
-            msg = worker.recv(self.start_timeout)
-        except (_Eof, _Timeout) as e:
-            what = "did not start in time" if isinstance(e, _Timeout) else worker.death()
-            tail = worker.stderr_tail()
-            worker.close()
-            raise TargetError(f"the llama.cpp worker {what}:\n{tail}") from None
-        if "hello" not in msg:
-            worker.close()
-            raise TargetError(f"the llama.cpp worker refused to run: {msg.get('fatal', msg)}")
-        self.engine = dict(msg["hello"])
+        worker, self.engine = _Worker.start(env, "pytest_schedfuzz.targets.llama_worker", self.start_timeout, "llama.cpp")
         return worker
 
     def run(self, workload: LlamaWorkload) -> LlamaTrace:

@@ -39,20 +39,23 @@ void ggml_backend_sched_free(void * sched) {
     f(sched);
 }
 
-bool ggml_backend_sched_reserve(void * sched, void * graph) {
-    static bool (*f)(void *, void *);
-    if (!f) f = (bool (*)(void *, void *)) real("ggml_backend_sched_reserve");
-    if (hook) hook(HOOK_RESERVE_BEGIN, sched, graph, 0, 0, 0);
-    bool ok = f(sched, graph);
-    if (hook) hook(HOOK_RESERVE_END, sched, graph, ok, 0, 0);
+typedef bool (*graph_fn)(void *, void *);
+
+/* reserve and alloc_graph: the same call shape, reported as phase (begin) and phase + 1 (end) */
+static bool graph_call(graph_fn * f, const char * name, int phase, void * sched, void * graph) {
+    if (!*f) *f = (graph_fn) real(name);
+    if (hook) hook(phase, sched, graph, 0, 0, 0);
+    bool ok = (*f)(sched, graph);
+    if (hook) hook(phase + 1, sched, graph, ok, 0, 0);
     return ok;
 }
 
+bool ggml_backend_sched_reserve(void * sched, void * graph) {
+    static graph_fn f;
+    return graph_call(&f, "ggml_backend_sched_reserve", HOOK_RESERVE_BEGIN, sched, graph);
+}
+
 bool ggml_backend_sched_alloc_graph(void * sched, void * graph) {
-    static bool (*f)(void *, void *);
-    if (!f) f = (bool (*)(void *, void *)) real("ggml_backend_sched_alloc_graph");
-    if (hook) hook(HOOK_ALLOC_BEGIN, sched, graph, 0, 0, 0);
-    bool ok = f(sched, graph);
-    if (hook) hook(HOOK_ALLOC_END, sched, graph, ok, 0, 0);
-    return ok;
+    static graph_fn f;
+    return graph_call(&f, "ggml_backend_sched_alloc_graph", HOOK_ALLOC_BEGIN, sched, graph);
 }
