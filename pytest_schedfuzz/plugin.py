@@ -53,6 +53,18 @@ def _opt(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(name)
 
 
+def base_dir(config: pytest.Config) -> Path:
+    """Where the corpus and the example database live: the ini file's folder when pytest was
+    started inside it, else the folder pytest was started in. Never ``config.rootpath``: pytest
+    derives it from path-like arguments, so ``--schedfuzz-llama-lib DIR`` would move it above DIR."""
+    here = Path(config.invocation_params.dir).resolve()
+    if config.inipath is not None:
+        project = config.inipath.parent.resolve()
+        if here == project or project in here.parents:
+            return project
+    return here
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "schedfuzz: a property test over the scheduler engine; runs only with --schedfuzz")
     if not _opt(config, "schedfuzz"):
@@ -91,7 +103,7 @@ class SchedfuzzSession:
             policy=_opt(config, "schedfuzz_policy") or None,
             rereserve=True if rereserve is None else bool(rereserve),
             reference=_opt(config, "schedfuzz_reference") or None,
-            database=config.rootpath / ".schedfuzz" / "examples",
+            database=base_dir(config) / ".schedfuzz" / "examples",
         )
         try:
             profile_obj = self.fuzz_config.resolved_profile()
@@ -99,7 +111,7 @@ class SchedfuzzSession:
             raise pytest.UsageError(str(e)) from None
         if self.fuzz_config.seed is None:
             self.fuzz_config = replace(self.fuzz_config, seed=0 if profile_obj.derandomize else new_seed())
-        self.corpus = config.rootpath / (_opt(config, "schedfuzz_corpus") or "corpus")
+        self.corpus = base_dir(config) / (_opt(config, "schedfuzz_corpus") or "corpus")
         chosen = _opt(config, "schedfuzz_properties")
         self.properties = [p.strip() for p in chosen.split(",")] if chosen else list(PROPERTY_IDS)
         for p in self.properties:

@@ -138,3 +138,13 @@ def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(fu
     assert "llama.cpp: graph reallocs = " in out and "llama-reuse-sound had nothing to check" in out
     again = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-properties", "llama-no-abort", "--schedfuzz-examples", "3")
     assert again.ret != 0 and "fails again" in again.stdout.str()
+
+
+@pytest.mark.engine
+def test_a_path_option_in_the_space_form_keeps_the_corpus_here(fuzz, pytester: pytest.Pytester):
+    """``--schedfuzz-llama-lib DIR`` makes pytest's rootdir the project above DIR; the corpus and
+    the database stay in the directory pytest was started in (this one: empty)."""
+    from pytest_schedfuzz.targets.llama_target import default_lib_dir
+
+    result = fuzz("--schedfuzz-llama-lib", str(default_lib_dir()), "--schedfuzz-properties", "llama-reuse-sound", "--schedfuzz-examples", "3")
+    result.assert_outcomes(passed=1)  # the project's corpus (expected failures) was not replayed
