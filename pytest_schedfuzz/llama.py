@@ -360,7 +360,8 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24) -> tu
         elif what == "copy" and ctx.n_seq_max > 1:
             src = draw(st.sampled_from(sorted(active)))
             dst = draw(st.sampled_from([s for s in seqs if s != src]))
-            calls.append(Call("seq_cp", seq=src, dst=dst))
+            # as llama-server does: the destination slot is emptied first
+            calls += [Call("seq_rm", seq=dst, n=-1), Call("seq_cp", seq=src, dst=dst)]
             active.add(dst)
         elif what == "keep":
             seq = draw(st.sampled_from(sorted(active)))

@@ -131,10 +131,15 @@ def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
 def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     a = trace.abort
     if a is not None:
-        first = a.message.strip().splitlines()[0] if a.message.strip() else a.kind
-        first = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", first)
-        kind = re.sub(r"\d+", "N", first)[:100]
-        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {first}", {"kind": a.kind, "message": kind})]
+        lines = a.message.strip().splitlines() or [a.kind]
+        # a crash's first line is the signal; the C assert that raised it (if any) is what separates causes
+        at = next((k for k, x in enumerate(lines) if re.search(r"Assertion `|GGML_ASSERT|GGML_ABORT", x)), 0)
+        cause = re.sub(r"^\S*: (?=\S*\.(?:c|cpp|h):\d+)", "", lines[at])  # the "python: " program prefix
+        cause = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", cause)
+        head = lines[0] if at else ""
+        kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
+        text = f"{head}: {cause}" if head else cause
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}", {"kind": a.kind, "message": kind})]
     for c in trace.calls:
         if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
             return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed)", {"kind": "decode", "rc": c.rc})]

@@ -157,3 +157,19 @@ def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
     target.close()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_crash_signatures_name_the_assert_that_raised_them() -> None:
+    """Two SIGABRTs from different C asserts are different bugs: a known one must not hide the other."""
+    from pytest_schedfuzz.llama_trace import LlamaAbort
+
+    def sig(message: str, kind: str = "crash") -> str:
+        (v,) = LLAMA_CHECKS["llama-no-abort"](STEADY, LlamaTrace((), LlamaAbort(1, kind, message)))
+        return v.signature()
+
+    a = sig("the worker was killed by SIGABRT\npython: /b/src/llama-kv-cells.h:351: void f(): Assertion `!seq[i].test(seq_id)' failed.\n")
+    b = sig("the worker was killed by SIGABRT\npython: /b/ggml/src/ggml.c:1342: ggml_row_size: Assertion `ne % 32 == 0' failed.\n")
+    assert a != b and "llama-kv-cells.h" in a and ":351" not in a
+    # ggml's own abort message keeps the form the starter corpus records
+    assert sig("/b/ggml/src/ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed\n", "abort") == \
+        "llama-no-abort[kind=abort,message=ggml.c: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed]"
