@@ -38,6 +38,8 @@ def _run(args: argparse.Namespace) -> int:
             if finding:
                 findings.append(finding)
                 print("  " + finding.report().replace("\n", "\n  "))
+                # as the plugin does: a finding printed is a finding saved
+                print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}")
     finally:
         fuzzer.close()
     print("\n".join(fuzzer.stats.summary_lines()))
@@ -220,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _engine_args(run)
     run.add_argument("--reference", help="replace the reference's predict with MODULE:CALLABLE")
     run.add_argument("--properties", help="comma-separated property ids")
-    run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again")
+    run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again; findings are saved there")
     run.set_defaults(func=_run)
     rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
     rp.add_argument("cases", nargs="+", help="case files or corpus directories")

@@ -122,6 +122,8 @@ def test_schedfuzz_run_exits_non_zero_on_findings(pytester: pytest.Pytester, mon
     assert good.ret == 0 and "graph reallocs = " in good.stdout.str()
     bad = pytester.run(*cli, "--properties", "reuse-complete", "--policy", "planted:never", timeout=300)
     assert bad.ret == 1 and "reuse-complete: FAIL" in bad.stdout.str()
+    (case,) = saved_cases(pytester)  # printed and saved, as under pytest
+    assert case["property"] == "reuse-complete" and "saved to " in bad.stdout.str()
 
 
 @pytest.mark.engine
