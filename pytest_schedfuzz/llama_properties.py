@@ -77,8 +77,10 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
             if s.sched in replaced:
                 x_call, x = replaced[s.sched]
                 how = "lost"
+                switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}"
+                          if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs) else f"same topology, {_what_grew(r, x)}")
                 why = (f"the worst-case reservation ({r.shape()}) had been replaced in {_call_name(w, x_call)}, which re-planned because "
-                       f"{x.realloc_reason or '?'} (a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}); "
+                       f"{x.realloc_reason or '?'} ({switch}); "
                        f"the plan in force was made in {_call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {_what_grew(p, s)}")
                 lost_by = reason_kind(x.realloc_reason)
             else:

@@ -42,11 +42,13 @@ class SchedCall:
 
     def shape(self) -> str:
         """The batch the graph was built for, read from its input leafs."""
-        parts = []
-        for name, ne in sorted(self.inputs.items()):
-            dims = "x".join(str(n) for n in ne[: max(1, max((k + 1 for k, n in enumerate(ne) if n != 1), default=1))])
-            parts.append(f"{name}[{dims}]")
-        return ", ".join(parts)
+        def dims(ne: tuple[int, ...]) -> str:
+            kept = list(ne)
+            while len(kept) > 1 and kept[-1] == 1:  # trailing 1s, as ggml prints shapes
+                kept.pop()
+            return "x".join(map(str, kept))
+
+        return ", ".join(f"{name}[{dims(ne)}]" for name, ne in sorted(self.inputs.items()))
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> SchedCall:
