@@ -114,7 +114,7 @@ def build_release(dest: Path) -> Path:
 def scaling(repeats: int, release_lib: str | None) -> dict[str, Any]:
     engines = {"debug": GgmlTarget(bare=True)}
     if release_lib:
-        engines["release"] = GgmlTarget(lib_dir=release_lib, bare=True)
+        engines["release"] = GgmlTarget(lib=release_lib, bare=True)
     rows = []
     try:
         for n_layer in LAYERS:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from reference.predict import predict as reference_predict
+from reference.versions import NEWEST, Rules, rules_for
 
 from . import properties as props
 from .corpus import Case
@@ -235,7 +236,14 @@ class Fuzzer:
         self.seed = config.seed if config.seed is not None else (0 if self.profile.derandomize else new_seed())
         self.policy = load_policy(config.policy) if config.policy else can_reuse
         self.driver = Driver(self.policy, config.rereserve)
-        self.predict: Predict = _load(config.reference, "--schedfuzz-reference") if config.reference else reference_predict
+        # a user's reference is theirs to version; the built-in one follows the loaded ggml
+        self.predict: Predict = _load(config.reference, "--schedfuzz-reference") if config.reference else self._reference
+        if config.target is None:
+            from .targets.ggml_lib import resolve_lib
+
+            resolve_lib(config.lib)  # a LibError (a ValueError) now, not at the first case
+        self._rules: Rules | None = None
+        self.rules_note: str | None = None
         self.stats = Stats()
         self.known: set[str] = set()  # signatures of known engine bugs, not reported again
         self.started = time.monotonic()
@@ -260,8 +268,26 @@ class Fuzzer:
             else:
                 from .targets.ggml_target import GgmlTarget
 
-                self._target = GgmlTarget(lib_dir=self.config.lib)
+                self._target = GgmlTarget(lib=self.config.lib)
         return self._target
+
+    def engine_info(self) -> dict[str, str]:
+        """The engine's description (starting it if need be): for the built-in ggml its library
+        path, ``ggml_version()`` and bindings check."""
+        target = self.target
+        start = getattr(target, "start", None)
+        return dict(start() if callable(start) else getattr(target, "engine", None) or {"name": self.config.target or "ggml"})
+
+    @property
+    def rules(self) -> Rules:
+        """The reference's rules for the loaded ggml's version (``reference.versions``)."""
+        if self._rules is None:
+            version = self.engine_info().get("ggml_version") if self.config.target is None else NEWEST.version
+            self._rules, self.rules_note = rules_for(version)
+        return self._rules
+
+    def _reference(self, scenario: Scenario) -> Trace:
+        return reference_predict(scenario, rules=self.rules)
 
     def close(self) -> None:
         if self._target is not None:

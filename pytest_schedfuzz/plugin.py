@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-seed", "seed of the run (printed in the header; default: random, 0 under ci)", type=int)
     add("schedfuzz-budget", "seconds for the whole fuzzing run (overrides the profile)", type=float)
     add("schedfuzz-target", "implementation under test as MODULE:FACTORY (default: the real ggml)")
-    add("schedfuzz-lib", "directory with your own build of the ggml shared libraries (env SCHEDFUZZ_GGML_LIB)")
+    add("schedfuzz-lib", "the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, or your build's folder (env SCHEDFUZZ_GGML_LIB)")
     add("schedfuzz-llama-lib", "your llama.cpp build's library folder, e.g. build/bin (env SCHEDFUZZ_LLAMA_LIB; default: llama-cpp-python's)")
     add("schedfuzz-policy", "scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)")
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
@@ -67,6 +67,17 @@ def base_dir(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "schedfuzz: a property test over the scheduler engine; runs only with --schedfuzz")
+    lib = _opt(config, "schedfuzz_lib")
+    if lib:
+        # the engine of this session, with --schedfuzz or without: tests that build a GgmlTarget
+        # (and their child pytest runs) load the same ggml
+        from .targets.ggml_lib import BUILT_IN, LIB_ENV, LibError, resolve_lib
+
+        try:
+            folder = resolve_lib(lib)
+        except LibError as e:
+            raise pytest.UsageError(str(e)) from None
+        os.environ[LIB_ENV] = lib if lib in BUILT_IN else str(folder)
     if not _opt(config, "schedfuzz"):
         return
     config.pluginmanager.register(SchedfuzzSession(config), "schedfuzz-session")
@@ -126,13 +137,28 @@ class SchedfuzzSession:
             raise pytest.UsageError(str(e)) from None
         self.fuzzer.learn_known_bugs(self.corpus)
 
-    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+    def engine_line(self) -> str:
+        """Which engine runs: for the built-in ggml its version, library and bindings check."""
         fc = self.fuzz_config
-        engine = fc.target or f"ggml (lib: {fc.lib or 'ggml-python bundled'})"
+        if fc.target:
+            return f"engine = {fc.target}"
+        info = self.fuzzer.engine_info()
+        line = f"engine = ggml {info.get('ggml_version', '?')} ({info.get('lib', '?')}); bindings: {info.get('bindings', '?')}"
+        self.fuzzer.rules  # noqa: B018 -- sets rules_note
+        return line + (f"\nschedfuzz: {self.fuzzer.rules_note}" if self.fuzzer.rules_note else "")
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        from .targets import TargetError
+
+        fc = self.fuzz_config
         lines = [
-            f"schedfuzz: profile={fc.profile} seed={fc.seed} engine={engine} "
+            f"schedfuzz: profile={fc.profile} seed={fc.seed} "
             f"policy={fc.policy or 'can_reuse'} rereserve={'on' if fc.rereserve else 'off'}"
         ]
+        try:
+            lines.append(f"schedfuzz: {self.engine_line()}")
+        except TargetError as e:
+            pytest.exit(f"schedfuzz: the engine cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
         if any(p.startswith("llama-") for p in self.properties):
             lines.append(f"schedfuzz: llama.cpp (lib: {fc.llama_lib or 'llama-cpp-python bundled'})")
         return lines
@@ -156,6 +182,8 @@ class SchedfuzzSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         terminalreporter.section("schedfuzz")
         terminalreporter.write_line(f"seed = {self.fuzz_config.seed} (rerun with --schedfuzz-seed {self.fuzz_config.seed})")
+        if self.fuzzer._target is not None or self.fuzz_config.target:
+            terminalreporter.write_line(self.engine_line())
         for line in self.stats.summary_lines():
             terminalreporter.write_line(line)
 

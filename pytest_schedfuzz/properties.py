@@ -196,6 +196,9 @@ def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], s
         return "splits", f"split #{k}: engine {es}, reference {ps} ({r.n_splits} vs {p.n_splits} splits)"
     if r.graph_size and r.graph_size != p.graph_size:
         return "graph_size", f"graph_size engine {r.graph_size}, reference {p.graph_size}"
+    if r.kind in ("reserve", "alloc", "compute") and (r.n_copies, r.n_nodes, r.n_leafs) != (p.n_copies, p.n_nodes, p.n_leafs):
+        return "graph-copy", (f"the scheduled graph copy: engine n_copies {r.n_copies}, {r.n_nodes} nodes, {r.n_leafs} leafs; "
+                              f"reference n_copies {p.n_copies}, {p.n_nodes} nodes, {p.n_leafs} leafs")
     ek, pk = [_event_key(e) for e in r.events], [_event_key(e) for e in p.events]
     if ek != pk:
         return "events", f"realloc events: engine {[e.describe() for e in r.events]}, reference {[e.describe() for e in p.events]}"

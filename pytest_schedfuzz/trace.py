@@ -10,15 +10,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# GGML_SCHED_MAX_SPLIT_INPUTS in ggml-backend.cpp: graph_size counts this many inputs per split
-MAX_SPLIT_INPUTS = 30
-
-
-def graph_size(n_nodes: int, n_leafs: int, n_splits: int, n_copies: int) -> int:
-    """The figure ``ggml_backend_sched_split_graph`` records as ``debug_graph_size``."""
-    return max(n_nodes, n_leafs) + n_splits * MAX_SPLIT_INPUTS * 2 * n_copies
-
-
 @dataclass(frozen=True)
 class Split:
     """A run of nodes on one backend; ``inputs`` are the names of tensors copied in."""

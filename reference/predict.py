@@ -9,6 +9,7 @@ from pytest_schedfuzz.trace import Abort, ReallocEvent, StepRecord, Trace
 
 from .graph import CGraph
 from .sched import SchedAbort, Scheduler, SplitResult
+from .versions import NEWEST, Rules
 
 Prediction = Trace
 
@@ -31,8 +32,9 @@ def _record(i: int, step: Step, sched: Scheduler, result: SplitResult, events: l
     )
 
 
-def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler) -> Prediction:
-    """What ggml's scheduler must do for each step of ``scenario`` (see ``_predict``).
+def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler, rules: Rules = NEWEST) -> Prediction:
+    """What ggml's scheduler (of the version ``rules`` describes) must do for each step of
+    ``scenario`` (see ``_predict``).
 
     Python's cyclic garbage collector is paused meanwhile: the model allocates many small
     acyclic objects, and every collection scans all live ones, which made the cost per node
@@ -41,13 +43,13 @@ def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler) -> Predi
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _predict(scenario, scheduler)
+        return _predict(scenario, scheduler, rules)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _predict(scenario: Scenario, scheduler: type[Scheduler]) -> Prediction:
+def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Prediction:
     """What ggml's scheduler must do for each step of ``scenario``, as a ``Trace``.
 
     Steps mirror the calls a ``llama_context`` makes: ``reserve`` and ``alloc`` reset the
@@ -64,7 +66,7 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler]) -> Prediction:
             if step.kind == "sched_new":
                 assert step.params is not None
                 if not (step.reuse and sched is not None):
-                    sched = scheduler(scenario.layout, step.params)
+                    sched = scheduler(scenario.layout, step.params, rules)
                 records.append(StepRecord(i, step.kind, reused=step.reuse))
                 continue
             assert sched is not None, "the first step must be sched_new"
@@ -84,5 +86,5 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler]) -> Prediction:
                 result, events = sched.alloc_graph(g, i)
             records.append(_record(i, step, sched, result, events, g.names, g.n_nodes))
         except SchedAbort as e:
-            return Trace(tuple(records), Abort(i, "abort", str(e)), {"name": "reference"})
-    return Trace(tuple(records), None, {"name": "reference"})
+            return Trace(tuple(records), Abort(i, "abort", str(e)), {"name": "reference", "ggml_version": rules.version})
+    return Trace(tuple(records), None, {"name": "reference", "ggml_version": rules.version})

@@ -1,10 +1,13 @@
-"""The reference scheduler: ``ggml_backend_sched`` of ggml 0.15.3, pass by pass.
+"""The reference scheduler: ``ggml_backend_sched`` of ggml 0.15.3 and 0.25.3, pass by pass.
 
 Read this side by side with ``ggml-backend.cpp`` (``ggml_backend_sched_split_graph``,
 ``ggml_backend_sched_alloc_splits``, ``ggml_backend_sched_reserve``,
 ``ggml_backend_sched_alloc_graph``) and ``ggml-alloc.c`` (``ggml_gallocr_reserve_n``,
 ``ggml_gallocr_needs_realloc``, ``ggml_gallocr_alloc_graph``). Functions carry the names and
 the order of ggml's passes; state carries the names of ``struct ggml_backend_sched``'s fields.
+
+Where the two versions differ, a field of ``versions.Rules`` says which way (the scheduler is
+built with the rules of the loaded ggml).
 
 Where ggml compares pointers (buffer types, tensor copies), this model compares identities:
 a buffer type is a string from ``BackendLayout.buft``, a tensor copy a ``Ref``.
@@ -15,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_schedfuzz.scenario import BackendLayout
-from pytest_schedfuzz.trace import MAX_SPLIT_INPUTS, ReallocEvent, Split, graph_size
+from pytest_schedfuzz.trace import ReallocEvent, Split
 
 from .backends import Backends
 from .graph import CGraph, Ref
 from .params import SchedParams
+from .versions import NEWEST, Rules
 
 MAX_COPIES = 4  # GGML_SCHED_MAX_COPIES
 
@@ -74,14 +78,19 @@ class SplitResult:
 
 
 class Scheduler:
-    """One ``ggml_backend_sched`` instance, created by ``ggml_backend_sched_new``."""
+    """One ``ggml_backend_sched`` instance, created by ``ggml_backend_sched_new``, with the
+    semantics of the ggml version ``rules`` describes."""
 
-    def __init__(self, layout: BackendLayout, params: SchedParams) -> None:
+    def __init__(self, layout: BackendLayout, params: SchedParams, rules: Rules = NEWEST) -> None:
+        self.rules = rules
         self.backends = Backends(layout)
         self.layout = layout
         self.params = params
         self.n_backends = layout.n
         self.n_copies = MAX_COPIES if params.parallel else 1
+        # which of the n_copies copies of every input this graph uses (alloc_graph advances it)
+        self.cur_copy = 0
+        self.next_copy = 0
         self.op_offload = params.op_offload
         self.hash_size = ggml_hash_size(params.max_nodes)
         # node_backend_ids / prev_node_backend_ids are two calloc'ed arrays swapped at each split
@@ -109,6 +118,7 @@ class Scheduler:
     def reserve(self, g: CGraph) -> SplitResult:
         """``ggml_backend_sched_reserve``: split, then ``ggml_gallocr_reserve_n``, then reset."""
         self._check_hash_size(g, "measure_graph")
+        self.synchronize()
         result = self.split_graph(g)
         self.plan = gallocr_reserve_n(result.copy)
         self.reset()
@@ -119,10 +129,18 @@ class Scheduler:
         self._check_hash_size(g, "graph")
         if self.is_alloc:
             raise SchedAbort("GGML_ASSERT(!sched->is_alloc) failed")
+        self.cur_copy = self.next_copy
+        self.next_copy = (self.next_copy + 1) % self.n_copies
         result = self.split_graph(g)
         events = self.alloc_splits(result, step)
         self.is_alloc = True
         return result, events
+
+    def synchronize(self) -> None:
+        """``ggml_backend_sched_synchronize``: a scheduler without an allocated graph goes back to
+        copy 0, so that generation always uses the same copy."""
+        if not self.is_alloc:
+            self.next_copy = 0
 
     def _check_hash_size(self, g: CGraph, what: str) -> None:
         if self.hash_size < g.n_nodes + g.n_leafs:
@@ -168,12 +186,15 @@ class Scheduler:
         # graph input
         if g.input[t]:
             return self.n_backends - 1  # last backend (assumed CPU)
-        # operations with weights are preferably run on the same backend as the weights
+        # operations with weights are preferably run on the same backend as the weights; skip
+        # ROPE (its freqs tensor is too small to choose a backend by) and, from 0.25.3 on,
+        # FLASH_ATTN_EXT (its sinks tensor)
+        if g.op[t] == "rope" or (g.op[t] == "flash_attn_ext" and not self.rules.flash_attn_follows_weights):
+            return -1
         for src in g.srcs[t]:
             if src < 0:
                 continue
-            # skip ROPE since the rope freqs tensor is too small to choose a backend based on it
-            if g.op[t] != "rope" and g.buffer[src] >= 0 and g.weights[src]:
+            if g.buffer[src] >= 0 and g.weights[src]:
                 src_backend = self.backend_from_buffer(g, ids, src, t)
                 # check if a backend with higher prio wants to offload the op
                 if self.op_offload and src_backend == self.n_backends - 1 and self.backends.is_host(g.buffer[src]):
@@ -305,12 +326,14 @@ class Scheduler:
         copied into each split (``n_copies`` copies of each with ``parallel``).
 
         A split also ends early when a node of the same backend reads a weight from an
-        incompatible buffer (so that offloaded weights' memory can be reused), or when the
-        split already has ``GGML_SCHED_MAX_SPLIT_INPUTS`` inputs and the node needs another.
+        incompatible buffer (so that offloaded weights' memory can be reused), and, in 0.15.3,
+        when the split already has ``GGML_SCHED_MAX_SPLIT_INPUTS`` inputs and the node needs
+        another. In 0.15.3 an input src met here becomes a graph input (0.25.3: pass 6).
         Returns the splits, the rewritten srcs of each node, and the graph inputs.
         """
         n_copies = self.n_copies
-        # tensor_copy(t, backend, c) exists: (t, backend) in copies
+        limit = self.rules.max_split_inputs
+        # tensor_id_copy(t, backend, c) exists: (t, backend) in copies
         copies: dict[tuple[int, int], list[Ref]] = {}
         graph_inputs: list[int] = []
         splits: list[Split] = []
@@ -338,8 +361,8 @@ class Scheduler:
                         if ids[src] != cur and not self.buffer_supported(g, ids, src, cur):
                             need_new_split = True
                             break
-                    # the split has too many inputs (FIXME in ggml: only checked when full)
-                    if len(inputs) == MAX_SPLIT_INPUTS:
+                    # 0.15.3: the split has too many inputs (FIXME in ggml: only checked when full)
+                    if limit is not None and len(inputs) == limit:
                         if ids[src] != cur and (src, cur) not in copies and not self.buffer_supported(g, ids, src, cur):
                             need_new_split = True
                             break
@@ -356,23 +379,39 @@ class Scheduler:
                 if src_backend == -1:
                     raise SchedAbort("GGML_ASSERT(src_backend_id != -1) failed")
                 ref = self.ref(g, src)
-                if g.input[src] and n_copies > 1 and (src, src_backend) not in copies:
-                    # copy c == cur_copy is the original tensor; the others are new inputs
-                    copies[(src, src_backend)] = [self.copy_ref(g, src, src_backend, c) for c in range(n_copies)]
-                    if len(graph_inputs) >= MAX_SPLIT_INPUTS:
+                if limit is not None and g.input[src] and n_copies > 1 and (src, src_backend) not in copies:
+                    copies[(src, src_backend)] = self.graph_input_copies(g, src, src_backend)
+                    if len(graph_inputs) >= limit:
                         raise SchedAbort("GGML_ASSERT(n_graph_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed")
                     graph_inputs.append(src)
                 if src_backend != cur and not self.buffer_supported(g, ids, src, cur):
                     if (src, cur) not in copies:
                         copies[(src, cur)] = [self.copy_ref(g, src, cur, c) for c in range(n_copies)]
-                        if len(inputs) >= MAX_SPLIT_INPUTS:
+                        if limit is not None and len(inputs) >= limit:
                             raise SchedAbort("GGML_ASSERT(n_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed")
                         inputs.append(src)
-                    ref = copies[(src, cur)][0]  # every copy has the same layout as the source
+                    ref = copies[(src, cur)][self.cur_copy]
                 srcs.append(ref)
             node_srcs[t] = srcs
         splits.append(Split(cur, i_start, g.n_nodes, tuple(g.names[x] for x in inputs)))
+        if limit is None:
+            graph_inputs = self.pass6_graph_inputs(g, ids)
         return splits, node_srcs, graph_inputs
+
+    def pass6_graph_inputs(self, g: CGraph, ids: list[int]) -> list[int]:
+        """Pass 6 (0.25.3): with ``n_copies > 1`` every input leaf is a graph input, in leaf
+        order, whether or not a node reads it, so that the graph's composition does not depend
+        on which inputs are used."""
+        if self.n_copies == 1:
+            return []
+        for t in g.leaf_ids:
+            if g.input[t] and ids[t] == -1:
+                raise SchedAbort("GGML_ASSERT(leaf_backend_id != -1) failed")
+        return [t for t in g.leaf_ids if g.input[t]]
+
+    def graph_input_copies(self, g: CGraph, t: int, backend: int) -> list[Ref]:
+        """The ``n_copies`` copies of a graph input: copy ``cur_copy`` is the input itself."""
+        return [self.ref(g, t) if c == self.cur_copy else self.copy_ref(g, t, backend, c) for c in range(self.n_copies)]
 
     def ref(self, g: CGraph, t: int) -> Ref:
         return g.refs[t]
@@ -391,7 +430,8 @@ class Scheduler:
         then the original leafs."""
         self.node_backend_ids, self.prev_node_backend_ids = self.prev_node_backend_ids, self.node_backend_ids
         self.leaf_backend_ids, self.prev_leaf_backend_ids = self.prev_leaf_backend_ids, self.leaf_backend_ids
-        size = graph_size(g.n_nodes, g.n_leafs, len(splits), self.n_copies)
+        n_inputs = len(graph_inputs) + sum(len(split.inputs) for split in splits)
+        size = self.rules.graph_size(g.n_nodes, g.n_leafs, len(splits), n_inputs, self.n_copies)
         self.debug_prev_graph_size = self.debug_graph_size
         self.debug_graph_size = size
 
@@ -405,7 +445,7 @@ class Scheduler:
                 nodes.append(Ref(f"{name} (view)", False, g.nbytes[src]))
                 srcs.append((self.ref(g, src),))
                 node_ids.append(ids[src])
-                nodes.append(self.copy_ref(g, src, split.backend, 0))
+                nodes.append(self.copy_ref(g, src, split.backend, self.cur_copy))
                 srcs.append(())
                 node_ids.append(split.backend)
             for t in range(split.i_start, split.i_end):
@@ -417,8 +457,8 @@ class Scheduler:
         leaf_ids: list[int] = []
         if self.n_copies > 1:
             for src in graph_inputs:
-                for c in range(self.n_copies):
-                    leafs.append(self.copy_ref(g, src, ids[src], c))
+                for ref in self.graph_input_copies(g, src, ids[src]):
+                    leafs.append(ref)
                     leaf_ids.append(ids[src])
             for split in splits:
                 for name in split.inputs:

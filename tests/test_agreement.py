@@ -1,6 +1,6 @@
 """Engine and reference agree on generated scenarios: every node's and leaf's backend, the
 splits and their inputs, graph_size and every realloc event, over layouts with 0, 1 and 2
-RPC devices plus the CPU."""
+RPC devices plus the CPU, on both built-in ggml versions (each with its own rules)."""
 
 from __future__ import annotations
 
@@ -17,32 +17,42 @@ from pytest_schedfuzz.scenario import Scenario
 from pytest_schedfuzz.strategies import scenarios
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from reference.predict import predict
+from reference.versions import Rules, rules_for
 
 
-@pytest.fixture(scope="module")
-def engine():
-    with GgmlTarget() as target:
+@pytest.fixture(scope="module", params=["ggml-0.25.3", "ggml-0.15.3"])
+def engine(request: pytest.FixtureRequest):
+    with GgmlTarget(lib=request.param) as target:
         yield target
+
+
+def engine_rules(target: GgmlTarget) -> Rules:
+    return rules_for(target.start()["ggml_version"])[0]
 
 
 def test_engine_and_reference_agree_on_200_scenarios(engine: GgmlTarget):
     seen: Counter[int] = Counter()
     events = 0
+    parallel = 0
+    rules = engine_rules(engine)
 
     @seed(20261129)
     @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(st.integers(0, 2).flatmap(lambda n: scenarios(max_rpc=2).filter(lambda s: s.layout.n_rpc == n)))
     def agree(scenario: Scenario) -> None:
         nonlocal events
-        trace, prediction = engine.run(scenario), predict(scenario)
+        nonlocal parallel
+        trace, prediction = engine.run(scenario), predict(scenario, rules=rules)
         found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
         assert not found, str(found[0])
         seen[scenario.layout.n_rpc] += 1
         events += len(trace.events)
+        parallel += any(r.n_copies > 1 for r in trace.records)
 
     agree()
     assert sum(seen.values()) >= 200 and set(seen) == {0, 1, 2}
     assert events > 100  # the comparison covered many realloc events
+    assert parallel > 20  # and schedulers with n_copies > 1
 
 
 def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine: GgmlTarget):
@@ -54,7 +64,7 @@ def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine
 
     driver = Driver(rereserve=False)
     outcomes: Counter[str] = Counter()
-    with GgmlTarget(debug_realloc=True) as oracle:
+    with GgmlTarget(lib=f"ggml-{engine_rules(engine).version}", debug_realloc=1) as oracle:
 
         @seed(7)
         @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -88,7 +98,7 @@ def test_engine_and_reference_agree_with_a_blas_backend():
     from reference.params import SchedParams
 
     blas_nodes = 0
-    with GgmlTarget(lib_dir=BLAS_LIB) as target:
+    with GgmlTarget(lib=BLAS_LIB) as target:
 
         @seed(11)
         @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))

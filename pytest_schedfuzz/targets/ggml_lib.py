@@ -41,6 +41,49 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
+BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")  # the newest first: the default engine
+DEFAULT_LIB = BUILT_IN[0]
+# where a build keeps its shared libraries, below the folder a user names
+_LIB_SUBDIRS = ("", "bin", "lib", "build/bin", "build/lib", "build/src", "build/ggml/src")
+
+
+class LibError(ValueError):
+    """A ``--schedfuzz-lib`` value that names no usable ggml build; the message says why."""
+
+
+def _has_ggml(folder: Path) -> bool:
+    return (folder / "libggml-base.so").exists() or any(folder.glob("libggml-base.so.*"))
+
+
+def resolve_lib(value: str | None) -> str | None:
+    """The library folder for ``--schedfuzz-lib``: ``ggml-0.25.3`` (the default: the libraries
+    llama-cpp-python 0.3.36 built), ``ggml-0.15.3`` (ggml-python's own: ``None``, the bindings'
+    default), or a folder holding ``libggml-base.so`` — directly or in ``bin``, ``lib`` or
+    ``build/bin`` below it, as ggml and llama.cpp checkouts keep them. ``LibError`` otherwise.
+    """
+    value = value or DEFAULT_LIB
+    if value == "ggml-0.15.3":
+        return None
+    if value == "ggml-0.25.3":
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or not spec.submodule_search_locations:
+            raise LibError("--schedfuzz-lib ggml-0.25.3: llama-cpp-python (whose build holds ggml 0.25.3) is not installed; run the README's install command")
+        folder = Path(list(spec.submodule_search_locations)[0]) / "lib"
+        if not _has_ggml(folder):
+            raise LibError(f"--schedfuzz-lib ggml-0.25.3: no libggml-base.so in {folder} (llama-cpp-python built without shared ggml libraries?)")
+        return str(folder)
+    base = Path(value).expanduser()
+    if not base.is_dir():
+        raise LibError(f"--schedfuzz-lib {value}: not a folder, nor one of {', '.join(BUILT_IN)}")
+    for sub in _LIB_SUBDIRS:
+        if _has_ggml(base / sub):
+            return str((base / sub).resolve())
+    raise LibError(
+        f"--schedfuzz-lib {value}: no libggml-base.so there, nor in {', '.join(s for s in _LIB_SUBDIRS if s)} below it "
+        "(build ggml with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON -DCMAKE_BUILD_TYPE=Debug)"
+    )
+
+
 def _installed_package_dir() -> Path:
     spec = importlib.util.find_spec("ggml")
     if spec is None or not spec.submodule_search_locations:
@@ -61,7 +104,7 @@ def lib_overlay(lib_dir: Path) -> Path:
     """A folder of links to ``lib_dir``'s shared libraries in which every name of a library
     (``libX.so``, ``libX.so.N``...) leads to the one file of its soname. Shared by concurrent
     processes (the folder name is derived from ``lib_dir``)."""
-    if not (lib_dir / "libggml.so").exists() and not (lib_dir / "libggml.so.0").exists():
+    if not (lib_dir / "libggml.so").exists() and not any(lib_dir.glob("libggml.so.*")):
         raise FileNotFoundError(f"{LIB_ENV}={lib_dir}: no libggml.so there")
     key = hashlib.sha1(f"libs-v2\0{lib_dir}".encode()).hexdigest()[:16]
     root = Path(tempfile.gettempdir()) / f"schedfuzz-libs-{key}"

@@ -21,7 +21,7 @@ from typing import IO, Any
 from ..scenario import Scenario
 from ..trace import Abort, Trace
 from . import TargetError, Unsupported
-from .ggml_lib import LIB_ENV, child_env
+from .ggml_lib import LIB_ENV, child_env, resolve_lib
 from .rpc import RpcServers, describe_exit, kill_group, spawn
 
 
@@ -122,9 +122,9 @@ class _Worker:
 
 
 class GgmlTarget:
-    """The real ggml engine (the ggml-python install, or the libraries in ``lib_dir``).
-
-    ``lib_dir`` defaults to ``$SCHEDFUZZ_GGML_LIB``. ``step_timeout`` bounds each step (and the
+    """The real ggml engine: ``lib`` is what ``--schedfuzz-lib`` takes (``ggml-0.25.3``,
+    ``ggml-0.15.3`` or a build's folder, see ``ggml_lib.resolve_lib``); it defaults to
+    ``$SCHEDFUZZ_GGML_LIB``, then to the newest built-in ggml. ``step_timeout`` bounds each step (and the
     setup of a scenario's backends); ``start_timeout`` bounds the worker's startup probe.
     ``engine`` describes the loaded ggml once the worker has started. ``debug_realloc`` runs
     ggml with ``GGML_SCHED_DEBUG_REALLOC=1``: ggml's own check, which aborts on a same-size
@@ -133,14 +133,14 @@ class GgmlTarget:
 
     def __init__(
         self,
-        lib_dir: str | None = None,
+        lib: str | None = None,
         step_timeout: float = 60.0,
         start_timeout: float = 120.0,
         rpc_threads: int = 2,
         bare: bool = False,
-        debug_realloc: bool = False,
+        debug_realloc: int = 0,
     ) -> None:
-        self.lib_dir = lib_dir if lib_dir is not None else (os.environ.get(LIB_ENV) or None)
+        self.lib_dir = resolve_lib(lib or os.environ.get(LIB_ENV))
         self.step_timeout = step_timeout
         self.bare = bare  # benchmarks: the scheduler without debug output, no splits recorded
         self.debug_realloc = debug_realloc
@@ -153,11 +153,18 @@ class GgmlTarget:
     def worker_pid(self) -> int | None:
         return self._worker.proc.pid if self._worker is not None else None
 
+    def start(self) -> dict[str, str]:
+        """Start the worker now (it otherwise starts with the first scenario); the engine's
+        description: library path, ``ggml_version()``, bindings check."""
+        if self._worker is None:
+            self._worker = self._start_worker()
+        return self.engine
+
     def _start_worker(self) -> _Worker:
         env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it turns same-size reallocations into aborts
         if self.debug_realloc:
-            env["GGML_SCHED_DEBUG_REALLOC"] = "1"
+            env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
         if self.bare:
             env.pop("GGML_SCHED_DEBUG", None)
         worker, self.engine = _Worker.start(env, "pytest_schedfuzz.targets.worker", self.start_timeout, "ggml")
@@ -189,7 +196,12 @@ class GgmlTarget:
                 worker.close()
                 raise
         if abort is None:
-            return self._trace(records, None)
+            # a server that died without the worker noticing (its last reply was already in)
+            # died during this scenario: it is charged here, not to the next one
+            dead = self.servers.dead(grace=0) if scenario.layout.n_rpc else []
+            if not dead:
+                return self._trace(records, None)
+            abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(dead))
         # ggml aborted, the worker crashed or hung: this worker is done, the next run starts another
         self._worker = None
         worker.close()

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..llama import Call, ContextParams, Devices, LlamaWorkload
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
-from .schedlog import SchedLog
+from .schedlog import SchedLog, graph_size_of
 from .worker import Channel
 
 HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE = range(6)
@@ -57,15 +57,6 @@ class CGraphHead(ctypes.Structure):
         ("grad_accs", ctypes.c_void_p),
         ("leafs", ctypes.c_void_p),
     ]
-
-
-def graph_size_of(version: str, n_nodes: int, n_leafs: int, split_inputs: int, n_splits: int, graph_inputs: int, n_copies: int) -> int:
-    """``debug_graph_size`` as ``ggml_backend_sched_split_graph`` computes it in the loaded ggml:
-    0.25.3 counts the inputs (split inputs, plus every input leaf when ``n_copies > 1``; no backend
-    here adds dependency nodes), 0.15.3 reserved 30 inputs per split."""
-    if version.startswith("0.15."):
-        return max(n_nodes, n_leafs) + n_splits * 30 * 2 * n_copies
-    return max(n_nodes, n_leafs) + (split_inputs + graph_inputs) * 2 * n_copies
 
 
 class Llama:

@@ -160,7 +160,20 @@ class RpcServers:
         deadline = time.monotonic() + grace
         while self._servers and all(s.proc.poll() is None for s in self._servers) and time.monotonic() < deadline:
             time.sleep(0.02)
-        return [f"RPC server {s.endpoint} {describe_exit(s.proc.returncode)}" for s in self._servers if s.proc.poll() is not None]
+        return [f"RPC server {s.endpoint} {describe_exit(s.proc.returncode)}{self._log_tail(s)}" for s in self._servers if s.proc.poll() is not None]
+
+    @staticmethod
+    def _log_tail(server: _Server, n: int = 1500) -> str:
+        """The end of a server's output (ggml's abort message, when it aborted)."""
+        try:
+            server.log.flush()
+            server.log.seek(0, 2)
+            size = server.log.tell()
+            server.log.seek(max(0, size - n))
+            tail = server.log.read().decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+        return f"; its last output:\n{tail}" if tail else ""
 
     def _start(self) -> _Server:
         problems: list[str] = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -42,14 +43,15 @@ from reference.params import SchedParams
 
 from ..scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step, TensorSpec
 from ..shapes import Geometry
-from ..trace import ReallocEvent, Split, StepRecord, graph_size
+from ..trace import ReallocEvent, Split, StepRecord
 from . import TargetError, Unsupported
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
-from .schedlog import SchedLog
+from .schedlog import SchedLog, graph_size_of
 
 Ptr = Any  # a ctypes pointer to a ggml struct (ggml_tensor, ggml_cgraph...)
 
 TYPE_NAMES = ("f32", "f16", "i32", "i64", "q8_0")
+VIEW_OP_NAMES = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})  # ggml_is_view_op
 # SCHEDFUZZ_BARE=1 (benchmarks): no GGML_SCHED_DEBUG, so the scheduler runs at its own speed and
 # records carry no splits
 OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
@@ -64,6 +66,16 @@ NO_REALLOC_FIX = (
 
 class GeometryMismatch(TargetError):
     """ggml built a tensor whose layout differs from what ``shapes`` inferred for the spec."""
+
+
+def tcp_reachable(endpoint: str, timeout: float = 5.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout):
+            return True
+    except OSError:
+        return False
 
 
 class RpcUnreachable(Exception):
@@ -117,6 +129,8 @@ class Ggml:
         self.g.ggml_set_abort_callback(self._abort_cb)
         self.types = {name: getattr(self.g, f"GGML_TYPE_{name.upper()}") for name in TYPE_NAMES}
         self.type_names = {v: k for k, v in self.types.items()}
+        self.ggml_version = self.version()
+        self.bindings = ""  # check_bindings()
 
     def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
         try:
@@ -130,14 +144,41 @@ class Ggml:
         except Exception:
             pass  # ggml aborts anyway; the parent then reports a crash
 
+    def check_bindings(self) -> str:
+        """Check ggml-python's bindings against the loaded library where a mismatch matters:
+        the layouts of ``ggml_tensor`` and ``ggml_object`` (``ggml_tensor_overhead``), which the
+        harness reads through ctypes; a ``TargetError`` if they differ. Op numbers may differ
+        (ggml inserts new ops in the enum): the harness names ops through the library's
+        ``ggml_op_name``, so that only goes into the description returned."""
+        g = self.g
+        want = ctypes.sizeof(g.ggml_tensor) + ctypes.sizeof(g.ggml_object)
+        if g.ggml_tensor_overhead() != want:
+            raise TargetError(
+                f"ggml-python {g.__version__}'s struct ggml_tensor does not match the loaded library "
+                f"{loaded_library_path('libggml-base')} (ggml {self.ggml_version}): ggml_tensor_overhead() is "
+                f"{g.ggml_tensor_overhead()} bytes, the bindings expect {want}; this ggml cannot be tested through these bindings"
+            )
+        # names by value (GGML_OP_POOL_MAX and others of enum ggml_op_pool share the values)
+        by_value: dict[int, set[str]] = {}
+        for n, v in vars(g).items():
+            if n.startswith("GGML_OP_") and isinstance(v, int) and n != "GGML_OP_COUNT":
+                by_value.setdefault(v, set()).add(n[len("GGML_OP_"):])
+        for v in range(g.GGML_OP_COUNT):
+            name = g.ggml_op_name(v).decode()
+            if name not in by_value.get(v, ()):
+                return (f"op numbers agree up to {v} of {g.GGML_OP_COUNT} (there the library has {name}, the bindings "
+                        f"{'/'.join(sorted(by_value.get(v, ())))}; harmless: the harness names ops through the library)")
+        return f"all {g.GGML_OP_COUNT} op numbers agree"
+
     def info(self) -> dict[str, str]:
         """Engine description for ``Trace.engine``."""
         has_cb = hasattr(self.lib, "ggml_backend_sched_set_realloc_callback")
         return {
             "name": "ggml",
             "lib": loaded_library_path("libggml-base"),
-            "ggml_version": self.version(),
+            "ggml_version": self.ggml_version,
             "ggml_python": self.g.__version__,
+            "bindings": self.bindings,
             # a newer ggml reports reallocations through a callback; this one only logs them
             "realloc_callback": "present (unused: observed from the debug log)" if has_cb else "absent",
         }
@@ -149,6 +190,22 @@ class Ggml:
         fn = self.lib.ggml_version
         fn.restype = ctypes.c_char_p
         return str(fn().decode())
+
+    def op_name(self, t: Ptr) -> str:
+        """The op of ``t`` as the loaded library names it (``ggml_op_name``), so that no enum
+        value of the bindings is trusted."""
+        return str(self.g.ggml_op_name(t.contents.op).decode())
+
+    def graph_inputs(self, built: Built) -> int:
+        """How many graph inputs ``ggml_backend_sched_split_graph`` collects with ``n_copies > 1``:
+        0.15.3 takes the input tensors its pass 5 meets as srcs of non-view nodes, 0.25.3's pass 6
+        every input leaf."""
+        flag = self.g.GGML_TENSOR_FLAG_INPUT
+        if not self.ggml_version.startswith("0.15."):
+            return sum(1 for t in built.leafs if t.contents.flags & flag)
+        inputs = {ctypes.addressof(t.contents) for t in built.leafs if t.contents.flags & flag}
+        seen = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(node) not in VIEW_OP_NAMES for src in srcs if src in inputs}
+        return len(seen)
 
     def name_of(self, t: Ptr) -> str:
         return bytes(t.contents.name).split(b"\0", 1)[0].decode(errors="replace")
@@ -228,6 +285,8 @@ class Built:
     nodes: list[Ptr]
     leafs: list[Ptr]
     inputs: list[Ptr]
+    # each node's srcs (addresses) as built: the scheduler later points some at input copies
+    srcs: list[tuple[int, ...]] = field(default_factory=list)
 
     def node_names(self, eng: Ggml) -> tuple[str, ...]:
         return tuple(eng.name_of(t) for t in self.nodes)
@@ -270,6 +329,7 @@ class ScenarioRun:
         self.g = eng.g
         self.scenario = scenario
         self.backends: list[int] = []
+        self.rpc_endpoints: list[str] = []
         self.sched: int | None = None
         self.graph_size = 0  # of the last ggml_backend_sched_split_graph on this scheduler
         self.built: list[Built] = []
@@ -294,12 +354,17 @@ class ScenarioRun:
         pool = self.eng.backends
         for b in layout.backends:
             key = (b.kind, next(rpc) if b.kind == "rpc" else "")
+            if b.kind == "rpc":
+                self.rpc_endpoints.append(key[1])
             if key in pool:
                 self.backends.append(pool[key])
                 continue
             if b.kind == "rpc":
                 endpoint = key[1].encode()
-                # ggml_backend_rpc_init does not check the server: it crashes on a dead one
+                # ggml_backend_rpc_init does not check the server (it crashes on a dead one), and
+                # 0.25.3 aborts in any RPC call that cannot connect: try a TCP connection first
+                if not tcp_reachable(key[1]):
+                    raise RpcUnreachable(key[1])
                 free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
                 self.g.ggml_backend_rpc_get_device_memory(endpoint, 0, ctypes.byref(free), ctypes.byref(total))
                 if total.value == 0:
@@ -387,6 +452,7 @@ class ScenarioRun:
         if cg.n_nodes != len(built.nodes):
             raise TargetError("ggml_cgraph's layout in ggml-python does not match the loaded ggml")
         built.leafs = [cg.leafs[i] for i in range(cg.n_leafs)]
+        built.srcs = [tuple(ctypes.addressof(s.contents) for s in n.contents.src if s) for n in built.nodes]
         # the previous graph stays alive: while its tensors exist, no new tensor can take the
         # address of one the scheduler's hash table may still hold (a reserve does not reset first)
         while len(self.built) > 2:
@@ -451,8 +517,18 @@ class ScenarioRun:
             if ok and st.kind == "compute":
                 self._set_inputs(built)
                 ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
+                self._round_trip()
         self.eng.log.on_split_print = None
         return replace(self._record(index, st.kind, built, snap, ok), seconds=seconds)
+
+    def _round_trip(self) -> None:
+        """One request with a reply to every RPC server, after a compute: from 0.25.3 on the RPC
+        client sends ``GRAPH_COMPUTE`` without waiting for the server, so a server that crashes
+        computing would otherwise show up in a later step or scenario. Each server answers only
+        once it has computed; a dead one makes ggml abort here, in the step that crashed it."""
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        for endpoint in self.rpc_endpoints:
+            self.g.ggml_backend_rpc_get_device_memory(endpoint.encode(), 0, ctypes.byref(free), ctypes.byref(total))
 
     def _new_sched(self, params: SchedParams) -> None:
         """``ggml_backend_sched_new(backends, NULL, n, max_nodes, parallel, op_offload)``; the
@@ -488,12 +564,14 @@ class ScenarioRun:
         n_splits = g.ggml_backend_sched_get_n_splits(self.sched)
         n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
         splits = self._splits(index, n_nodes, n_splits) if OBSERVE_SPLITS else ()
-        size = graph_size(n_nodes, n_leafs, n_splits, n_copies)
+        split_inputs = sum(len(s.inputs) for s in splits)
+        graph_inputs = self.eng.graph_inputs(built) if n_copies > 1 else 0
+        size = graph_size_of(self.eng.ggml_version, n_nodes, n_leafs, split_inputs, n_splits, graph_inputs, n_copies)
         prev, self.graph_size = self.graph_size, size
         # the scheduler's graph copy: each split input adds two nodes (its source's view and its
-        # copy); with n_copies > 1 the copies also become leafs, which the log does not tell
-        copy_nodes = n_nodes + 2 * sum(len(s.inputs) for s in splits)
-        copy_leafs = n_leafs if n_copies == 1 else 0
+        # copy); with n_copies > 1 the copies of the graph and split inputs also become leafs
+        copy_nodes = n_nodes + 2 * split_inputs
+        copy_leafs = n_leafs + (n_copies * (graph_inputs + split_inputs) if n_copies > 1 else 0)
         events = tuple(
             ReallocEvent(index, r.via, r.backend_ids_changed, size, prev, copy_nodes, n_splits, r.reason) for r in log.reallocs
         )
@@ -589,6 +667,11 @@ def main() -> None:
     os.dup2(2, 1)  # ggml's printf and Python's print now go to stderr
     sys.stdout = sys.stderr
     eng = Ggml(chan)
+    try:
+        eng.bindings = eng.check_bindings()
+    except TargetError as e:
+        chan.send({"fatal": str(e)})
+        raise SystemExit(2)
     try:
         probe = run_scenario(eng, probe_scenario(), [], None)
     except Exception:

@@ -1,0 +1,107 @@
+"""What changed in ``ggml_backend_sched`` between the ggml versions the reference models.
+
+Each field of ``Rules`` is one scheduler difference between ggml 0.15.3 (ggml-python 0.0.45)
+and ggml 0.25.3 (llama-cpp-python 0.3.36), read from both versions' ``ggml-backend.cpp``.
+``rules_for(ggml_version())`` picks the rules of the loaded library; a version the reference
+does not know runs with the nearest known one, and says so.
+
+>>> rules_for("0.25.3")[0].max_split_inputs is None
+True
+>>> rules_for("0.15.3")[0].max_split_inputs
+30
+>>> rules, note = rules_for("0.26.1"); rules.version, note is not None
+('0.25.3', True)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+GGML_SCHED_MAX_SPLIT_INPUTS = 30  # both versions define it (0.25.3: the arrays' first capacity)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The scheduler semantics of one ggml version.
+
+    * ``max_split_inputs``: 0.15.3 keeps a split's inputs (and the graph inputs) in fixed arrays
+      of ``GGML_SCHED_MAX_SPLIT_INPUTS`` (30): pass 5 starts a new split when a split is full and
+      a node needs another input, and asserts ``n_inputs < 30`` / ``n_graph_inputs < 30``.
+      0.25.3 grows both arrays (``ggml_backend_sched_split_inputs_grow``): ``None``.
+    * ``all_input_leafs_are_graph_inputs``: with ``n_copies > 1``, 0.15.3 makes an input a graph
+      input when pass 5 meets it as a node's src; 0.25.3's pass 6 makes every input leaf one (in
+      leaf order), so that a graph's composition does not depend on which inputs it reads.
+    * ``graph_size_counts_inputs``: ``debug_graph_size`` is ``max(n_nodes, n_leafs) +
+      n_splits*30*2*n_copies`` in 0.15.3, ``max(n_nodes, n_leafs) + (n_graph_inputs + sum of
+      split inputs)*2*n_copies + n_dep_nodes`` in 0.25.3.
+    * ``flash_attn_follows_weights``: pass 1 puts an op on the backend of a weight it reads;
+      0.25.3 exempts ``FLASH_ATTN_EXT`` (its sinks tensor is too small to choose by), as both
+      exempt ``ROPE``.
+    * ``reserve_failure_returned``: 0.25.3's ``ggml_backend_sched_alloc_splits`` returns false
+      when its re-reserve fails; 0.15.3 ignores the result. The reference models no memory
+      limit, so no predicted reserve fails: the field documents the difference.
+    """
+
+    version: str
+    max_split_inputs: int | None
+    all_input_leafs_are_graph_inputs: bool
+    graph_size_counts_inputs: bool
+    flash_attn_follows_weights: bool
+    reserve_failure_returned: bool
+
+    def graph_size(self, n_nodes: int, n_leafs: int, n_splits: int, n_inputs: int, n_copies: int, n_dep_nodes: int = 0) -> int:
+        """``debug_graph_size`` as this version's ``ggml_backend_sched_split_graph`` records it;
+        ``n_inputs`` counts the graph inputs and every split's inputs.
+
+        >>> RULES["0.15.3"].graph_size(5, 2, n_splits=2, n_inputs=1, n_copies=1)
+        125
+        >>> RULES["0.25.3"].graph_size(5, 2, n_splits=2, n_inputs=1, n_copies=1)
+        7
+        """
+        if self.graph_size_counts_inputs:
+            return max(n_nodes, n_leafs) + n_inputs * 2 * n_copies + n_dep_nodes
+        return max(n_nodes, n_leafs) + n_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * n_copies
+
+
+RULES: dict[str, Rules] = {
+    "0.15.3": Rules(
+        "0.15.3", max_split_inputs=GGML_SCHED_MAX_SPLIT_INPUTS, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=False,
+        flash_attn_follows_weights=True, reserve_failure_returned=False,
+    ),
+    "0.25.3": Rules(
+        "0.25.3", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
+        flash_attn_follows_weights=False, reserve_failure_returned=True,
+    ),
+}
+NEWEST = RULES["0.25.3"]
+
+
+def _key(version: str) -> tuple[int, ...] | None:
+    m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return tuple(int(x or 0) for x in m.groups()) if m else None
+
+
+def rules_for(version: str | None) -> tuple[Rules, str | None]:
+    """The rules of ``version`` (as ``ggml_version()`` gives it), and a note when the reference
+    does not model that version and uses the nearest one it knows (the newest known that is not
+    newer, else the oldest known). ``None`` or no version number: the oldest known (ggml-python
+    0.0.45's library has no ``ggml_version()``).
+
+    >>> rules_for("0.15.3")
+    (Rules(version='0.15.3', max_split_inputs=30, all_input_leafs_are_graph_inputs=False, \
+graph_size_counts_inputs=False, flash_attn_follows_weights=True, reserve_failure_returned=False), None)
+    >>> rules_for("0.20.0")[0].version
+    '0.15.3'
+    """
+    if version in RULES:
+        return RULES[version], None
+    known = sorted(RULES, key=lambda v: _key(v) or ())
+    key = _key(version or "")
+    if key is None:
+        chosen = known[0]
+    else:
+        older = [v for v in known if (_key(v) or ()) <= key]
+        chosen = older[-1] if older else known[0]
+    return RULES[chosen], f"the reference does not model ggml {version or '(unknown version)'}: it uses the rules of ggml {chosen}, the nearest it knows"

@@ -1,0 +1,179 @@
+"""The scheduler differences between ggml 0.15.3 and 0.25.3: each predicted per version by the
+reference (``reference.versions``), each shown on both real engines, and each rule load-bearing
+(the other version's value of the one field changes the prediction)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+
+from pytest_schedfuzz.properties import matches_reference, no_abort
+from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
+from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+from pytest_schedfuzz.trace import Trace
+from reference import SchedParams
+from reference.predict import predict
+from reference.versions import RULES, Rules, rules_for
+
+RPC_CPU = BackendLayout.of("rpc", "cpu")
+RPC, CPU = 0, 1
+OLD, NEW = RULES["0.15.3"], RULES["0.25.3"]
+
+
+def scenario(layout: BackendLayout, graphs: dict[str, GraphSpec], *steps: tuple[str, str], parallel: bool = False) -> Scenario:
+    sc = Scenario(layout, tuple(graphs.items()), (Step("sched_new", params=SchedParams(4096, parallel)),
+                                                  *(Step(k, graph=g) for k, g in steps)))
+    sc.validate()
+    return sc
+
+
+# ----------------------------------------------------------------------------- the scenarios
+
+
+def many_inputs(n: int) -> GraphSpec:
+    """A chain on the RPC device adding ``n`` CPU inputs, one per node: each is a split input."""
+    b = GraphBuilder()
+    acc = b.op("mul_mat", b.weight("w", (8, 8), device=RPC), b.input("x0", (8, 1)), name="acc0")
+    for k in range(1, n):
+        acc = b.op("add", acc, b.input(f"x{k}", (8, 1)), name=f"acc{k}")
+    return b.build(acc)
+
+
+def split_meets_31st_input() -> Scenario:
+    return scenario(RPC_CPU, {"g": many_inputs(32)}, ("alloc", "g"))
+
+
+def graph_inputs_31_parallel() -> Scenario:
+    """31 inputs read on the CPU, with ``parallel``: 31 graph inputs."""
+    b = GraphBuilder()
+    acc = b.op("scale", b.input("x0", (8, 1)), name="acc0", scale=2.0)
+    for k in range(1, 31):
+        acc = b.op("add", acc, b.input(f"x{k}", (8, 1)), name=f"acc{k}")
+    return scenario(BackendLayout.of("cpu"), {"g": b.build(acc)}, ("alloc", "g"), parallel=True)
+
+
+def two_vs_one_graph_inputs() -> Scenario:
+    """Two graphs of 2 nodes, 2 leafs and 1 split on the CPU (an RPC device idle beside it, so
+    that reallocations go through the scheduler); A reads two inputs, B an input and a weight."""
+    graphs = {}
+    for name, second in (("A", "input"), ("B", "weight")):
+        b = GraphBuilder()
+        y = b.input("y", (8, 2)) if second == "input" else b.weight("y", (8, 2), device=CPU)
+        graphs[name] = b.build(b.op("scale", b.op("add", b.input("x", (8, 2)), y, name="s"), name="o", scale=2.0))
+    return scenario(RPC_CPU, graphs, ("reserve", "A"), ("alloc", "A"), ("alloc", "B"), parallel=True)
+
+
+def input_read_only_on_rpc() -> Scenario:
+    """With ``parallel``: an input read by an RPC node only (the scheduler points that node at
+    the input's copy) beside a cache store on the CPU reading another input."""
+    b = GraphBuilder()
+    x, k = b.input("x", (8, 1)), b.input("k", (8, 1))
+    store = b.op("set_rows", b.cache("cache", (8, 4), device=CPU), k, b.input("idx", (1,), type="i64"), name="store")
+    mm = b.op("mul_mat", b.weight("w", (8, 8), device=RPC), x, name="mm")
+    return scenario(RPC_CPU, {"g": b.build(store, mm)}, ("alloc", "g"), parallel=True)
+
+
+def flash_attn_with_a_weight() -> Scenario:
+    """``flash_attn_ext`` whose K is a weight on the RPC device, Q, V and the mask CPU inputs."""
+    b = GraphBuilder()
+    q = b.input("q", (16, 4, 2))
+    k = b.weight("k", (16, 8, 2), device=RPC, type="f16")
+    v = b.input("v", (16, 8, 2), type="f16")
+    mask = b.input("mask", (8, 4), type="f16")
+    return scenario(RPC_CPU, {"g": b.build(b.op("flash_attn_ext", q, k, v, mask, name="fa", scale=0.25))}, ("alloc", "g"))
+
+
+# ----------------------------------------------------------------------------- what each version does
+
+
+def inputs_per_split(t: Trace) -> list[int]:
+    return [len(s.inputs) for s in t.records[1].splits]
+
+
+def graph_inputs_assert(t: Trace) -> bool:
+    return t.abort is not None and "n_graph_inputs" in t.abort.message
+
+
+def sizes_of_last_realloc(t: Trace) -> tuple[int, int, bool]:
+    (ev,) = t.records[3].events
+    return ev.prev_graph_size, ev.graph_size, ev.same_size
+
+
+def fa_backend(t: Trace) -> int:
+    rec = t.records[1]
+    return rec.node_backends[rec.node_names.index("fa")]
+
+
+CASES: dict[str, tuple[Callable[[], Scenario], Callable[[Trace], object], object, object, str]] = {
+    # name: scenario, observation, on 0.15.3, on 0.25.3, the Rules field that makes the difference
+    "split meets a 31st input": (split_meets_31st_input, inputs_per_split, [30, 2], [32], "max_split_inputs"),
+    "31 graph inputs with parallel": (graph_inputs_31_parallel, graph_inputs_assert, True, False, "max_split_inputs"),
+    # 0.15.3: 2 + 1 split * 30 * 2 * 4 both times: ggml itself calls that realloc same-size;
+    # 0.25.3: 2 + (2 or 1 graph inputs) * 2 * 4
+    "2 vs 1 graph inputs": (two_vs_one_graph_inputs, sizes_of_last_realloc, (242, 242, True), (18, 10, False), "graph_size_counts_inputs"),
+    "flash attention and its weight": (flash_attn_with_a_weight, fa_backend, RPC, CPU, "flash_attn_follows_weights"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_reference_predicts_each_version(case: str) -> None:
+    build, observe, old, new, _ = CASES[case]
+    assert observe(predict(build(), rules=OLD)) == old
+    assert observe(predict(build(), rules=NEW)) == new
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_rule_is_load_bearing(case: str) -> None:
+    """Giving one version the other's value of the one field changes the prediction."""
+    build, observe, old, new, field = CASES[case]
+    assert observe(predict(build(), rules=replace(OLD, **{field: getattr(NEW, field)}))) != old
+    assert observe(predict(build(), rules=replace(NEW, **{field: getattr(OLD, field)}))) != new
+
+
+@pytest.fixture(scope="module", params=["ggml-0.15.3", "ggml-0.25.3"])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[GgmlTarget, Rules]]:
+    with GgmlTarget(lib=request.param) as target:
+        rules, note = rules_for(target.start()["ggml_version"])
+        assert note is None and request.param == f"ggml-{rules.version}"
+        yield target, rules
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_version_does_what_its_reference_predicts(engine: tuple[GgmlTarget, Rules], case: str) -> None:
+    target, rules = engine
+    build, observe, old, new, _ = CASES[case]
+    sc = build()
+    trace, prediction = target.run(sc), predict(sc, rules=rules)
+    assert observe(trace) == (old if rules is OLD else new)
+    assert not matches_reference(sc, trace, prediction)
+    if not prediction.abort:
+        assert not no_abort(sc, trace, prediction)
+
+
+def test_graph_size_is_the_one_ggml_prints(engine: tuple[GgmlTarget, Rules]) -> None:
+    """Under ``GGML_SCHED_DEBUG_REALLOC=2`` ggml aborts at every realloc, printing its own
+    ``debug_graph_size`` and the node and leaf counts of its graph copy: the harness's figures
+    for that step must be the same."""
+    target, rules = engine
+    checked = 0
+    with GgmlTarget(lib=f"ggml-{rules.version}", debug_realloc=2) as oracle:
+        for build in (two_vs_one_graph_inputs, split_meets_31st_input, flash_attn_with_a_weight, input_read_only_on_rpc):
+            sc = build()
+            trace, aborted = target.run(sc), oracle.run(sc)
+            assert aborted.abort is not None and "unexpected graph reallocation" in aborted.abort.message
+            rec = trace.records[aborted.abort.step]
+            assert f"graph size = {rec.graph_size}, nodes = {rec.n_nodes}, leafs = {rec.n_leafs})" in aborted.abort.message
+            assert not matches_reference(sc, trace, predict(sc, rules=rules))
+            checked += 1
+    assert checked == 4
+
+
+def test_unknown_version_runs_with_the_nearest_rules() -> None:
+    assert rules_for("0.25.3") == (NEW, None)
+    rules, note = rules_for("0.27.0")
+    assert rules is NEW and note is not None and "0.27.0" in note and "0.25.3" in note
+    rules, note = rules_for("0.9.1")
+    assert rules is OLD and note is not None
+    assert rules_for("unknown (the library has no ggml_version())")[0] is OLD
