@@ -94,7 +94,8 @@ def _replay(args: argparse.Namespace) -> int:
     failed = 0
     try:
         for case in cases:
-            print(f"== {case.path} [{case.property}] expect {case.expect if isinstance(case.expect, str) else 'fail: ' + case.expect['fail']}")
+            version = fuzzer.ggml_version(case.llama is not None)
+            print(f"== {case.path} [{case.property}] on ggml {version}: expect {case.expectation_on(version)}")
             if case.llama is not None:
                 print_llama_run(fuzzer, case)
             scenario = None if case.llama is not None else fuzzer.scenario_for(case)
@@ -106,7 +107,7 @@ def _replay(args: argparse.Namespace) -> int:
             if trace is not None and trace.abort:
                 print(f"  !! {trace.abort.kind} at step {trace.abort.step}: {trace.abort.message.strip()}")
             found = [v for v in fuzzer.replay(case) if v.signature() == case.signature]
-            expected = case.expected_failure is not None
+            expected = case.expected_failure_on(version) is not None
             ok = bool(found) == expected
             failed += not ok
             verdict = ("still fails (known bug)" if expected else "FAIL: " + str(found[0])) if found else (
@@ -197,6 +198,34 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gate(args: argparse.Namespace) -> int:
+    from .fuzz import new_seed
+    from .gate import gate
+
+    props = args.properties.split(",") if args.properties else list(PROPERTY_IDS)
+    unknown = [p for p in props if p not in PROPERTY_IDS]
+    if unknown:
+        print(f"schedfuzz gate: --properties: unknown {', '.join(unknown)} (known: {', '.join(PROPERTY_IDS)})", file=sys.stderr)
+        return 2
+    if args.profile not in PROFILES:
+        print(f"schedfuzz gate: --profile {args.profile!r}: choose one of {', '.join(PROFILES)}", file=sys.stderr)
+        return 2
+    try:
+        cases = _load_all([args.corpus]) if Path(args.corpus).is_dir() else []
+    except CaseError as e:
+        return _bad(e)
+    seed = args.seed if args.seed is not None else (0 if PROFILES[args.profile].derandomize else new_seed())
+    print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={args.corpus} ({len(cases)} cases)", flush=True)
+    config = FuzzConfig(profile=args.profile, examples=args.examples, seed=seed, rereserve=args.rereserve)
+    try:
+        status, report = gate(args.base, args.head, cases, config, props)
+    except ValueError as e:
+        print(f"schedfuzz gate: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    return status
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
@@ -205,7 +234,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
-    p.add_argument("--lib", help="directory with your own ggml shared libraries")
+    p.add_argument("--lib", help="the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, or your build's library folder")
     p.add_argument("--llama-lib", help="your llama.cpp build's library folder (default: llama-cpp-python's)")
     p.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
     p.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
@@ -237,6 +266,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sh.add_argument("-o", "--output", help="output file: .svg, .png or .dot (default: CASE.svg here)")
     _engine_args(sh)
     sh.set_defaults(func=_show)
+    gt = sub.add_parser("gate", help="pre-merge: the corpus and the same fuzzing on a base and a head build; exit 1 only for failures new on head")
+    gt.add_argument("--base", required=True, help="the base build: ggml-0.25.3, ggml-0.15.3 or a library folder")
+    gt.add_argument("--head", required=True, help="the head build, likewise")
+    gt.add_argument("--profile", default="ci")
+    gt.add_argument("--examples", type=int, help="examples per property (default: the profile's)")
+    gt.add_argument("--seed", type=int)
+    gt.add_argument("--properties", help="comma-separated property ids (default: all)")
+    gt.add_argument("--corpus", default="corpus")
+    gt.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
+    gt.set_defaults(func=_gate)
     bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")
     bn.add_argument("--json", help="also write the figures to this JSON file")
     bn.add_argument("--repeats", type=int, default=5, help="timings per figure (the median is reported)")

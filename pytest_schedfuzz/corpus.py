@@ -4,7 +4,10 @@ A case holds the scenario (or, for the llama.cpp properties, the llama workload:
 context parameters and calls), the property it broke, its failure signature (property id plus
 the distinguishing facts), the engine it was found on, and ``expect``: ``"pass"`` (the bug is
 fixed: the case guards against its return) or ``{"fail": reason}`` (a known engine bug that
-must keep failing until fixed).
+must keep failing until fixed). A failure can be scoped by ggml version: ``"since"`` (the first
+version with the bug) and ``"fixed_in"`` (the first without it) bound where it is expected;
+outside those bounds the case is a guard, e.g. ``{"fail": "...", "fixed_in": "0.25.3"}`` is an
+expected failure on 0.15.3 and must pass on 0.25.3.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from reference.versions import version_key
 
 from .driver import Workload
 from .files import atomic_write
@@ -44,7 +49,14 @@ SCHEMA: dict[str, Any] = {
         "expect": {
             "oneOf": [
                 {"const": "pass"},
-                {"type": "object", "required": ["fail"], "properties": {"fail": {"type": "string"}}, "additionalProperties": False},
+                {
+                    "type": "object", "required": ["fail"], "additionalProperties": False,
+                    "properties": {
+                        "fail": {"type": "string"},
+                        "since": {"type": "string", "pattern": r"^\d+\.\d+(\.\d+)?$"},
+                        "fixed_in": {"type": "string", "pattern": r"^\d+\.\d+(\.\d+)?$"},
+                    },
+                },
             ]
         },
         "workload": {"type": "object", "required": ["layout", "model", "n_ubatch", "events"]},
@@ -87,7 +99,31 @@ class Case:
 
     @property
     def expected_failure(self) -> str | None:
+        """The known bug's description, whatever the version (see ``expected_failure_on``)."""
         return self.expect["fail"] if isinstance(self.expect, Mapping) else None
+
+    def expected_failure_on(self, version: str | None) -> str | None:
+        """The known bug's description if it is expected on ggml ``version``: inside the
+        ``since``/``fixed_in`` bounds; an unknown version counts as inside them.
+
+        >>> case = Case("no-abort", "s", None, expect={"fail": "bug", "fixed_in": "0.25.3"})
+        >>> case.expected_failure_on("0.15.3"), case.expected_failure_on("0.25.3")
+        ('bug', None)
+        """
+        if not isinstance(self.expect, Mapping):
+            return None
+        v = version_key(version)
+        if v is not None:
+            if "since" in self.expect and v < version_key(self.expect["since"]):  # type: ignore[operator]
+                return None
+            if "fixed_in" in self.expect and v >= version_key(self.expect["fixed_in"]):  # type: ignore[operator]
+                return None
+        return self.expect["fail"]
+
+    def expectation_on(self, version: str | None) -> str:
+        """``expect`` in words, for ``version``."""
+        why = self.expected_failure_on(version)
+        return f"fail: {why}" if why is not None else "pass"
 
     def size(self) -> tuple[int, int, int, int]:
         """(steps, op nodes, leafs, elements), over all graphs: what minimization reduces, in

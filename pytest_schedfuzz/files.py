@@ -32,3 +32,11 @@ def atomic_write(target: Path, write: Callable[[Path], None], mode: int = 0o666)
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def cache_dir() -> Path:
+    """Where built models and the compiled hook live (``$SCHEDFUZZ_CACHE``, else the user's cache)."""
+    base = os.environ.get("SCHEDFUZZ_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "schedfuzz")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

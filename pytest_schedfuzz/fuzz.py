@@ -245,7 +245,8 @@ class Fuzzer:
         self._rules: Rules | None = None
         self.rules_note: str | None = None
         self.stats = Stats()
-        self.known: set[str] = set()  # signatures of known engine bugs, not reported again
+        self.known_cases: list[Case] = []  # the corpus's expected failures (learn_known_bugs)
+        self._known: dict[bool, set[str]] = {}  # llama or not -> signatures expected on its version
         self.started = time.monotonic()
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self._target: Target | None = None
@@ -381,9 +382,10 @@ class Fuzzer:
             except Unsupported:
                 return
             # a known engine bug (an expect-fail case of the corpus) found again is not news
-            known = [v for v in found if v.signature() in self.known]
+            known_set = self.known(prop in props.LLAMA_PROPERTY_IDS)
+            known = [v for v in found if v.signature() in known_set]
             self.stats.known += len(known)
-            found = [v for v in found if v.signature() not in self.known]
+            found = [v for v in found if v.signature() not in known_set]
             if found and self.first_failure is None:
                 self.first_failure = time.monotonic() - start
             if found and (not target or found[0].signature() == target[0]):
@@ -398,8 +400,8 @@ class Fuzzer:
         return None
 
     def learn_known_bugs(self, directory: Path) -> None:
-        """Remember the signatures of the corpus's expect-fail cases (unreadable files are
-        reported by their own corpus items)."""
+        """Remember the corpus's expect-fail cases (unreadable files are reported by their own
+        corpus items); which of them are known bugs depends on the engine's version."""
         from .corpus import CaseError, case_files, load_case
 
         for path in case_files(directory):
@@ -408,7 +410,23 @@ class Fuzzer:
             except CaseError:
                 continue
             if case.expected_failure is not None:
-                self.known.add(case.signature)
+                self.known_cases.append(case)
+        self._known.clear()
+
+    def ggml_version(self, llama: bool) -> str | None:
+        """The ggml version of the engine that runs llama.cpp workloads or graph scenarios."""
+        if llama:
+            return self.llama_target.start().get("ggml_version")
+        return self.engine_info().get("ggml_version") if self.config.target is None else None
+
+    def known(self, llama: bool) -> set[str]:
+        """Signatures of the known engine bugs expected on this engine's version (not reported
+        again by fuzzing)."""
+        if llama not in self._known:
+            cases = [c for c in self.known_cases if (c.llama is not None) == llama]
+            version = self.ggml_version(llama) if cases else None
+            self._known[llama] = {c.signature for c in cases if c.expected_failure_on(version) is not None}
+        return self._known[llama]
 
     def scenario_for(self, case: Case) -> Scenario:
         """A case's scenario: its workload played by this run's driver, or the one it holds."""

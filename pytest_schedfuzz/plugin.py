@@ -237,13 +237,16 @@ class CaseItem(pytest.Item):
         found = session.fuzzer.replay(case)
         self.user_properties += [("schedfuzz_property", case.property), ("schedfuzz_case", str(self.case_path))]
         same = [v for v in found if v.signature() == case.signature]
-        if case.expected_failure is not None:
+        version = session.fuzzer.ggml_version(case.llama is not None)
+        expected = case.expected_failure_on(version)
+        if expected is not None:
             if same:
-                pytest.xfail(f"known engine bug ({case.expected_failure}): {same[0]}")
+                pytest.xfail(f"known engine bug on ggml {version} ({expected}): {same[0]}")
             got = f"now: {found[0]}" if found else "no violation any more"
-            raise CorpusFailure(f"[XPASS(strict)] {self.case_path.name} is expected to fail with {case.signature} ({case.expected_failure}); {got}")
+            raise CorpusFailure(f"[XPASS(strict)] {self.case_path.name} is expected to fail on ggml {version} with {case.signature} ({expected}); {got}")
         if found:
-            raise CorpusFailure(f"{self.case_path.name} ({case.signature}) fails again:\n{found[0]}")
+            scope = f" (a known bug only outside ggml {version}: {case.expect})" if case.expected_failure is not None else ""
+            raise CorpusFailure(f"{self.case_path.name} ({case.signature}) fails again, on ggml {version}{scope}:\n{found[0]}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CorpusFailure):

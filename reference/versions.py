@@ -78,8 +78,13 @@ RULES: dict[str, Rules] = {
 NEWEST = RULES["0.25.3"]
 
 
-def _key(version: str) -> tuple[int, ...] | None:
-    m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", version)
+def version_key(version: str | None) -> tuple[int, ...] | None:
+    """``"0.25.3"`` as ``(0, 25, 3)``; None for no version or one without numbers.
+
+    >>> version_key("0.25.3"), version_key("unknown")
+    ((0, 25, 3), None)
+    """
+    m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", version or "")
     return tuple(int(x or 0) for x in m.groups()) if m else None
 
 
@@ -97,11 +102,11 @@ graph_size_counts_inputs=False, flash_attn_follows_weights=True, reserve_failure
     """
     if version in RULES:
         return RULES[version], None
-    known = sorted(RULES, key=lambda v: _key(v) or ())
-    key = _key(version or "")
+    known = sorted(RULES, key=lambda v: version_key(v) or ())
+    key = version_key(version or "")
     if key is None:
         chosen = known[0]
     else:
-        older = [v for v in known if (_key(v) or ()) <= key]
+        older = [v for v in known if (version_key(v) or ()) <= key]
         chosen = older[-1] if older else known[0]
     return RULES[chosen], f"the reference does not model ggml {version or '(unknown version)'}: it uses the rules of ggml {chosen}, the nearest it knows"

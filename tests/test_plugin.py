@@ -56,7 +56,8 @@ def test_dev_profile_passes_and_prints_the_summary(fuzz, pytester: pytest.Pytest
     result = fuzz("--schedfuzz-properties", ",".join(GRAPH_PROPERTY_IDS))
     result.assert_outcomes(passed=6)
     out = result.stdout.str()
-    assert "schedfuzz: profile=dev seed=1 engine=ggml" in out
+    assert "schedfuzz: profile=dev seed=1 " in out
+    result.stdout.fnmatch_lines(["schedfuzz: engine = ggml 0.25.3 (*libggml-base.so*); bindings: op numbers agree up to 87 of 97*"])
     result.stdout.fnmatch_lines(["*graphs reused = *", "*graph reallocs = * / *   (same size) / (changed size)", "*splits = *", "*findings?no-same-size-realloc? = 0"])
     assert not (pytester.path / "corpus").exists()
 
@@ -139,7 +140,7 @@ def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(fu
     out = result.stdout.str()
     assert "llama.cpp: graph reallocs = " in out and "llama-reuse-sound had nothing to check" in out
     again = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-properties", "llama-no-abort", "--schedfuzz-examples", "3")
-    assert again.ret != 0 and "fails again" in again.stdout.str()
+    assert again.ret != 0 and "fails again, on ggml 0.25.3" in again.stdout.str()
 
 
 @pytest.mark.engine
@@ -150,3 +151,48 @@ def test_a_path_option_in_the_space_form_keeps_the_corpus_here(fuzz, pytester: p
 
     result = fuzz("--schedfuzz-llama-lib", str(default_lib_dir()), "--schedfuzz-properties", "llama-reuse-sound", "--schedfuzz-examples", "3")
     result.assert_outcomes(passed=1)  # the project's corpus (expected failures) was not replayed
+
+
+def test_schedfuzz_lib_in_the_space_form_replays_this_corpus_and_writes_nothing_there(fuzz, pytester: pytest.Pytester):
+    """``--schedfuzz-lib DIR`` (space form): the corpus of the directory pytest started in is
+    replayed, a finding is saved there, and nothing is written into DIR; the header names the
+    ggml that was loaded."""
+    from pytest_schedfuzz.targets.ggml_lib import resolve_lib
+
+    lib = Path(resolve_lib("ggml-0.25.3") or "")
+    before = sorted(p.name for p in lib.iterdir())
+    (pytester.path / "corpus").mkdir()
+    case = TESTS.parent / "corpus" / "no-abort-kind-abort-message-ggml-backend-cpp-ggml-assert-n-g-9523a46d7b.json"
+    (pytester.path / "corpus" / case.name).write_text(case.read_text())
+    result = fuzz("--schedfuzz-lib", str(lib), "--schedfuzz-properties", "reuse-sound", "--schedfuzz-examples", "3",
+                  "--schedfuzz-policy", "planted:ignore_op_offload")
+    result.assert_outcomes(passed=1, failed=1)  # the case (a guard on 0.25.3) and the planted policy
+    result.stdout.fnmatch_lines([f"schedfuzz: engine = ggml 0.25.3 ({lib}/libggml-base.so*"])
+    assert len(saved_cases(pytester)) == 2 and sorted(p.name for p in lib.iterdir()) == before
+
+
+@pytest.mark.parametrize(("lib", "outcome"), [("ggml-0.15.3", {"xfailed": 1}), ("ggml-0.25.3", {"passed": 1})])
+def test_a_bug_fixed_in_a_version_is_expected_before_it_and_guarded_from_it(fuzz, pytester: pytest.Pytester, lib: str, outcome: dict[str, int]):
+    (pytester.path / "corpus").mkdir()
+    case = TESTS.parent / "corpus" / "no-abort-kind-abort-message-ggml-backend-cpp-ggml-assert-n-g-9523a46d7b.json"
+    assert json.loads(case.read_text())["expect"]["fixed_in"] == "0.25.3"
+    (pytester.path / "corpus" / case.name).write_text(case.read_text())
+    result = fuzz(f"--schedfuzz-lib={lib}", "--schedfuzz-properties", "reuse-sound", "--schedfuzz-examples", "1")
+    result.assert_outcomes(passed=1 + outcome.get("passed", 0), xfailed=outcome.get("xfailed", 0))
+
+
+def test_schedfuzz_lib_reaches_the_test_suite(pytester: pytest.Pytester):
+    """Without --schedfuzz, --schedfuzz-lib still chooses the engine of the session's tests."""
+    pytester.makepyfile(test_x="""
+        from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+
+        def test_engine():
+            with GgmlTarget() as t:
+                print("VERSION", t.start()["ggml_version"])
+    """)
+    for lib, version in (("ggml-0.15.3", "0.15.3"), ("ggml-0.25.3", "0.25.3")):
+        result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", f"--schedfuzz-lib={lib}")
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines([f"*VERSION {version}*"])
+    bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--schedfuzz-lib=/nonexistent")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR and "--schedfuzz-lib /nonexistent: not a folder" in bad.stderr.str()

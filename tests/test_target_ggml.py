@@ -252,3 +252,53 @@ def test_schedlog_reads_fragments() -> None:
         ("gallocr", False, "different number of leafs"),
         ("sched", True, "backend ids changed"),
     ]
+
+
+def test_an_rpc_server_crash_is_charged_to_the_step_that_caused_it() -> None:
+    """The corpus's RPC crash on ggml 0.15.3 (a server handed a tensor of another server's
+    buffer), followed by more steps: charged to the compute that crashed it, every time; the
+    next scenario runs on a fresh server. (0.25.3's server rejects that graph without crashing.)"""
+    from dataclasses import replace
+
+    from pytest_schedfuzz.corpus import load_case
+
+    case = load_case(Path(__file__).resolve().parent.parent / "corpus" / "no-abort-kind-abort-message-ggml-rpc-cpp-remote-rpc-server-c-0120db39a9.json")
+    assert case.scenario is not None
+    crashing = replace(case.scenario, steps=(*case.scenario.steps, Step("alloc", "g0"), Step("alloc", "g0")))
+    clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    with GgmlTarget(lib="ggml-0.15.3") as t:
+        for _ in range(2):
+            trace = t.run(crashing)
+            assert trace.abort is not None and trace.abort.step == case.step, trace.abort
+            assert "RPC server" in trace.abort.message
+            after = t.run(clean)
+            assert after.abort is None and after.records[-1].ok
+
+
+@pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
+def test_a_server_death_is_charged_to_the_scenario_it_happened_in(lib: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that dies after the worker's last reply of a scenario (RPC computes
+    asynchronously) is that scenario's crash, not the next one's; a server killed while idle
+    is restarted before the next scenario and charged to nothing."""
+    clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"), Step("alloc", "A"))
+    with GgmlTarget(lib=lib) as t:
+        assert t.run(clean).abort is None
+        real = t._collect
+
+        def then_kill_the_server(worker, records):  # type: ignore[no-untyped-def]
+            result = real(worker, records)
+            pid = t.servers.pids[0]
+            os.kill(pid, signal.SIGKILL)
+            while t.servers.dead(grace=0.5) == []:
+                pass
+            return result
+
+        monkeypatch.setattr(t, "_collect", then_kill_the_server)
+        trace = t.run(clean)
+        assert trace.abort is not None and trace.abort.kind == "crash" and trace.abort.step == 2
+        assert "an RPC server died during this scenario" in trace.abort.message and "killed by SIGKILL" in trace.abort.message
+        monkeypatch.undo()
+        assert t.run(clean).abort is None
+        os.kill(t.servers.pids[0], signal.SIGKILL)  # idle
+        time.sleep(0.2)
+        assert t.run(clean).abort is None

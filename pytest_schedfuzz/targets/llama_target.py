@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_write
+from ..files import atomic_write, cache_dir
 from ..gguf_models import write_model
 from ..llama import LlamaWorkload
 from ..llama_trace import LlamaAbort, LlamaTrace
@@ -29,14 +29,6 @@ from .rpc import RpcServers
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
 HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
-
-
-def cache_dir() -> Path:
-    """Where built models and the compiled hook live (``$SCHEDFUZZ_CACHE``, else the user's cache)."""
-    base = os.environ.get("SCHEDFUZZ_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "schedfuzz")
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def default_lib_dir() -> Path:
@@ -98,6 +90,13 @@ class LlamaTarget:
         self.servers = RpcServers(str(self.lib_dir), threads=1)
         self.engine: dict[str, str] = {}
         self._worker: _Worker | None = None
+
+    def start(self) -> dict[str, str]:
+        """Start the worker now (it otherwise starts with the first workload); the engine's
+        description (libllama's path, its ggml's version)."""
+        if self._worker is None:
+            self._worker = self._start_worker()
+        return self.engine
 
     def _start_worker(self) -> _Worker:
         env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))

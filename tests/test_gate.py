@@ -1,0 +1,77 @@
+"""``schedfuzz gate`` between two builds: what head fixed is listed, what head broke fails it.
+
+The broken head is ggml 0.25.3 rebuilt from its vendored source with a scheduler bug planted
+(``build.build_ggml_base``): pass 2's "expand gpu down" no longer skips the CPU, so CPU
+assignments spread down the graph before the other backends' do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.build import Patch, build_ggml_base
+from pytest_schedfuzz.cli import main
+from pytest_schedfuzz.corpus import load_case
+from pytest_schedfuzz.gate import Side, compare
+
+_GPU_DOWN = """    // expand gpu down
+    {
+        int cur_backend_id = -1;
+        for (int i = 0; i < graph->n_nodes; i++) {
+            struct ggml_tensor * node = graph->nodes[i];
+            if (ggml_is_view_op(node->op)) {
+                continue;
+            }
+            int * node_backend_id = &tensor_backend_id(node);
+            if (*node_backend_id != -1) {
+                if (*node_backend_id == sched->n_backends - 1) {
+                    // skip cpu (lowest prio backend)
+                    cur_backend_id = -1;"""
+CPU_EXPANDS_DOWN = Patch(
+    "src/ggml-backend.cpp", _GPU_DOWN,
+    _GPU_DOWN.replace("cur_backend_id = -1;\"\"\"", "").rsplit("cur_backend_id = -1;", 1)[0] + "cur_backend_id = *node_backend_id; // planted: the CPU expands in the GPU pass",
+)
+
+
+@pytest.fixture(scope="module")
+def planted_head() -> str:
+    return str(build_ggml_base("ggml-0.25.3", (CPU_EXPANDS_DOWN,)))
+
+
+def test_compare_lists_fixed_and_new() -> None:
+    base = Side("base", "b", {"corpus/a": ("no-abort[x]",), "corpus/b": (), "fuzz/p": ("p[1]",), "fuzz/q": (), "fuzz/l": None})
+    head = Side("head", "h", {"corpus/a": (), "corpus/b": ("no-abort[y]",), "fuzz/p": ("p[1]",), "fuzz/q": ("no-abort[x]",), "fuzz/l": ("l[1]",)})
+    cmp = compare(base, head)
+    assert [f.split(":")[0] for f in cmp.fixed] == ["corpus/a"]
+    # fuzz/q found on head what base showed in its corpus: not new; fuzz/l did not run on base
+    assert [n.split(":")[0] for n in cmp.new] == ["corpus/b"]
+
+
+def test_gate_lists_what_0_25_3_fixed_and_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    fixed = [p.stem for p in sorted(corpus.glob("*.json")) if "fixed_in" in str(load_case(p).expect)]
+    assert fixed  # the starter corpus holds bugs fixed in 0.25.3
+    status = main(["gate", "--base", "ggml-0.15.3", "--head", "ggml-0.25.3", "--corpus", str(corpus), "--examples", "10",
+                   "--properties", "matches-reference,no-same-size-realloc,no-abort"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    listed = out.split("fixed on head", 1)[1].split("new failures on head", 1)[0]
+    assert all(f"corpus/{stem}" in listed for stem in fixed), out
+    assert "new failures on head (0): none" in out
+
+
+def test_gate_fails_on_a_planted_scheduler_bug_and_names_it(planted_head: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status = main(["gate", "--base", "ggml-0.25.3", "--head", planted_head, "--corpus", str(tmp_path / "none"), "--examples", "40",
+                   "--properties", "matches-reference"])
+    out = capsys.readouterr().out
+    assert status == 1, out
+    new = out.split("new failures on head", 1)[1]
+    assert "fuzz/matches-reference: matches-reference[what=assignment]" in new, out
+
+
+def test_gate_rejects_an_unknown_build(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["gate", "--base", "ggml-0.25.3", "--head", str(tmp_path / "nosuch"), "--corpus", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nosuch" in err and "not a folder" in err
