@@ -112,7 +112,8 @@ def build_release(dest: Path) -> Path:
 
 
 def scaling(repeats: int, release_lib: str | None) -> dict[str, Any]:
-    engines = {"debug": GgmlTarget(bare=True)}
+    # the Release build is ggml-python's (0.15.3): time it against the same ggml in Debug
+    engines = {"debug": GgmlTarget(lib="ggml-0.15.3" if release_lib else None, bare=True)}
     if release_lib:
         engines["release"] = GgmlTarget(lib=release_lib, bare=True)
     rows = []

@@ -53,8 +53,8 @@ def test_gate_lists_what_0_25_3_fixed_and_passes(tmp_path: Path, capsys: pytest.
     corpus = Path(__file__).resolve().parent.parent / "corpus"
     fixed = [p.stem for p in sorted(corpus.glob("*.json")) if "fixed_in" in str(load_case(p).expect)]
     assert fixed  # the starter corpus holds bugs fixed in 0.25.3
-    status = main(["gate", "--base", "ggml-0.15.3", "--head", "ggml-0.25.3", "--corpus", str(corpus), "--examples", "10",
-                   "--properties", "matches-reference,no-same-size-realloc,no-abort"])
+    status = main(["gate", "--base", "ggml-0.15.3", "--head", "ggml-0.25.3", "--corpus", str(corpus), "--examples", "5",
+                   "--properties", "matches-reference,no-abort"])
     out = capsys.readouterr().out
     assert status == 0, out
     listed = out.split("fixed on head", 1)[1].split("new failures on head", 1)[0]

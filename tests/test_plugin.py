@@ -57,7 +57,7 @@ def test_dev_profile_passes_and_prints_the_summary(fuzz, pytester: pytest.Pytest
     result.assert_outcomes(passed=6)
     out = result.stdout.str()
     assert "schedfuzz: profile=dev seed=1 " in out
-    result.stdout.fnmatch_lines(["schedfuzz: engine = ggml 0.25.3 (*libggml-base.so*); bindings: op numbers agree up to 87 of 97*"])
+    result.stdout.fnmatch_lines(["schedfuzz: engine = ggml 0.*.* (*libggml-base.so*); bindings: *op numbers agree*"])
     result.stdout.fnmatch_lines(["*graphs reused = *", "*graph reallocs = * / *   (same size) / (changed size)", "*splits = *", "*findings?no-same-size-realloc? = 0"])
     assert not (pytester.path / "corpus").exists()
 

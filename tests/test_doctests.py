@@ -1,0 +1,16 @@
+"""The examples in docstrings run (networkx style: algorithms documented by small examples)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.corpus"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
