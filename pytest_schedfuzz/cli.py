@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,11 +13,24 @@ from .fuzz import PROFILES, FuzzConfig, Fuzzer
 from .properties import PROPERTY_IDS
 
 
-def _run(args: argparse.Namespace) -> int:
-    props = args.properties.split(",") if args.properties else list(PROPERTY_IDS)
+def cli_words(e: Exception) -> str:
+    """An option error in the words of this command (``--policy``, not ``--schedfuzz-policy``)."""
+    return str(e).replace("--schedfuzz-", "--")
+
+
+def _properties(arg: str | None) -> list[str] | None:
+    """The ``--properties`` ids (default: all); None, after saying why, if one is unknown."""
+    props = arg.split(",") if arg else list(PROPERTY_IDS)
     unknown = [p for p in props if p not in PROPERTY_IDS]
     if unknown:
         print(f"schedfuzz: --properties: unknown {', '.join(unknown)} (known: {', '.join(PROPERTY_IDS)})", file=sys.stderr)
+        return None
+    return props
+
+
+def _run(args: argparse.Namespace) -> int:
+    props = _properties(args.properties)
+    if props is None:
         return 2
     try:
         fuzzer = Fuzzer(
@@ -26,28 +40,41 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     except ValueError as e:
-        print(f"schedfuzz: {e}", file=sys.stderr)
+        print(f"schedfuzz: {cli_words(e)}", file=sys.stderr)
         return 2
     fuzzer.learn_known_bugs(Path(args.corpus))
     print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}")
     findings = []
     try:
-        for prop in props:
-            finding = fuzzer.fuzz(prop)
+        budget = args.budget if args.budget is not None else fuzzer.profile.budget
+        for i, prop in enumerate(props):
+            # a profile that fuzzes on time shares what is left of the budget evenly
+            share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) / (len(props) - i)
+            finding = fuzzer.fuzz(prop, seconds=share)
             print(f"{prop}: {'FAIL' if finding else 'ok'}")
             if finding:
                 findings.append(finding)
                 print("  " + finding.report().replace("\n", "\n  "))
                 # as the plugin does: a finding printed is a finding saved
-                print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}")
+                try:
+                    print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}")
+                except OSError as e:
+                    print(f"  NOT SAVED: cannot write to {args.corpus}: {e.strerror or e}")
     finally:
         fuzzer.close()
     print("\n".join(fuzzer.stats.summary_lines()))
     return 1 if findings else 0
 
 
+class UsageError(Exception):
+    """A bad option or input: one line on stderr, exit status 2."""
+
+
 def _fuzzer(args: argparse.Namespace) -> Fuzzer:
-    return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None))
+    try:
+        return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None))
+    except ValueError as e:
+        raise UsageError(cli_words(e)) from None
 
 
 def print_llama_run(fuzzer: Fuzzer, case: Case) -> None:
@@ -81,6 +108,8 @@ def _load_all(paths: Sequence[str]) -> list[Case]:
     cases = []
     for p in paths:
         files = list(case_files(p)) if Path(p).is_dir() else [Path(p)]
+        if Path(p).is_dir() and not files:
+            raise UsageError(f"{p}: no case files (*.json) in this folder")
         cases += [load_case(f) for f in files]
     return cases
 
@@ -202,16 +231,14 @@ def _gate(args: argparse.Namespace) -> int:
     from .fuzz import new_seed
     from .gate import gate
 
-    props = args.properties.split(",") if args.properties else list(PROPERTY_IDS)
-    unknown = [p for p in props if p not in PROPERTY_IDS]
-    if unknown:
-        print(f"schedfuzz gate: --properties: unknown {', '.join(unknown)} (known: {', '.join(PROPERTY_IDS)})", file=sys.stderr)
+    props = _properties(args.properties)
+    if props is None:
         return 2
     if args.profile not in PROFILES:
         print(f"schedfuzz gate: --profile {args.profile!r}: choose one of {', '.join(PROFILES)}", file=sys.stderr)
         return 2
     try:
-        cases = _load_all([args.corpus]) if Path(args.corpus).is_dir() else []
+        cases = _load_all([args.corpus]) if any(case_files(args.corpus)) else []
     except CaseError as e:
         return _bad(e)
     seed = args.seed if args.seed is not None else (0 if PROFILES[args.profile].derandomize else new_seed())
@@ -287,7 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bn.add_argument("--sections", default="all", help="comma-separated: scaling,overhead,examples,failure,xdist,llama")
     bn.set_defaults(func=_bench)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        print(f"schedfuzz: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

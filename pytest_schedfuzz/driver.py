@@ -101,7 +101,23 @@ class Workload:
                 p = e["reconfigure"]
                 params = SchedParams(int(p["max_nodes"]), bool(p["parallel"]), bool(p["op_offload"]))
                 events.append(Reconfigure(params, bool(p.get("out_of_memory", False))))
-        return Workload(BackendLayout.from_json(d["layout"]), ModelShape(**model), int(d["n_ubatch"]), tuple(events))
+        w = Workload(BackendLayout.from_json(d["layout"]), ModelShape(**model), int(d["n_ubatch"]), tuple(events))
+        w.validate()
+        return w
+
+    def validate(self) -> None:
+        """A ``ValueError`` naming the first field out of range."""
+        self.model.validate(self.layout.n)
+        if not 1 <= self.n_ubatch <= 1 << 16:
+            raise ValueError(f"n_ubatch {self.n_ubatch}: must be in 1 .. 65536")
+        if not self.events or not isinstance(self.events[0], Reconfigure):
+            raise ValueError("events[0] must be a reconfigure (the context's first sched_new)")
+        for i, e in enumerate(self.events):
+            if isinstance(e, Ubatch):
+                if not (1 <= e.n_tokens <= self.n_ubatch and 0 <= e.n_outputs <= e.n_tokens and 1 <= e.n_kv <= self.model.kv_size):
+                    raise ValueError(f"events[{i}]: ubatch {e.n_tokens, e.n_outputs, e.n_kv} needs 1 <= tokens <= n_ubatch, 0 <= outputs <= tokens, 1 <= n_kv <= kv_size")
+            elif not 1 <= e.params.max_nodes <= 1 << 24:
+                raise ValueError(f"events[{i}]: max_nodes {e.params.max_nodes} is outside 1 .. 2**24")
 
 
 def topology(spec: GraphSpec) -> tuple:

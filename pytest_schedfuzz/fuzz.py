@@ -39,9 +39,10 @@ Predict = Callable[[Scenario], Trace]
 
 @dataclass(frozen=True)
 class Profile:
-    """How much to fuzz: examples per property, graph scale, and whether to stop on time."""
+    """How much to fuzz: examples per property (``None``: as many as the time budget allows,
+    shared evenly by the properties), graph scale, and whether to stop on time."""
 
-    examples: int
+    examples: int | None
     max_rpc: int
     max_steps: int
     budget: float | None  # seconds for the whole run, shared by the properties
@@ -52,11 +53,13 @@ class Profile:
     llama_examples: int = 60  # workloads per llama.cpp property (tiny models: ~10 per second)
     llama_layers: int = 3
     llama_calls: int = 24
+    chunk: int = 25  # examples per Hypothesis run when fuzzing on time (each run a seed of its own)
 
 
 PROFILES: dict[str, Profile] = {
     "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40),
-    "ci": Profile(examples=25, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
+    # ci: deterministic (seed 0), and spends its budget: examples until each property's share
+    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
         examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True,
@@ -84,17 +87,32 @@ class FuzzConfig:
             raise ValueError(f"--schedfuzz-profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
         return PROFILES[self.profile]
 
+    def validate(self) -> None:
+        """A ``ValueError`` naming the option (``--schedfuzz-*``) for any value out of range."""
+        self.resolved_profile()
+        if self.examples is not None and self.examples < 1:
+            raise ValueError(f"--schedfuzz-examples {self.examples}: must be at least 1")
+        if self.budget is not None and not self.budget > 0:
+            raise ValueError(f"--schedfuzz-budget {self.budget:g}: must be a positive number of seconds")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise ValueError(f"--schedfuzz-seed {self.seed}: must be in 0 .. 2**32-1")
+        if self.target is not None:
+            _load(self.target, "--schedfuzz-target")
+
 
 def new_seed() -> int:
     return random.SystemRandom().randrange(2**32)
 
 
 def _load(spec: str, what: str) -> Any:
-    module, _, attr = spec.partition(":")
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what} {spec!r}: write it MODULE:NAME")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"{what} {spec!r}: {e}") from None
+        hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
+        raise ValueError(f"{what} {spec!r}: {e}{hint}") from None
 
 
 @dataclass
@@ -231,6 +249,7 @@ class Fuzzer:
     """Engine + reference + driver for one session (one pytest-xdist worker)."""
 
     def __init__(self, config: FuzzConfig) -> None:
+        config.validate()
         self.config = config
         self.profile = config.resolved_profile()
         self.seed = config.seed if config.seed is not None else (0 if self.profile.derandomize else new_seed())
@@ -349,19 +368,40 @@ class Fuzzer:
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case
 
-    def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1) -> Finding | None:
+    def examples_for(self, prop: str, examples: int | None = None) -> int | None:
+        """Examples to run on ``prop``: given, configured, or the profile's (``None``: on time)."""
+        if examples or self.config.examples:
+            return examples or self.config.examples
+        return self.profile.llama_examples if prop in props.LLAMA_PROPERTY_IDS else self.profile.examples
+
+    def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1, seconds: float | None = None) -> Finding | None:
         """Run Hypothesis on one property; the shrunk failing case, or None. With ``shards``
         (one per pytest-xdist worker) this runs shard ``shard``: its share of the examples,
-        under seed ``seed + shard``."""
-        n = examples or self.config.examples or (self.profile.llama_examples if prop in props.LLAMA_PROPERTY_IDS else self.profile.examples)
-        n = -(-n // shards)
+        under seed ``seed + shard``. With no example count (the ci profile) it runs chunks of
+        ``profile.chunk`` examples, chunk ``k`` under seed ``seed + k*shards + shard``, until
+        ``seconds`` (this property's share of the budget) or the budget is spent."""
+        n = self.examples_for(prop, examples)
+        start = time.monotonic()
+        self.first_failure = None
+        if n is not None:
+            return self._fuzz_run(prop, -(-n // shards), self.seed + shard, start, None)
+        if seconds is None and self.config.budget is None and self.profile.budget is None:
+            raise ValueError(f"profile {self.config.profile!r} fuzzes on time and needs a budget")
+        deadline = start + seconds if seconds is not None else None
+        k = 0
+        while not self.out_of_budget() and (deadline is None or time.monotonic() < deadline):
+            finding = self._fuzz_run(prop, self.profile.chunk, self.seed + k * shards + shard, start, deadline)
+            if finding is not None:
+                return finding
+            k += 1
+        return None
+
+    def _fuzz_run(self, prop: str, n: int, seed: int, start: float, deadline: float | None) -> Finding | None:
         db = DirectoryBasedExampleDatabase(str(self.config.database)) if self.config.database else None
         # shrink towards the first failure's signature only, so that a case keeps its finding
         target: list[str] = []
-        start = time.monotonic()
-        self.first_failure = None
 
-        @hypothesis_seed(self.seed + shard)
+        @hypothesis_seed(seed)
         @settings(
             max_examples=n,
             deadline=None,
@@ -373,7 +413,7 @@ class Fuzzer:
         )
         @given(self.strategy(prop))
         def run(case: Workload | Scenario | LlamaWorkload) -> None:
-            if self.out_of_budget():
+            if self.out_of_budget() or (deadline is not None and time.monotonic() > deadline and not target):
                 return
             self.stats.examples += 1
             scenario = None if isinstance(case, LlamaWorkload) else self.scenario_of(case)
@@ -396,7 +436,7 @@ class Fuzzer:
             run()
         except ViolationFound as e:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
-            return Finding(prop, e.scenario, e.violation, e.workload, e.llama)  # type: ignore[arg-type]
+            return Finding(e.violation.property, e.scenario, e.violation, e.workload, e.llama)  # type: ignore[arg-type]
         return None
 
     def learn_known_bugs(self, directory: Path) -> None:

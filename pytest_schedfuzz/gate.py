@@ -2,8 +2,9 @@
 property fuzzed with the same seed on a base build and on a head build; the report is what
 changed between them. Only failures new on head fail the gate; fixes are listed.
 
-Both builds see the same examples: the profile's example counts are run without its time budget
-(a budget would cut the two runs at different points), under one seed. The llama.cpp properties
+Both builds see the same examples: a fixed count per property (the profile's, or
+``GATE_EXAMPLES`` where the profile fuzzes on time) without a time budget (a budget would cut
+the two runs at different points), under one seed. The llama.cpp properties
 run on a build whose library folder also holds ``libllama.so`` (a llama.cpp checkout's
 ``build/bin``, or ``ggml-0.25.3``: llama-cpp-python's build); elsewhere they are ``n/a``.
 """
@@ -20,6 +21,7 @@ from .fuzz import FuzzConfig, Fuzzer
 from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS
 
 PASS, NA = "pass", "n/a"
+GATE_EXAMPLES = 25  # per property, where the profile fuzzes on time (ci)
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def compare(base: Side, head: Side) -> Comparison:
 def render(base: Side, head: Side, cmp: Comparison) -> str:
     width = max([len(r[0]) for r in cmp.rows] + [10])
     cell = 48
-    short = lambda s: s if len(s) <= cell else s[: cell - 1] + "…"  # noqa: E731
+    short = lambda s: s if len(s) <= cell else s[: cell - 1] + "…"
     out = [f"base: {base.engine}", f"head: {head.engine}", "",
            f"{'case / property':<{width}}  {'base':<{cell}}  {'head':<{cell}}  change"]
     out += [f"{row:<{width}}  {short(b):<{cell}}  {short(h):<{cell}}  {change}".rstrip() for row, b, h, change in cmp.rows]
@@ -128,8 +130,9 @@ def render(base: Side, head: Side, cmp: Comparison) -> str:
 def gate(base: str, head: str, cases: Sequence[Case], config: FuzzConfig, properties: Sequence[str] = PROPERTY_IDS,
          log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> tuple[int, str]:
     """Run both builds; the exit status (1 only for failures new on head) and the report."""
-    # the same examples on both: the profile's counts, no time budget
-    config = FuzzConfig(**{**config.__dict__, "budget": float("inf")})
+    # the same examples on both: a count (the profile's, or 25 where it fuzzes on time), no budget
+    examples = config.examples or config.resolved_profile().examples or GATE_EXAMPLES
+    config = FuzzConfig(**{**config.__dict__, "budget": float("inf"), "examples": examples})
     sides = [run_side(label, lib, cases, config, properties, log) for label, lib in (("base", base), ("head", head))]
     cmp = compare(*sides)
     return (1 if cmp.new else 0), render(*sides, cmp)

@@ -253,7 +253,8 @@ def minimize_case(
     tries = 0
     original = screen(case) if screen else None
     use_screen = screen is not None and original is not None and case.signature in original
-    bar = tqdm(desc=f"minimize {case.path.name if case.path else case.signature}", unit="try", disable=not progress, leave=False)
+    # disable=None: tqdm draws only on a terminal, so CI logs get no bar
+    bar = tqdm(desc=f"minimize {case.path.name if case.path else case.signature}", unit="try", disable=None if progress else True, leave=False)
 
     def keeps(c: Case) -> bool:
         nonlocal tries

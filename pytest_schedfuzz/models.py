@@ -39,6 +39,25 @@ class ModelShape:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    def validate(self, n_backends: int) -> None:
+        """A ``ValueError`` naming the first field out of range for a layout of ``n_backends``."""
+        for name in ("n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "kv_size"):
+            if not 1 <= getattr(self, name) <= 1 << 16:
+                raise ValueError(f"model.{name} = {getattr(self, name)}: must be in 1 .. 65536")
+        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise ValueError(f"model: n_embd {self.n_embd}, n_head {self.n_head}, n_head_kv {self.n_head_kv}: n_head must divide n_embd and n_head_kv n_head")
+        if not self.layer_devices or len(self.layer_devices) > 256:
+            raise ValueError(f"model.layer_devices: {len(self.layer_devices)} layers, must be 1 .. 256")
+        for name, devices in (("layer_devices", self.layer_devices), ("ffn_devices", self.ffn_devices),
+                              ("output_device", (self.output_device,)), ("cpu_device", (self.cpu_device,))):
+            bad = [d for d in devices if not 0 <= d < n_backends]
+            if bad:
+                raise ValueError(f"model.{name}: device {bad[0]} is not in the layout ({n_backends} backends)")
+        if self.n_expert and not 1 <= self.n_expert_used <= self.n_expert:
+            raise ValueError(f"model: n_expert_used {self.n_expert_used} must be in 1 .. n_expert {self.n_expert}")
+        if self.weight_type not in ("f32", "f16", "q8_0") or not 0 <= self.extra_ops <= 1000:
+            raise ValueError(f"model: weight_type {self.weight_type!r} or extra_ops {self.extra_ops} out of range")
+
     @property
     def n_layer(self) -> int:
         return len(self.layer_devices)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -122,13 +123,17 @@ class SchedfuzzSession:
             raise pytest.UsageError(str(e)) from None
         if self.fuzz_config.seed is None:
             self.fuzz_config = replace(self.fuzz_config, seed=0 if profile_obj.derandomize else new_seed())
-        self.corpus = base_dir(config) / (_opt(config, "schedfuzz_corpus") or "corpus")
+        chosen_corpus = _opt(config, "schedfuzz_corpus")
+        self.corpus = base_dir(config) / (chosen_corpus or "corpus")
+        if chosen_corpus and not self.corpus.is_dir():
+            raise pytest.UsageError(f"--schedfuzz-corpus {chosen_corpus}: no such folder ({self.corpus}); create it, or leave the option out for ./corpus")
         chosen = _opt(config, "schedfuzz_properties")
         self.properties = [p.strip() for p in chosen.split(",")] if chosen else list(PROPERTY_IDS)
         for p in self.properties:
             if p not in PROPERTY_IDS:
                 raise pytest.UsageError(f"--schedfuzz-properties: unknown property {p!r} (known: {', '.join(PROPERTY_IDS)})")
         self.stats = Stats()
+        self.pending = 1  # property items this process has still to run (set at collection)
         # built now, so that a bad --schedfuzz-policy or --schedfuzz-reference is a usage error
         # at startup; the engine itself starts with the first case
         try:
@@ -146,6 +151,18 @@ class SchedfuzzSession:
         line = f"engine = ggml {info.get('ggml_version', '?')} ({info.get('lib', '?')}); bindings: {info.get('bindings', '?')}"
         self.fuzzer.rules  # noqa: B018 -- sets rules_note
         return line + (f"\nschedfuzz: {self.fuzzer.rules_note}" if self.fuzzer.rules_note else "")
+
+    def time_share(self) -> float | None:
+        """Seconds for the next property item when the profile fuzzes on time: what is left of
+        the budget, shared evenly by the items this process has still to run (under xdist, the
+        items are shared by the workers)."""
+        budget = self.fuzz_config.budget if self.fuzz_config.budget is not None else self.fuzzer.profile.budget
+        if budget is None:
+            return None
+        left = max(0.0, budget - (time.monotonic() - self.fuzzer.started))
+        share = left / max(1, self.pending)
+        self.pending = max(1, self.pending - 1)
+        return share
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from .targets import TargetError
@@ -191,6 +208,13 @@ class SchedfuzzSession:
         self.fuzzer.close()
 
 
+def xdist_workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers share this session (1 without xdist), from xdist's own
+    worker info; not from the environment, which child pytest runs inherit."""
+    workerinput = getattr(config, "workerinput", None)
+    return int(workerinput.get("workercount", 1)) if workerinput else 1
+
+
 class SchedfuzzSuite(pytest.Collector):
     """The built-in property suite: one item per property, collected with no test file."""
 
@@ -203,8 +227,9 @@ class SchedfuzzSuite(pytest.Collector):
             yield CaseItem.from_parent(self, name=f"corpus/{path.stem}", path_=path)
         # under pytest-xdist each property is split into one shard per worker, so that the
         # workers share the fuzzing evenly (every worker collects the same items)
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        workers = xdist_workers(self.config)
         shards = 1 if workers == 1 else 4 * workers  # several per worker: they balance better
+        session.pending = len(session.properties) * shards // workers
         for prop in session.properties:
             for k in range(shards):
                 name = prop if shards == 1 else f"{prop}[{k}]"
@@ -273,14 +298,17 @@ class PropertyItem(pytest.Item):
         fuzzer = session.fuzzer
         before = fuzzer.stats.as_dict()
         try:
-            finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards)
+            finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share())
         finally:
             self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
         if finding is not None:
             from .corpus import save_case
 
-            path = save_case(session.corpus, finding.to_case(fuzzer))
             self.user_properties.append(("schedfuzz_property", finding.violation.property))
+            try:
+                path = save_case(session.corpus, finding.to_case(fuzzer))
+            except OSError as e:  # the finding is still reported, in full
+                raise SchedfuzzFailure(finding, f"NOT SAVED: cannot write to {session.corpus}: {e.strerror or e}") from None
             self.user_properties.append(("schedfuzz_case", str(path)))
             raise SchedfuzzFailure(finding, f"saved to {path}")
 

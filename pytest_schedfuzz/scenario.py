@@ -16,13 +16,17 @@ from typing import Any
 
 from reference.params import SchedParams
 
-from .shapes import OPS, Geometry, SpecError, ggml_srcs, infer, new_tensor
+from .shapes import OPS, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
 
 FORMAT_VERSION = 1
 
 ROLES = ("weight", "cache", "input", "")
 BACKEND_KINDS = ("rpc", "blas", "cpu")
 STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset")
+# explicit limits on what a scenario may ask of the engine (case files are checked against them)
+MAX_ELEMENTS = 2**26  # per tensor: 256 MiB of f32
+MAX_TENSORS = 100_000  # per graph
+MAX_NODES = 2**24  # a sched_new's max_nodes (ggml's hash set grows with it)
 
 
 def _freeze(value: Any) -> Any:
@@ -153,10 +157,17 @@ class GraphSpec:
                 raise SpecError(f"forced assignment names unknown tensor {name!r}")
             if n_backends is not None and not 0 <= backend < n_backends:
                 raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
+        for t in self.tensors:
+            if t.is_leaf and any(n < 1 for n in t.ne):
+                raise SpecError(f"tensor {t.name!r}: shape {list(t.ne)} has a dimension below 1")
         geo = self.geometry
         for t in self.tensors:
             if t.ne and tuple(geo[t.name].ne[: len(t.ne)]) != tuple(t.ne) or any(n != 1 for n in geo[t.name].ne[len(t.ne):]):
                 raise SpecError(f"tensor {t.name!r}: stored shape {list(t.ne)} but ops give {list(geo[t.name].ne)}")
+            if nelements(geo[t.name]) > MAX_ELEMENTS:
+                raise SpecError(f"tensor {t.name!r}: {nelements(geo[t.name]):,} elements, over the limit of {MAX_ELEMENTS:,} (2**26) per tensor")
+        if len(self.tensors) > MAX_TENSORS:
+            raise SpecError(f"{len(self.tensors):,} tensors, over the limit of {MAX_TENSORS:,} per graph")
 
     @property
     def n_ops(self) -> int:
@@ -322,6 +333,8 @@ class Scenario:
                 raise SpecError(f"step {i}: unknown kind {s.kind!r}")
             if s.kind == "sched_new" and s.params is None:
                 raise SpecError(f"step {i}: sched_new needs params")
+            if s.kind == "sched_new" and s.params is not None and not 1 <= s.params.max_nodes <= MAX_NODES:
+                raise SpecError(f"step {i}: max_nodes {s.params.max_nodes} is outside 1 .. {MAX_NODES:,} (2**24)")
             if s.kind in ("reserve", "alloc", "compute") and s.graph not in self.graph_map:
                 raise SpecError(f"step {i}: unknown graph {s.graph!r}")
             if s.kind == "sched_new" and s.reuse and i == 0:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+
 @dataclass(frozen=True)
 class Split:
     """A run of nodes on one backend; ``inputs`` are the names of tensors copied in."""

@@ -484,7 +484,7 @@ class Scheduler:
         changed = _ids_changed(self.node_backend_ids, self.prev_node_backend_ids, len(copy.nodes), bufts) or _ids_changed(
             self.leaf_backend_ids, self.prev_leaf_backend_ids, len(copy.leafs), bufts
         )
-        event = lambda via, reason: ReallocEvent(  # noqa: E731
+        event = lambda via, reason: ReallocEvent(
             step, via, changed, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes), len(result.splits), reason
         )
         if changed:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 GGML_SCHED_MAX_SPLIT_INPUTS = 30  # both versions define it (0.25.3: the arrays' first capacity)
 
 

@@ -58,6 +58,16 @@ def _corrupt(data: dict, how: str) -> str:
         data["version"] = 99
     elif how == "schema":
         data["property"] = "no-such-property"
+    elif how == "huge tensor":  # w and x: 2**40 elements each, y 2**22
+        g["tensors"][0]["ne"] = [2**20, 2**20]
+        g["tensors"][1]["ne"] = [2**20, 2**20]
+        g["tensors"][2]["ne"] = [2**20, 2**20]
+    elif how == "max_nodes":
+        data["scenario"]["steps"][0]["params"]["max_nodes"] = 10**30
+    elif how == "negative dim":
+        g["tensors"][1]["ne"] = [8, -2]
+    elif how == "bad version scope":
+        data["expect"] = {"fail": "x", "fixed_in": "soon"}
     return json.dumps(data)
 
 
@@ -72,6 +82,13 @@ def _corrupt(data: dict, how: str) -> str:
         ("schema", "does not match the case schema at property"),
         ("truncated", "not valid JSON (truncated?)"),
         ("malformed", "not valid JSON"),
+        ("huge tensor", "over the limit of 67,108,864 (2**26) per tensor"),
+        ("max_nodes", "max_nodes 1000000000000000000000000000000 is outside 1 .. 16,777,216"),
+        ("negative dim", "has a dimension below 1"),
+        ("bad version scope", "does not match the case schema at expect"),
+        ("not utf-8", "not UTF-8 text: byte 0xff"),
+        ("deep nesting", "nested too deeply"),
+        ("empty", "not valid JSON"),
     ],
 )
 def test_bad_input_gets_one_clear_error_and_nothing_changes(tmp_path: Path, how: str, needle: str):
@@ -81,10 +98,16 @@ def test_bad_input_gets_one_clear_error_and_nothing_changes(tmp_path: Path, how:
         bad_text = text[: len(text) // 2]
     elif how == "malformed":
         bad_text = "{not json"
+    elif how == "not utf-8":
+        bad_text = text.replace("a message", "a \udcff message")
+    elif how == "deep nesting":
+        bad_text = "[" * 100_000 + "]" * 100_000
+    elif how == "empty":
+        bad_text = ""
     else:
         bad_text = _corrupt(json.loads(text), how)
     bad = tmp_path / "bad.json"
-    bad.write_text(bad_text)
+    bad.write_bytes(bad_text.encode("utf-8", "surrogateescape"))
     with pytest.raises(CaseError) as e:
         load_case(bad)
     assert str(bad) in str(e.value) and needle in str(e.value)
@@ -93,7 +116,7 @@ def test_bad_input_gets_one_clear_error_and_nothing_changes(tmp_path: Path, how:
     assert run.returncode == 2 and str(bad) in run.stderr and needle in run.stderr
     mini = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert mini.returncode == 2 and "nothing was changed" in mini.stderr
-    assert bad.read_text() == bad_text and good.read_text() == text
+    assert bad.read_bytes() == bad_text.encode("utf-8", "surrogateescape") and good.read_text() == text
 
 
 def test_bad_corpus_file_is_a_failed_item_and_the_rest_runs(pytester: pytest.Pytester):
@@ -176,3 +199,66 @@ def test_show_draws_the_realloc_step_with_splits_and_the_named_node(tmp_path: Pa
     assert '"inp_embd" [label=' in dot and "penwidth=4, color=red" in dot  # the node ggml's reason names
     bad = subprocess.run([*SCHEDFUZZ, "show", str(path), "-o", str(tmp_path / "case.gif")], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "must be .svg, .png or .dot" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("n_ubatch", -3, "n_ubatch -3: must be in 1 .. 65536"),
+        ("n_head", 0, "model.n_head = 0: must be in 1 .. 65536"),
+        ("layer_devices", [0, 7], "model.layer_devices: device 7 is not in the layout (2 backends)"),
+        ("ubatch", [9, 1, 16], "events[1]: ubatch (9, 1, 16) needs 1 <= tokens <= n_ubatch"),
+    ],
+)
+def test_bad_workload_fields_are_named(tmp_path: Path, field: str, value: object, needle: str):
+    from pytest_schedfuzz.driver import Driver, Reconfigure, Ubatch, Workload
+
+    w = Workload(BackendLayout.of("rpc", "cpu"), ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1), 8,
+                 (Reconfigure(SchedParams(4096)), Ubatch(8, 1, 16)))
+    case = Case("no-same-size-realloc", "no-same-size-realloc[explained=lost]", Driver().scenario(w), "m", 1, workload=w)
+    data = json.loads(save_case(tmp_path, case).read_text())
+    if field == "n_ubatch":
+        data["workload"]["n_ubatch"] = value
+    elif field == "ubatch":
+        data["workload"]["events"][1]["ubatch"] = value
+    else:
+        data["workload"]["model"][field] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(CaseError, match=re.escape(needle)):
+        load_case(bad)
+    run = subprocess.run([*SCHEDFUZZ, "replay", str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and needle in run.stderr and "Traceback" not in run.stderr
+
+
+def test_replay_of_an_empty_folder_is_an_error(tmp_path: Path):
+    run = subprocess.run([*SCHEDFUZZ, "replay", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "no case files" in run.stderr
+
+
+def test_saved_cases_keep_the_folders_normal_permissions(tmp_path: Path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        path = save_case(tmp_path, small_case())
+    finally:
+        os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "--policy", "nosuch:x"], "--policy 'nosuch:x': No module named 'nosuch'"),
+        (["run", "--examples", "0"], "--examples 0: must be at least 1"),
+        (["run", "--lib", "/nonexistent"], "--lib /nonexistent: not a folder"),
+        (["replay", "--target", "nosuch", "x.json"], "x.json"),
+        (["bench", "--sections", "bogus"], "bogus"),
+        (["gate", "--base", "ggml-0.25.3", "--head", "ggml-0.25.3", "--properties", "fast"], "--properties: unknown fast"),
+    ],
+)
+def test_cli_bad_options_exit_2_with_one_line(args: list[str], needle: str):
+    run = subprocess.run([*SCHEDFUZZ, *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and needle in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert "--schedfuzz-" not in run.stderr

@@ -196,3 +196,44 @@ def test_schedfuzz_lib_reaches_the_test_suite(pytester: pytest.Pytester):
         result.stdout.fnmatch_lines([f"*VERSION {version}*"])
     bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--schedfuzz-lib=/nonexistent")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR and "--schedfuzz-lib /nonexistent: not a folder" in bad.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--schedfuzz-examples", "-1"], "--schedfuzz-examples -1: must be at least 1"),
+        (["--schedfuzz-examples", "0"], "--schedfuzz-examples 0: must be at least 1"),
+        (["--schedfuzz-budget", "-3"], "--schedfuzz-budget -3: must be a positive number of seconds"),
+        (["--schedfuzz-seed", "-5"], "--schedfuzz-seed -5: must be in 0 .. 2**32-1"),
+        (["--schedfuzz-examples", "many"], "argument --schedfuzz-examples: invalid int value: 'many'"),
+        (["--schedfuzz-target", "nosuch:x"], "--schedfuzz-target 'nosuch:x': No module named 'nosuch' (is its folder on PYTHONPATH?)"),
+        (["--schedfuzz-policy", "planted"], "--schedfuzz-policy 'planted': expected MODULE:CALLABLE"),
+        (["--schedfuzz-lib", "/nonexistent"], "--schedfuzz-lib /nonexistent: not a folder, nor one of ggml-0.25.3, ggml-0.15.3"),
+        (["--schedfuzz-corpus", "/nonexistent"], "--schedfuzz-corpus /nonexistent: no such folder"),
+        (["--schedfuzz-profile", "weekly"], "--schedfuzz-profile 'weekly': choose one of dev, ci, nightly"),
+        (["--schedfuzz-properties", "fast"], "--schedfuzz-properties: unknown property 'fast'"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: list[str], needle: str):
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", *args, timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) <= 6, err
+
+
+def test_a_finding_that_cannot_be_saved_is_still_reported_in_full(fuzz, pytester: pytest.Pytester):
+    """A corpus that cannot be written (read-only; simulated: this runs as root) loses no finding."""
+    pytester.makeconftest("""
+        import errno
+        import pytest_schedfuzz.corpus as corpus
+
+        def read_only(directory, case):
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+        corpus.save_case = read_only
+    """)
+    result = fuzz("--schedfuzz-policy", "planted:ignore_op_offload", "--schedfuzz-properties", "reuse-sound")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "NOT SAVED: cannot write to" in out and "Permission denied" in out
+    assert "scheduler reused although can_reuse is false" in out and "steps:" in out and "PermissionError" not in out

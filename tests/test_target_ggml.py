@@ -14,7 +14,7 @@ import pytest
 from pytest_schedfuzz.models import ModelShape, llama_graph
 from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
 from pytest_schedfuzz.shapes import Geometry, new_tensor
-from pytest_schedfuzz.targets import Target, Unsupported, load_target
+from pytest_schedfuzz.targets import Target, TargetError, Unsupported, load_target
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from pytest_schedfuzz.targets.rpc import free_port, port_accepts
 from pytest_schedfuzz.targets.schedlog import SchedLog
@@ -276,29 +276,54 @@ def test_an_rpc_server_crash_is_charged_to_the_step_that_caused_it() -> None:
 
 
 @pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
-def test_a_server_death_is_charged_to_the_scenario_it_happened_in(lib: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A server that dies after the worker's last reply of a scenario (RPC computes
-    asynchronously) is that scenario's crash, not the next one's; a server killed while idle
-    is restarted before the next scenario and charged to nothing."""
+def test_a_server_crash_is_charged_to_its_scenario_and_a_kill_from_outside_to_nothing(lib: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that crashes (SIGSEGV) after the worker's last reply of a scenario (RPC
+    computes asynchronously) is that scenario's crash, not the next one's. A server killed
+    from outside (SIGKILL: the OOM killer, a user) is an infrastructure fault: the scenario runs
+    again on a fresh server and nothing is charged; twice in a row is a TargetError."""
     clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"), Step("alloc", "A"))
     with GgmlTarget(lib=lib) as t:
         assert t.run(clean).abort is None
         real = t._collect
+        kills: list[int] = []
 
-        def then_kill_the_server(worker, records):  # type: ignore[no-untyped-def]
+        def then_signal_the_server(worker, records):  # type: ignore[no-untyped-def]
             result = real(worker, records)
-            pid = t.servers.pids[0]
-            os.kill(pid, signal.SIGKILL)
-            while t.servers.dead(grace=0.5) == []:
-                pass
+            if kills:
+                os.kill(t.servers.pids[0], kills.pop(0))
+                while not t.servers.dead(grace=0.5):
+                    pass
             return result
 
-        monkeypatch.setattr(t, "_collect", then_kill_the_server)
+        monkeypatch.setattr(t, "_collect", then_signal_the_server)
+        kills[:] = [signal.SIGSEGV]
         trace = t.run(clean)
         assert trace.abort is not None and trace.abort.kind == "crash" and trace.abort.step == 2
-        assert "an RPC server died during this scenario" in trace.abort.message and "killed by SIGKILL" in trace.abort.message
+        assert "an RPC server died during this scenario" in trace.abort.message and "killed by SIGSEGV" in trace.abort.message
+        kills[:] = [signal.SIGKILL]
+        trace = t.run(clean)
+        assert trace.abort is None and not kills  # killed, then run again on a fresh server
+        kills[:] = [signal.SIGKILL, signal.SIGKILL]
+        with pytest.raises(TargetError, match="infrastructure fault, twice in a row.*RPC server .* was killed by SIGKILL"):
+            t.run(clean)
         monkeypatch.undo()
-        assert t.run(clean).abort is None
-        os.kill(t.servers.pids[0], signal.SIGKILL)  # idle
+        os.kill(t.servers.pids[0], signal.SIGKILL)  # while idle
         time.sleep(0.2)
         assert t.run(clean).abort is None
+
+
+def test_a_worker_killed_from_outside_is_restarted_and_the_scenario_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    with GgmlTarget() as t:
+        assert t.run(clean).abort is None
+        real = t._collect
+        kills = [signal.SIGKILL]
+
+        def kill_the_worker_first(worker, records):  # type: ignore[no-untyped-def]
+            if kills:
+                os.kill(worker.proc.pid, kills.pop())
+            return real(worker, records)
+
+        monkeypatch.setattr(t, "_collect", kill_the_worker_first)
+        trace = t.run(clean)
+        assert trace.abort is None and trace.records[-1].ok and not kills

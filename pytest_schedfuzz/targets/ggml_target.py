@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from ..scenario import Scenario
 from ..trace import Abort, Trace
 from . import TargetError, Unsupported
 from .ggml_lib import LIB_ENV, child_env, resolve_lib
-from .rpc import RpcServers, describe_exit, kill_group, spawn
+from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spawn
 
 
 class _Eof(Exception):
@@ -171,6 +172,18 @@ class GgmlTarget:
         return worker
 
     def run(self, scenario: Scenario) -> Trace:
+        """Run ``scenario``; a worker or RPC server killed from outside (``SIGKILL``/``SIGTERM``:
+        an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
+        ``TargetError`` if that happens again."""
+        for attempt in range(2):
+            trace, infra = self._run_once(scenario)
+            if infra is None:
+                return trace
+            if attempt:
+                raise TargetError(f"infrastructure fault, twice in a row (not ggml): {infra}")
+        raise AssertionError("unreachable")
+
+    def _run_once(self, scenario: Scenario) -> tuple[Trace, str | None]:
         for attempt in range(2):
             endpoints = self.servers.ensure(scenario.layout.n_rpc)
             if self._worker is not None and self._worker.proc.poll() is not None:
@@ -190,27 +203,40 @@ class GgmlTarget:
                 self.servers.restart(str(e))
             except (Unsupported, TargetError):
                 raise  # the worker reported it and waits for the next scenario
+            except OSError as e:  # the pipe to a worker that was just killed
+                self._worker = None
+                worker.close()
+                return self._trace(records, None), f"the ggml worker's pipe closed ({e})"
             except BaseException:
-                # an unexpected message, a broken pipe, or interrupted: the worker is out of step with us
+                # an unexpected message, or interrupted: the worker is out of step with us
                 self._worker = None
                 worker.close()
                 raise
         if abort is None:
             # a server that died without the worker noticing (its last reply was already in)
             # died during this scenario: it is charged here, not to the next one
-            dead = self.servers.dead(grace=0) if scenario.layout.n_rpc else []
-            if not dead:
-                return self._trace(records, None)
-            abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(dead))
+            if scenario.layout.n_rpc and self.servers.dead(grace=0):
+                killed = self.servers.killed()
+                if killed:
+                    return self._trace(records, None), "; ".join(killed)
+                abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(self.servers.dead(grace=0)))
+            else:
+                return self._trace(records, None), None
         # ggml aborted, the worker crashed or hung: this worker is done, the next run starts another
         self._worker = None
+        code = worker.proc.poll()
         worker.close()
+        if abort.kind == "crash" and code is not None and -code in KILLED_FROM_OUTSIDE:
+            return self._trace(records, None), f"the ggml worker was killed by {signal.Signals(-code).name}"
+        killed = self.servers.killed()
+        if killed:
+            return self._trace(records, None), "; ".join(killed)
         dead = self.servers.dead()  # an RPC server crash shows in the worker as an abort
         if dead:
             abort = Abort(abort.step, abort.kind, abort.message + "\n" + "\n".join(dead))
         if abort.kind == "timeout":
             self.servers.close()  # a server may be the one that hangs: start afresh
-        return self._trace(records, abort)
+        return self._trace(records, abort), None
 
     def _collect(self, worker: _Worker, records: list[dict[str, Any]]) -> Abort | None:
         """Read the worker's messages for one scenario into ``records``; the ``Abort`` if it ended early."""

@@ -101,6 +101,10 @@ def port_accepts(port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+# signals that end a process from outside (the OOM killer, a user, CI's timeout), not a crash
+KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
 class RpcServerError(RuntimeError):
     """An RPC server did not come up."""
 
@@ -161,6 +165,11 @@ class RpcServers:
         while self._servers and all(s.proc.poll() is None for s in self._servers) and time.monotonic() < deadline:
             time.sleep(0.02)
         return [f"RPC server {s.endpoint} {describe_exit(s.proc.returncode)}{self._log_tail(s)}" for s in self._servers if s.proc.poll() is not None]
+
+    def killed(self) -> list[str]:
+        """Servers that were killed from outside (``KILLED_FROM_OUTSIDE``), not crashed."""
+        return [f"RPC server {s.endpoint} {describe_exit(s.proc.returncode)}" for s in self._servers
+                if s.proc.poll() is not None and -s.proc.returncode in KILLED_FROM_OUTSIDE]
 
     @staticmethod
     def _log_tail(server: _Server, n: int = 1500) -> str:

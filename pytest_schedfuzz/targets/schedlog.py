@@ -107,7 +107,7 @@ class SchedLog:
                 self.splits[-1].first_node = int(m.group(1))
         elif line.startswith(_NEEDS):
             reason = line[len(_NEEDS) :]
-            self._reason = reason[len("graph has ") :] if reason.startswith("graph has ") else reason
+            self._reason = reason.removeprefix("graph has ")
         elif line == _AUTO:
             self.reallocs.append(LoggedRealloc("gallocr", False, self._reason))
             self._reason = ""

@@ -1,0 +1,48 @@
+"""The starter corpus says what its cases do: each graph case's message and step are those the
+property reports today for its scenario (on a ggml where its bug exists), and every graph its
+message names is in the file. Regenerate a case from the code when this fails."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.corpus import Case, case_files, load_case
+from pytest_schedfuzz.driver import Driver
+from pytest_schedfuzz.fuzz import Fuzzer, FuzzConfig
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None]
+
+
+@pytest.fixture(scope="module")
+def fuzzers() -> Iterator[dict[str, Fuzzer]]:
+    made = {lib: Fuzzer(FuzzConfig(lib=lib, database=None)) for lib in ("ggml-0.25.3", "ggml-0.15.3")}
+    yield made
+    for f in made.values():
+        f.close()
+
+
+def where_it_fails(case: Case) -> str:
+    fixed_in = case.expect.get("fixed_in") if isinstance(case.expect, dict) else None
+    return "ggml-0.15.3" if fixed_in else "ggml-0.25.3"
+
+
+@pytest.mark.parametrize("path", GRAPH_CASES, ids=lambda p: p.stem[-10:])
+def test_message_step_and_graphs_agree_with_the_scenario(path: Path, fuzzers: dict[str, Fuzzer]) -> None:
+    case = load_case(path)
+    assert case.scenario is not None
+    named = set(re.findall(r"\b(?:alloc|reserve|compute|for) ?\(?([\w-]+)\)?", case.message)) & {n for n, _ in case.scenario.graphs} | set(
+        re.findall(r"(?:alloc|reserve|compute)\(([^)]+)\)", case.message))
+    assert named <= {n for n, _ in case.scenario.graphs}, f"the message names graphs not in the file: {named}"
+    assert 0 <= case.step < len(case.scenario.steps)
+    fuzzer = fuzzers[where_it_fails(case)]
+    # a workload case keeps the scenario its driver produced when it failed (re-reservation off)
+    if case.workload is not None:
+        assert Driver(fuzzer.policy, rereserve=False).scenario(case.workload).dumps() == case.scenario.dumps()
+    found = [v for v in fuzzer.check(case.property, case.scenario) if v.signature() == case.signature]
+    assert found, f"{path.name} does not reproduce {case.signature}"
+    assert (found[0].step, found[0].message) == (case.step, case.message)
