@@ -129,7 +129,15 @@ def render(base: Side, head: Side, cmp: Comparison) -> str:
 
 def gate(base: str, head: str, cases: Sequence[Case], config: FuzzConfig, properties: Sequence[str] = PROPERTY_IDS,
          log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> tuple[int, str]:
-    """Run both builds; the exit status (1 only for failures new on head) and the report."""
+    """Run both builds; the exit status (1 only for failures new on head) and the report. A
+    build that cannot be found is a ``ValueError`` before anything runs."""
+    from .targets.ggml_lib import resolve_lib
+
+    for option, lib in (("--base", base), ("--head", head)):
+        try:
+            resolve_lib(lib)
+        except ValueError as e:
+            raise ValueError(str(e).replace("--schedfuzz-lib", option, 1)) from None
     # the same examples on both: a count (the profile's, or 25 where it fuzzes on time), no budget
     examples = config.examples or config.resolved_profile().examples or GATE_EXAMPLES
     config = FuzzConfig(**{**config.__dict__, "budget": float("inf"), "examples": examples})

@@ -74,4 +74,4 @@ def test_gate_fails_on_a_planted_scheduler_bug_and_names_it(planted_head: str, c
 def test_gate_rejects_an_unknown_build(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["gate", "--base", "ggml-0.25.3", "--head", str(tmp_path / "nosuch"), "--corpus", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "nosuch" in err and "not a folder" in err
+    assert "--head" in err and "nosuch" in err and "not a folder" in err
