@@ -21,25 +21,7 @@ from reference.params import SchedParams
 
 from .llama import LlamaWorkload
 from .llama_trace import LlamaTrace, SchedCall
-from .properties import LLAMA_PROPERTY_IDS, Violation
-
-
-def role(name: str) -> str:
-    """A tensor's name without its layer or copy numbers: ``ffn_moe_gate-1`` -> ``ffn_moe_gate-N``."""
-    return re.sub(r"\d+", "N", name)
-
-
-def reason_kind(reason: str) -> str:
-    """ggml's reallocation reason reduced to what separates root causes."""
-    if reason in ("different number of nodes", "different number of leafs", "backend ids changed"):
-        return reason.split()[-1]
-    m = re.match(r"node (.+) is not valid$", reason)
-    if m:
-        return f"node {role(m.group(1))}"
-    m = re.match(r"src (\d+) \((.+)\) of node (.+) is not valid$", reason)
-    if m:
-        return f"src {role(m.group(2))} of {role(m.group(3))}"
-    return reason or "unknown"
+from .properties import LLAMA_PROPERTY_IDS, Violation, reason_kind
 
 
 def _call_name(w: LlamaWorkload, index: int) -> str:

@@ -133,9 +133,40 @@ def _last_claim(scenario: Scenario, step: int) -> int | None:
     return None
 
 
+def role(name: str) -> str:
+    """A tensor's name without its layer or copy numbers, and without the backend that holds a
+    scheduler's input copy (engine and reference name backends differently):
+    ``ffn_moe_gate-1`` -> ``ffn_moe_gate-N``, ``RPC0[127.0.0.1:5]#kv1#2`` -> ``copy of kvN``."""
+    m = re.match(r".*#(.+)#\d+$", name)
+    if m:
+        return f"copy of {role(m.group(1))}"
+    return re.sub(r"\d+", "N", name)
+
+
+def reason_kind(reason: str) -> str:
+    """ggml's reallocation reason reduced to what separates root causes.
+
+    >>> reason_kind("src 1 (CPU#inp_pos#0) of node rope-3 is not valid")
+    'src copy of inp_pos of rope-N'
+    """
+    if reason in ("different number of nodes", "different number of leafs", "backend ids changed"):
+        return reason.split()[-1]
+    m = re.match(r"node (.+) is not valid$", reason)
+    if m:
+        return f"node {role(m.group(1))}"
+    m = re.match(r"src (\d+) \((.+)\) of node (.+) is not valid$", reason)
+    if m:
+        return f"src {role(m.group(2))} of {role(m.group(3))}"
+    return reason or "unknown"
+
+
 def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
     """After the driver's reservation for the current configuration, no alloc causes a
-    same-size realloc. Each violation is explained by the reference."""
+    same-size realloc. Each violation is explained by the reference: ``engine`` where the
+    reference predicts no event, or another event, at that step; ``lost`` where a re-plan
+    between the reservation and this step replaced the reserved plan; ``not-dominating`` where
+    the reservation's graph did not cover this one. The signature adds the invalid tensor (its
+    role) and, for ``lost``, the step kind and reason of the re-plan that lost it."""
     out = []
     predicted = {e.step: e for e in prediction.events}
     for ev in trace.events:
@@ -146,19 +177,25 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
             continue
         graph = scenario.steps[ev.step].graph
         claimed = scenario.steps[claim].graph
-        head = f"same-size realloc on alloc({graph}): nodes = {ev.n_nodes}, splits = {ev.n_splits}, graph_size = {ev.graph_size}; reason: {ev.reason}"
+        head = f"same-size realloc on {scenario.steps[ev.step].kind}({graph}): nodes = {ev.n_nodes}, splits = {ev.n_splits}, graph_size = {ev.graph_size}; reason: {ev.reason}"
         replans = [e for e in prediction.events if claim < e.step < ev.step]
-        if ev.step not in predicted:
+        p = predicted.get(ev.step)
+        lost_by = "-"
+        if p is None:
             why, kind = "the engine re-planned although the reference says the plan was still valid (engine bug)", "engine"
+        elif (normalize_reason(p.reason), p.same_size) != (normalize_reason(ev.reason), ev.same_size):
+            why, kind = f"engine and reference disagree about this step's event (engine bug): the reference predicts {p.describe()}", "engine"
         elif replans:
             k = replans[0].step
             why = (f"the reservation of step {claim} ({claimed}) was lost: step {k} re-planned for "
                    f"{scenario.steps[k].graph} ({replans[0].reason}), a topology switch")
             kind = "lost"
+            lost_by = f"{scenario.steps[k].kind} {reason_kind(replans[0].reason)}"
         else:
-            why = f"the reservation of step {claim} ({claimed}) does not dominate {graph}: {predicted[ev.step].reason}"
+            why = f"the reservation of step {claim} ({claimed}) does not dominate {graph}: {p.reason}"
             kind = "not-dominating"
-        out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}", {"explained": kind}))
+        out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}",
+                             {"explained": kind, "invalid": reason_kind(ev.reason), "lost_by": lost_by}))
     return out
 
 

@@ -237,3 +237,16 @@ def test_a_finding_that_cannot_be_saved_is_still_reported_in_full(fuzz, pytester
     out = result.stdout.str()
     assert "NOT SAVED: cannot write to" in out and "Permission denied" in out
     assert "scheduler reused although can_reuse is false" in out and "steps:" in out and "PermissionError" not in out
+
+
+def test_a_known_bug_does_not_mask_another_of_the_same_kind(fuzz, pytester: pytest.Pytester):
+    """With only the topology-switch case (lost by a leaf-count re-plan, node result_output) in
+    the corpus, fuzzing with the driver's re-reservation off still reports a same-size realloc
+    lost another way: signatures hold the facts that separate root causes."""
+    (pytester.path / "corpus").mkdir()
+    known = next((TESTS.parent / "corpus").glob("no-same-size-realloc-*dd819fd105.json"))
+    (pytester.path / "corpus" / known.name).write_text(known.read_text())
+    result = fuzz("--no-schedfuzz-rereserve", "--schedfuzz-properties", "no-same-size-realloc", "--schedfuzz-examples", "60")
+    result.assert_outcomes(failed=1, xfailed=1)
+    new = [c for c in saved_cases(pytester) if c["signature"] != json.loads(known.read_text())["signature"]]
+    assert len(new) == 1 and new[0]["signature"].startswith("no-same-size-realloc[explained=")

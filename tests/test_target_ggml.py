@@ -307,6 +307,7 @@ def test_a_server_crash_is_charged_to_its_scenario_and_a_kill_from_outside_to_no
         with pytest.raises(TargetError, match="infrastructure fault, twice in a row.*RPC server .* was killed by SIGKILL"):
             t.run(clean)
         monkeypatch.undo()
+        assert t.run(clean).abort is None  # on a fresh server
         os.kill(t.servers.pids[0], signal.SIGKILL)  # while idle
         time.sleep(0.2)
         assert t.run(clean).abort is None
