@@ -91,8 +91,9 @@ def test_driver_without_rereserve_hits_same_size_reallocs_on_the_engine(fuzz, py
     assert failing_properties(result) == {"no-same-size-realloc"}
     (case,) = saved_cases(pytester)
     assert "topology switch" in case["message"] or "does not dominate" in case["message"]
-    # shrunk by Hypothesis to a handful of steps and a one-layer model
-    assert len(case["scenario"]["steps"]) <= 10
+    # shrunk by Hypothesis to a one-layer model and few steps (it keeps the whole signature,
+    # invalid tensor included, which leaves more steps than the explanation alone did)
+    assert len(case["scenario"]["steps"]) <= 16
     assert len(case["workload"]["model"]["layer_devices"]) == 1
 
 
