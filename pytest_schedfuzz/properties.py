@@ -270,7 +270,13 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     # ggml prefixes its source path (a build directory): keep the file name, drop line numbers
     first = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", first)
     kind = re.sub(r"\d+", "N", first)[:100]
-    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}", {"kind": a.kind, "message": kind})]
+    facts = {"kind": a.kind, "message": kind}
+    # the RPC client reports every server failure alike: a server that died (and how) is what
+    # separates a crash in the server from a graph it rejected
+    died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)
+    if died:
+        facts["server"] = died.group(1)
+    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}", facts)]
 
 
 CHECKS: dict[str, Check] = {
