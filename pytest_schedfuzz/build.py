@@ -74,10 +74,11 @@ def source_tree(name: str) -> Path:
     return root / inner
 
 
-def build_ggml_base(name: str, patches: tuple[Patch, ...] = ()) -> Path:
+def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str = "Debug") -> Path:
     """A library folder for ``--schedfuzz-lib``: built-in ``name`` with ``libggml-base`` rebuilt
-    from its source with ``patches`` applied (Debug, as the install builds it). Cached."""
-    key = hashlib.sha1(json.dumps([name, [asdict(p) for p in patches]]).encode()).hexdigest()[:16]
+    from its source with ``patches`` applied (Debug, as the install builds it; ``Release``
+    compiles out the scheduler's debug logging). Cached."""
+    key = hashlib.sha1(json.dumps([name, [asdict(p) for p in patches], build_type]).encode()).hexdigest()[:16]
     out = cache_dir() / "builds" / f"{name}-{key}"
     if (out / "lib" / "BUILT").exists():
         return out / "lib"
@@ -101,7 +102,7 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = ()) -> Path:
             raise BuildError(f"{p.file}: the text to replace occurs {text.count(p.old)} times, not once: {p.old!r}")
         path.write_text(text.replace(p.old, p.new))
     build = out / "build"
-    _run(["cmake", "-S", str(work), "-B", str(build), "-DCMAKE_BUILD_TYPE=Debug", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
+    _run(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
           "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF"])
     _run(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
     built = sorted(build.rglob("libggml-base.so*"))

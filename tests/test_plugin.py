@@ -251,3 +251,15 @@ def test_a_known_bug_does_not_mask_another_of_the_same_kind(fuzz, pytester: pyte
     result.assert_outcomes(failed=1, xfailed=1)
     new = [c for c in saved_cases(pytester) if c["signature"] != json.loads(known.read_text())["signature"]]
     assert len(new) == 1 and new[0]["signature"].startswith("no-same-size-realloc[explained=")
+
+
+def test_a_release_build_is_refused_with_the_fix(pytester: pytest.Pytester):
+    """ggml 0.25.3 with libggml-base rebuilt in Release (NDEBUG: no realloc log): the engine
+    refuses at startup, as a usage error that says how to rebuild, not a traceback."""
+    from pytest_schedfuzz.build import build_ggml_base
+
+    lib = build_ggml_base("ggml-0.25.3", build_type="Release")
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-lib={lib}", timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "compiled out (NDEBUG)" in out and "-DCMAKE_BUILD_TYPE=Debug" in out and "Traceback" not in out

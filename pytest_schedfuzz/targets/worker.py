@@ -56,12 +56,20 @@ VIEW_OP_NAMES = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})  # ggml_i
 # records carry no splits
 OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
 
-NO_REALLOC_FIX = (
-    "ggml logged no graph reallocation for a graph that must reallocate: its debug logging is "
-    "compiled out (NDEBUG). Rebuild ggml-python as a Debug build: pip install --force-reinstall "
-    "--no-cache-dir --no-binary ggml-python ggml-python==0.0.45 --config-settings=cmake.build-type=Debug "
-    "--config-settings=cmake.define.GGML_RPC=ON (--no-cache-dir: pip's wheel cache ignores build settings)"
-)
+def no_realloc_fix(lib: str) -> str:
+    """What to do when the startup probe saw no reallocation (a build with ``NDEBUG``), for the
+    library that was loaded: the built-in ones are rebuilt with pip, a user's with cmake."""
+    head = (f"ggml logged no graph reallocation for a graph that must reallocate: its debug logging is compiled out "
+            f"(NDEBUG) in {lib}. ")
+    if "/site-packages/ggml/" in lib:
+        return head + ("Rebuild ggml-python as a Debug build: pip install --force-reinstall --no-cache-dir --no-binary ggml-python "
+                       "ggml-python==0.0.45 --config-settings=cmake.build-type=Debug --config-settings=cmake.define.GGML_RPC=ON "
+                       "(--no-cache-dir: pip's wheel cache ignores build settings)")
+    if "/site-packages/llama_cpp/" in lib:
+        return head + ("Rebuild llama-cpp-python as a Debug build: pip install --force-reinstall --no-cache-dir --no-binary "
+                       "llama-cpp-python llama-cpp-python==0.3.36 --config-settings=cmake.build-type=Debug "
+                       "--config-settings=cmake.define.GGML_RPC=ON --config-settings=cmake.define.LLAVA_BUILD=OFF")
+    return head + "Configure your build with -DCMAKE_BUILD_TYPE=Debug -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON and build it again"
 
 
 class GeometryMismatch(TargetError):
@@ -679,7 +687,7 @@ def main() -> None:
         raise SystemExit(2)
     # a benchmark may time a Release build, which cannot show reallocs: only it skips the check
     if OBSERVE_SPLITS and not any(r.events for r in probe):
-        chan.send({"fatal": NO_REALLOC_FIX + f" (library: {eng.info()['lib']})"})
+        chan.send({"fatal": no_realloc_fix(eng.info()["lib"])})
         raise SystemExit(2)
     chan.send({"hello": eng.info()})
     for line in sys.stdin.buffer:
