@@ -113,7 +113,7 @@ def test_engine_and_reference_agree_with_a_blas_backend():
             steps = (Step("sched_new", params=SchedParams(4096)), Step("reserve", graphs[0][0]),
                      *(Step("alloc", f"T{t}") for t in tokens))
             scenario = Scenario(layout, graphs, steps)
-            trace, prediction = target.run(scenario), predict(scenario)
+            trace, prediction = target.run(scenario), predict(scenario, rules=engine_rules(target))
             found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
             assert not found, str(found[0])
             blas = layout.backends.index(next(b for b in layout.backends if b.kind == "blas"))
