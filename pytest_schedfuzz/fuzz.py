@@ -355,7 +355,8 @@ class Fuzzer:
 
     def strategy(self, prop: str) -> st.SearchStrategy[Workload | Scenario | LlamaWorkload]:
         """Driver properties fuzz workloads (played by the driver), llama properties server-like
-        workloads (run on llama.cpp); the others raw scenarios."""
+        workloads (run on llama.cpp); the others raw scenarios, and matches-reference both raw
+        scenarios and driver workloads."""
         p = self.profile
         if prop in props.LLAMA_PROPERTY_IDS:
             return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls)
@@ -363,7 +364,11 @@ class Fuzzer:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
             reconf = 0 if prop == "no-same-size-realloc" else 1
             return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops)
-        return scenarios(p.max_rpc, p.max_steps, prop == "no-abort", p.max_layers, p.max_extra_ops, p.blas)
+        raw = scenarios(p.max_rpc, p.max_steps, prop == "no-abort", p.max_layers, p.max_extra_ops, p.blas)
+        if prop == "matches-reference":
+            # driver workloads too: same-topology growth and re-plans within a reservation happen there
+            return st.one_of(raw, workloads(max_ubatches=8, min_reconfigures=0, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops))
+        return raw
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case

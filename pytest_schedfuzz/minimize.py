@@ -17,7 +17,7 @@ from tqdm import tqdm
 from .corpus import Case
 from .driver import Ubatch, Workload
 from .llama import LlamaWorkload
-from .scenario import BackendLayout, GraphSpec, Scenario
+from .scenario import BackendLayout, GraphSpec, Scenario, reshaped
 from .shapes import TYPES, Geometry, SpecError, infer, new_tensor
 
 Replay = Callable[[Case], list[str]]  # the signatures a case shows when replayed
@@ -116,32 +116,6 @@ def _structural_candidates(sc: Scenario) -> Iterator[Scenario]:
         graphs = tuple((n, _prune(replace(g, roots=tuple(r for r in g.roots if r != root))) if root in g.roots else g) for n, g in sc.graphs)
         if all(g.roots for _, g in graphs):
             yield replace(sc, graphs=graphs)
-
-
-def reshaped(spec: GraphSpec, leaf: str, dim: int) -> GraphSpec | None:
-    """``spec`` with dimension ``dim`` of ``leaf`` halved and every op's shape inferred again;
-    None where an op no longer accepts its sources (views keep their explicit shapes, so
-    graphs built on them rarely shrink this way)."""
-    t = spec.by_name.get(leaf)
-    if t is None or not t.is_leaf or t.ne[dim] < 2:
-        return None
-    ne = list(t.ne)
-    ne[dim] //= 2
-    if dim == 0 and ne[0] % TYPES[t.type][0]:
-        return None
-    geo: dict[str, Geometry] = {}
-    tensors = []
-    try:
-        for u in spec.tensors:
-            if u.is_leaf:
-                g = new_tensor(u.type, ne if u.name == leaf else u.ne)
-            else:
-                g = infer(u.op, [geo[a] if a else None for a in u.args], u.args, dict(u.params))
-            geo[u.name] = g
-            tensors.append(replace(u, ne=g.ne))
-    except SpecError:
-        return None
-    return replace(spec, tensors=tuple(tensors))
 
 
 def _shape_candidates(sc: Scenario) -> Iterator[Scenario]:

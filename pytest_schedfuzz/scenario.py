@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from reference.params import SchedParams
 
-from .shapes import OPS, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
+from .shapes import OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
 
 FORMAT_VERSION = 1
 
@@ -422,3 +422,77 @@ class GraphBuilder:
     def build(self, *roots: str, label: str = "") -> GraphSpec:
         return GraphSpec(tuple(self.tensors), tuple(roots), tuple(self.forced), label)
 
+
+def reshaped(spec: GraphSpec, leaf: str, dim: int) -> GraphSpec | None:
+    """``spec`` with dimension ``dim`` of ``leaf`` halved and every op's shape inferred again;
+    None where an op no longer accepts its sources (views keep their explicit shapes, so
+    graphs built on them rarely shrink this way)."""
+    t = spec.by_name.get(leaf)
+    if t is None or not t.is_leaf or t.ne[dim] < 2:
+        return None
+    ne = list(t.ne)
+    ne[dim] //= 2
+    if dim == 0 and ne[0] % TYPES[t.type][0]:
+        return None
+    geo: dict[str, Geometry] = {}
+    tensors = []
+    try:
+        for u in spec.tensors:
+            if u.is_leaf:
+                g = new_tensor(u.type, ne if u.name == leaf else u.ne)
+            else:
+                g = infer(u.op, [geo[a] if a else None for a in u.args], u.args, dict(u.params))
+            geo[u.name] = g
+            tensors.append(replace(u, ne=g.ne))
+    except SpecError:
+        return None
+    return replace(spec, tensors=tuple(tensors))
+
+
+def leaf_merged(spec: GraphSpec) -> GraphSpec | None:
+    """``spec`` with one input leaf fewer: the first input that has an earlier input of the same
+    type and shape is replaced by that one in every op reading it (the same ops, one leaf
+    fewer: ggml then re-plans for "different number of leafs"). None if there is no such pair."""
+    seen: dict[tuple[str, tuple[int, ...]], str] = {}
+    for t in spec.tensors:
+        if t.role != "input":
+            continue
+        key = (t.type, tuple(t.ne))
+        if key in seen:
+            keep, drop = seen[key], t.name
+            tensors = tuple(replace(u, args=tuple(keep if a == drop else a for a in u.args)) for u in spec.tensors if u.name != drop)
+            try:
+                merged = replace(spec, tensors=tensors)
+                merged.validate()
+            except SpecError:
+                return None
+            return merged
+        seen[key] = t.name
+    return None
+
+
+def leaf_split(spec: GraphSpec) -> GraphSpec | None:
+    """``spec`` with one input leaf more: the last op reading an input that is read more than
+    once reads a new input of the same type and shape instead (the same ops, one leaf more).
+    None if no input is read twice."""
+    reads: dict[str, list[int]] = {}
+    for i, t in enumerate(spec.tensors):
+        for a in t.args:
+            if a is not None and spec.by_name[a].role == "input":
+                reads.setdefault(a, []).append(i)
+    name = next((n for n, rs in reads.items() if len(rs) > 1), None)
+    if name is None:
+        return None
+    src, last = spec.by_name[name], reads[name][-1]
+    fresh = replace(src, name=f"{name}_b"[:63])
+    if fresh.name in spec.by_name:
+        return None
+    tensors = list(spec.tensors)
+    tensors[last] = replace(tensors[last], args=tuple(fresh.name if a == name else a for a in tensors[last].args))
+    tensors.insert(tensors.index(src) + 1, fresh)
+    variant = replace(spec, tensors=tuple(tensors))
+    try:
+        variant.validate()
+    except SpecError:
+        return None
+    return variant

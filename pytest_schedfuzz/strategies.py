@@ -14,7 +14,7 @@ from reference.params import SchedParams
 
 from .driver import Reconfigure, Ubatch, Workload
 from .models import ModelShape, llama_graph
-from .scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
+from .scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step, leaf_merged, leaf_split, reshaped
 
 DIMS = (8, 16, 32)
 
@@ -202,6 +202,25 @@ def workloads(
 
 
 @st.composite
+def graph_family(draw: st.DrawFn, base: GraphSpec) -> list[GraphSpec]:
+    """``base`` and up to two variants of it with the same ops: an input's dimension halved
+    (same topology, smaller tensors: ggml finds a node or src "not valid" when the bigger one
+    comes after), two same-shaped inputs merged into one (one leaf fewer) or an input read twice
+    split in two (one leaf more): ggml re-plans for "different number of leafs"."""
+    family = [base]
+    inputs = [t.name for t in base.tensors if t.role == "input"]
+    for _ in range(draw(st.integers(1, 2))):
+        how = draw(st.sampled_from(("shape", "fewer leafs", "more leafs")))
+        if how == "shape" and inputs:
+            variant = reshaped(base, draw(st.sampled_from(inputs)), draw(st.integers(0, 1)))
+        else:
+            variant = leaf_merged(base) if how == "fewer leafs" else leaf_split(base)
+        if variant is not None and variant not in family:
+            family.append(variant)
+    return family
+
+
+@st.composite
 def scenarios(
     draw: st.DrawFn,
     max_rpc: int = 2,
@@ -211,9 +230,12 @@ def scenarios(
     max_extra_ops: int = 0,
     blas: bool = False,
 ) -> Scenario:
-    """A layout, up to three graphs (random or llama-like) and a step sequence over them."""
+    """A layout, up to three graphs (random or llama-like, or a ``graph_family``) and a step
+    sequence over them."""
     layout = draw(layouts(max_rpc=max_rpc, blas=blas))
     specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout, max_layers, max_extra_ops)), min_size=1, max_size=3))
+    if draw(st.booleans()):
+        specs = draw(graph_family(specs[0]))
     names = [f"g{i}" for i in range(len(specs))]
     biggest = max(len(s.tensors) for s in specs)
     params = st.builds(
