@@ -18,7 +18,7 @@ from .corpus import Case
 from .driver import Ubatch, Workload
 from .llama import LlamaWorkload
 from .scenario import BackendLayout, GraphSpec, Scenario, reshaped
-from .shapes import TYPES, Geometry, SpecError, infer, new_tensor
+from .shapes import SpecError
 
 Replay = Callable[[Case], list[str]]  # the signatures a case shows when replayed
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from pytest_schedfuzz.driver import Driver
 from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.scenario import Scenario
-from pytest_schedfuzz.driver import Driver
 from pytest_schedfuzz.strategies import scenarios, workloads
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from reference.predict import predict

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_schedfuzz.corpus import Case, case_files, load_case
 from pytest_schedfuzz.driver import Driver
-from pytest_schedfuzz.fuzz import Fuzzer, FuzzConfig
+from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None]
