@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .corpus import Case, CaseError, case_files, load_case, save_case
-from .fuzz import PROFILES, FuzzConfig, Fuzzer
+from .fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
 from .properties import PROPERTY_IDS
 
 
@@ -37,6 +37,7 @@ def _run(args: argparse.Namespace) -> int:
             FuzzConfig(
                 profile=args.profile, examples=args.examples, seed=args.seed, budget=args.budget, target=args.target,
                 lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, reference=args.reference,
+                keep_going=args.keep_going,
             )
         )
     except ValueError as e:
@@ -50,16 +51,25 @@ def _run(args: argparse.Namespace) -> int:
         for i, prop in enumerate(props):
             # a profile that fuzzes on time shares what is left of the budget evenly
             share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) / (len(props) - i)
-            finding = fuzzer.fuzz(prop, seconds=share)
-            print(f"{prop}: {'FAIL' if finding else 'ok'}")
-            if finding:
+            def record(finding: Finding) -> None:
                 findings.append(finding)
+                print(f"{prop}: FAIL")
                 print("  " + finding.report().replace("\n", "\n  "))
                 # as the plugin does: a finding printed is a finding saved
                 try:
-                    print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}")
+                    print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}", flush=True)
                 except OSError as e:
-                    print(f"  NOT SAVED: cannot write to {args.corpus}: {e.strerror or e}")
+                    print(f"  NOT SAVED: cannot write to {args.corpus}: {e.strerror or e}", flush=True)
+
+            before = len(findings)
+            if fuzzer.config.keeps_going():
+                fuzzer.campaign(prop, seconds=share, on_finding=record)
+            else:
+                finding = fuzzer.fuzz(prop, seconds=share)
+                if finding is not None:
+                    record(finding)
+            if len(findings) == before:
+                print(f"{prop}: ok", flush=True)
     finally:
         fuzzer.close()
     print("\n".join(fuzzer.stats.summary_lines()))
@@ -277,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--budget", type=float, help="seconds for the whole run")
     _engine_args(run)
     run.add_argument("--reference", help="replace the reference's predict with MODULE:CALLABLE")
+    run.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=None,
+                     help="campaign: after a finding, save it and fuzz on; every distinct signature (default: on under nightly)")
     run.add_argument("--properties", help="comma-separated property ids")
     run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again; findings are saved there")
     run.set_defaults(func=_run)

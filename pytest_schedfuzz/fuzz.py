@@ -54,6 +54,7 @@ class Profile:
     llama_layers: int = 3
     llama_calls: int = 24
     chunk: int = 25  # examples per Hypothesis run when fuzzing on time (each run a seed of its own)
+    keep_going: bool = False  # campaign: go on after a finding, report every distinct signature
 
 
 PROFILES: dict[str, Profile] = {
@@ -62,7 +63,7 @@ PROFILES: dict[str, Profile] = {
     "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
-        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True,
+        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, keep_going=True,
         llama_examples=1000, llama_layers=6, llama_calls=48,
     ),
 }
@@ -80,12 +81,16 @@ class FuzzConfig:
     policy: str | None = None  # module:callable
     rereserve: bool = True
     reference: str | None = None  # module:callable replacing reference.predict.predict
+    keep_going: bool | None = None  # campaign mode; default: the profile's
     database: Path | None = Path(".schedfuzz/examples")
 
     def resolved_profile(self) -> Profile:
         if self.profile not in PROFILES:
             raise ValueError(f"--schedfuzz-profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
         return PROFILES[self.profile]
+
+    def keeps_going(self) -> bool:
+        return self.keep_going if self.keep_going is not None else self.resolved_profile().keep_going
 
     def validate(self) -> None:
         """A ``ValueError`` naming the option (``--schedfuzz-*``) for any value out of range."""
@@ -126,6 +131,7 @@ class Stats:
     splits: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
     findings: dict[str, int] = field(default_factory=dict)
+    signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     # the llama.cpp target, counted as llama_perf_context_print does
     llama_workloads: int = 0
     llama_decodes: int = 0
@@ -166,19 +172,20 @@ class Stats:
     def merge(self, other: dict[str, Any]) -> None:
         for k in COUNTERS:
             setattr(self, k, getattr(self, k) + int(other.get(k, 0)))
-        for key in ("findings", "llama_decode_rc"):
+        for key in ("findings", "signatures", "llama_decode_rc"):
             mine = getattr(self, key)
             for p, n in other.get(key, {}).items():
                 mine[p] = mine.get(p, 0) + n
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in COUNTERS} | {"findings": dict(self.findings), "llama_decode_rc": dict(self.llama_decode_rc)}
+        return {k: getattr(self, k) for k in COUNTERS} | {"findings": dict(self.findings), "signatures": dict(self.signatures),
+                                                          "llama_decode_rc": dict(self.llama_decode_rc)}
 
     def delta(self, before: dict[str, Any]) -> dict[str, Any]:
         """What was added since ``before`` (an ``as_dict``)."""
         now = self.as_dict()
         out: dict[str, Any] = {k: now[k] - before[k] for k in COUNTERS}
-        for key in ("findings", "llama_decode_rc"):
+        for key in ("findings", "signatures", "llama_decode_rc"):
             out[key] = {p: n - before[key].get(p, 0) for p, n in now[key].items()}
         return out
 
@@ -200,6 +207,9 @@ class Stats:
                 + ("   (this llama.cpp builds a new scheduler on every reservation: llama-reuse-sound had nothing to check)" if not self.llama_sched_reuses else ""),
             ]
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
+        if self.signatures:
+            lines.append(f"distinct signatures = {len(self.signatures)}")
+            lines += [f"  {sig}" for sig in sorted(self.signatures)]
         return lines
 
 
@@ -266,6 +276,7 @@ class Fuzzer:
         self.stats = Stats()
         self.known_cases: list[Case] = []  # the corpus's expected failures (learn_known_bugs)
         self._known: dict[bool, set[str]] = {}  # llama or not -> signatures expected on its version
+        self.campaign_known: set[str] = set()  # signatures found by this campaign (keep-going)
         self.started = time.monotonic()
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self._target: Target | None = None
@@ -379,7 +390,27 @@ class Fuzzer:
             return examples or self.config.examples
         return self.profile.llama_examples if prop in props.LLAMA_PROPERTY_IDS else self.profile.examples
 
-    def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1, seconds: float | None = None) -> Finding | None:
+    def campaign(self, prop: str, shard: int = 0, shards: int = 1, seconds: float | None = None,
+                 on_finding: Callable[[Finding], None] = lambda f: None) -> list[Finding]:
+        """Keep going after a finding: record it (``on_finding``), count its signature as known,
+        and fuzz on (round ``r`` under seeds offset by ``r``), until the property's examples or
+        time are spent; every distinct finding, in order."""
+        findings: list[Finding] = []
+        deadline = time.monotonic() + seconds if seconds is not None else None
+        for rnd in range(10_000):
+            left = None if deadline is None else deadline - time.monotonic()
+            if (left is not None and left <= 0) or self.out_of_budget():
+                break
+            finding = self.fuzz(prop, shard=shard, shards=shards, seconds=left, round_=rnd)
+            if finding is None:
+                break
+            findings.append(finding)
+            self.campaign_known.add(finding.violation.signature())
+            on_finding(finding)
+        return findings
+
+    def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1, seconds: float | None = None,
+             round_: int = 0) -> Finding | None:
         """Run Hypothesis on one property; the shrunk failing case, or None. With ``shards``
         (one per pytest-xdist worker) this runs shard ``shard``: its share of the examples,
         under seed ``seed + shard``. With no example count (the ci profile) it runs chunks of
@@ -389,13 +420,13 @@ class Fuzzer:
         start = time.monotonic()
         self.first_failure = None
         if n is not None:
-            return self._fuzz_run(prop, -(-n // shards), self.seed + shard, start, None)
+            return self._fuzz_run(prop, -(-n // shards), self.seed + shard + round_ * 1_000_003, start, None)
         if seconds is None and self.config.budget is None and self.profile.budget is None:
             raise ValueError(f"profile {self.config.profile!r} fuzzes on time and needs a budget")
         deadline = start + seconds if seconds is not None else None
         k = 0
         while not self.out_of_budget() and (deadline is None or time.monotonic() < deadline):
-            finding = self._fuzz_run(prop, self.profile.chunk, self.seed + k * shards + shard, start, deadline)
+            finding = self._fuzz_run(prop, self.profile.chunk, self.seed + k * shards + shard + round_ * 1_000_003, start, deadline)
             if finding is not None:
                 return finding
             k += 1
@@ -427,7 +458,7 @@ class Fuzzer:
             except Unsupported:
                 return
             # a known engine bug (an expect-fail case of the corpus) found again is not news
-            known_set = self.known(prop in props.LLAMA_PROPERTY_IDS)
+            known_set = self.known(prop in props.LLAMA_PROPERTY_IDS) | self.campaign_known
             known = [v for v in found if v.signature() in known_set]
             self.stats.known += len(known)
             found = [v for v in found if v.signature() not in known_set]
@@ -441,6 +472,8 @@ class Fuzzer:
             run()
         except ViolationFound as e:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
+            sig = e.violation.signature()
+            self.stats.signatures[sig] = self.stats.signatures.get(sig, 0) + 1
             return Finding(e.violation.property, e.scenario, e.violation, e.workload, e.llama)  # type: ignore[arg-type]
         return None
 

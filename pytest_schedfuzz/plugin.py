@@ -42,6 +42,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action=_BoolFlag, nargs=0, help="driver re-reserves the worst case on topology changes (default on; ini: schedfuzz_rereserve)",
     )
     parser.addini("schedfuzz_rereserve", "driver re-reserves the worst case on topology changes", type="bool", default=None)  # type: ignore[arg-type]
+    group.addoption(
+        "--schedfuzz-keep-going", "--no-schedfuzz-keep-going", dest="schedfuzz_keep_going", default=None,
+        action=_BoolFlag, nargs=0, help="campaign: after a finding, save it and fuzz on; report every distinct signature "
+        "(default: on under the nightly profile; ini: schedfuzz_keep_going)",
+    )
+    parser.addini("schedfuzz_keep_going", "campaign mode: go on after a finding", type="bool", default=None)  # type: ignore[arg-type]
 
 
 class _BoolFlag(argparse.Action):
@@ -115,6 +121,7 @@ class SchedfuzzSession:
             policy=_opt(config, "schedfuzz_policy") or None,
             rereserve=True if rereserve is None else bool(rereserve),
             reference=_opt(config, "schedfuzz_reference") or None,
+            keep_going=None if _opt(config, "schedfuzz_keep_going") is None else bool(_opt(config, "schedfuzz_keep_going")),
             database=base_dir(config) / ".schedfuzz" / "examples",
         )
         try:
@@ -237,9 +244,7 @@ class SchedfuzzSuite(pytest.Collector):
 
 
 class SchedfuzzFailure(Exception):
-    def __init__(self, finding: Any, where: str = "") -> None:
-        super().__init__(finding.report() + (f"\n{where}" if where else ""))
-        self.finding = finding
+    """Findings of a property item, each reported in full with where it was saved."""
 
 
 class CaseItem(pytest.Item):
@@ -297,20 +302,32 @@ class PropertyItem(pytest.Item):
         session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
         fuzzer = session.fuzzer
         before = fuzzer.stats.as_dict()
-        try:
-            finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share())
-        finally:
-            self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
-        if finding is not None:
+        reports: list[str] = []
+
+        def save(finding: Any) -> None:
             from .corpus import save_case
 
             self.user_properties.append(("schedfuzz_property", finding.violation.property))
             try:
                 path = save_case(session.corpus, finding.to_case(fuzzer))
             except OSError as e:  # the finding is still reported, in full
-                raise SchedfuzzFailure(finding, f"NOT SAVED: cannot write to {session.corpus}: {e.strerror or e}") from None
+                reports.append(f"{finding.report()}\nNOT SAVED: cannot write to {session.corpus}: {e.strerror or e}")
+                return
             self.user_properties.append(("schedfuzz_case", str(path)))
-            raise SchedfuzzFailure(finding, f"saved to {path}")
+            reports.append(f"{finding.report()}\nsaved to {path}")
+
+        try:
+            if session.fuzz_config.keeps_going():
+                fuzzer.campaign(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share(), on_finding=save)
+            else:
+                finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share())
+                if finding is not None:
+                    save(finding)
+        finally:
+            self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
+        if reports:
+            head = f"{len(reports)} distinct findings:\n\n" if len(reports) > 1 else ""
+            raise SchedfuzzFailure(head + "\n\n".join(reports))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, SchedfuzzFailure):

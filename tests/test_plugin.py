@@ -263,3 +263,16 @@ def test_a_release_build_is_refused_with_the_fix(pytester: pytest.Pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     out = result.stdout.str() + result.stderr.str()
     assert "compiled out (NDEBUG)" in out and "-DCMAKE_BUILD_TYPE=Debug" in out and "Traceback" not in out
+
+
+def test_keep_going_collects_several_distinct_findings_of_one_property(fuzz, pytester: pytest.Pytester):
+    """Campaign mode: after a finding it is saved, counted as known, and fuzzing goes on; the
+    item reports every distinct finding and the summary lists their signatures."""
+    result = fuzz("--no-schedfuzz-rereserve", "--schedfuzz-keep-going", "--schedfuzz-properties", "no-same-size-realloc", "--schedfuzz-examples", "60")
+    result.assert_outcomes(failed=1)
+    cases = saved_cases(pytester)
+    signatures = {c["signature"] for c in cases}
+    assert len(cases) == len(signatures) >= 3
+    out = result.stdout.str()
+    assert f"{len(cases)} distinct findings:" in out and f"distinct signatures = {len(cases)}" in out
+    assert all(sig in out for sig in signatures)
