@@ -476,14 +476,20 @@ class Scheduler:
 
     # ------------------------------------------------------------------ ggml_backend_sched_alloc_splits
 
+    def node_ids_changed(self, n: int) -> bool:
+        """The first loop of ``backend_ids_changed``: over the graph copy's nodes."""
+        return _ids_changed(self.node_backend_ids, self.prev_node_backend_ids, n, self.backends.bufts)
+
+    def leaf_ids_changed(self, n: int) -> bool:
+        """The second loop: over its leafs (run when no node changed)."""
+        return _ids_changed(self.leaf_backend_ids, self.prev_leaf_backend_ids, n, self.backends.bufts)
+
     def alloc_splits(self, result: SplitResult, step: int) -> list[ReallocEvent]:
         """``ggml_backend_sched_alloc_splits``: re-reserve when the backend ids changed (to a
         different buffer type) at some position, or when the galloc plan is not valid."""
         copy = result.copy
         bufts = self.backends.bufts
-        changed = _ids_changed(self.node_backend_ids, self.prev_node_backend_ids, len(copy.nodes), bufts) or _ids_changed(
-            self.leaf_backend_ids, self.prev_leaf_backend_ids, len(copy.leafs), bufts
-        )
+        changed = self.node_ids_changed(len(copy.nodes)) or self.leaf_ids_changed(len(copy.leafs))
         event = lambda via, reason: ReallocEvent(
             step, via, changed, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes), len(result.splits), reason
         )

@@ -320,6 +320,96 @@ def test_can_reuse_as_in_llama_cpp(new: SchedParams, cur: SchedParams, ok: bool)
 
 # ----------------------------------------------------------------------------- the rules bear load
 
+# ----------------------------------------------------------------------------- more rules
+
+
+def test_backend_ids_changed_reads_the_leafs_too():
+    """Same nodes on the same backends, leafs in another order (an RPC weight and a CPU input
+    swap places): only the leaf loop of ``backend_ids_changed`` sees the change."""
+    def g(first: str) -> GraphSpec:
+        b = GraphBuilder()
+        w, x = b.weight("w", (8, 2), device=RPC), b.input("x", (8, 2))
+        return b.build(b.op("add", *((w, x) if first == "w" else (x, w)), name="y"))
+
+    p = run(RPC_CPU, ("alloc", g("w")), ("alloc", g("x")))
+    assert p.records[1].node_backends == p.records[2].node_backends
+    (ev,) = p.records[2].events
+    assert ev.backend_ids_changed and ev.reason == "backend ids changed"
+
+
+def test_leaf_count_is_part_of_the_plan():
+    """add(x, y) then add(x, x): one node each, one leaf fewer: "different number of leafs"."""
+    def g(second: str) -> GraphSpec:
+        b = GraphBuilder()
+        x = b.input("x", (8, 2))
+        return b.build(b.op("add", x, b.input("y", (8, 2)) if second == "y" else x, name="s"))
+
+    (ev,) = run(BackendLayout.of("cpu"), ("alloc", g("y")), ("alloc", g("x"))).records[2].events
+    assert ev.reason == "different number of leafs"
+
+
+def test_a_split_with_29_inputs_and_a_node_needing_2_more_aborts_in_0_15_3():
+    """0.15.3 checks the 30-input limit only when the split is already full (its FIXME): a node
+    that brings two new inputs to a split of 29 hits GGML_ASSERT(n_inputs < 30)."""
+    from reference.versions import RULES
+
+    b = GraphBuilder()
+    acc = b.op("mul_mat", b.weight("w", (8, 8), device=RPC), b.input("x0", (8, 1)), name="acc0")
+    for k in range(1, 29):
+        acc = b.op("add", acc, b.input(f"x{k}", (8, 1)), name=f"acc{k}")
+    pair = b.op("add", b.input("xa", (8, 1)), b.input("xb", (8, 1)), name="pair")
+    spec = b.build(b.op("add", acc, pair, name="out"))
+    sc = Scenario(RPC_CPU, (("g", spec),), (Step("sched_new", params=SchedParams(4096)), Step("alloc", "g")))
+    old = predict(sc, rules=RULES["0.15.3"])
+    assert old.abort is not None and "GGML_ASSERT(n_inputs < GGML_SCHED_MAX_SPLIT_INPUTS)" in old.abort.message
+    assert predict(sc, rules=RULES["0.25.3"]).abort is None
+
+
+def test_alloc_twice_without_reset_aborts():
+    """``ggml_backend_sched_alloc_graph`` asserts the scheduler holds no allocated graph (the
+    steps of a scenario reset first, as llama_context does: only a direct caller meets it)."""
+    from reference.sched import SchedAbort
+
+    b = GraphBuilder()
+    spec = b.build(b.op("scale", b.input("x", (8, 2)), name="y", scale=2.0))
+    sched = Scheduler(BackendLayout.of("cpu"), SchedParams(64))
+    g = CGraph.build(spec)
+    sched.alloc_graph(g, 0)
+    with pytest.raises(SchedAbort, match=r"GGML_ASSERT\(!sched->is_alloc\)"):
+        sched.alloc_graph(g, 1)
+
+
+def _without_leaf_count(mp: pytest.MonkeyPatch) -> None:
+    import reference.sched
+
+    original = reference.sched.gallocr_needs_realloc
+
+    def needs_realloc(plan, copy):  # type: ignore[no-untyped-def]
+        if plan is not None:
+            plan.n_leafs = len(copy.leafs)
+        return original(plan, copy)
+
+    mp.setattr(reference.sched, "gallocr_needs_realloc", needs_realloc)
+
+
+def _without_split_input_limit(mp: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from reference.versions import RULES
+
+    mp.setitem(RULES, "0.15.3", replace(RULES["0.15.3"], max_split_inputs=10**9))
+
+
+def _without_is_alloc(mp: pytest.MonkeyPatch) -> None:
+    original = Scheduler.alloc_graph
+
+    def alloc_graph(self, g, step):  # type: ignore[no-untyped-def]
+        self.is_alloc = False
+        return original(self, g, step)
+
+    mp.setattr(Scheduler, "alloc_graph", alloc_graph)
+
+
 RULE_TESTS: list[tuple[str, Callable[[], None], Callable[[pytest.MonkeyPatch], None]]] = [
     ("pass 2", test_pass2_expands_gpu_down_and_up_before_cpu, lambda mp: mp.setattr(Scheduler, "pass2_expand", lambda s, g, ids: None)),
     ("pass 3", test_pass3_upgrades_to_higher_priority_backend_with_same_buffer_type, lambda mp: mp.setattr(Scheduler, "pass3_upgrade", lambda s, g, ids: None)),
@@ -327,7 +417,11 @@ RULE_TESTS: list[tuple[str, Callable[[], None], Callable[[pytest.MonkeyPatch], N
      lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.op.__setitem__(slice(None), [o if o != "rope" else "rope_" for o in g.op])))),
     ("pass 4 views", test_pass4_views_follow_their_view_source, lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.view_src.__setitem__(slice(None), [-1] * len(g.view_src))))),
     ("weight split", test_pass5_new_split_for_weight_on_incompatible_backend, lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.weights.__setitem__(slice(None), [False] * len(g.weights))))),
-    ("ids swap", test_topology_switch_forgets_the_larger_reservation, lambda mp: mp.setattr("reference.sched.gallocr_needs_realloc", lambda plan, copy: None)),
+    ("plan validity", test_topology_switch_forgets_the_larger_reservation, lambda mp: mp.setattr("reference.sched.gallocr_needs_realloc", lambda plan, copy: None)),
+    ("leaf loop of backend_ids_changed", test_backend_ids_changed_reads_the_leafs_too, lambda mp: mp.setattr(Scheduler, "leaf_ids_changed", lambda s, n: False)),
+    ("leaf count", test_leaf_count_is_part_of_the_plan, _without_leaf_count),
+    ("split-input abort", test_a_split_with_29_inputs_and_a_node_needing_2_more_aborts_in_0_15_3, _without_split_input_limit),
+    ("is_alloc assert", test_alloc_twice_without_reset_aborts, _without_is_alloc),
     ("op_offload", test_pass1_op_offload_moves_host_weight_ops_to_an_offloading_backend, lambda mp: mp.setattr(Backends, "offload_op", lambda s, b, g, t: False)),
     ("inputs on the last backend", test_pass1_weights_pull_ops_to_their_backend,
      lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.input.__setitem__(slice(None), [False] * len(g.input))))),
@@ -355,5 +449,5 @@ def test_rules_are_load_bearing(rule: str, test: Callable[[], None], remove: Cal
     test()
     with pytest.MonkeyPatch.context() as mp:
         remove(mp)
-        with pytest.raises(Exception):
+        with pytest.raises((Exception, pytest.fail.Exception)):  # an assertion, or pytest.raises' own failure
             test()
