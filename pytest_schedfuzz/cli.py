@@ -263,6 +263,15 @@ def _gate(args: argparse.Namespace) -> int:
     return status
 
 
+def _mutate(args: argparse.Namespace) -> int:
+    from .mutants import main as mutate_main
+
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise UsageError(f"--corpus {args.corpus}: no such folder")
+    return mutate_main(args.mutants.split(",") if args.mutants else None, corpus, args.budget, Path(args.logs) if args.logs else None)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
@@ -315,6 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     gt.add_argument("--corpus", default="corpus")
     gt.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
     gt.set_defaults(func=_gate)
+    mu = sub.add_parser("mutate", help="mutation score: the ci profile on ggml 0.25.3 with each scheduler mutant; the kill score")
+    mu.add_argument("--mutants", help="comma-separated mutant names (default: all)")
+    mu.add_argument("--budget", type=float, help="seconds of the ci profile per mutant (default: the profile's, 240)")
+    mu.add_argument("--corpus", default="corpus", help="the corpus each run replays (a copy)")
+    mu.add_argument("--logs", help="write each mutant's pytest output to this folder")
+    mu.set_defaults(func=_mutate)
     bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")
     bn.add_argument("--json", help="also write the figures to this JSON file")
     bn.add_argument("--repeats", type=int, default=5, help="timings per figure (the median is reported)")
