@@ -213,16 +213,24 @@ def _show(args: argparse.Namespace) -> int:
     try:
         scenario = fuzzer.scenario_for(case)
         trace = fuzzer.run_engine(scenario)
+        record = next((r for r in trace.records if r.splits and r.index == case.step), None)
+        source = "the engine"
+        if record is None and trace.abort is not None:
+            # the engine died in this step (a compute, an abort): draw what the reference plans
+            record = next((r for r in fuzzer.predict(scenario).records if r.splits and r.index == case.step), None)
+            source = f"the reference's prediction (the engine's {trace.abort.kind} at step {trace.abort.step} left no record)"
     finally:
         fuzzer.close()
-    graph_steps = [r for r in trace.records if r.splits]
-    record = next((r for r in graph_steps if r.index == case.step), graph_steps[-1] if graph_steps else None)
     if record is None:
-        print(f"schedfuzz: {args.case}: no step with a graph to draw", file=sys.stderr)
+        graph_steps = [r for r in trace.records if r.splits]
+        record = graph_steps[-1] if graph_steps else None
+        source = "the engine's last step with a graph"
+    if record is None:
+        print(f"schedfuzz: {args.case}: no step with a graph to draw (neither the engine nor the reference scheduled one)", file=sys.stderr)
         return 2
     highlight = set().union(*(named_tensors(e.reason) for e in record.events)) if record.events else set()
     print(f"{case.signature}: {case.message}")
-    print(f"step {record.index}: {scenario.steps[record.index].describe()}")
+    print(f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}")
     print(splits_text(scenario, record))
     for e in record.events:
         print(e.describe())

@@ -263,3 +263,14 @@ def test_cli_bad_options_exit_2_with_one_line(args: list[str], needle: str):
     run = subprocess.run([*SCHEDFUZZ, *args], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and needle in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert "--schedfuzz-" not in run.stderr
+
+
+def test_show_draws_a_compute_step_that_crashed_the_engine(tmp_path: Path):
+    """The RPC server crash of the starter corpus: the engine leaves no record of the compute
+    step it died in, so show draws the reference's plan of that step, and says so."""
+    case = next((Path(__file__).resolve().parent.parent / "corpus").glob("no-abort-*-4257100ce1.json"))
+    out = tmp_path / "case.dot"
+    run = subprocess.run([*SCHEDFUZZ, "show", str(case), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "step 1: compute(g0), as scheduled by the reference's prediction" in run.stdout
+    assert "## SPLIT #0: RPC0 # 2 inputs: x, dst1" in run.stdout and "cpy1" in out.read_text()
