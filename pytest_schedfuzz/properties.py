@@ -254,6 +254,12 @@ def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> li
         step = (ta or pa).step  # type: ignore[union-attr]
         msg = f"engine {'aborted: ' + ta.message if ta else 'did not abort'}; reference {'predicts abort: ' + pa.message if pa else 'predicts no abort'}"
         return [Violation("matches-reference", step, msg, {"what": "abort"})]
+    if ta and pa:
+        # the same step, and the same assert where the reference names one
+        expected = re.search(r"GGML_ASSERT\(.*?\) failed", pa.message)
+        if expected and expected.group(0).split(" (")[0] not in ta.message:
+            return [Violation("matches-reference", ta.step, f"engine aborted with {ta.message.strip().splitlines()[0][:200]}; reference predicts {pa.message}",
+                              {"what": "abort-message"})]
     if ta is None and len(trace.records) != len(prediction.records):
         return [Violation("matches-reference", min(len(trace.records), len(prediction.records)), "engine and reference ran a different number of steps", {"what": "steps"})]
     return []

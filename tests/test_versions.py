@@ -177,3 +177,17 @@ def test_unknown_version_runs_with_the_nearest_rules() -> None:
     rules, note = rules_for("0.9.1")
     assert rules is OLD and note is not None
     assert rules_for("unknown (the library has no ggml_version())")[0] is OLD
+
+
+def test_matches_reference_compares_abort_messages() -> None:
+    """Aborting at the predicted step is not enough: with another assert it is a finding."""
+    from pytest_schedfuzz.trace import Abort
+
+    sc = graph_inputs_31_parallel()
+    prediction = predict(sc, rules=OLD)
+    assert prediction.abort is not None and "n_graph_inputs" in prediction.abort.message
+    same = Trace(prediction.records, Abort(1, "abort", "ggml-backend.cpp:1347: GGML_ASSERT(n_graph_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed"))
+    other = Trace(prediction.records, Abort(1, "abort", "ggml-backend.cpp:1367: GGML_ASSERT(n_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed"))
+    assert not matches_reference(sc, same, prediction)
+    (v,) = matches_reference(sc, other, prediction)
+    assert v.signature() == "matches-reference[what=abort-message]"
