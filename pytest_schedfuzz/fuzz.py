@@ -132,6 +132,7 @@ class Stats:
     known: int = 0  # violations matching a known engine bug of the corpus
     findings: dict[str, int] = field(default_factory=dict)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
+    explored: dict[str, int] = field(default_factory=dict)  # examples that had each feature (``features``)
     # the llama.cpp target, counted as llama_perf_context_print does
     llama_workloads: int = 0
     llama_decodes: int = 0
@@ -158,6 +159,10 @@ class Stats:
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
         self.llama_sched_reuses += len(scheduler_reuses(trace))
 
+    def add_features(self, scenario: Scenario) -> None:
+        for f in features(scenario):
+            self.explored[f] = self.explored.get(f, 0) + 1
+
     def add_trace(self, trace: Trace) -> None:
         for r in trace.records:
             self.graphs_reused += r.reused
@@ -172,20 +177,20 @@ class Stats:
     def merge(self, other: dict[str, Any]) -> None:
         for k in COUNTERS:
             setattr(self, k, getattr(self, k) + int(other.get(k, 0)))
-        for key in ("findings", "signatures", "llama_decode_rc"):
+        for key in ("findings", "signatures", "explored", "llama_decode_rc"):
             mine = getattr(self, key)
             for p, n in other.get(key, {}).items():
                 mine[p] = mine.get(p, 0) + n
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in COUNTERS} | {"findings": dict(self.findings), "signatures": dict(self.signatures),
-                                                          "llama_decode_rc": dict(self.llama_decode_rc)}
+                                                          "explored": dict(self.explored), "llama_decode_rc": dict(self.llama_decode_rc)}
 
     def delta(self, before: dict[str, Any]) -> dict[str, Any]:
         """What was added since ``before`` (an ``as_dict``)."""
         now = self.as_dict()
         out: dict[str, Any] = {k: now[k] - before[k] for k in COUNTERS}
-        for key in ("findings", "signatures", "llama_decode_rc"):
+        for key in ("findings", "signatures", "explored", "llama_decode_rc"):
             out[key] = {p: n - before[key].get(p, 0) for p, n in now[key].items()}
         return out
 
@@ -197,6 +202,8 @@ class Stats:
             f"splits = {self.splits}",
             f"known engine bugs seen again = {self.known}",
         ]
+        if self.explored:
+            lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
         if self.llama_workloads:
             rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
             lines += [
@@ -211,6 +218,27 @@ class Stats:
             lines.append(f"distinct signatures = {len(self.signatures)}")
             lines += [f"  {sig}" for sig in sorted(self.signatures)]
         return lines
+
+
+def features(scenario: Scenario) -> list[str]:
+    """What a scenario exercises, for the "explored" statistics line: step kinds and scheduler
+    parameters, tensor types, batch sizes, devices, forced assignments."""
+    steps = scenario.steps
+    tensors = [t for _, g in scenario.graphs for t in g.tensors]
+    checks = {
+        "compute steps": any(s.kind == "compute" for s in steps),
+        "parallel": any(s.params is not None and s.params.parallel for s in steps),
+        "scheduler reuse": any(s.reuse for s in steps),
+        "f16 weights": any(t.role == "weight" and t.type == "f16" for t in tensors),
+        "q8_0 weights": any(t.role == "weight" and t.type == "q8_0" for t in tensors),
+        ">= 32 tokens": any(t.role == "input" and len(t.ne) > 1 and t.ne[1] >= 32 for t in tensors),
+        "2+ RPC devices": scenario.layout.n_rpc >= 2,
+        "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
+        "forced assignments": any(g.forced for _, g in scenario.graphs),
+        "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
+        "several graphs": len(scenario.graphs) > 1,
+    }
+    return [k for k, v in checks.items() if v]
 
 
 COUNTERS = (
@@ -375,7 +403,7 @@ class Fuzzer:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
             reconf = 0 if prop == "no-same-size-realloc" else 1
             return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops)
-        raw = scenarios(p.max_rpc, p.max_steps, prop == "no-abort", p.max_layers, p.max_extra_ops, p.blas)
+        raw = scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas)
         if prop == "matches-reference":
             # driver workloads too: same-topology growth and re-plans within a reservation happen there
             return st.one_of(raw, workloads(max_ubatches=8, min_reconfigures=0, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops))
@@ -453,6 +481,8 @@ class Fuzzer:
                 return
             self.stats.examples += 1
             scenario = None if isinstance(case, LlamaWorkload) else self.scenario_of(case)
+            if scenario is not None:
+                self.stats.add_features(scenario)
             try:
                 found = self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
             except Unsupported:

@@ -33,7 +33,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
     """A random DAG of activations ``[d, T]`` grown one op at a time from earlier tensors,
     with weights, KV-cache stores and views placed on random devices of ``layout``."""
     b = GraphBuilder()
-    n_tokens = draw(st.sampled_from((1, 2, 4, 8)))
+    n_tokens = draw(st.sampled_from((1, 2, 4, 8, 32, 40)))  # 32 and more: BLAS's min batch
     device = st.integers(0, layout.n - 1)
     pool = [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))]
     roots: list[str] = []
@@ -44,7 +44,9 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
         kind = draw(st.sampled_from(("mul_mat", "binary", "unary", "transpose", "concat", "get_rows", "soft_max",
                                      "set_rows", "rope", "flash_attn", "mul_mat_id", "cpy")))
         if kind == "mul_mat":
-            w = b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(device), draw(st.sampled_from(("f32", "f16"))))
+            # q8_0 (blocks of 32) where the row allows it: RPC then asks its server for the size
+            types = ("f32", "f16", "q8_0") if d % 32 == 0 else ("f32", "f16")
+            w = b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(device), draw(st.sampled_from(types)))
             pool.append(b.op("mul_mat", w, a, name=f"mm{k}"))
         elif kind == "binary":
             same = [t for t in pool if b.shape(t) == b.shape(a)]
@@ -138,8 +140,8 @@ def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extr
 @st.composite
 def llama_graphs(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extra_ops: int = 0) -> GraphSpec:
     m = draw(models(layout, max_layers, max_extra_ops))
-    n_tokens = draw(st.integers(1, 16))
-    n_kv = draw(st.integers(n_tokens, m.kv_size))
+    n_tokens = draw(st.one_of(st.integers(1, 16), st.sampled_from((32, 48, 64))))
+    n_kv = draw(st.integers(min(n_tokens, m.kv_size), m.kv_size))
     return llama_graph(m, n_tokens, n_kv, draw(st.integers(1, n_tokens)))
 
 
