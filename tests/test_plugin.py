@@ -253,12 +253,18 @@ def test_a_known_bug_does_not_mask_another_of_the_same_kind(fuzz, pytester: pyte
     assert len(new) == 1 and new[0]["signature"].startswith("no-same-size-realloc[explained=")
 
 
-def test_a_release_build_is_refused_with_the_fix(pytester: pytest.Pytester):
-    """ggml 0.25.3 with libggml-base rebuilt in Release (NDEBUG: no realloc log): the engine
-    refuses at startup, as a usage error that says how to rebuild, not a traceback."""
+@pytest.fixture(scope="module")
+def release_lib() -> Path:
+    """Built before pytester moves HOME (and with it the build cache) to a fresh folder."""
     from pytest_schedfuzz.build import build_ggml_base
 
-    lib = build_ggml_base("ggml-0.25.3", build_type="Release")
+    return build_ggml_base("ggml-0.25.3", build_type="Release")
+
+
+def test_a_release_build_is_refused_with_the_fix(pytester: pytest.Pytester, release_lib: Path):
+    """ggml 0.25.3 with libggml-base rebuilt in Release (NDEBUG: no realloc log): the engine
+    refuses at startup, as a usage error that says how to rebuild, not a traceback."""
+    lib = release_lib
     result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-lib={lib}", timeout=300)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     out = result.stdout.str() + result.stderr.str()
