@@ -68,7 +68,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             mask = b.input(f"mask{k}", (d, n_tokens)) if draw(st.booleans()) else None
             pool.append(b.op("soft_max_ext", a, mask, name=f"sm{k}", scale=1.0))
         elif kind == "set_rows":
-            cache = b.cache(f"cache{k}", (d, 32), draw(device))
+            cache = b.cache(f"cache{k}", (d, 64), draw(device))  # room for every batch size drawn
             roots.append(b.op("set_rows", cache, a, b.input(f"kvi{k}", (n_tokens,), "i64"), name=f"store{k}"))
             pool.append(b.op("view", cache, name=f"kv{k}", ne=[d, n_tokens], nb=[d * 4]))
         elif kind == "rope":
