@@ -4,12 +4,14 @@ Each mutant is one small change to ggml 0.25.3's ``ggml-backend.cpp`` or ``ggml-
 scheduler and the allocator), built into its own ``libggml-base`` (``build.build_ggml_base``).
 The ci profile then runs on it, in a fresh folder with a copy of the corpus, exactly as a
 pre-merge job would (``pytest --schedfuzz --schedfuzz-profile=ci``). A mutant is killed when
-that run fails (a finding, or a corpus case that no longer behaves), and survives when it
-passes. The score is killed / all.
+that run reports a finding (or a corpus case that no longer behaves), and survives when it
+passes; a run that fails for another reason (the harness) is an error, never a kill. The
+score is killed / all.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -86,9 +88,17 @@ MUTANTS: tuple[Mutant, ...] = (
 @dataclass(frozen=True)
 class Outcome:
     mutant: Mutant
-    killed: bool
+    verdict: str  # "killed", "survived", or "error" (the harness failed: neither)
     by: str  # what failed (items and first lines), or why it survived
     seconds: float
+
+    @property
+    def killed(self) -> bool:
+        return self.verdict == "killed"
+
+
+# a failed item that is a finding: a property's report, or a corpus case that changed
+_FINDING = re.compile(r"^\S+ - (\[|\d+ distinct findings|\S+\.json)")
 
 
 def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None = None) -> Outcome:
@@ -106,13 +116,15 @@ def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None =
     if log is not None:
         log.write_text(out)
     failed = [line.removeprefix("FAILED ") for line in out.splitlines() if line.startswith("FAILED ")]
+    findings = [f for f in failed if _FINDING.match(f)]
     if proc.returncode == 0:
-        by = "survived: the ci profile passed"
-    elif failed:
-        by = "; ".join(f[:160] for f in failed[:3])
+        verdict, by = "survived", "the ci profile passed"
+    elif findings:
+        verdict, by = "killed", "; ".join(f[:160] for f in findings[:3])
     else:
-        by = f"pytest exited {proc.returncode}: " + (out.strip().splitlines() or ["?"])[-1][:200]
-    return Outcome(m, proc.returncode != 0, by, time.monotonic() - t0)
+        tail = failed[:3] or (out.strip().splitlines() or ["?"])[-1:]
+        verdict, by = "error", f"the harness failed (pytest exit {proc.returncode}): " + "; ".join(t[:200] for t in tail)
+    return Outcome(m, verdict, by, time.monotonic() - t0)
 
 
 def main(names: list[str] | None, corpus: Path, budget: float | None, logs: Path | None) -> int:
@@ -127,7 +139,9 @@ def main(names: list[str] | None, corpus: Path, budget: float | None, logs: Path
     for m in chosen:
         o = run_mutant(m, corpus, budget, logs / f"{m.name}.log" if logs else None)
         outcomes.append(o)
-        print(f"{m.name:<28} {'KILLED ' if o.killed else 'SURVIVED'} {o.seconds:6.0f} s  {m.what}\n{'':<38}{o.by}", flush=True)
+        print(f"{m.name:<28} {o.verdict.upper():<8} {o.seconds:6.0f} s  {m.what}\n{'':<38}{o.by}", flush=True)
     killed = sum(o.killed for o in outcomes)
-    print(f"\nkill score: {killed}/{len(outcomes)} = {killed / max(1, len(outcomes)):.0%}")
-    return 0
+    errors = [o.mutant.name for o in outcomes if o.verdict == "error"]
+    print(f"\nkill score: {killed}/{len(outcomes)} = {killed / max(1, len(outcomes)):.0%}"
+          + (f" ({len(errors)} harness errors, not counted as kills: {', '.join(errors)})" if errors else ""))
+    return 1 if errors else 0
