@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import FlakyFailure
 
 from reference.predict import predict as reference_predict
 from reference.versions import NEWEST, Rules, rules_for
@@ -477,7 +478,9 @@ class Fuzzer:
         )
         @given(self.strategy(prop))
         def run(case: Workload | Scenario | LlamaWorkload) -> None:
-            if self.out_of_budget() or (deadline is not None and time.monotonic() > deadline and not target):
+            # out of time, skip; but never once a failure is being confirmed and shrunk (a skip
+            # would make Hypothesis's replay of it pass: a FlakyFailure)
+            if not target and (self.out_of_budget() or (deadline is not None and time.monotonic() > deadline)):
                 return
             self.stats.examples += 1
             scenario = None if isinstance(case, LlamaWorkload) else self.scenario_of(case)
@@ -499,7 +502,13 @@ class Fuzzer:
                 raise ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None, case if isinstance(case, LlamaWorkload) else None)
 
         try:
-            run()
+            try:
+                run()
+            except FlakyFailure as flaky:  # found once, not again on Hypothesis's replay: still a finding
+                found = [x for x in flaky.exceptions if isinstance(x, ViolationFound)]
+                if not found:
+                    raise
+                raise found[0] from None
         except ViolationFound as e:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
             sig = e.violation.signature()
