@@ -284,6 +284,8 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)
     if died:
         facts["server"] = died.group(1)
+    if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
+        facts["during"] = step.kind
     return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}", facts)]
 
 
