@@ -131,6 +131,7 @@ class Stats:
     reallocs_changed: int = 0
     splits: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
+    unconfirmed: int = 0  # crashes that did not happen again on a fresh worker (``Fuzzer.confirmed``)
     findings: dict[str, int] = field(default_factory=dict)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     explored: dict[str, int] = field(default_factory=dict)  # examples that had each feature (``features``)
@@ -203,6 +204,8 @@ class Stats:
             f"splits = {self.splits}",
             f"known engine bugs seen again = {self.known}",
         ]
+        if self.unconfirmed:
+            lines.append(f"unconfirmed crashes = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
         if self.explored:
             lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
         if self.llama_workloads:
@@ -243,7 +246,7 @@ def features(scenario: Scenario) -> list[str]:
 
 
 COUNTERS = (
-    "examples", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known", "llama_workloads", "llama_decodes",
+    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known", "llama_workloads", "llama_decodes",
     "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses",
 )
 DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
@@ -376,12 +379,36 @@ class Fuzzer:
         self.stats.add_llama(trace)
         return LLAMA_CHECKS[prop](workload, trace)
 
+    def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
+        """A crash (a signal, no assert) counts only if it happens again on a fresh worker: a
+        worker that ran many scenarios can die of what an earlier one left in its memory. One
+        that does not come back is counted (``unconfirmed crashes``) and its scenario kept in
+        ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is judged instead."""
+        if trace.abort is None or trace.abort.kind != "crash" or not hasattr(self.target, "close"):
+            return trace
+        self.target.close()  # the next run starts a fresh worker and fresh servers
+        again = self.run_engine(scenario)
+        if again.abort is not None and again.abort.kind == "crash":
+            return again
+        self.stats.unconfirmed += 1
+        if self.config.database is not None:
+            from .corpus import save_case
+
+            first = trace.abort.message.strip().splitlines()[0] if trace.abort.message.strip() else "crash"
+            try:
+                save_case(Path(self.config.database).parent / "unconfirmed",
+                          Case("no-abort", "unconfirmed crash", scenario, trace.abort.message[-3000:], trace.abort.step, self.seed,
+                               dict(getattr(self.target, "engine", {}) or {}), {"fail": f"did not come back on a fresh worker: {first}"}))
+            except OSError:
+                pass
+        return again
+
     def check(self, prop: str, scenario: Scenario) -> list[props.Violation]:
         """Every violation of ``prop`` (and of no-abort, whenever the engine ran) on one case."""
         if prop in ("reuse-sound", "reuse-complete"):
             # decisions of the driver's policy: no engine needed to judge them
             return props.CHECKS[prop](scenario, Trace(()), Trace(()))
-        trace = self.run_engine(scenario)
+        trace = self.confirmed(scenario, self.run_engine(scenario))
         if prop == "reuse-equivalent":
             fresh = self.run_engine(props.fresh_variant(scenario))
             return props.no_abort(scenario, trace, Trace(())) or props.reuse_equivalent(scenario, trace, fresh)

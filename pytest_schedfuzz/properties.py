@@ -286,7 +286,10 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts["server"] = died.group(1)
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
-    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}", facts)]
+    # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
+    tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
+    detail = f"\nlast output:\n{tail}" if tail and tail != first else ""
+    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}{detail}", facts)]
 
 
 CHECKS: dict[str, Check] = {

@@ -181,6 +181,9 @@ def _flash_attn_ext(q: Geometry, k: Geometry, v: Geometry, mask: Geometry | None
     _check(q.ne[3] == k.ne[3] == v.ne[3], "flash_attn_ext: ne3 differ")
     if mask is not None:
         _check(mask.type == "f16" and is_contiguous(mask), "flash_attn_ext: mask must be contiguous f16")
+        # ggml does not check it, and its kernels read a mask row of the kv length: shorter, they
+        # read past the mask (garbage, then a NaN assert far away)
+        _check(mask.ne[0] >= k.ne[1] and mask.ne[1] >= q.ne[1], "flash_attn_ext: mask smaller than kv length x tokens")
         _check(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0, "flash_attn_ext: mask broadcast")
     return _f32((v.ne[0], q.ne[2], q.ne[1], q.ne[3]))
 

@@ -274,3 +274,13 @@ def test_show_draws_a_compute_step_that_crashed_the_engine(tmp_path: Path):
     assert run.returncode == 0, run.stderr
     assert "step 1: compute(g0), as scheduled by the reference's prediction" in run.stdout
     assert "## SPLIT #0: RPC0 # 2 inputs: x, dst1" in run.stdout and "cpy1" in out.read_text()
+
+
+def test_a_flash_attention_mask_shorter_than_the_kv_is_rejected():
+    """ggml builds it, and its kernels then read past the mask (garbage, a NaN assert later)."""
+    from pytest_schedfuzz.shapes import SpecError
+
+    b = GraphBuilder()
+    q, k, v = b.input("q", (16, 4, 2)), b.input("k", (16, 8, 2), "f16"), b.input("v", (16, 8, 2), "f16")
+    with pytest.raises(SpecError, match="mask smaller than kv length"):
+        b.op("flash_attn_ext", q, k, v, b.input("mask", (4, 4), "f16"), name="fa", scale=0.25)
