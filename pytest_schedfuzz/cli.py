@@ -277,7 +277,8 @@ def _mutate(args: argparse.Namespace) -> int:
     corpus = Path(args.corpus)
     if not corpus.is_dir():
         raise UsageError(f"--corpus {args.corpus}: no such folder")
-    return mutate_main(args.mutants.split(",") if args.mutants else None, corpus, args.budget, Path(args.logs) if args.logs else None)
+    return mutate_main(args.mutants.split(",") if args.mutants else None, corpus, args.budget, Path(args.logs) if args.logs else None,
+                       args.size_oracle)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -337,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mu.add_argument("--budget", type=float, help="seconds of the ci profile per mutant (default: the profile's, 240)")
     mu.add_argument("--corpus", default="corpus", help="the corpus each run replays (a copy)")
     mu.add_argument("--logs", help="write each mutant's pytest output to this folder")
+    mu.add_argument("--size-oracle", action="store_true", help="run the ci profile with --schedfuzz-size-oracle")
     mu.set_defaults(func=_mutate)
     bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")
     bn.add_argument("--json", help="also write the figures to this JSON file")

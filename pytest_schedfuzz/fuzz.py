@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Profile:
     llama_calls: int = 24
     chunk: int = 25  # examples per Hypothesis run when fuzzing on time (each run a seed of its own)
     keep_going: bool = False  # campaign: go on after a finding, report every distinct signature
+    size_oracle: bool = False  # matches-reference also checks ggml's own graph size (``Fuzzer.size_oracle_check``)
 
 
 PROFILES: dict[str, Profile] = {
@@ -64,7 +66,7 @@ PROFILES: dict[str, Profile] = {
     "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
-        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, keep_going=True,
+        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, keep_going=True, size_oracle=True,
         llama_examples=1000, llama_layers=6, llama_calls=48,
     ),
 }
@@ -83,12 +85,16 @@ class FuzzConfig:
     rereserve: bool = True
     reference: str | None = None  # module:callable replacing reference.predict.predict
     keep_going: bool | None = None  # campaign mode; default: the profile's
+    size_oracle: bool | None = None  # ggml's own graph size for matches-reference; default: the profile's
     database: Path | None = Path(".schedfuzz/examples")
 
     def resolved_profile(self) -> Profile:
         if self.profile not in PROFILES:
             raise ValueError(f"--schedfuzz-profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
         return PROFILES[self.profile]
+
+    def uses_size_oracle(self) -> bool:
+        return self.size_oracle if self.size_oracle is not None else self.resolved_profile().size_oracle
 
     def keeps_going(self) -> bool:
         return self.keep_going if self.keep_going is not None else self.resolved_profile().keep_going
@@ -313,6 +319,7 @@ class Fuzzer:
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self._target: Target | None = None
         self._llama: Any = None
+        self._oracle: Any = None  # GgmlTarget under GGML_SCHED_DEBUG_REALLOC=2 (size_oracle_check)
 
     @property
     def llama_target(self) -> Any:
@@ -352,7 +359,34 @@ class Fuzzer:
     def _reference(self, scenario: Scenario) -> Trace:
         return reference_predict(scenario, rules=self.rules)
 
+    def size_oracle_check(self, scenario: Scenario, prediction: Trace) -> list[props.Violation]:
+        """ggml's own figures against the reference's: a second engine runs the scenario under
+        ``GGML_SCHED_DEBUG_REALLOC=2``, where ggml aborts at its first reallocation through the
+        scheduler and prints that step's ``debug_graph_size`` and the node and leaf counts of its
+        graph copy. The engine's records derive those from what ggml shows (splits, inputs); this
+        observes them, so a scheduler that builds another graph copy cannot hide behind the
+        rule both sides share."""
+        if self._oracle is None:
+            from .targets.ggml_target import GgmlTarget
+
+            self._oracle = GgmlTarget(lib=self.config.lib, debug_realloc=2)
+        abort = self._oracle.run(scenario).abort
+        m = re.search(r"graph size = (\d+), nodes = (\d+), leafs = (\d+)", abort.message) if abort else None
+        if abort is None or m is None or abort.step >= len(prediction.records):
+            return []
+        ggml = tuple(int(x) for x in m.groups())
+        p = prediction.records[abort.step]
+        if ggml == (p.graph_size, p.n_nodes, p.n_leafs):
+            return []
+        return [props.Violation("matches-reference", abort.step,
+                                f"{scenario.steps[abort.step].describe()}: ggml's own figures at its first reallocation: graph size {ggml[0]}, "
+                                f"{ggml[1]} nodes, {ggml[2]} leafs; the reference predicts {p.graph_size}, {p.n_nodes}, {p.n_leafs}",
+                                {"what": "ggml-graph-size"})]
+
     def close(self) -> None:
+        if self._oracle is not None:
+            self._oracle.close()
+            self._oracle = None
         if self._target is not None:
             self._target.close()
             self._target = None
@@ -416,6 +450,8 @@ class Fuzzer:
         found = props.no_abort(scenario, trace, prediction)
         if prop != "no-abort":
             found += props.CHECKS[prop](scenario, trace, prediction)
+        if prop == "matches-reference" and not found and self.config.uses_size_oracle() and self.config.target is None:
+            found += self.size_oracle_check(scenario, prediction)
         return found
 
     # ----------------------------------------------------------------- a property

@@ -101,7 +101,7 @@ class Outcome:
 _FINDING = re.compile(r"^\S+ - (\[|\d+ distinct findings|\S+\.json)")
 
 
-def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None = None) -> Outcome:
+def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None = None, size_oracle: bool = False) -> Outcome:
     """Build ``m``, run the ci profile on it in a fresh folder; killed if that run fails."""
     t0 = time.monotonic()
     lib = build_ggml_base("ggml-0.25.3", (m.patch,))
@@ -111,6 +111,8 @@ def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None =
                "-m", "schedfuzz", "-p", "no:cacheprovider", "-q", "-rf"]
         if budget is not None:
             cmd.append(f"--schedfuzz-budget={budget}")
+        if size_oracle:
+            cmd.append("--schedfuzz-size-oracle")
         proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     if log is not None:
@@ -127,7 +129,7 @@ def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None =
     return Outcome(m, verdict, by, time.monotonic() - t0)
 
 
-def main(names: list[str] | None, corpus: Path, budget: float | None, logs: Path | None) -> int:
+def main(names: list[str] | None, corpus: Path, budget: float | None, logs: Path | None, size_oracle: bool = False) -> int:
     chosen = [m for m in MUTANTS if not names or m.name in names]
     unknown = set(names or ()) - {m.name for m in MUTANTS}
     if unknown:
@@ -137,7 +139,7 @@ def main(names: list[str] | None, corpus: Path, budget: float | None, logs: Path
         logs.mkdir(parents=True, exist_ok=True)
     outcomes = []
     for m in chosen:
-        o = run_mutant(m, corpus, budget, logs / f"{m.name}.log" if logs else None)
+        o = run_mutant(m, corpus, budget, logs / f"{m.name}.log" if logs else None, size_oracle)
         outcomes.append(o)
         print(f"{m.name:<28} {o.verdict.upper():<8} {o.seconds:6.0f} s  {m.what}\n{'':<38}{o.by}", flush=True)
     killed = sum(o.killed for o in outcomes)

@@ -48,6 +48,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: on under the nightly profile; ini: schedfuzz_keep_going)",
     )
     parser.addini("schedfuzz_keep_going", "campaign mode: go on after a finding", type="bool", default=None)  # type: ignore[arg-type]
+    group.addoption(
+        "--schedfuzz-size-oracle", "--no-schedfuzz-size-oracle", dest="schedfuzz_size_oracle", default=None,
+        action=_BoolFlag, nargs=0, help="matches-reference also runs each scenario under GGML_SCHED_DEBUG_REALLOC=2 and checks "
+        "ggml's own graph size, nodes and leafs at its first realloc (default: on under nightly; ini: schedfuzz_size_oracle)",
+    )
+    parser.addini("schedfuzz_size_oracle", "check ggml's own graph size at the first realloc", type="bool", default=None)  # type: ignore[arg-type]
 
 
 class _BoolFlag(argparse.Action):
@@ -122,6 +128,7 @@ class SchedfuzzSession:
             rereserve=True if rereserve is None else bool(rereserve),
             reference=_opt(config, "schedfuzz_reference") or None,
             keep_going=None if _opt(config, "schedfuzz_keep_going") is None else bool(_opt(config, "schedfuzz_keep_going")),
+            size_oracle=None if _opt(config, "schedfuzz_size_oracle") is None else bool(_opt(config, "schedfuzz_size_oracle")),
             database=base_dir(config) / ".schedfuzz" / "examples",
         )
         try:

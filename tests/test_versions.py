@@ -191,3 +191,26 @@ def test_matches_reference_compares_abort_messages() -> None:
     assert not matches_reference(sc, same, prediction)
     (v,) = matches_reference(sc, other, prediction)
     assert v.signature() == "matches-reference[what=abort-message]"
+
+
+def test_the_size_oracle_sees_a_graph_copy_that_the_shared_rule_hides() -> None:
+    """ggml 0.25.3 rebuilt without pass 6 (the mutation score's ``no-pass6``): the engine's
+    records derive graph inputs with the 0.25.3 rule, as the reference does, so matches-reference
+    alone passes; ggml's own figures under ``GGML_SCHED_DEBUG_REALLOC=2`` show the difference."""
+    from pytest_schedfuzz.build import build_ggml_base
+    from pytest_schedfuzz.fuzz import Fuzzer, FuzzConfig
+    from pytest_schedfuzz.mutants import MUTANTS
+
+    planted = str(build_ggml_base("ggml-0.25.3", (next(m.patch for m in MUTANTS if m.name == "no-pass6"),)))
+    two_inputs = two_vs_one_graph_inputs().graph("A")
+    sc = scenario(RPC_CPU, {"A": two_inputs}, ("alloc", "A"), parallel=True)  # the first alloc re-plans
+    found: dict[tuple[str, bool], list[str]] = {}
+    for lib in ("ggml-0.25.3", planted):
+        for oracle in (False, True):
+            f = Fuzzer(FuzzConfig(lib=lib, size_oracle=oracle, database=None))
+            try:
+                found[lib, oracle] = [v.signature() for v in f.check("matches-reference", sc)]
+            finally:
+                f.close()
+    assert found["ggml-0.25.3", False] == found["ggml-0.25.3", True] == found[planted, False] == []
+    assert found[planted, True] == ["matches-reference[what=ggml-graph-size]"]
