@@ -488,7 +488,6 @@ class Scheduler:
         """``ggml_backend_sched_alloc_splits``: re-reserve when the backend ids changed (to a
         different buffer type) at some position, or when the galloc plan is not valid."""
         copy = result.copy
-        bufts = self.backends.bufts
         changed = self.node_ids_changed(len(copy.nodes)) or self.leaf_ids_changed(len(copy.leafs))
         event = lambda via, reason: ReallocEvent(
             step, via, changed, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes), len(result.splits), reason

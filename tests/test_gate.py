@@ -11,28 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.build import Patch, build_ggml_base
+from pytest_schedfuzz.build import build_ggml_base
 from pytest_schedfuzz.cli import main
 from pytest_schedfuzz.corpus import load_case
 from pytest_schedfuzz.gate import Side, compare
+from pytest_schedfuzz.mutants import MUTANTS
 
-_GPU_DOWN = """    // expand gpu down
-    {
-        int cur_backend_id = -1;
-        for (int i = 0; i < graph->n_nodes; i++) {
-            struct ggml_tensor * node = graph->nodes[i];
-            if (ggml_is_view_op(node->op)) {
-                continue;
-            }
-            int * node_backend_id = &tensor_backend_id(node);
-            if (*node_backend_id != -1) {
-                if (*node_backend_id == sched->n_backends - 1) {
-                    // skip cpu (lowest prio backend)
-                    cur_backend_id = -1;"""
-CPU_EXPANDS_DOWN = Patch(
-    "src/ggml-backend.cpp", _GPU_DOWN,
-    _GPU_DOWN.replace("cur_backend_id = -1;\"\"\"", "").rsplit("cur_backend_id = -1;", 1)[0] + "cur_backend_id = *node_backend_id; // planted: the CPU expands in the GPU pass",
-)
+# pass 2's "expand gpu down" lets the CPU expand too (the mutation score's first mutant)
+CPU_EXPANDS_DOWN = next(m.patch for m in MUTANTS if m.name == "cpu-expands-down")
 
 
 @pytest.fixture(scope="module")

@@ -198,7 +198,7 @@ def test_the_size_oracle_sees_a_graph_copy_that_the_shared_rule_hides() -> None:
     records derive graph inputs with the 0.25.3 rule, as the reference does, so matches-reference
     alone passes; ggml's own figures under ``GGML_SCHED_DEBUG_REALLOC=2`` show the difference."""
     from pytest_schedfuzz.build import build_ggml_base
-    from pytest_schedfuzz.fuzz import Fuzzer, FuzzConfig
+    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
     from pytest_schedfuzz.mutants import MUTANTS
 
     planted = str(build_ggml_base("ggml-0.25.3", (next(m.patch for m in MUTANTS if m.name == "no-pass6"),)))
