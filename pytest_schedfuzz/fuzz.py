@@ -352,8 +352,7 @@ class Fuzzer:
     def rules(self) -> Rules:
         """The reference's rules for the loaded ggml's version (``reference.versions``)."""
         if self._rules is None:
-            version = self.engine_info().get("ggml_version") if self.config.target is None else NEWEST.version
-            self._rules, self.rules_note = rules_for(version)
+            self._rules, self.rules_note = rules_for(self.ggml_version(llama=False) or NEWEST.version)
         return self._rules
 
     def _reference(self, scenario: Scenario) -> Trace:

@@ -122,7 +122,37 @@ class _Worker:
         self.stderr.close()
 
 
-class GgmlTarget:
+class WorkerTarget:
+    """What both real targets share: a worker process started on demand (``_start_worker``),
+    RPC servers, and their shutdown."""
+
+    engine: dict[str, str]
+    servers: RpcServers
+    _worker: _Worker | None
+
+    def _start_worker(self) -> _Worker:
+        raise NotImplementedError
+
+    def start(self) -> dict[str, str]:
+        """Start the worker now (it otherwise starts with the first run); the engine's description."""
+        if self._worker is None:
+            self._worker = self._start_worker()
+        return self.engine
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self.servers.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GgmlTarget(WorkerTarget):
     """The real ggml engine: ``lib`` is what ``--schedfuzz-lib`` takes (``ggml-0.25.3``,
     ``ggml-0.15.3`` or a build's folder, see ``ggml_lib.resolve_lib``); it defaults to
     ``$SCHEDFUZZ_GGML_LIB``, then to the newest built-in ggml. ``step_timeout`` bounds each step (and the
@@ -153,13 +183,6 @@ class GgmlTarget:
     @property
     def worker_pid(self) -> int | None:
         return self._worker.proc.pid if self._worker is not None else None
-
-    def start(self) -> dict[str, str]:
-        """Start the worker now (it otherwise starts with the first scenario); the engine's
-        description: library path, ``ggml_version()``, bindings check."""
-        if self._worker is None:
-            self._worker = self._start_worker()
-        return self.engine
 
     def _start_worker(self) -> _Worker:
         env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
@@ -265,15 +288,3 @@ class GgmlTarget:
     def _trace(self, records: list[dict[str, Any]], abort: Abort | None) -> Trace:
         trace = Trace.from_json({"records": records, "engine": self.engine})
         return Trace(trace.records, abort, trace.engine)
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
-        self.servers.close()
-
-    def __enter__(self) -> GgmlTarget:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -24,7 +24,7 @@ from ..llama import LlamaWorkload
 from ..llama_trace import LlamaAbort, LlamaTrace
 from . import TargetError
 from .ggml_lib import child_env, lib_overlay
-from .ggml_target import _Eof, _Timeout, _Worker
+from .ggml_target import WorkerTarget, _Eof, _Timeout, _Worker
 from .rpc import RpcServers
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
@@ -72,7 +72,7 @@ def build_hook() -> Path:
     return atomic_write(out, compile_to, 0o777)
 
 
-class LlamaTarget:
+class LlamaTarget(WorkerTarget):
     """The real llama.cpp. ``run(workload) -> LlamaTrace``; an abort, crash or hang ends the trace
     at the call that caused it and the next workload gets a fresh worker.
 
@@ -90,13 +90,6 @@ class LlamaTarget:
         self.servers = RpcServers(str(self.lib_dir), threads=1)
         self.engine: dict[str, str] = {}
         self._worker: _Worker | None = None
-
-    def start(self) -> dict[str, str]:
-        """Start the worker now (it otherwise starts with the first workload); the engine's
-        description (libllama's path, its ggml's version)."""
-        if self._worker is None:
-            self._worker = self._start_worker()
-        return self.engine
 
     def _start_worker(self) -> _Worker:
         env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
@@ -171,15 +164,3 @@ class LlamaTarget:
                 raise TargetError(f"the llama.cpp worker failed (harness, not llama.cpp):\n{msg['error']}")
             else:
                 raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
-        self.servers.close()
-
-    def __enter__(self) -> LlamaTarget:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
