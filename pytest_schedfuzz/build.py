@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .files import cache_dir
+from .files import atomic_write, cache_dir
 from .targets.ggml_lib import resolve_lib
 
 # built-in ggml -> (distribution, version, the ggml folder inside its source distribution)
@@ -119,3 +119,51 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str 
     shutil.rmtree(build)
     (lib / "BUILT").write_text(json.dumps([name, [asdict(p) for p in patches]], indent=1) + "\n")
     return lib
+
+
+FAKE_GPU_SOURCE = Path(__file__).with_name("targets") / "fake_gpu.c"
+
+
+def ggml_source_for(lib_file: str) -> Path:
+    """The ggml source folder (``include/``, ``src/``) that the library file ``lib_file`` was
+    built from: a built-in's source distribution, the source a ``build_ggml_base`` folder names,
+    or the checkout above a user's build folder. ``BuildError`` naming ``lib_file`` otherwise."""
+    path = Path(lib_file).resolve()
+    built = path.parent / "BUILT"
+    if built.exists():
+        return source_tree(json.loads(built.read_text())[0])
+    if "/site-packages/llama_cpp/" in str(path):
+        return source_tree("ggml-0.25.3")
+    if "/site-packages/ggml/" in str(path):
+        return source_tree("ggml-0.15.3")
+    for folder in path.parents:
+        for root in (folder, folder / "ggml"):
+            if (root / "src" / "ggml-backend-impl.h").exists() and (root / "include" / "ggml.h").exists():
+                return root
+    raise BuildError(f"{lib_file}: no ggml source (include/ggml.h and src/ggml-backend-impl.h) in a folder above it, "
+                     "to build the GPU-like device against; build ggml inside its checkout")
+
+
+def build_fake_gpu(lib_file: str) -> Path:
+    """``libschedfuzz-fake-gpu.so`` (``targets/fake_gpu.c``) compiled against the headers of the
+    ggml that ``lib_file`` (a ``libggml-base``) was built from; cached by the source and headers.
+    It links ``libggml-base`` by soname, so that in a process that has one loaded it uses that one."""
+    src = ggml_source_for(lib_file)
+    impl = (src / "src" / "ggml-backend-impl.h").read_text()
+    headers = [src / "src" / "ggml-backend-impl.h", src / "src" / "ggml-impl.h", src / "include" / "ggml.h", src / "include" / "ggml-backend.h"]
+    digest = hashlib.sha1(FAKE_GPU_SOURCE.read_bytes() + b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
+    out = cache_dir() / "fake_gpu" / digest / "libschedfuzz-fake-gpu.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise BuildError("no C compiler (cc/gcc) to build the GPU-like device: install gcc")
+    flags = ["-DSCHEDFUZZ_OPTIMIZE_PARAMS"] if "ggml_backend_graph_optimize_params" in impl else []
+    lib_dir = Path(lib_file).resolve().parent
+    soname = next((p.name for p in sorted(lib_dir.glob("libggml-base.so*"), key=lambda p: len(p.name))), "libggml-base.so")
+
+    def compile_to(tmp: Path) -> None:
+        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", *flags, "-I", str(src / "include"), "-I", str(src / "src"),
+              "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{soname}", "-lpthread"])
+
+    return atomic_write(out, compile_to, 0o777)

@@ -222,6 +222,8 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "concat": (2, frozenset()),
 }
 OPS = frozenset(ARITY)
+# what ``ggml_op_name`` calls each op's node (silu is a unary op)
+GGML_OP_NAMES: dict[str, str] = {op: {"silu": "UNARY", "soft_max_ext": "SOFT_MAX"}.get(op, op.upper()) for op in OPS} | {"none": "NONE"}
 
 
 def ggml_srcs(op: str, args: Sequence[str | None]) -> tuple[str | None, ...]:

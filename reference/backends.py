@@ -4,11 +4,15 @@ Mirrors the device interfaces of ggml 0.15.3: ``ggml_backend_cpu_device_supports
 ``_supports_buft`` (``ggml-cpu.cpp``), ``ggml_backend_rpc_device_supports_op`` /
 ``_supports_buft`` (``ggml-rpc.cpp``: every op, only its own buffer type) and
 ``ggml_backend_blas_device_supports_op`` (``ggml-blas.cpp``: large contiguous matmuls with
-f32 src1, host buffers). No backend here implements ``offload_op``; ``BackendSpec.offload_min_batch``
-models one that does, for reference-only layouts.
+f32 src1, host buffers) — and of schedfuzz's GPU-like device, ``pytest_schedfuzz/targets/fake_gpu.c``
+(``dev_supports_op``: every op but those it is told to refuse; ``dev_supports_buft``: its own
+buffer type, or host ones when it shares the CPU's; ``dev_offload_op``: ``ne[1]`` at least
+its threshold; ``fake_gpu_reorder``: its ``graph_optimize``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from pytest_schedfuzz.scenario import BackendLayout
 
@@ -23,7 +27,10 @@ class Backends:
     def __init__(self, layout: BackendLayout) -> None:
         self.layout = layout
         self.n = layout.n
+        # the scheduler's buffer type per backend (its compute buffer; ``sched->bufts``)...
         self.bufts = [layout.buft(i) for i in range(layout.n)]
+        # ...and that of the backend's own buffers (its weights and caches)
+        self.buffer_bufts = [layout.buffer_buft(i) for i in range(layout.n)]
         self.kinds = [b.kind for b in layout.backends]
 
     def supports_op(self, b: int, g: CGraph, t: int) -> bool:
@@ -32,6 +39,8 @@ class Backends:
         if kind == "rpc":
             return True
         op = g.op[t]
+        if kind == "gpu":
+            return g.ggml_op[t] not in self.layout.backends[b].unsupported
         if kind == "cpu":
             # every op built here is supported on the CPU (mul_mat's src1 is always f32)
             return True
@@ -47,13 +56,38 @@ class Backends:
         )
 
     def supports_buft(self, b: int, buft: str) -> bool:
-        """``ggml_backend_supports_buft``: RPC only its own; CPU and BLAS host memory."""
-        return buft == self.bufts[b] if self.kinds[b] == "rpc" else buft == "CPU"
+        """``ggml_backend_supports_buft``: RPC and a gpu only their own; CPU, BLAS and a gpu that
+        shares the CPU's buffer type every host buffer type."""
+        own = self.buffer_bufts[b]
+        return buft == own if not self.layout.is_host_buft(own) else self.layout.is_host_buft(buft)
 
     def offload_op(self, b: int, g: CGraph, t: int) -> bool:
-        """``ggml_backend_offload_op``: false unless the layout models an offloading backend."""
+        """``ggml_backend_offload_op``: a gpu's threshold on ``ne[1]``; no other backend offloads."""
         threshold = self.layout.backends[b].offload_min_batch
         return threshold is not None and g.ne1[t] >= threshold
 
     def is_host(self, b: int) -> bool:
         return self.layout.is_host(b)
+
+    def reorders(self, b: int) -> bool:
+        """Whether backend ``b`` has a ``graph_optimize`` that reorders (a gpu asked to)."""
+        return self.layout.backends[b].graph_optimize
+
+
+def fake_gpu_reorder(nodes: list[int], root: Callable[[int], int], srcs_of: Callable[[int], list[int]]) -> list[int]:
+    """``fake_gpu_reorder`` (``fake_gpu.c``): a stable sort of a split's ``nodes`` by depth, where
+    a node's depth is one more than the deepest earlier node it depends on (0 if none), and it
+    depends on node ``j`` when it shares ``j``'s storage (``root``: the view source, else itself)
+    or one of its ``srcs_of`` does.
+
+    >>> fake_gpu_reorder([0, 1, 2, 3], lambda t: t, {0: [], 1: [0], 2: [], 3: [2]}.__getitem__)
+    [0, 2, 1, 3]
+    """
+    depth: dict[int, int] = {}
+    for k, i in enumerate(nodes):
+        d = 0
+        for j in nodes[:k]:
+            if depth[j] + 1 > d and (root(i) == root(j) or any(root(s) == root(j) for s in srcs_of(i))):
+                d = depth[j] + 1
+        depth[i] = d
+    return sorted(nodes, key=depth.__getitem__)

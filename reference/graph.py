@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from pytest_schedfuzz.scenario import GraphSpec
-from pytest_schedfuzz.shapes import VIEW_OPS, is_contiguous, nbytes
+from pytest_schedfuzz.shapes import GGML_OP_NAMES, VIEW_OPS, is_contiguous, nbytes
 
 
 def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
@@ -35,6 +35,7 @@ def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
             t.name,
             {
                 "op": t.op,
+                "ggml_op": GGML_OP_NAMES[t.op],
                 "srcs": t.srcs,
                 "view_op": t.op in VIEW_OPS,
                 "view_src": geo[t.name].view_src,
@@ -112,6 +113,7 @@ class CGraph:
     n_nodes: int
     n_leafs: int
     op: list[str]
+    ggml_op: list[str]  # ggml_op_name of each op
     view_op: list[bool]
     view_src: list[int]  # -1: none
     buffer: list[int]  # backend whose buffer holds the tensor, -1: not pre-allocated
@@ -144,6 +146,7 @@ class CGraph:
             n_nodes=len(nodes),
             n_leafs=len(leafs),
             op=[x["op"] for x in a],
+            ggml_op=[x["ggml_op"] for x in a],
             view_op=[x["view_op"] for x in a],
             view_src=[index[x["view_src"]] if x["view_src"] else -1 for x in a],
             buffer=[x["buffer"] if x["buffer"] is not None else -1 for x in a],

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pytest_schedfuzz.scenario import BackendLayout
 from pytest_schedfuzz.trace import ReallocEvent, Split
 
-from .backends import Backends
+from .backends import Backends, fake_gpu_reorder
 from .graph import CGraph, Ref
 from .params import SchedParams
 from .versions import NEWEST, Rules
@@ -158,7 +158,7 @@ class Scheduler:
         buffer = g.buffer[vs] if vs >= 0 else g.buffer[t]
         if buffer < 0:
             return -1
-        buft = self.backends.bufts[buffer]
+        buft = self.backends.buffer_bufts[buffer]
         for b in range(self.n_backends):
             if self.backends.supports_buft(b, buft) and self.backends.supports_op(b, g, op):
                 return b
@@ -209,7 +209,7 @@ class Scheduler:
         vs = g.view_src[t]
         buffer = g.buffer[vs] if vs >= 0 else g.buffer[t]
         if buffer >= 0:
-            buft: str | None = self.backends.bufts[buffer]
+            buft: str | None = self.backends.buffer_bufts[buffer]
         else:
             # see if the tensor already has a backend assigned, and use its buffer type
             tid = ids[t]
@@ -413,6 +413,20 @@ class Scheduler:
         """The ``n_copies`` copies of a graph input: copy ``cur_copy`` is the input itself."""
         return [self.ref(g, t) if c == self.cur_copy else self.copy_ref(g, t, backend, c) for c in range(self.n_copies)]
 
+    def split_order(self, g: CGraph, split: Split, node_srcs: dict[int, list[Ref | None]]) -> list[int]:
+        """The split's nodes after ``ggml_backend_graph_optimize`` on its backend (called per split
+        just before the graph copy is built): in graph order unless the backend reorders."""
+        order = list(range(split.i_start, split.i_end))
+        if not self.backends.reorders(split.backend):
+            return order
+
+        def srcs_of(t: int) -> list[int]:
+            # a src the scheduler replaced by an input copy is no node of this split
+            current = node_srcs.get(t)
+            return [s for k, s in enumerate(g.srcs[t]) if s >= 0 and (current is None or current[k] is self.ref(g, s))]
+
+        return fake_gpu_reorder(order, lambda t: g.view_src[t] if g.view_src[t] >= 0 else t, srcs_of)
+
     def ref(self, g: CGraph, t: int) -> Ref:
         return g.refs[t]
 
@@ -448,7 +462,7 @@ class Scheduler:
                 nodes.append(self.copy_ref(g, src, split.backend, self.cur_copy))
                 srcs.append(())
                 node_ids.append(split.backend)
-            for t in range(split.i_start, split.i_end):
+            for t in self.split_order(g, split, node_srcs):
                 nodes.append(self.ref(g, t))
                 srcs.append(tuple(node_srcs[t]) if t in node_srcs else tuple(
                     self.ref(g, s) if s >= 0 else None for s in g.srcs[t]))

@@ -102,7 +102,7 @@ def test_pass1_rope_ignores_its_weight_and_takes_most_supported_inputs():
 
 
 def test_pass1_op_offload_moves_host_weight_ops_to_an_offloading_backend():
-    layout = BackendLayout((BackendSpec("rpc", offload_min_batch=32), BackendSpec("cpu")))
+    layout = BackendLayout((BackendSpec("gpu", offload_min_batch=32), BackendSpec("cpu")))
     b = GraphBuilder()
     w = b.weight("w", (8, 8), device=CPU)
     x = b.input("x", (8, 64))

@@ -41,7 +41,8 @@ import numpy as np
 
 from reference.params import SchedParams
 
-from ..scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step, TensorSpec
+from ..build import BuildError, build_fake_gpu
+from ..scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step, TensorSpec
 from ..shapes import Geometry
 from ..trace import ReallocEvent, Split, StepRecord
 from . import TargetError, Unsupported
@@ -55,6 +56,9 @@ VIEW_OP_NAMES = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})  # ggml_i
 # SCHEDFUZZ_BARE=1 (benchmarks): no GGML_SCHED_DEBUG, so the scheduler runs at its own speed and
 # records carry no splits
 OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
+# threads of every CPU backend (the scheduler's and those the GPU-like devices compute with): one
+# count everywhere, so that a kernel splits its work, and rounds, the same way on each
+CPU_THREADS = 2
 
 def no_realloc_fix(lib: str) -> str:
     """What to do when the startup probe saw no reallocation (a build with ``NDEBUG``), for the
@@ -70,6 +74,27 @@ def no_realloc_fix(lib: str) -> str:
                        "llama-cpp-python llama-cpp-python==0.3.36 --config-settings=cmake.build-type=Debug "
                        "--config-settings=cmake.define.GGML_RPC=ON --config-settings=cmake.define.LLAVA_BUILD=OFF")
     return head + "Configure your build with -DCMAKE_BUILD_TYPE=Debug -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON and build it again"
+
+
+class FakeGpuConfig(ctypes.Structure):
+    """``struct fake_gpu_config`` of ``fake_gpu.c`` (its size is checked against the library's)."""
+
+    _fields_ = [
+        ("offload_min_batch", ctypes.c_int64),
+        ("max_size", ctypes.c_size_t),
+        ("alignment", ctypes.c_size_t),
+        ("host_buffer", ctypes.c_int),
+        ("shared_buft", ctypes.c_int),
+        ("graph_optimize", ctypes.c_int),
+        ("asynchronous", ctypes.c_int),
+        ("delay_us", ctypes.c_int),
+        ("unsupported", ctypes.c_char * 512),
+    ]
+
+    @staticmethod
+    def of(b: BackendSpec) -> FakeGpuConfig:
+        return FakeGpuConfig(b.offload_min_batch or 0, b.max_size or 0, b.alignment, b.host_buffer, b.shared_buft, b.graph_optimize,
+                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode())
 
 
 class GeometryMismatch(TargetError):
@@ -139,6 +164,7 @@ class Ggml:
         self.type_names = {v: k for k, v in self.types.items()}
         self.ggml_version = self.version()
         self.bindings = ""  # check_bindings()
+        self._fake_gpu: ctypes.CDLL | None = None
 
     def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
         try:
@@ -190,6 +216,30 @@ class Ggml:
             # a newer ggml reports reallocations through a callback; this one only logs them
             "realloc_callback": "present (unused: observed from the debug log)" if has_cb else "absent",
         }
+
+    def fake_gpu(self) -> ctypes.CDLL:
+        """``libschedfuzz-fake-gpu.so``, built against this ggml's headers on first use (cached)."""
+        if self._fake_gpu is None:
+            try:
+                lib = ctypes.CDLL(str(build_fake_gpu(loaded_library_path("libggml-base"))))
+            except BuildError as e:
+                raise TargetError(f"the GPU-like device cannot be built for this ggml: {e}") from None
+            lib.schedfuzz_fake_gpu_config_size.restype = ctypes.c_size_t
+            if lib.schedfuzz_fake_gpu_config_size() != ctypes.sizeof(FakeGpuConfig):
+                raise TargetError("fake_gpu.c's struct fake_gpu_config and worker.FakeGpuConfig differ")
+            lib.schedfuzz_fake_gpu_init.restype = ctypes.c_void_p
+            lib.schedfuzz_fake_gpu_init.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
+            self._fake_gpu = lib
+        return self._fake_gpu
+
+    def new_fake_gpu(self, name: str, b: BackendSpec) -> int:
+        """A GPU-like backend named ``name``, computing through a CPU backend of its own."""
+        cpu = self.g.ggml_backend_cpu_init()
+        self.g.ggml_backend_cpu_set_n_threads(cpu, CPU_THREADS)
+        backend = self.fake_gpu().schedfuzz_fake_gpu_init(name.encode(), cpu, ctypes.byref(FakeGpuConfig.of(b)))
+        if not backend:
+            raise TargetError(f"schedfuzz_fake_gpu_init refused {b.to_json()}")
+        return int(backend)
 
     def version(self) -> str:
         """``ggml_version()``, which ggml-python 0.0.45 does not bind (its vendored ggml is 0.15.3)."""
@@ -360,8 +410,8 @@ class ScenarioRun:
             raise Unsupported("this ggml was built without the RPC backend (GGML_RPC=OFF)")
         rpc = iter(endpoints)
         pool = self.eng.backends
-        for b in layout.backends:
-            key = (b.kind, next(rpc) if b.kind == "rpc" else "")
+        for i, b in enumerate(layout.backends):
+            key = (b.kind, next(rpc) if b.kind == "rpc" else json.dumps([layout.name(i), b.to_json()]) if b.kind == "gpu" else "")
             if b.kind == "rpc":
                 self.rpc_endpoints.append(key[1])
             if key in pool:
@@ -378,12 +428,15 @@ class ScenarioRun:
                 if total.value == 0:
                     raise RpcUnreachable(endpoint.decode())
                 backend = self.g.ggml_backend_rpc_init(endpoint, 0)
+            elif b.kind == "gpu":
+                backend = self.eng.new_fake_gpu(layout.name(i), b)
             elif b.kind == "blas":
                 if not self.g.GGML_USE_BLAS:
                     raise Unsupported("this ggml was built without the BLAS backend (GGML_BLAS=OFF)")
                 backend = self.g.ggml_backend_blas_init()
             else:
                 backend = self.g.ggml_backend_cpu_init()
+                self.g.ggml_backend_cpu_set_n_threads(backend, CPU_THREADS)
             if not backend:
                 raise TargetError(f"could not initialize the {b.kind} backend")
             pool[key] = backend
@@ -546,10 +599,27 @@ class ScenarioRun:
             g.ggml_backend_sched_free(self.sched)
             self.sched = None
         arr = (g.ggml_backend_t_ctypes * len(self.backends))(*self.backends)
-        self.sched = g.ggml_backend_sched_new(arr, None, len(self.backends), params.max_nodes, params.parallel, params.op_offload)
+        self.sched = g.ggml_backend_sched_new(arr, self._bufts(), len(self.backends), params.max_nodes, params.parallel, params.op_offload)
         if not self.sched:
             raise TargetError("ggml_backend_sched_new returned NULL")
         self.graph_size = 0
+
+    def _bufts(self) -> Any:
+        """``NULL`` (every backend's default buffer type), or, when a gpu has a host buffer type,
+        the defaults with that host type for the CPU backend, as llama.cpp passes them."""
+        layout, g, lib = self.scenario.layout, self.g, self.eng.lib
+        host = layout.host_buffer_of
+        if host is None:
+            return None
+        lib.ggml_backend_get_device.restype = ctypes.c_void_p
+        lib.ggml_backend_get_device.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_host_buffer_type.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_host_buffer_type.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_get_default_buffer_type.restype = ctypes.c_void_p
+        lib.ggml_backend_get_default_buffer_type.argtypes = [ctypes.c_void_p]
+        bufts = [lib.ggml_backend_get_default_buffer_type(b) for b in self.backends]
+        bufts[-1] = lib.ggml_backend_dev_host_buffer_type(lib.ggml_backend_get_device(self.backends[host]))
+        return (g.ggml_backend_buffer_type_t_ctypes * len(bufts))(*bufts)
 
     def _force(self, spec: GraphSpec, built: Built) -> None:
         for name, backend in spec.forced:

@@ -1,0 +1,555 @@
+/* schedfuzz's GPU-like device: a real ggml backend (device, buffer types, events) that computes
+ * on host memory by handing each graph to a CPU backend, but shows the scheduler what a GPU does:
+ *
+ *   - its own buffer type, which no other backend supports (or, "shared", the CPU's buffer type,
+ *     as accelerator devices such as BLAS use it);
+ *   - offload_op for ops whose batch (ne[1]) reaches a threshold, as GPU backends do;
+ *   - a configurable supports_op (the ops it refuses, by ggml_op_name);
+ *   - a maximum buffer size (the allocator splits its buffers into chunks; a larger request fails,
+ *     as a device allocation would) and an alignment;
+ *   - optionally a host (pinned) buffer type for the CPU's side of the copies;
+ *   - optionally graph_optimize, which reorders each split it computes (a stable sort by depth,
+ *     see fake_gpu_graph_optimize), as GPU backends reorder for concurrency;
+ *   - events always; optionally asynchronous execution: compute and async copies run in order on
+ *     a thread of the device's own, each after a delay, so missing synchronisation changes results.
+ *
+ * Built against the ggml under test (its public headers and src/ggml-backend-impl.h, ggml-impl.h),
+ * by pytest_schedfuzz.build.build_fake_gpu. The interface structs are the same in ggml 0.15.3 and
+ * 0.25.3 except graph_optimize, which gained a parameter: SCHEDFUZZ_OPTIMIZE_PARAMS selects it. */
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-backend-impl.h"
+#include "ggml-impl.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct fake_gpu_config {
+    int64_t offload_min_batch;   /* <= 0: no offload_op */
+    size_t  max_size;            /* 0: no limit */
+    size_t  alignment;
+    int     host_buffer;         /* a host buffer type beside the device's own */
+    int     shared_buft;         /* use the CPU buffer type (an accelerator) instead of an own one */
+    int     graph_optimize;
+    int     async;
+    int     delay_us;            /* before each asynchronous task */
+    char    unsupported[512];    /* op names refused by supports_op, comma separated */
+};
+
+/* ------------------------------------------------------------------ asynchronous queue */
+
+enum task_kind { TASK_COMPUTE, TASK_MEMCPY, TASK_RECORD, TASK_WAIT };
+
+struct fake_gpu_event {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;
+};
+
+struct task {
+    enum task_kind kind;
+    struct ggml_cgraph graph;  /* by value: the scheduler may pass a graph on its stack */
+    void * dst;
+    const void * src;
+    size_t size;
+    struct fake_gpu_event * event;
+};
+
+struct fake_gpu {
+    struct fake_gpu_config cfg;
+    char name[32];
+    char host_name[40];
+    ggml_backend_t cpu;
+    struct ggml_backend_buffer_type buft;
+    struct ggml_backend_buffer_type host_buft;
+    struct ggml_backend_device device;
+    /* the queue */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct task * tasks;
+    int n_tasks, cap_tasks, head, busy, stop;
+    enum ggml_status status; /* the first failed compute, reported at synchronize */
+};
+
+static void event_signal(struct fake_gpu_event * ev) {
+    pthread_mutex_lock(&ev->mu);
+    ev->pending = 0;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+static void event_block(struct fake_gpu_event * ev) {
+    pthread_mutex_lock(&ev->mu);
+    while (ev->pending) {
+        pthread_cond_wait(&ev->cv, &ev->mu);
+    }
+    pthread_mutex_unlock(&ev->mu);
+}
+
+static void run_task(struct fake_gpu * gpu, struct task * t) {
+    switch (t->kind) {
+        case TASK_COMPUTE: {
+            enum ggml_status st = ggml_backend_graph_compute(gpu->cpu, &t->graph);
+            if (st != GGML_STATUS_SUCCESS && gpu->status == GGML_STATUS_SUCCESS) {
+                gpu->status = st;
+            }
+            break;
+        }
+        case TASK_MEMCPY: memcpy(t->dst, t->src, t->size); break;
+        case TASK_RECORD: event_signal(t->event); break;
+        case TASK_WAIT:   event_block(t->event); break;
+    }
+}
+
+static void * queue_main(void * arg) {
+    struct fake_gpu * gpu = arg;
+    pthread_mutex_lock(&gpu->mu);
+    for (;;) {
+        while (gpu->head == gpu->n_tasks && !gpu->stop) {
+            pthread_cond_wait(&gpu->cv, &gpu->mu);
+        }
+        if (gpu->head == gpu->n_tasks) {
+            break;
+        }
+        struct task t = gpu->tasks[gpu->head++];
+        gpu->busy = 1;
+        pthread_mutex_unlock(&gpu->mu);
+        if (gpu->cfg.delay_us > 0 && t.kind != TASK_RECORD) {
+            usleep(gpu->cfg.delay_us);
+        }
+        run_task(gpu, &t);
+        pthread_mutex_lock(&gpu->mu);
+        gpu->busy = 0;
+        if (gpu->head == gpu->n_tasks) {
+            gpu->head = gpu->n_tasks = 0;
+        }
+        pthread_cond_broadcast(&gpu->cv);
+    }
+    pthread_mutex_unlock(&gpu->mu);
+    return NULL;
+}
+
+/* run now (synchronous device) or queue behind the device's earlier work */
+static void submit(struct fake_gpu * gpu, struct task t) {
+    if (!gpu->cfg.async) {
+        run_task(gpu, &t);
+        return;
+    }
+    pthread_mutex_lock(&gpu->mu);
+    if (gpu->n_tasks == gpu->cap_tasks) {
+        gpu->cap_tasks = gpu->cap_tasks ? 2 * gpu->cap_tasks : 64;
+        gpu->tasks = realloc(gpu->tasks, gpu->cap_tasks * sizeof(struct task));
+        GGML_ASSERT(gpu->tasks != NULL);
+    }
+    gpu->tasks[gpu->n_tasks++] = t;
+    pthread_cond_broadcast(&gpu->cv);
+    pthread_mutex_unlock(&gpu->mu);
+}
+
+static void drain(struct fake_gpu * gpu) {
+    if (!gpu->cfg.async) {
+        return;
+    }
+    pthread_mutex_lock(&gpu->mu);
+    while (gpu->head != gpu->n_tasks || gpu->busy) {
+        pthread_cond_wait(&gpu->cv, &gpu->mu);
+    }
+    pthread_mutex_unlock(&gpu->mu);
+}
+
+/* ------------------------------------------------------------------ buffers */
+
+static void buffer_free(ggml_backend_buffer_t buffer) {
+    free(buffer->context);
+}
+
+static void * buffer_get_base(ggml_backend_buffer_t buffer) {
+    return buffer->context;
+}
+
+static void buffer_memset_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor * tensor, uint8_t value, size_t offset, size_t size) {
+    memset((char *) tensor->data + offset, value, size);
+    GGML_UNUSED(buffer);
+}
+
+static void buffer_set_tensor(ggml_backend_buffer_t buffer, struct ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
+    memcpy((char *) tensor->data + offset, data, size);
+    GGML_UNUSED(buffer);
+}
+
+static void buffer_get_tensor(ggml_backend_buffer_t buffer, const struct ggml_tensor * tensor, void * data, size_t offset, size_t size) {
+    memcpy(data, (const char *) tensor->data + offset, size);
+    GGML_UNUSED(buffer);
+}
+
+static bool buffer_cpy_tensor(ggml_backend_buffer_t buffer, const struct ggml_tensor * src, struct ggml_tensor * dst) {
+    /* from host memory or from a buffer of the same device, as a GPU copies */
+    if (ggml_backend_buffer_is_host(src->buffer) || src->buffer->buft == buffer->buft) {
+        memcpy(dst->data, src->data, ggml_nbytes(src));
+        return true;
+    }
+    return false;
+}
+
+static void buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) {
+    memset(buffer->context, value, buffer->size);
+}
+
+static const struct ggml_backend_buffer_i fake_buffer_i = {
+    .free_buffer   = buffer_free,
+    .get_base      = buffer_get_base,
+    .init_tensor   = NULL,
+    .memset_tensor = buffer_memset_tensor,
+    .set_tensor    = buffer_set_tensor,
+    .get_tensor    = buffer_get_tensor,
+    .cpy_tensor    = buffer_cpy_tensor,
+    .clear         = buffer_clear,
+    .reset         = NULL,
+};
+
+static const char * buft_get_name(ggml_backend_buffer_type_t buft) {
+    struct fake_gpu * gpu = buft->context;
+    return buft == &gpu->host_buft ? gpu->host_name : gpu->name;
+}
+
+static ggml_backend_buffer_t buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
+    struct fake_gpu * gpu = buft->context;
+    if (buft == &gpu->buft && gpu->cfg.max_size && size > gpu->cfg.max_size) {
+        /* as a device refuses an allocation over its limit */
+        GGML_LOG_ERROR("%s: %zu bytes requested, over the maximum buffer size %zu\n", gpu->name, size, gpu->cfg.max_size);
+        return NULL;
+    }
+    size_t align = gpu->cfg.alignment < 64 ? 64 : gpu->cfg.alignment;
+    void * data = aligned_alloc(align, ((size ? size : 1) + align - 1) / align * align);
+    if (data == NULL) {
+        return NULL;
+    }
+    return ggml_backend_buffer_init(buft, fake_buffer_i, data, size);
+}
+
+static size_t buft_get_alignment(ggml_backend_buffer_type_t buft) {
+    struct fake_gpu * gpu = buft->context;
+    return gpu->cfg.alignment;
+}
+
+static size_t buft_get_max_size(ggml_backend_buffer_type_t buft) {
+    struct fake_gpu * gpu = buft->context;
+    return buft == &gpu->buft && gpu->cfg.max_size ? gpu->cfg.max_size : SIZE_MAX;
+}
+
+static bool buft_is_host(ggml_backend_buffer_type_t buft) {
+    struct fake_gpu * gpu = buft->context;
+    return buft == &gpu->host_buft;
+}
+
+static const struct ggml_backend_buffer_type_i fake_buft_i = {
+    .get_name       = buft_get_name,
+    .alloc_buffer   = buft_alloc_buffer,
+    .get_alignment  = buft_get_alignment,
+    .get_max_size   = buft_get_max_size,
+    .get_alloc_size = NULL,
+    .is_host        = buft_is_host,
+};
+
+/* ------------------------------------------------------------------ backend */
+
+static struct fake_gpu * gpu_of(ggml_backend_t backend) {
+    return backend->context;
+}
+
+static const char * backend_get_name(ggml_backend_t backend) {
+    return gpu_of(backend)->name;
+}
+
+static void backend_free(ggml_backend_t backend) {
+    struct fake_gpu * gpu = gpu_of(backend);
+    if (gpu->cfg.async) {
+        drain(gpu);
+        pthread_mutex_lock(&gpu->mu);
+        gpu->stop = 1;
+        pthread_cond_broadcast(&gpu->cv);
+        pthread_mutex_unlock(&gpu->mu);
+        pthread_join(gpu->thread, NULL);
+    }
+    free(gpu->tasks);
+    free(gpu);
+    free(backend);
+}
+
+static void backend_set_tensor_async(ggml_backend_t backend, struct ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
+    submit(gpu_of(backend), (struct task) { .kind = TASK_MEMCPY, .dst = (char *) tensor->data + offset, .src = data, .size = size });
+}
+
+static void backend_get_tensor_async(ggml_backend_t backend, const struct ggml_tensor * tensor, void * data, size_t offset, size_t size) {
+    submit(gpu_of(backend), (struct task) { .kind = TASK_MEMCPY, .dst = data, .src = (const char *) tensor->data + offset, .size = size });
+}
+
+static void backend_synchronize(ggml_backend_t backend) {
+    drain(gpu_of(backend));
+}
+
+static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph) {
+    struct fake_gpu * gpu = gpu_of(backend);
+    if (gpu->status != GGML_STATUS_SUCCESS) {
+        enum ggml_status st = gpu->status;
+        gpu->status = GGML_STATUS_SUCCESS;
+        return st;
+    }
+    submit(gpu, (struct task) { .kind = TASK_COMPUTE, .graph = *cgraph });
+    return GGML_STATUS_SUCCESS;
+}
+
+static void backend_event_record(ggml_backend_t backend, ggml_backend_event_t event) {
+    struct fake_gpu_event * ev = event->context;
+    pthread_mutex_lock(&ev->mu);
+    ev->pending = 1;
+    pthread_mutex_unlock(&ev->mu);
+    submit(gpu_of(backend), (struct task) { .kind = TASK_RECORD, .event = ev });
+}
+
+static void backend_event_wait(ggml_backend_t backend, ggml_backend_event_t event) {
+    submit(gpu_of(backend), (struct task) { .kind = TASK_WAIT, .event = event->context });
+}
+
+static bool same_storage(const struct ggml_tensor * a, const struct ggml_tensor * b) {
+    const struct ggml_tensor * ra = a->view_src ? a->view_src : a;
+    const struct ggml_tensor * rb = b->view_src ? b->view_src : b;
+    return ra == rb;
+}
+
+/* Does node j (earlier) have to stay before node i? When i reads j, or both touch one storage
+ * (a write through a view, as set_rows into a cache, has no edge to the cache's readers). */
+static bool depends(const struct ggml_tensor * i, const struct ggml_tensor * j) {
+    if (same_storage(i, j)) {
+        return true;
+    }
+    for (int s = 0; s < GGML_MAX_SRC; s++) {
+        if (i->src[s] != NULL && (i->src[s] == j || same_storage(i->src[s], j))) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A stable sort of the split's nodes by depth (0 for a node that depends on no earlier node of
+ * the split, else one more than the deepest it depends on): independent nodes move together, as a
+ * GPU backend groups them for concurrent execution. Mirrored by reference.backends.optimize_order. */
+static void fake_gpu_reorder(struct ggml_cgraph * cgraph) {
+    int n = cgraph->n_nodes;
+    if (n < 2) {
+        return;
+    }
+    int * depth = calloc(n, sizeof(int));
+    struct ggml_tensor ** sorted = malloc(n * sizeof(struct ggml_tensor *));
+    GGML_ASSERT(depth != NULL && sorted != NULL);
+    int max_depth = 0;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < i; j++) {
+            if (depth[j] + 1 > depth[i] && depends(cgraph->nodes[i], cgraph->nodes[j])) {
+                depth[i] = depth[j] + 1;
+            }
+        }
+        max_depth = depth[i] > max_depth ? depth[i] : max_depth;
+    }
+    int k = 0;
+    for (int d = 0; d <= max_depth; d++) {
+        for (int i = 0; i < n; i++) {
+            if (depth[i] == d) {
+                sorted[k++] = cgraph->nodes[i];
+            }
+        }
+    }
+    memcpy(cgraph->nodes, sorted, n * sizeof(struct ggml_tensor *));
+    free(sorted);
+    free(depth);
+}
+
+#ifdef SCHEDFUZZ_OPTIMIZE_PARAMS
+static void backend_graph_optimize(ggml_backend_t backend, struct ggml_cgraph * cgraph, struct ggml_backend_graph_optimize_params * params) {
+    GGML_UNUSED(params);
+#else
+static void backend_graph_optimize(ggml_backend_t backend, struct ggml_cgraph * cgraph) {
+#endif
+    if (gpu_of(backend)->cfg.graph_optimize) {
+        fake_gpu_reorder(cgraph);
+    }
+}
+
+static const struct ggml_backend_i fake_backend_i = {
+    .get_name           = backend_get_name,
+    .free               = backend_free,
+    .set_tensor_async   = backend_set_tensor_async,
+    .get_tensor_async   = backend_get_tensor_async,
+    .cpy_tensor_async   = NULL,
+    .synchronize        = backend_synchronize,
+    .graph_plan_create  = NULL,
+    .graph_plan_free    = NULL,
+    .graph_plan_update  = NULL,
+    .graph_plan_compute = NULL,
+    .graph_compute      = backend_graph_compute,
+    .event_record       = backend_event_record,
+    .event_wait         = backend_event_wait,
+    .graph_optimize     = backend_graph_optimize,
+};
+
+/* ------------------------------------------------------------------ device */
+
+static struct fake_gpu * gpu_of_dev(ggml_backend_dev_t dev) {
+    return dev->context;
+}
+
+static const char * dev_get_name(ggml_backend_dev_t dev) {
+    return gpu_of_dev(dev)->name;
+}
+
+static const char * dev_get_description(ggml_backend_dev_t dev) {
+    GGML_UNUSED(dev);
+    return "schedfuzz GPU-like device (computes on the CPU)";
+}
+
+static void dev_get_memory(ggml_backend_dev_t dev, size_t * free_mem, size_t * total) {
+    GGML_UNUSED(dev);
+    *free_mem = (size_t) 1 << 34;
+    *total = (size_t) 1 << 34;
+}
+
+static enum ggml_backend_dev_type dev_get_type(ggml_backend_dev_t dev) {
+    return gpu_of_dev(dev)->cfg.shared_buft ? GGML_BACKEND_DEVICE_TYPE_ACCEL : GGML_BACKEND_DEVICE_TYPE_GPU;
+}
+
+static void dev_get_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props * props) {
+    memset(props, 0, sizeof(*props));
+    props->name = dev_get_name(dev);
+    props->description = dev_get_description(dev);
+    props->type = dev_get_type(dev);
+    dev_get_memory(dev, &props->memory_free, &props->memory_total);
+    props->caps.async = gpu_of_dev(dev)->cfg.async;
+    props->caps.events = true;
+}
+
+static ggml_backend_buffer_type_t dev_get_buffer_type(ggml_backend_dev_t dev) {
+    struct fake_gpu * gpu = gpu_of_dev(dev);
+    return gpu->cfg.shared_buft ? ggml_backend_cpu_buffer_type() : &gpu->buft;
+}
+
+static ggml_backend_buffer_type_t dev_get_host_buffer_type(ggml_backend_dev_t dev) {
+    struct fake_gpu * gpu = gpu_of_dev(dev);
+    return gpu->cfg.host_buffer ? &gpu->host_buft : NULL;
+}
+
+static bool dev_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {
+    const char * name = ggml_op_name(op->op);
+    const char * list = gpu_of_dev(dev)->cfg.unsupported;
+    size_t len = strlen(name);
+    for (const char * p = list; *p; ) {
+        const char * end = strchr(p, ',');
+        size_t n = end ? (size_t) (end - p) : strlen(p);
+        if (n == len && strncmp(p, name, n) == 0) {
+            return false;
+        }
+        p += n + (end ? 1 : 0);
+    }
+    return true;
+}
+
+static bool dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
+    struct fake_gpu * gpu = gpu_of_dev(dev);
+    return gpu->cfg.shared_buft ? ggml_backend_buft_is_host(buft) : buft == &gpu->buft;
+}
+
+static bool dev_offload_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {
+    struct fake_gpu * gpu = gpu_of_dev(dev);
+    return gpu->cfg.offload_min_batch > 0 && op->ne[1] >= gpu->cfg.offload_min_batch;
+}
+
+static ggml_backend_event_t dev_event_new(ggml_backend_dev_t dev) {
+    struct fake_gpu_event * ev = calloc(1, sizeof(*ev));
+    struct ggml_backend_event * event = calloc(1, sizeof(*event));
+    GGML_ASSERT(ev != NULL && event != NULL);
+    pthread_mutex_init(&ev->mu, NULL);
+    pthread_cond_init(&ev->cv, NULL);
+    event->device = dev;
+    event->context = ev;
+    return event;
+}
+
+static void dev_event_free(ggml_backend_dev_t dev, ggml_backend_event_t event) {
+    GGML_UNUSED(dev);
+    struct fake_gpu_event * ev = event->context;
+    pthread_mutex_destroy(&ev->mu);
+    pthread_cond_destroy(&ev->cv);
+    free(ev);
+    free(event);
+}
+
+static void dev_event_synchronize(ggml_backend_dev_t dev, ggml_backend_event_t event) {
+    GGML_UNUSED(dev);
+    event_block(event->context);
+}
+
+static const struct ggml_backend_device_i fake_device_i = {
+    .get_name             = dev_get_name,
+    .get_description      = dev_get_description,
+    .get_memory           = dev_get_memory,
+    .get_type             = dev_get_type,
+    .get_props            = dev_get_props,
+    .init_backend         = NULL,
+    .get_buffer_type      = dev_get_buffer_type,
+    .get_host_buffer_type = dev_get_host_buffer_type,
+    .buffer_from_host_ptr = NULL,
+    .supports_op          = dev_supports_op,
+    .supports_buft        = dev_supports_buft,
+    .offload_op           = dev_offload_op,
+    .event_new            = dev_event_new,
+    .event_free           = dev_event_free,
+    .event_synchronize    = dev_event_synchronize,
+};
+
+static ggml_guid_t fake_gpu_guid(void) {
+    static ggml_guid guid = { 0x73, 0x63, 0x68, 0x65, 0x64, 0x66, 0x75, 0x7a, 0x7a, 0x2d, 0x67, 0x70, 0x75, 0x00, 0x00, 0x01 };
+    return &guid;
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+/* The size of struct fake_gpu_config, so that the caller can check its own layout. */
+size_t schedfuzz_fake_gpu_config_size(void) {
+    return sizeof(struct fake_gpu_config);
+}
+
+/* A new device and its backend, named ``name``, computing through ``cpu`` (which it does not
+ * own). The caller frees it with ggml_backend_free. */
+ggml_backend_t schedfuzz_fake_gpu_init(const char * name, ggml_backend_t cpu, const struct fake_gpu_config * cfg) {
+    struct fake_gpu * gpu = calloc(1, sizeof(*gpu));
+    ggml_backend_t backend = calloc(1, sizeof(*backend));
+    if (gpu == NULL || backend == NULL || cfg->alignment == 0 || (cfg->alignment & (cfg->alignment - 1)) != 0) {
+        free(gpu);
+        free(backend);
+        return NULL;
+    }
+    gpu->cfg = *cfg;
+    gpu->cfg.unsupported[sizeof(gpu->cfg.unsupported) - 1] = '\0';
+    snprintf(gpu->name, sizeof(gpu->name), "%s", name);
+    snprintf(gpu->host_name, sizeof(gpu->host_name), "%s_Host", name);
+    gpu->cpu = cpu;
+    gpu->status = GGML_STATUS_SUCCESS;
+    gpu->device = (struct ggml_backend_device) { .iface = fake_device_i, .reg = NULL, .context = gpu };
+    gpu->buft = (struct ggml_backend_buffer_type) { .iface = fake_buft_i, .device = &gpu->device, .context = gpu };
+    gpu->host_buft = (struct ggml_backend_buffer_type) { .iface = fake_buft_i, .device = &gpu->device, .context = gpu };
+    *backend = (struct ggml_backend) { .guid = fake_gpu_guid(), .iface = fake_backend_i, .device = &gpu->device, .context = gpu };
+    if (cfg->async) {
+        pthread_mutex_init(&gpu->mu, NULL);
+        pthread_cond_init(&gpu->cv, NULL);
+        if (pthread_create(&gpu->thread, NULL, queue_main, gpu) != 0) {
+            free(gpu);
+            free(backend);
+            return NULL;
+        }
+    }
+    return backend;
+}
