@@ -174,5 +174,5 @@ class Driver:
             if self.rereserve and topo != last_topology:
                 steps.append(Step("reserve", worst_case(ev)))
             last_topology = topo
-            steps.append(Step("alloc", name))
+            steps.append(Step("compute", name))  # llama_decode: alloc the ubatch's graph, then compute it
         return Scenario(w.layout, tuple(graphs.items()), tuple(steps))

@@ -52,6 +52,7 @@ class Profile:
     max_layers: int = 4  # llama-like graphs: layers, and extra elementwise ops per layer
     max_extra_ops: int = 0
     blas: bool = False  # layouts with a BLAS backend (skipped where ggml has none)
+    max_gpu: int = 1  # GPU-like devices (``strategies.gpus``) per layout
     llama_examples: int = 60  # workloads per llama.cpp property (tiny models: ~10 per second)
     llama_layers: int = 3
     llama_calls: int = 24
@@ -66,7 +67,7 @@ PROFILES: dict[str, Profile] = {
     "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
-        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, keep_going=True, size_oracle=True,
+        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,
         llama_examples=1000, llama_layers=6, llama_calls=48,
     ),
 }
@@ -244,6 +245,13 @@ def features(scenario: Scenario) -> list[str]:
         ">= 32 tokens": any(t.role == "input" and len(t.ne) > 1 and t.ne[1] >= 32 for t in tensors),
         "2+ RPC devices": scenario.layout.n_rpc >= 2,
         "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
+        "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
+        "gpu offload_op": any(b.offload_min_batch for b in scenario.layout.backends),
+        "gpu host buffer": scenario.layout.host_buffer_of is not None,
+        "gpu shared buffer type": any(b.shared_buft for b in scenario.layout.backends),
+        "gpu max_size (chunks)": any(b.max_size for b in scenario.layout.backends),
+        "gpu graph_optimize": any(b.graph_optimize for b in scenario.layout.backends),
+        "gpu asynchronous": any(b.asynchronous for b in scenario.layout.backends),
         "forced assignments": any(g.forced for _, g in scenario.graphs),
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
@@ -465,11 +473,13 @@ class Fuzzer:
         if prop in DRIVER_PROPERTIES:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
             reconf = 0 if prop == "no-same-size-realloc" else 1
-            return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops)
-        raw = scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas)
+            return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops,
+                             max_gpu=p.max_gpu)
+        raw = scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu)
         if prop == "matches-reference":
             # driver workloads too: same-topology growth and re-plans within a reservation happen there
-            return st.one_of(raw, workloads(max_ubatches=8, min_reconfigures=0, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops))
+            return st.one_of(raw, workloads(max_ubatches=8, min_reconfigures=0, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops,
+                                            max_gpu=p.max_gpu))
         return raw
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:

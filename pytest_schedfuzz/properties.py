@@ -15,7 +15,7 @@ from reference.params import SchedParams
 from .scenario import Scenario, Step
 from .trace import ReallocEvent, StepRecord, Trace
 
-GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "no-abort")
+GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "same-values", "no-abort")
 # properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
 LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort")
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
@@ -292,10 +292,26 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}{detail}", facts)]
 
 
+def same_values(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """Every compute step's roots, outputs and caches hold what the same graph computes on the
+    CPU backend alone, from the same leaf contents (``targets/values.py``): bitwise, or within
+    the BLAS tolerance. The signature names what was wrong (a cache, or an output) and its op."""
+    for r in trace.records:
+        if r.values:
+            name = r.values.split(" ", 1)[0]
+            graph = scenario.graph(scenario.steps[r.index].graph or "")
+            t = graph.by_name.get(name)
+            what = "cache" if t is not None and t.role == "cache" else "output"
+            op = t.op if t is not None and not t.is_leaf else "none"
+            return [Violation("same-values", r.index, f"after {scenario.steps[r.index].describe()}: {r.values}", {"what": what, "op": op})]
+    return []
+
+
 CHECKS: dict[str, Check] = {
     "reuse-sound": reuse_sound,
     "reuse-complete": reuse_complete,
     "no-same-size-realloc": no_same_size_realloc,
     "matches-reference": matches_reference,
     "no-abort": no_abort,
+    "same-values": same_values,
 }

@@ -8,24 +8,64 @@ graphs; ``param_sequences()`` -> ``SchedParams`` changes; ``workloads()`` -> dri
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from reference.params import SchedParams
 
 from .driver import Reconfigure, Ubatch, Workload
 from .models import ModelShape, llama_graph
-from .scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step, leaf_merged, leaf_split, reshaped
+from .scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step, leaf_merged, leaf_split, reshaped
+from .shapes import nbytes
 
 DIMS = (8, 16, 32)
 
 
+# ops a gpu may be drawn to refuse (ggml_op_name's names): the scheduler then runs them elsewhere; not
+# SET_ROWS and CPY, which write into caches in its own memory (ggml aborts: a real device runs them)
+GPU_REFUSABLE = ("UNARY", "ROPE", "SOFT_MAX", "FLASH_ATTN_EXT", "GET_ROWS", "CONCAT", "MUL_MAT_ID", "RMS_NORM", "MUL_MAT")
+
+
 @st.composite
-def layouts(draw: st.DrawFn, min_rpc: int = 0, max_rpc: int = 2, blas: bool = False) -> BackendLayout:
-    """0..``max_rpc`` RPC devices (each its own buffer type), optionally BLAS, then the CPU."""
-    kinds = ["rpc"] * draw(st.integers(min_rpc, max_rpc))
+def gpus(draw: st.DrawFn) -> BackendSpec:
+    """A GPU-like device (``targets/fake_gpu.c``): offloading large batches or not, refusing a
+    few ops, with or without a host buffer type, sharing the CPU's buffer type now and then, a
+    maximum buffer size (in bytes, raised by ``fit_max_size`` to the largest tensor), an
+    alignment, reordering splits, and asynchronous with a delay."""
+    shared = draw(st.integers(0, 4)) == 0
+    asynchronous = draw(st.booleans())
+    return BackendSpec(
+        "gpu",
+        offload_min_batch=draw(st.sampled_from((None, 8, 32))),
+        max_size=draw(st.sampled_from((None, 4096, 65536))),
+        alignment=draw(st.sampled_from((32, 128, 512))),
+        unsupported=tuple(draw(st.lists(st.sampled_from(GPU_REFUSABLE), max_size=2, unique=True))),
+        host_buffer=not shared and draw(st.booleans()),
+        shared_buft=shared,
+        graph_optimize=draw(st.booleans()),
+        asynchronous=asynchronous,
+        delay_us=draw(st.sampled_from((0, 200, 1000))) if asynchronous else 0,
+    )
+
+
+def fit_max_size(layout: BackendLayout, specs: list[GraphSpec]) -> BackendLayout:
+    """``layout`` with each gpu's ``max_size`` at least the largest tensor of ``specs``: a device
+    cannot hold a tensor over its maximum buffer size (ggml refuses the weights, and a compute
+    chunk that size fails to allocate), which is a property of the test, not a scheduler bug."""
+    biggest = max((nbytes(g.geometry[t.name]) for g in specs for t in g.tensors), default=0)
+    return BackendLayout(tuple(replace(b, max_size=max(b.max_size, biggest)) if b.max_size else b for b in layout.backends))
+
+
+@st.composite
+def layouts(draw: st.DrawFn, min_rpc: int = 0, max_rpc: int = 2, blas: bool = False, max_gpu: int = 0) -> BackendLayout:
+    """0..``max_gpu`` GPU-like devices, 0..``max_rpc`` RPC devices (each its own buffer type),
+    optionally BLAS, then the CPU."""
+    backends = [draw(gpus()) for _ in range(draw(st.integers(0, max_gpu)))] if max_gpu else []
+    backends += [BackendSpec("rpc")] * draw(st.integers(min_rpc, max_rpc))
     if blas and draw(st.booleans()):
-        kinds.append("blas")
-    return BackendLayout.of(*kinds, "cpu")
+        backends.append(BackendSpec("blas"))
+    return BackendLayout((*backends, BackendSpec("cpu")))
 
 
 @st.composite
@@ -179,12 +219,14 @@ def workloads(
     min_reconfigures: int = 0,
     max_layers: int = 2,
     max_extra_ops: int = 0,
+    max_gpu: int = 0,
 ) -> Workload:
     """A first configuration, then ubatches (prompt chunks and single tokens, with all or some
     outputs) interleaved with at least ``min_reconfigures`` reconfigurations."""
-    layout = layout or draw(layouts(max_rpc=1))
+    layout = layout or draw(layouts(max_rpc=1, max_gpu=max_gpu))
     m = draw(models(layout, max_layers, max_extra_ops))
     n_ubatch = draw(st.sampled_from((8, 16, 32)))
+    layout = fit_max_size(layout, [llama_graph(m, n_ubatch, m.kv_size, n_ubatch)])
     # like llama_context::graph_max_nodes: at least 1024, and room for the largest graph
     need = len(llama_graph(m, n_ubatch, m.kv_size, n_ubatch).tensors)
     min_nodes = max(1024, 1024 * -(-2 * need // 1024))
@@ -247,10 +289,11 @@ def scenarios(
     max_layers: int = 4,
     max_extra_ops: int = 0,
     blas: bool = False,
+    max_gpu: int = 0,
 ) -> Scenario:
     """A layout, up to three graphs (random or llama-like, or a ``graph_family``) and a step
     sequence over them."""
-    layout = draw(layouts(max_rpc=max_rpc, blas=blas))
+    layout = draw(layouts(max_rpc=max_rpc, blas=blas, max_gpu=max_gpu))
     specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout, max_layers, max_extra_ops)), min_size=1, max_size=3))
     if draw(st.booleans()):
         specs = draw(graph_family(specs[0]))
@@ -269,4 +312,4 @@ def scenarios(
             steps.append(Step("reset"))
         else:
             steps.append(Step(kind, draw(st.sampled_from(names))))
-    return Scenario(layout, tuple(zip(names, specs)), tuple(steps))
+    return Scenario(fit_max_size(layout, specs), tuple(zip(names, specs)), tuple(steps))

@@ -80,6 +80,10 @@ class StepRecord:
     reused: bool = False
     ok: bool = True
     seconds: float = 0.0  # wall time of the bare ggml calls of the step (reset, reserve/alloc)
+    # compute steps: the first root, output or cache whose values differ from the same graph
+    # computed on the CPU alone ("": none), and how many tensors were compared
+    values: str = ""
+    values_checked: int = 0
 
     @property
     def n_splits(self) -> int:

@@ -44,10 +44,12 @@ struct fake_gpu_config {
 
 enum task_kind { TASK_COMPUTE, TASK_MEMCPY, TASK_RECORD, TASK_WAIT };
 
+/* records are numbered: a wait is for the records made before it, not for later ones */
 struct fake_gpu_event {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int pending;
+    uint64_t recorded; /* record calls so far */
+    uint64_t done;     /* the highest record the device has reached */
 };
 
 struct task {
@@ -57,6 +59,7 @@ struct task {
     const void * src;
     size_t size;
     struct fake_gpu_event * event;
+    uint64_t seq;              /* the record this task makes, or waits for */
 };
 
 struct fake_gpu {
@@ -76,19 +79,26 @@ struct fake_gpu {
     enum ggml_status status; /* the first failed compute, reported at synchronize */
 };
 
-static void event_signal(struct fake_gpu_event * ev) {
+static void event_signal(struct fake_gpu_event * ev, uint64_t seq) {
     pthread_mutex_lock(&ev->mu);
-    ev->pending = 0;
+    ev->done = seq > ev->done ? seq : ev->done;
     pthread_cond_broadcast(&ev->cv);
     pthread_mutex_unlock(&ev->mu);
 }
 
-static void event_block(struct fake_gpu_event * ev) {
+static void event_block(struct fake_gpu_event * ev, uint64_t seq) {
     pthread_mutex_lock(&ev->mu);
-    while (ev->pending) {
+    while (ev->done < seq) {
         pthread_cond_wait(&ev->cv, &ev->mu);
     }
     pthread_mutex_unlock(&ev->mu);
+}
+
+static uint64_t event_last(struct fake_gpu_event * ev, int next) {
+    pthread_mutex_lock(&ev->mu);
+    uint64_t seq = next ? ++ev->recorded : ev->recorded;
+    pthread_mutex_unlock(&ev->mu);
+    return seq;
 }
 
 static void run_task(struct fake_gpu * gpu, struct task * t) {
@@ -101,8 +111,8 @@ static void run_task(struct fake_gpu * gpu, struct task * t) {
             break;
         }
         case TASK_MEMCPY: memcpy(t->dst, t->src, t->size); break;
-        case TASK_RECORD: event_signal(t->event); break;
-        case TASK_WAIT:   event_block(t->event); break;
+        case TASK_RECORD: event_signal(t->event, t->seq); break;
+        case TASK_WAIT:   event_block(t->event, t->seq); break;
     }
 }
 
@@ -306,14 +316,12 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
 
 static void backend_event_record(ggml_backend_t backend, ggml_backend_event_t event) {
     struct fake_gpu_event * ev = event->context;
-    pthread_mutex_lock(&ev->mu);
-    ev->pending = 1;
-    pthread_mutex_unlock(&ev->mu);
-    submit(gpu_of(backend), (struct task) { .kind = TASK_RECORD, .event = ev });
+    submit(gpu_of(backend), (struct task) { .kind = TASK_RECORD, .event = ev, .seq = event_last(ev, 1) });
 }
 
 static void backend_event_wait(ggml_backend_t backend, ggml_backend_event_t event) {
-    submit(gpu_of(backend), (struct task) { .kind = TASK_WAIT, .event = event->context });
+    struct fake_gpu_event * ev = event->context;
+    submit(gpu_of(backend), (struct task) { .kind = TASK_WAIT, .event = ev, .seq = event_last(ev, 0) });
 }
 
 static bool same_storage(const struct ggml_tensor * a, const struct ggml_tensor * b) {
@@ -489,7 +497,8 @@ static void dev_event_free(ggml_backend_dev_t dev, ggml_backend_event_t event) {
 
 static void dev_event_synchronize(ggml_backend_dev_t dev, ggml_backend_event_t event) {
     GGML_UNUSED(dev);
-    event_block(event->context);
+    struct fake_gpu_event * ev = event->context;
+    event_block(ev, event_last(ev, 0));
 }
 
 static const struct ggml_backend_device_i fake_device_i = {

@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 
 from reference.params import SchedParams
 
@@ -45,7 +44,7 @@ from ..build import BuildError, build_fake_gpu
 from ..scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step, TensorSpec
 from ..shapes import Geometry
 from ..trace import ReallocEvent, Split, StepRecord
-from . import TargetError, Unsupported
+from . import TargetError, Unsupported, values
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
 from .schedlog import SchedLog, graph_size_of
 
@@ -392,6 +391,10 @@ class ScenarioRun:
         self.graph_size = 0  # of the last ggml_backend_sched_split_graph on this scheduler
         self.built: list[Built] = []
         self.persistent = _Persistent()
+        # the values oracle: the seed of every leaf's contents, and what each weight and cache
+        # holds in the CPU-only computation (``_solo``)
+        self.seed = values.scenario_seed(scenario)
+        self.shadow: dict[tuple[Any, ...], bytes] = {}
         try:
             self._init_backends(scenario.layout, endpoints)
             self.names = [self.g.ggml_backend_name(b).decode() for b in self.backends]
@@ -470,14 +473,15 @@ class ScenarioRun:
             self.persistent.buffers.append(buf)
             usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
             g.ggml_backend_buffer_set_usage(buf, usage)
-            g.ggml_backend_buffer_clear(buf, 0)
-        # zero weights are valid everywhere but as rope frequency factors (theta / 0 = inf,
-        # then NaN, which the debug build's vec_dot asserts against): those are ones
+        # rope frequency factors are ones (random ones could be 0: theta / 0 = inf, then NaN)
         freq_factors = {(s.args[2]) for _, spec in self.scenario.graphs for s in spec.tensors if s.op == "rope" and s.args[2]}
-        for key, tensor in self.persistent.tensors.items():
-            if key[0] in freq_factors:
-                ones = np.ones(g.ggml_nelements(tensor), dtype=np.float32)
-                g.ggml_backend_tensor_set(tensor, ones.ctypes.data, 0, ones.nbytes)
+        for _, spec in self.scenario.graphs:
+            for t in spec.tensors:
+                key = self._key(t)
+                if key in self.persistent.tensors and key not in self.shadow:
+                    data = values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in freq_factors)
+                    self.shadow[key] = data
+                    g.ggml_backend_tensor_set(self.persistent.tensors[key], data, 0, len(data))
 
     # -- graphs --------------------------------------------------------------------------
 
@@ -576,11 +580,14 @@ class ScenarioRun:
             if not snap.taken:  # a graph without nodes prints no split: read the live hash table
                 snap = self._snapshot(built)
             if ok and st.kind == "compute":
-                self._set_inputs(built)
+                self._set_inputs(index, spec, built)
                 ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
                 self._round_trip()
         self.eng.log.on_split_print = None
-        return replace(self._record(index, st.kind, built, snap, ok), seconds=seconds)
+        record = replace(self._record(index, st.kind, built, snap, ok), seconds=seconds)
+        if ok and st.kind == "compute":
+            record = replace(record, values=self._compare_values(index, spec, built), values_checked=len(values.compared(spec)))
+        return record
 
     def _round_trip(self) -> None:
         """One request with a reply to every RPC server, after a compute: from 0.25.3 on the RPC
@@ -625,14 +632,69 @@ class ScenarioRun:
         for name, backend in spec.forced:
             self.g.ggml_backend_sched_set_tensor_backend(self.sched, built.tensors[name], self.backends[backend])
 
-    def _set_inputs(self, built: Built) -> None:
-        """Zero every input the graph uses (zeros are valid indices for get_rows, set_rows...)."""
+    def _set_inputs(self, index: int, spec: GraphSpec, built: Built) -> None:
+        """Fill every input the graph uses with the step's values (``values.leaf_bytes``)."""
         g = self.g
         in_graph = {ctypes.addressof(t.contents) for t in built.leafs}
-        for t in built.inputs:
-            if ctypes.addressof(t.contents) in in_graph:
-                n = g.ggml_nbytes(t)
-                g.ggml_backend_tensor_set(t, ctypes.create_string_buffer(n), 0, n)
+        ranges = values.index_ranges(spec)
+        for t in spec.tensors:
+            p = built.tensors[t.name]
+            if t.role == "input" and ctypes.addressof(p.contents) in in_graph:
+                data = values.leaf_bytes(self.seed, spec, t, index, ranges)
+                g.ggml_backend_tensor_set(p, data, 0, len(data))
+
+    def _read(self, t: Ptr) -> bytes:
+        n = self.g.ggml_nbytes(t)
+        out = ctypes.create_string_buffer(n)
+        self.g.ggml_backend_tensor_get(t, out, 0, n)
+        return out.raw
+
+    def _compare_values(self, index: int, spec: GraphSpec, built: Built) -> str:
+        """The first of the step's roots, outputs and caches whose bytes differ from the same
+        graph computed on the CPU backend alone (``_solo``); "" if none."""
+        want = self._solo(index, spec)
+        geo = spec.geometry
+        tolerant = any(b.kind == "blas" for b in self.scenario.layout.backends)
+        for name in values.compared(spec):
+            diff = values.difference(name, geo[name], self._read(built.tensors[name]), want[name], tolerant)
+            if diff:
+                return diff
+        return ""
+
+    def _solo(self, index: int, spec: GraphSpec) -> dict[str, bytes]:
+        """``spec`` computed on the CPU backend alone, every tensor in one buffer of its own (no
+        scheduler, no allocator reuse), from the same leaf contents; the compared tensors' bytes.
+        The weights and caches it leaves are the next compute's."""
+        g, eng = self.g, self.eng
+        cpu = self.backends[-1]
+        size = len(spec.tensors) + 1
+        ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
+        buf = None
+        try:
+            tensors: dict[str, Ptr] = {}
+            for t in spec.tensors:
+                tensors[t.name] = eng.new_leaf(ctx, t) if t.is_leaf else eng.new_op(ctx, t, [tensors[a] if a is not None else None for a in t.args])
+            gf = g.ggml_new_graph_custom(ctx, size, False)
+            for root in spec.roots:
+                g.ggml_build_forward_expand(gf, tensors[root])
+            buf = g.ggml_backend_alloc_ctx_tensors(ctx, cpu)
+            if not buf:
+                raise TargetError(f"step {index}: could not allocate the CPU-only graph")
+            ranges = values.index_ranges(spec)
+            for t in spec.tensors:
+                if t.is_leaf:
+                    data = self.shadow[self._key(t)] if t.role in ("weight", "cache") else values.leaf_bytes(self.seed, spec, t, index, ranges)
+                    g.ggml_backend_tensor_set(tensors[t.name], data, 0, len(data))
+            if g.ggml_backend_graph_compute(cpu, gf) != g.GGML_STATUS_SUCCESS:
+                raise TargetError(f"step {index}: the CPU-only computation failed")
+            for t in spec.tensors:
+                if t.role == "cache":
+                    self.shadow[self._key(t)] = self._read(tensors[t.name])
+            return {name: self._read(tensors[name]) for name in values.compared(spec)}
+        finally:
+            if buf:
+                g.ggml_backend_buffer_free(buf)
+            g.ggml_free(ctx)
 
     def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool) -> StepRecord:
         g, log = self.g, self.eng.log
