@@ -147,11 +147,13 @@ def ggml_source_for(lib_file: str) -> Path:
 def build_fake_gpu(lib_file: str) -> Path:
     """``libschedfuzz-fake-gpu.so`` (``targets/fake_gpu.c``) compiled against the headers of the
     ggml that ``lib_file`` (a ``libggml-base``) was built from; cached by the source and headers.
-    It links ``libggml-base`` by soname, so that in a process that has one loaded it uses that one."""
+    It links that ``libggml-base`` (by soname where it has one, which a process that has loaded
+    it then shares; by this folder, the rpath, otherwise), so it is built per library folder."""
     src = ggml_source_for(lib_file)
     impl = (src / "src" / "ggml-backend-impl.h").read_text()
     headers = [src / "src" / "ggml-backend-impl.h", src / "src" / "ggml-impl.h", src / "include" / "ggml.h", src / "include" / "ggml-backend.h"]
-    digest = hashlib.sha1(FAKE_GPU_SOURCE.read_bytes() + b"".join(h.read_bytes() for h in headers)).hexdigest()[:16]
+    lib_dir = Path(lib_file).resolve().parent
+    digest = hashlib.sha1(FAKE_GPU_SOURCE.read_bytes() + b"".join(h.read_bytes() for h in headers) + str(lib_dir).encode()).hexdigest()[:16]
     out = cache_dir() / "fake_gpu" / digest / "libschedfuzz-fake-gpu.so"
     if out.exists():
         return out
@@ -159,11 +161,10 @@ def build_fake_gpu(lib_file: str) -> Path:
     if cc is None:
         raise BuildError("no C compiler (cc/gcc) to build the GPU-like device: install gcc")
     flags = ["-DSCHEDFUZZ_OPTIMIZE_PARAMS"] if "ggml_backend_graph_optimize_params" in impl else []
-    lib_dir = Path(lib_file).resolve().parent
     soname = next((p.name for p in sorted(lib_dir.glob("libggml-base.so*"), key=lambda p: len(p.name))), "libggml-base.so")
 
     def compile_to(tmp: Path) -> None:
         _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", *flags, "-I", str(src / "include"), "-I", str(src / "src"),
-              "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{soname}", "-lpthread"])
+              "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{soname}", f"-Wl,-rpath,{lib_dir}", "-lpthread"])
 
     return atomic_write(out, compile_to, 0o777)

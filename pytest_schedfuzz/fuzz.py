@@ -459,7 +459,21 @@ class Fuzzer:
             found += props.CHECKS[prop](scenario, trace, prediction)
         if prop == "matches-reference" and not found and self.config.uses_size_oracle() and self.config.target is None:
             found += self.size_oracle_check(scenario, prediction)
-        return found
+        return self.races_told_apart(scenario, prediction, found)
+
+    def races_told_apart(self, scenario: Scenario, prediction: Trace, found: list[props.Violation]) -> list[props.Violation]:
+        """Wrong values and aborts in a compute step, with an asynchronous device in the layout:
+        run the scenario again with every device synchronous; what goes away is a race, and is
+        signed as one (``properties.as_race``), so that its varying symptoms make one signature."""
+        racy = ("same-values", "no-abort")
+        if not any(b.asynchronous for b in scenario.layout.backends) or not any(
+                v.property in racy and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute" for v in found):
+            return found
+        variant = props.synchronous_variant(scenario)
+        trace = self.run_engine(variant)
+        still = {v.property for v in props.no_abort(variant, trace, prediction) + props.same_values(variant, trace, prediction)}
+        return [props.as_race(v) if v.property in racy and v.property not in still and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute"
+                else v for v in found]
 
     # ----------------------------------------------------------------- a property
 

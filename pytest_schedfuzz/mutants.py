@@ -82,7 +82,17 @@ MUTANTS: tuple[Mutant, ...] = (
            Patch(BACKEND, "    sched->next_copy = (sched->next_copy + 1) % sched->n_copies;", "    sched->next_copy = 0;")),
     Mutant("offload-ignores-op-offload", "pass 1: offload_op is asked even with op_offload off",
            Patch(BACKEND, "if (sched->op_offload && src_backend_id == sched->n_backends - 1", "if (src_backend_id == sched->n_backends - 1")),
+    Mutant("alloc-inplace-any-op", "ggml_gallocr_allocate_node: any op may take its parent's memory (not only ops that can run in place)",
+           Patch(ALLOC, "        if (ggml_op_can_inplace(node->op)) {", "        if (true) {")),
+    Mutant("no-split-sync", "compute_splits: no wait for the previous backend's async work before a split without inputs (0.15.3's race)",
+           Patch(BACKEND, "        if (split->n_inputs == 0 && prev_backend_id >= 0 && prev_backend_id != split_backend_id) {",
+                 "        if (false) {")),
 )
+
+
+def mutant(name: str) -> Mutant:
+    """The mutant called ``name``."""
+    return next(m for m in MUTANTS if m.name == name)
 
 
 @dataclass(frozen=True)

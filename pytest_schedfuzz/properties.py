@@ -92,6 +92,21 @@ def reuse_complete(scenario: Scenario, trace: Trace, prediction: Trace) -> list[
     return out
 
 
+def synchronous_variant(scenario: Scenario) -> Scenario:
+    """The same scenario with every GPU-like device computing synchronously: a difference that
+    goes away is a race (a missing synchronisation with an asynchronous backend)."""
+    backends = tuple(replace(b, asynchronous=False, delay_us=0) if b.asynchronous else b for b in scenario.layout.backends)
+    return replace(scenario, layout=replace(scenario.layout, backends=backends))
+
+
+def as_race(v: Violation) -> Violation:
+    """``v`` re-signed as a race, under same-values: what a race hits varies from run to run (a
+    tensor's values, or an assert in a kernel that read garbage indices), so the signature keeps
+    only that it needs asynchronous execution."""
+    return Violation("same-values", v.step, v.message + " — gone when every device runs synchronously: a missing "
+                     "synchronisation with an asynchronous backend", {"race": "asynchronous"})
+
+
 def fresh_variant(scenario: Scenario) -> Scenario:
     """The same scenario with every reuse replaced by a fresh ``sched_new`` of the new params."""
     steps = tuple(replace(s, reuse=False) if s.kind == "sched_new" else s for s in scenario.steps)

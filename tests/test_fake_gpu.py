@@ -1,0 +1,185 @@
+"""The GPU-like device (``targets/fake_gpu.c``) and the values oracle, on both built-in ggml
+versions: engine/reference agreement over layouts with the device, a reuse across an
+op_offload change caught by reuse-equivalent, same-values on real and planted builds."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+import planted
+from pytest_schedfuzz.build import build_fake_gpu, build_ggml_base
+from pytest_schedfuzz.driver import Driver, Reconfigure, Ubatch, Workload
+from pytest_schedfuzz.models import ModelShape
+from pytest_schedfuzz.mutants import mutant
+from pytest_schedfuzz.properties import fresh_variant, matches_reference, no_abort, reuse_equivalent, same_values, synchronous_variant
+from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, Step
+from pytest_schedfuzz.strategies import scenarios, workloads
+from pytest_schedfuzz.targets.ggml_lib import resolve_lib
+from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+from pytest_schedfuzz.trace import Trace
+from reference.params import SchedParams
+from reference.predict import predict
+from reference.versions import rules_for
+
+BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")
+
+
+@pytest.fixture(scope="module", params=BUILT_IN)
+def engine(request: pytest.FixtureRequest):
+    with GgmlTarget(lib=request.param) as target:
+        yield target
+
+
+def engine_rules(target: GgmlTarget):  # type: ignore[no-untyped-def]
+    return rules_for(target.start()["ggml_version"])[0]
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_the_device_builds_against_each_built_in_ggml(name: str):
+    """Compiled against the version's own headers; it loads beside that version's libggml-base
+    (which it links by soname) and its config struct is the worker's."""
+    from pytest_schedfuzz.targets.worker import FakeGpuConfig
+
+    folder = resolve_lib(name) or str(Path(importlib.util.find_spec("ggml").submodule_search_locations[0]) / "lib")  # type: ignore[union-attr]
+    base = min(Path(folder).glob("libggml-base.so*"), key=lambda p: len(p.name))
+    device = build_fake_gpu(str(base))
+    # in a process of its own: two ggml versions must not share one
+    code = f"import ctypes; lib = ctypes.CDLL({str(device)!r}); lib.schedfuzz_fake_gpu_config_size.restype = ctypes.c_size_t; print(lib.schedfuzz_fake_gpu_config_size())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out) == ctypes.sizeof(FakeGpuConfig)
+
+
+def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engine: GgmlTarget):
+    """Layouts of up to two GPU-like devices (offload, refused ops, chunked buffers, host
+    buffers, shared buffer types, reordering, asynchronous) beside RPC and the CPU; scenarios
+    with compute steps and driver workloads. Every device feature must occur. On ggml 0.15.3
+    the devices run synchronously: its scheduler races with asynchronous ones (a known bug,
+    fixed in 0.25.3; ``test_0_15_3_races_with_an_asynchronous_device``)."""
+    rules = engine_rules(engine)
+    old = rules.version.startswith("0.15.")
+    seen: Counter[str] = Counter()
+
+    @seed(7)
+    @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(scenarios(max_rpc=1, compute=True, max_gpu=2), workloads(max_gpu=2, max_ubatches=4)))
+    def agree(case: Scenario | Workload) -> None:
+        scenario = case if isinstance(case, Scenario) else Driver().scenario(case)
+        if old:
+            scenario = synchronous_variant(scenario)
+        trace = engine.run(scenario)
+        prediction = predict(scenario, rules=rules)
+        found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction) + same_values(scenario, trace, prediction)
+        assert not found, "\n".join(map(str, found)) + f"\n{scenario!r}"
+        layout = scenario.layout.backends
+        computes = [r for r in trace.records if r.kind == "compute"]
+        seen["scenarios"] += 1
+        seen["compute steps"] += len(computes)
+        seen["values compared"] += sum(r.values_checked for r in computes)
+        for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported"):
+            seen[feature] += any(getattr(b, feature) for b in layout)
+        gpus = [i for i, b in enumerate(layout) if b.kind == "gpu"]
+        seen["nodes on a gpu"] += any(b in gpus for r in trace.records for b in r.node_backends)
+
+    agree()
+    assert seen["scenarios"] == 200
+    assert seen["values compared"] > 200
+    for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported", "nodes on a gpu"):
+        assert seen[feature] >= 10, seen
+
+
+def offload_workload() -> Workload:
+    """A model kept on the CPU beside a GPU-like device that offloads batches of 8 or more:
+    with op_offload the big ubatch's matmuls go to the device, without it they stay."""
+    layout = BackendLayout((BackendSpec("gpu", offload_min_batch=8), BackendSpec("cpu")))
+    model = ModelShape(layer_devices=(1,), output_device=1, cpu_device=1, kv_size=64)
+    on, off = SchedParams(2048, False, True), SchedParams(2048, False, False)
+    return Workload(layout, model, 16, (Reconfigure(on), Ubatch(16, 16, 16), Reconfigure(off), Ubatch(16, 16, 32)))
+
+
+def test_a_policy_ignoring_op_offload_is_caught_by_reuse_equivalent(engine: GgmlTarget):
+    """The reused scheduler still offloads (its op_offload is the old one); a fresh one does not:
+    reuse-equivalent sees a different assignment on the engine itself."""
+    w = offload_workload()
+    reused = Driver(policy=planted.ignore_op_offload).scenario(w)
+    assert any(s.reuse for s in reused.steps)
+    found = reuse_equivalent(reused, engine.run(reused), engine.run(fresh_variant(reused)))
+    assert found and found[0].facts == {"what": "assignment"}, found
+    # the real policy rebuilds the scheduler: nothing to find
+    honest = Driver().scenario(w)
+    assert not any(s.reuse for s in honest.steps)
+    assert not reuse_equivalent(honest, engine.run(honest), engine.run(fresh_variant(honest)))
+
+
+def square_matmuls() -> Scenario:
+    """An input through two square matmuls and a silu: each output has its input's layout, so an
+    allocator that computes a matmul in place (over its input) changes the values."""
+    b = GraphBuilder()
+    x = b.input("x", (32, 8))
+    y = b.op("mul_mat", b.weight("w0", (32, 32), device=0), x, name="y")
+    z = b.op("mul_mat", b.weight("w1", (32, 32), device=1), b.op("silu", y, name="s"), name="z")
+    graph = b.build(z)
+    layout = BackendLayout((BackendSpec("gpu"), BackendSpec("cpu")))
+    return Scenario(layout, (("g", graph),), (Step("sched_new", params=SchedParams(64, False, True)), Step("reserve", "g"), Step("compute", "g")))
+
+
+def test_same_values_catches_an_allocator_computing_a_matmul_in_place():
+    """ggml-alloc rebuilt to reuse a parent's memory for any op (not only those that can run in
+    place): no reallocation changes, so only the values show it."""
+    scenario = square_matmuls()
+    with GgmlTarget(lib=str(build_ggml_base("ggml-0.25.3", (mutant("alloc-inplace-any-op").patch,)))) as planted_engine:
+        trace = planted_engine.run(scenario)
+        rules = rules_for(planted_engine.start()["ggml_version"])[0]
+    prediction = predict(scenario, rules=rules)
+    assert not no_abort(scenario, trace, prediction) and not matches_reference(scenario, trace, prediction)
+    (v,) = same_values(scenario, trace, prediction)
+    assert v.facts == {"what": "output", "op": "mul_mat"}, v
+    assert "differ from the CPU-only result" in v.message
+
+
+def test_same_values_passes_on_the_real_build(engine: GgmlTarget):
+    scenario = square_matmuls()
+    trace = engine.run(scenario)
+    assert not same_values(scenario, trace, trace)
+    assert trace.records[-1].values_checked == 1
+
+
+def racy() -> Scenario:
+    """An asynchronous device sharing the CPU's buffer type, so that the allocator reuses memory
+    across the two backends' splits, with splits that take no input in between."""
+    b = GraphBuilder()
+    x = b.input("x", (32, 16))
+    h = x
+    for k in range(4):
+        h = b.op("mul_mat", b.weight(f"w{k}", (32, 32), device=k % 2), h, name=f"mm{k}")
+        h = b.op("silu", h, name=f"act{k}")
+    graph = b.build(h)
+    gpu = BackendSpec("gpu", shared_buft=True, unsupported=("UNARY",), asynchronous=True, delay_us=2000)
+    layout = BackendLayout((gpu, BackendSpec("cpu")))
+    return Scenario(layout, (("g", graph),), (Step("sched_new", params=SchedParams(64, False, True)), Step("compute", "g"), Step("compute", "g")))
+
+
+def test_0_15_3_races_with_an_asynchronous_device(engine: GgmlTarget):
+    """ggml 0.15.3's compute_splits starts a split without inputs while the previous backend's
+    asynchronous work still reads memory the allocator gave to both (one buffer type): the values
+    are wrong, and right again when the device runs synchronously. 0.25.3 waits (its
+    "ensure the previous split's async work has completed"), and computes them right."""
+    scenario = racy()
+    old = engine_rules(engine).version.startswith("0.15.")
+    found = same_values(scenario, engine.run(scenario), Trace(()))
+    assert bool(found) == old, found
+    assert not same_values(scenario, engine.run(synchronous_variant(scenario)), Trace(()))
+
+
+def test_same_values_catches_0_25_3_without_its_split_sync():
+    scenario = racy()
+    with GgmlTarget(lib=str(build_ggml_base("ggml-0.25.3", (mutant("no-split-sync").patch,)))) as mutated:
+        assert same_values(scenario, mutated.run(scenario), Trace(()))
