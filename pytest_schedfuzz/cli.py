@@ -287,6 +287,33 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def _device(args: argparse.Namespace) -> int:
+    """Build the GPU-like device for each ggml named (a built-in, or a build's library folder)."""
+    from .build import BuildError, build_fake_gpu
+    from .targets.ggml_lib import LibError, resolve_lib
+
+    for name in args.lib or ["ggml-0.25.3", "ggml-0.15.3"]:
+        try:
+            folder = resolve_lib(name)
+        except LibError as e:
+            raise UsageError(str(e)) from None
+        if folder is None:  # ggml-python's own libraries
+            import importlib.util
+
+            spec = importlib.util.find_spec("ggml")
+            assert spec is not None and spec.submodule_search_locations
+            folder = str(Path(list(spec.submodule_search_locations)[0]) / "lib")
+        base = min(Path(folder).glob("libggml-base.so*"), key=lambda p: len(p.name))
+        t0 = time.perf_counter()
+        try:
+            out = build_fake_gpu(str(base))
+        except BuildError as e:
+            print(f"schedfuzz device: {name}: {e}", file=sys.stderr)
+            return 1
+        print(f"schedfuzz device: {name}: {out} ({time.perf_counter() - t0:.1f} s, sources included)")
+    return 0
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
     p.add_argument("--lib", help="the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, or your build's library folder")
@@ -340,6 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mu.add_argument("--logs", help="write each mutant's pytest output to this folder")
     mu.add_argument("--size-oracle", action="store_true", help="run the ci profile with --schedfuzz-size-oracle")
     mu.set_defaults(func=_mutate)
+    dv = sub.add_parser("device", help="build the GPU-like device (fake_gpu.c) against each ggml (default: both built-ins)")
+    dv.add_argument("--lib", action="append", help="a built-in (ggml-0.25.3, ggml-0.15.3) or a build's library folder; repeatable")
+    dv.set_defaults(func=_device)
     bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")
     bn.add_argument("--json", help="also write the figures to this JSON file")
     bn.add_argument("--repeats", type=int, default=5, help="timings per figure (the median is reported)")

@@ -73,13 +73,13 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
     @given(st.one_of(scenarios(max_rpc=1, compute=True, max_gpu=2), workloads(max_gpu=2, max_ubatches=4)))
     def agree(case: Scenario | Workload) -> None:
         scenario = case if isinstance(case, Scenario) else Driver().scenario(case)
+        layout = scenario.layout.backends
         if old:
             scenario = synchronous_variant(scenario)
         trace = engine.run(scenario)
         prediction = predict(scenario, rules=rules)
         found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction) + same_values(scenario, trace, prediction)
         assert not found, "\n".join(map(str, found)) + f"\n{scenario!r}"
-        layout = scenario.layout.backends
         computes = [r for r in trace.records if r.kind == "compute"]
         seen["scenarios"] += 1
         seen["compute steps"] += len(computes)
