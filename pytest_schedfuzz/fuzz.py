@@ -472,7 +472,7 @@ class Fuzzer:
         variant = props.synchronous_variant(scenario)
         trace = self.run_engine(variant)
         still = {v.property for v in props.no_abort(variant, trace, prediction) + props.same_values(variant, trace, prediction)}
-        return [props.as_race(v) if v.property in racy and v.property not in still and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute"
+        return [props.as_race(v, scenario) if v.property in racy and v.property not in still and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute"
                 else v for v in found]
 
     # ----------------------------------------------------------------- a property

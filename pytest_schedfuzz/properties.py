@@ -99,12 +99,14 @@ def synchronous_variant(scenario: Scenario) -> Scenario:
     return replace(scenario, layout=replace(scenario.layout, backends=backends))
 
 
-def as_race(v: Violation) -> Violation:
+def as_race(v: Violation, scenario: Scenario) -> Violation:
     """``v`` re-signed as a race, under same-values: what a race hits varies from run to run (a
-    tensor's values, or an assert in a kernel that read garbage indices), so the signature keeps
-    only that it needs asynchronous execution."""
-    return Violation("same-values", v.step, v.message + " — gone when every device runs synchronously: a missing "
-                     "synchronisation with an asynchronous backend", {"race": "asynchronous"})
+    tensor's values, or an assert in a kernel that read garbage indices), so neither the
+    signature nor the message keeps it, only that it needs asynchronous execution."""
+    step = scenario.steps[v.step].describe() if v.step < len(scenario.steps) else f"step {v.step}"
+    return Violation("same-values", v.step, f"after {step}: results differ from the CPU-only computation (or a kernel fails on them) "
+                     "only while a device runs asynchronously: a missing synchronisation with an asynchronous backend",
+                     {"race": "asynchronous"})
 
 
 def fresh_variant(scenario: Scenario) -> Scenario:

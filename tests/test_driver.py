@@ -50,10 +50,10 @@ def test_rereserve_reserves_the_worst_case_of_a_new_topology():
     with_rr = kinds(w)
     without = kinds(w, Driver(rereserve=False))
     # the ubatch with fewer outputs has another topology: its worst case (all but one output)
-    assert with_rr[4:6] == ["reserve(T16-out15-kv256)", "alloc(T4-out1-kv32)"]
+    assert with_rr[4:6] == ["reserve(T16-out15-kv256)", "compute(T4-out1-kv32)"]
     # back to all outputs: the pp worst case again; the next ubatch shares its topology
-    assert with_rr[6:] == ["reserve(T16-out16-kv256)", "alloc(T4-out4-kv32)", "alloc(T8-out8-kv40)"]
-    assert without[4:] == ["alloc(T4-out1-kv32)", "alloc(T4-out4-kv32)", "alloc(T8-out8-kv40)"]
+    assert with_rr[6:] == ["reserve(T16-out16-kv256)", "compute(T4-out4-kv32)", "compute(T8-out8-kv40)"]
+    assert without[4:] == ["compute(T4-out1-kv32)", "compute(T4-out4-kv32)", "compute(T8-out8-kv40)"]
 
 
 def test_topology_ignores_shapes_only():

@@ -53,13 +53,19 @@ def test_flag_off_costs_nothing(pytester: pytest.Pytester):
 
 
 def test_dev_profile_passes_and_prints_the_summary(fuzz, pytester: pytest.Pytester):
+    """With the starter corpus (the known bugs) beside it, as in a checkout of this repository."""
+    (pytester.path / "corpus").mkdir()
+    starter = sorted((TESTS.parent / "corpus").glob("*.json"))
+    for case in starter:
+        (pytester.path / "corpus" / case.name).write_text(case.read_text())
     result = fuzz("--schedfuzz-properties", ",".join(GRAPH_PROPERTY_IDS))
-    result.assert_outcomes(passed=6)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes["passed"] >= len(GRAPH_PROPERTY_IDS), result.stdout.str()[-3000:]
     out = result.stdout.str()
     assert "schedfuzz: profile=dev seed=1 " in out
     result.stdout.fnmatch_lines(["schedfuzz: engine = ggml 0.*.* (*libggml-base.so*); bindings: *op numbers agree*"])
     result.stdout.fnmatch_lines(["*graphs reused = *", "*graph reallocs = * / *   (same size) / (changed size)", "*splits = *", "*findings?no-same-size-realloc? = 0"])
-    assert not (pytester.path / "corpus").exists()
+    assert sorted((pytester.path / "corpus").glob("*.json")) == [pytester.path / "corpus" / c.name for c in starter]
 
 
 @pytest.mark.parametrize(
@@ -93,7 +99,7 @@ def test_driver_without_rereserve_hits_same_size_reallocs_on_the_engine(fuzz, py
     assert "topology switch" in case["message"] or "does not dominate" in case["message"]
     # shrunk by Hypothesis to a one-layer model and few steps (it keeps the whole signature,
     # invalid tensor included, which leaves more steps than the explanation alone did)
-    assert len(case["scenario"]["steps"]) <= 16
+    assert len(case["scenario"]["steps"]) <= 18
     assert len(case["workload"]["model"]["layer_devices"]) == 1
 
 
@@ -165,7 +171,7 @@ def test_schedfuzz_lib_in_the_space_form_replays_this_corpus_and_writes_nothing_
     (pytester.path / "corpus").mkdir()
     case = TESTS.parent / "corpus" / "no-abort-kind-abort-message-ggml-backend-cpp-ggml-assert-n-g-9523a46d7b.json"
     (pytester.path / "corpus" / case.name).write_text(case.read_text())
-    result = fuzz("--schedfuzz-lib", str(lib), "--schedfuzz-properties", "reuse-sound", "--schedfuzz-examples", "3",
+    result = fuzz("--schedfuzz-lib", str(lib), "--schedfuzz-properties", "reuse-sound", "--schedfuzz-examples", "10",
                   "--schedfuzz-policy", "planted:ignore_op_offload")
     result.assert_outcomes(passed=1, failed=1)  # the case (a guard on 0.25.3) and the planted policy
     result.stdout.fnmatch_lines([f"schedfuzz: engine = ggml 0.25.3 ({lib}/libggml-base.so*"])
