@@ -459,21 +459,32 @@ class Fuzzer:
             found += props.CHECKS[prop](scenario, trace, prediction)
         if prop == "matches-reference" and not found and self.config.uses_size_oracle() and self.config.target is None:
             found += self.size_oracle_check(scenario, prediction)
-        return self.races_told_apart(scenario, prediction, found)
+        return self.causes_told_apart(scenario, prediction, found)
 
-    def races_told_apart(self, scenario: Scenario, prediction: Trace, found: list[props.Violation]) -> list[props.Violation]:
-        """Wrong values and aborts in a compute step, with an asynchronous device in the layout:
-        run the scenario again with every device synchronous; what goes away is a race, and is
-        signed as one (``properties.as_race``), so that its varying symptoms make one signature."""
-        racy = ("same-values", "no-abort")
-        if not any(b.asynchronous for b in scenario.layout.backends) or not any(
-                v.property in racy and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute" for v in found):
-            return found
-        variant = props.synchronous_variant(scenario)
-        trace = self.run_engine(variant)
-        still = {v.property for v in props.no_abort(variant, trace, prediction) + props.same_values(variant, trace, prediction)}
-        return [props.as_race(v, scenario) if v.property in racy and v.property not in still and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute"
-                else v for v in found]
+    def causes_told_apart(self, scenario: Scenario, prediction: Trace, found: list[props.Violation]) -> list[props.Violation]:
+        """Wrong values, or aborts, in a compute step: run the scenario again without what may
+        cause them, and sign what goes away by that cause, so
+        that its varying symptoms make one signature and other bugs keep theirs:
+
+        * every device synchronous: a race (``properties.as_race``);
+        * no view assigned a backend: a forced view (``properties.as_forced_view``)."""
+        def unexplained(v: props.Violation, kinds: tuple[str, ...]) -> bool:
+            explained = "race" in v.facts or "forced" in v.facts
+            return v.property in kinds and not explained and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute"
+
+        causes = []
+        if any(b.asynchronous for b in scenario.layout.backends):
+            causes.append((("same-values", "no-abort"), props.synchronous_variant, props.as_race))
+        if props.forced_views(scenario):
+            causes.append((("same-values", "no-abort"), props.unforced_views_variant, props.as_forced_view))
+        for kinds, variant_of, resign in causes:
+            if not any(unexplained(v, kinds) for v in found):
+                continue
+            variant = variant_of(scenario)
+            trace = self.run_engine(variant)
+            still = {v.property for v in props.no_abort(variant, trace, prediction) + props.same_values(variant, trace, prediction)}
+            found = [resign(v, scenario) if unexplained(v, kinds) and v.property not in still else v for v in found]
+        return found
 
     # ----------------------------------------------------------------- a property
 

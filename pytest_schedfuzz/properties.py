@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from reference.params import SchedParams
 
 from .scenario import Scenario, Step
+from .shapes import VIEW_OPS
 from .trace import ReallocEvent, StepRecord, Trace
 
 GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "same-values", "no-abort")
@@ -107,6 +108,27 @@ def as_race(v: Violation, scenario: Scenario) -> Violation:
     return Violation("same-values", v.step, f"after {step}: results differ from the CPU-only computation (or a kernel fails on them) "
                      "only while a device runs asynchronously: a missing synchronisation with an asynchronous backend",
                      {"race": "asynchronous"})
+
+
+def forced_views(scenario: Scenario) -> list[str]:
+    """The view tensors a graph of ``scenario`` assigns a backend to (``forced``)."""
+    return sorted({name for _, g in scenario.graphs for name, _ in g.forced if g.by_name[name].op in VIEW_OPS})
+
+
+def unforced_views_variant(scenario: Scenario) -> Scenario:
+    """The same scenario without the backend assignments of view tensors."""
+    graphs = tuple((n, replace(g, forced=tuple(f for f in g.forced if g.by_name[f[0]].op not in VIEW_OPS))) for n, g in scenario.graphs)
+    return replace(scenario, graphs=graphs)
+
+
+def as_forced_view(v: Violation, scenario: Scenario) -> Violation:
+    """``v`` (wrong values, or a kernel that failed on them) re-signed under same-values: the
+    results are right once no view is assigned a backend of its own."""
+    step = scenario.steps[v.step].describe() if v.step < len(scenario.steps) else f"step {v.step}"
+    views = ", ".join(forced_views(scenario))
+    return Violation("same-values", v.step, f"after {step}: results differ from the CPU-only computation (or a kernel fails on them) "
+                     f"only while the views {views} are assigned a backend (ggml_backend_sched_set_tensor_backend): a view put on "
+                     "another backend than its source's is copied as a split input before its source is computed", {"forced": "view"})
 
 
 def fresh_variant(scenario: Scenario) -> Scenario:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..scenario import GraphSpec, Scenario, TensorSpec
-from ..shapes import Geometry, nbytes
+from ..shapes import Geometry, nbytes, nelements
 
 BLAS_RTOL, BLAS_ATOL = 1e-3, 1e-4
 # how far positions count before wrapping (rope reads any position)
@@ -76,6 +76,17 @@ def leaf_bytes(seed: int, spec: GraphSpec, t: TensorSpec, step: int, ranges: Map
     """What leaf ``t`` holds: weights and caches per scenario, inputs per compute step."""
     key = (t.name,) if t.role in ("weight", "cache") else (t.name, step)
     return fill(spec.geometry[t.name], _rng(seed, *key), ranges.get(t.name), ones)
+
+
+def undetermined(spec: GraphSpec) -> str | None:
+    """Why ``spec``'s values are not determined, if they are not: a ``set_rows`` with more
+    indices than its destination has rows writes some row twice, from threads that race (only
+    a minimized case gets there: the generators keep caches as long as a batch)."""
+    geo = spec.geometry
+    for t in spec.tensors:
+        if t.op == "set_rows" and nelements(geo[t.args[2]]) > geo[t.args[0]].ne[1]:  # type: ignore[index]
+            return f"{t.name} writes {nelements(geo[t.args[2]])} rows into {geo[t.args[0]].ne[1]}"  # type: ignore[index]
+    return None
 
 
 def compared(spec: GraphSpec) -> list[str]:
