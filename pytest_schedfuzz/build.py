@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .files import atomic_write, cache_dir
-from .targets.ggml_lib import resolve_lib
+from .targets.ggml_lib import base_library, library_folder
 
 # built-in ggml -> (distribution, version, the ggml folder inside its source distribution)
 SOURCES = {
@@ -82,13 +82,7 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str 
     out = cache_dir() / "builds" / f"{name}-{key}"
     if (out / "lib" / "BUILT").exists():
         return out / "lib"
-    installed = resolve_lib(name)
-    if installed is None:  # ggml-python's own libraries
-        import importlib.util
-
-        spec = importlib.util.find_spec("ggml")
-        assert spec is not None and spec.submodule_search_locations
-        installed = str(Path(list(spec.submodule_search_locations)[0]) / "lib")
+    installed = library_folder(name)
     src = source_tree(name)
     shutil.rmtree(out, ignore_errors=True)
     work = out / "ggml"
@@ -110,7 +104,7 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str 
         raise BuildError(f"the build left no libggml-base.so under {build}")
     lib = out / "lib"
     lib.mkdir()
-    for f in Path(installed).iterdir():
+    for f in installed.iterdir():
         if f.name.startswith("lib") and ".so" in f.name and not f.name.startswith("libggml-base."):
             (lib / f.name).symlink_to(f.resolve())
     for f in built:
@@ -161,10 +155,10 @@ def build_fake_gpu(lib_file: str) -> Path:
     if cc is None:
         raise BuildError("no C compiler (cc/gcc) to build the GPU-like device: install gcc")
     flags = ["-DSCHEDFUZZ_OPTIMIZE_PARAMS"] if "ggml_backend_graph_optimize_params" in impl else []
-    soname = next((p.name for p in sorted(lib_dir.glob("libggml-base.so*"), key=lambda p: len(p.name))), "libggml-base.so")
+    linked = base_library(lib_dir).name
 
     def compile_to(tmp: Path) -> None:
         _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", *flags, "-I", str(src / "include"), "-I", str(src / "src"),
-              "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{soname}", f"-Wl,-rpath,{lib_dir}", "-lpthread"])
+              "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{linked}", f"-Wl,-rpath,{lib_dir}", "-lpthread"])
 
     return atomic_write(out, compile_to, 0o777)

@@ -290,20 +290,13 @@ def _bench(args: argparse.Namespace) -> int:
 def _device(args: argparse.Namespace) -> int:
     """Build the GPU-like device for each ggml named (a built-in, or a build's library folder)."""
     from .build import BuildError, build_fake_gpu
-    from .targets.ggml_lib import LibError, resolve_lib
+    from .targets.ggml_lib import BUILT_IN, LibError, base_library, library_folder
 
-    for name in args.lib or ["ggml-0.25.3", "ggml-0.15.3"]:
+    for name in args.lib or BUILT_IN:
         try:
-            folder = resolve_lib(name)
+            base = base_library(library_folder(name))
         except LibError as e:
             raise UsageError(str(e)) from None
-        if folder is None:  # ggml-python's own libraries
-            import importlib.util
-
-            spec = importlib.util.find_spec("ggml")
-            assert spec is not None and spec.submodule_search_locations
-            folder = str(Path(list(spec.submodule_search_locations)[0]) / "lib")
-        base = min(Path(folder).glob("libggml-base.so*"), key=lambda p: len(p.name))
         t0 = time.perf_counter()
         try:
             out = build_fake_gpu(str(base))

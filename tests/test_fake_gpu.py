@@ -5,7 +5,6 @@ op_offload change caught by reuse-equivalent, same-values on real and planted bu
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import subprocess
 import sys
 from collections import Counter
@@ -34,7 +33,7 @@ from pytest_schedfuzz.properties import (
 )
 from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step
 from pytest_schedfuzz.strategies import scenarios, workloads
-from pytest_schedfuzz.targets.ggml_lib import resolve_lib
+from pytest_schedfuzz.targets.ggml_lib import base_library, library_folder
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from pytest_schedfuzz.trace import Trace
 from reference.params import SchedParams
@@ -61,9 +60,7 @@ def test_the_device_builds_against_each_built_in_ggml(name: str):
     (which it links by soname) and its config struct is the worker's."""
     from pytest_schedfuzz.targets.worker import FakeGpuConfig
 
-    folder = resolve_lib(name) or str(Path(importlib.util.find_spec("ggml").submodule_search_locations[0]) / "lib")  # type: ignore[union-attr]
-    base = min(Path(folder).glob("libggml-base.so*"), key=lambda p: len(p.name))
-    device = build_fake_gpu(str(base))
+    device = build_fake_gpu(str(base_library(library_folder(name))))
     # in a process of its own: two ggml versions must not share one
     code = f"import ctypes; lib = ctypes.CDLL({str(device)!r}); lib.schedfuzz_fake_gpu_config_size.restype = ctypes.c_size_t; print(lib.schedfuzz_fake_gpu_config_size())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

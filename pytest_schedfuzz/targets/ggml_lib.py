@@ -84,6 +84,19 @@ def resolve_lib(value: str | None) -> str | None:
     )
 
 
+def library_folder(value: str | None) -> Path:
+    """The folder holding the libraries of ``--schedfuzz-lib value``, ggml-python's own included."""
+    return Path(resolve_lib(value) or _installed_package_dir() / "lib")
+
+
+def base_library(folder: Path) -> Path:
+    """``folder``'s ``libggml-base`` by its shortest name (``libggml-base.so``: what links against it)."""
+    found = sorted(folder.glob("libggml-base.so*"), key=lambda p: len(p.name))
+    if not found:
+        raise LibError(f"{folder}: no libggml-base.so there")
+    return found[0]
+
+
 def _installed_package_dir() -> Path:
     spec = importlib.util.find_spec("ggml")
     if spec is None or not spec.submodule_search_locations:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from typing import IO, Any
 
 from ..scenario import Scenario
@@ -122,7 +123,7 @@ class _Worker:
         self.stderr.close()
 
 
-class WorkerTarget:
+class WorkerTarget(ABC):
     """What both real targets share: a worker process started on demand (``_start_worker``),
     RPC servers, and their shutdown."""
 
@@ -130,8 +131,9 @@ class WorkerTarget:
     servers: RpcServers
     _worker: _Worker | None
 
+    @abstractmethod
     def _start_worker(self) -> _Worker:
-        raise NotImplementedError
+        """Start the target's worker process and read its hello."""
 
     def start(self) -> dict[str, str]:
         """Start the worker now (it otherwise starts with the first run); the engine's description."""

@@ -148,8 +148,11 @@ class Ggml:
         self.chan = chan
         self.g: ModuleType = import_ggml()
         self.lib = self.g.ggml.lib
-        # ggml-python 0.0.45 declares this restype as an int NewType: ctypes truncates to 32 bits
+        # ggml-python 0.0.45 declares these restypes as int NewTypes: ctypes truncates to 32 bits
         self.lib.ggml_backend_sched_get_tensor_backend.restype = ctypes.c_void_p
+        for fn in ("ggml_backend_get_device", "ggml_backend_dev_host_buffer_type", "ggml_backend_get_default_buffer_type"):
+            getattr(self.lib, fn).restype = ctypes.c_void_p
+            getattr(self.lib, fn).argtypes = [ctypes.c_void_p]
         self.step = -1
         self.log = SchedLog()
         # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
@@ -580,7 +583,8 @@ class ScenarioRun:
             if not snap.taken:  # a graph without nodes prints no split: read the live hash table
                 snap = self._snapshot(built)
             if ok and st.kind == "compute":
-                self._set_inputs(index, spec, built)
+                inputs = self._inputs(index, spec)
+                self._set_inputs(inputs, built)
                 ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
                 self._round_trip()
         self.eng.log.on_split_print = None
@@ -589,7 +593,7 @@ class ScenarioRun:
             # once a step's values are undetermined, so are the caches every later step reads
             self.values_off = self.values_off or values.undetermined(spec)
             if self.values_off is None:
-                record = replace(record, values=self._compare_values(index, spec, built), values_checked=len(values.compared(spec)))
+                record = replace(record, values=self._compare_values(index, spec, built, inputs), values_checked=len(values.compared(spec)))
         return record
 
     def _round_trip(self) -> None:
@@ -617,16 +621,10 @@ class ScenarioRun:
     def _bufts(self) -> Any:
         """``NULL`` (every backend's default buffer type), or, when a gpu has a host buffer type,
         the defaults with that host type for the CPU backend, as llama.cpp passes them."""
-        layout, g, lib = self.scenario.layout, self.g, self.eng.lib
-        host = layout.host_buffer_of
+        g, lib = self.g, self.eng.lib
+        host = self.scenario.layout.host_buffer_of
         if host is None:
             return None
-        lib.ggml_backend_get_device.restype = ctypes.c_void_p
-        lib.ggml_backend_get_device.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_host_buffer_type.restype = ctypes.c_void_p
-        lib.ggml_backend_dev_host_buffer_type.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_get_default_buffer_type.restype = ctypes.c_void_p
-        lib.ggml_backend_get_default_buffer_type.argtypes = [ctypes.c_void_p]
         bufts = [lib.ggml_backend_get_default_buffer_type(b) for b in self.backends]
         bufts[-1] = lib.ggml_backend_dev_host_buffer_type(lib.ggml_backend_get_device(self.backends[host]))
         return (g.ggml_backend_buffer_type_t_ctypes * len(bufts))(*bufts)
@@ -635,16 +633,18 @@ class ScenarioRun:
         for name, backend in spec.forced:
             self.g.ggml_backend_sched_set_tensor_backend(self.sched, built.tensors[name], self.backends[backend])
 
-    def _set_inputs(self, index: int, spec: GraphSpec, built: Built) -> None:
-        """Fill every input the graph uses with the step's values (``values.leaf_bytes``)."""
-        g = self.g
-        in_graph = {ctypes.addressof(t.contents) for t in built.leafs}
+    def _inputs(self, index: int, spec: GraphSpec) -> dict[str, bytes]:
+        """What every input holds at compute step ``index`` (``values.leaf_bytes``)."""
         ranges = values.index_ranges(spec)
-        for t in spec.tensors:
-            p = built.tensors[t.name]
-            if t.role == "input" and ctypes.addressof(p.contents) in in_graph:
-                data = values.leaf_bytes(self.seed, spec, t, index, ranges)
-                g.ggml_backend_tensor_set(p, data, 0, len(data))
+        return {t.name: values.leaf_bytes(self.seed, spec, t, index, ranges) for t in spec.tensors if t.role == "input"}
+
+    def _set_inputs(self, inputs: dict[str, bytes], built: Built) -> None:
+        """Write ``inputs`` into those the graph uses."""
+        in_graph = {ctypes.addressof(t.contents) for t in built.leafs}
+        for name, data in inputs.items():
+            p = built.tensors[name]
+            if ctypes.addressof(p.contents) in in_graph:
+                self.g.ggml_backend_tensor_set(p, data, 0, len(data))
 
     def _read(self, t: Ptr) -> bytes:
         n = self.g.ggml_nbytes(t)
@@ -652,10 +652,10 @@ class ScenarioRun:
         self.g.ggml_backend_tensor_get(t, out, 0, n)
         return out.raw
 
-    def _compare_values(self, index: int, spec: GraphSpec, built: Built) -> str:
+    def _compare_values(self, index: int, spec: GraphSpec, built: Built, inputs: dict[str, bytes]) -> str:
         """The first of the step's roots, outputs and caches whose bytes differ from the same
         graph computed on the CPU backend alone (``_solo``); "" if none."""
-        want = self._solo(index, spec)
+        want = self._solo(index, spec, inputs)
         geo = spec.geometry
         tolerant = any(b.kind == "blas" for b in self.scenario.layout.backends)
         for name in values.compared(spec):
@@ -664,7 +664,7 @@ class ScenarioRun:
                 return diff
         return ""
 
-    def _solo(self, index: int, spec: GraphSpec) -> dict[str, bytes]:
+    def _solo(self, index: int, spec: GraphSpec, inputs: dict[str, bytes]) -> dict[str, bytes]:
         """``spec`` computed on the CPU backend alone, every tensor in one buffer of its own (no
         scheduler, no allocator reuse), from the same leaf contents; the compared tensors' bytes.
         The weights and caches it leaves are the next compute's."""
@@ -683,10 +683,9 @@ class ScenarioRun:
             buf = g.ggml_backend_alloc_ctx_tensors(ctx, cpu)
             if not buf:
                 raise TargetError(f"step {index}: could not allocate the CPU-only graph")
-            ranges = values.index_ranges(spec)
             for t in spec.tensors:
                 if t.is_leaf:
-                    data = self.shadow[self._key(t)] if t.role in ("weight", "cache") else values.leaf_bytes(self.seed, spec, t, index, ranges)
+                    data = self.shadow[self._key(t)] if t.role in ("weight", "cache") else inputs[t.name]
                     g.ggml_backend_tensor_set(tensors[t.name], data, 0, len(data))
             if g.ggml_backend_graph_compute(cpu, gf) != g.GGML_STATUS_SUCCESS:
                 raise TargetError(f"step {index}: the CPU-only computation failed")
