@@ -325,6 +325,9 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts["server"] = died.group(1)
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
+    if any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc")):
+        # ggml said no (a buffer it could not allocate) and was asked again: a different story
+        facts["after"] = "failed allocation"
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
     tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
     detail = f"\nlast output:\n{tail}" if tail and tail != first else ""

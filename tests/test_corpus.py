@@ -173,6 +173,15 @@ def test_saved_finding_replays_from_its_file_alone_in_a_fresh_process(tmp_path: 
     assert "verdict: FAIL: [no-same-size-realloc] step 4" in run.stdout and "a topology switch" in run.stdout
 
 
+def test_replay_fails_a_case_that_now_fails_with_another_signature(tmp_path: Path):
+    """Like the plugin's corpus item: a guard case is judged by every violation, not only its own
+    signature, so a different failure is never printed as a pass."""
+    case = topology_switch_case(2)
+    path = save_case(tmp_path, Case(case.property, case.property + "[explained=an older explanation]", case.scenario, "old", case.step))
+    run = subprocess.run([*SCHEDFUZZ, "replay", str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 1 and "verdict: FAIL: [no-same-size-realloc] step 4" in run.stdout, run.stdout + run.stderr
+
+
 def test_minimize_shrinks_a_several_hundred_node_case(tmp_path: Path):
     case = topology_switch_case(8)
     assert case.size()[1] > 600
@@ -186,6 +195,8 @@ def test_minimize_shrinks_a_several_hundred_node_case(tmp_path: Path):
     assert "-> " in run.stdout
     replay = subprocess.run([*SCHEDFUZZ, "replay", str(path)], capture_output=True, text=True, timeout=300)
     assert replay.returncode == 1 and "same size" in replay.stdout
+    # the file states the smaller case's own step and message, not the original's
+    assert f"step {small.step}: {small.message}" in replay.stdout
 
 
 def test_show_draws_the_realloc_step_with_splits_and_the_named_node(tmp_path: Path):
