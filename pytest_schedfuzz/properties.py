@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from reference.params import SchedParams
 
+from .driver import topology
 from .scenario import Scenario, Step
 from .shapes import VIEW_OPS
 from .trace import ReallocEvent, StepRecord, Trace
@@ -204,8 +205,8 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
     same-size realloc. Each violation is explained by the reference: ``engine`` where the
     reference predicts no event, or another event, at that step; ``lost`` where a re-plan
     between the reservation and this step replaced the reserved plan; ``not-dominating`` where
-    the reservation's graph did not cover this one. The signature adds the invalid tensor (its
-    role) and, for ``lost``, the step kind and reason of the re-plan that lost it."""
+    the reservation's graph did not cover this one. The signature adds, for ``lost``, the step
+    kind and reason of the re-plan that lost it, and otherwise the invalid tensor."""
     out = []
     predicted = {e.step: e for e in prediction.events}
     for ev in trace.events:
@@ -226,15 +227,22 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
             why, kind = f"engine and reference disagree about this step's event (engine bug): the reference predicts {p.describe()}", "engine"
         elif replans:
             k = replans[0].step
+            # the same op program with other assignments (op offload by batch size), or another graph
+            same = topology(scenario.graph(scenario.steps[k].graph or "")) == topology(scenario.graph(claimed or ""))
+            switch = "an assignment change" if same else "a topology switch"
             why = (f"the reservation of step {claim} ({claimed}) was lost: step {k} re-planned for "
-                   f"{scenario.steps[k].graph} ({replans[0].reason}), a topology switch")
+                   f"{scenario.steps[k].graph} ({replans[0].reason}), {switch}")
             kind = "lost"
             lost_by = f"{scenario.steps[k].kind} {reason_kind(replans[0].reason)}"
         else:
             why = f"the reservation of step {claim} ({claimed}) does not dominate {graph}: {p.reason}"
             kind = "not-dominating"
-        out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}",
-                             {"explained": kind, "invalid": reason_kind(ev.reason), "lost_by": lost_by}))
+        facts = {"explained": kind, "invalid": reason_kind(ev.reason), "lost_by": lost_by}
+        if kind == "lost":
+            # the re-plan that lost the reservation is the cause; which tensor then shows it
+            # invalid depends on the graphs (kept in the message)
+            del facts["invalid"]
+        out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}", facts))
     return out
 
 
@@ -326,8 +334,10 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
     if any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc")):
-        # ggml said no (a buffer it could not allocate) and was asked again: a different story
+        # ggml said no (a buffer it could not allocate) and was asked again: a different story,
+        # whichever later step then fails
         facts["after"] = "failed allocation"
+        facts.pop("during", None)
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
     tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
     detail = f"\nlast output:\n{tail}" if tail and tail != first else ""

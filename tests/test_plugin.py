@@ -96,7 +96,7 @@ def test_driver_without_rereserve_hits_same_size_reallocs_on_the_engine(fuzz, py
     result = fuzz("--no-schedfuzz-rereserve", "--schedfuzz-properties", "no-same-size-realloc")
     assert failing_properties(result) == {"no-same-size-realloc"}
     (case,) = saved_cases(pytester)
-    assert "topology switch" in case["message"] or "does not dominate" in case["message"]
+    assert any(why in case["message"] for why in ("a topology switch", "an assignment change", "does not dominate"))
     # shrunk by Hypothesis to a one-layer model and few steps (it keeps the whole signature,
     # invalid tensor included, which leaves more steps than the explanation alone did)
     assert len(case["scenario"]["steps"]) <= 18
@@ -284,7 +284,9 @@ def test_keep_going_collects_several_distinct_findings_of_one_property(fuzz, pyt
     result.assert_outcomes(failed=1)
     cases = saved_cases(pytester)
     signatures = {c["signature"] for c in cases}
-    assert len(cases) == len(signatures) >= 3
+    # two root causes here: a reservation lost by a topology switch, and one lost by an
+    # assignment change (the invalid tensor is no longer part of a lost reservation's signature)
+    assert len(cases) == len(signatures) >= 2
     out = result.stdout.str()
     assert f"{len(cases)} distinct findings:" in out and f"distinct signatures = {len(cases)}" in out
     assert all(sig in out for sig in signatures)
