@@ -333,7 +333,7 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts["server"] = died.group(1)
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
-    if any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc")):
+    if any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
         # ggml said no (a buffer it could not allocate) and was asked again: a different story,
         # whichever later step then fails
         facts["after"] = "failed allocation"
