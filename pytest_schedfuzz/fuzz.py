@@ -451,8 +451,8 @@ class Fuzzer:
             return props.CHECKS[prop](scenario, Trace(()), Trace(()))
         trace = self.confirmed(scenario, self.run_engine(scenario))
         if prop == "reuse-equivalent":
-            fresh = self.run_engine(props.fresh_variant(scenario))
-            return props.no_abort(scenario, trace, Trace(())) or props.reuse_equivalent(scenario, trace, fresh)
+            aborted = self.causes_told_apart(scenario, Trace(()), props.no_abort(scenario, trace, Trace(())))
+            return aborted or props.reuse_equivalent(scenario, trace, self.run_engine(props.fresh_variant(scenario)))
         prediction = self.predict(scenario)
         found = props.no_abort(scenario, trace, prediction)
         if prop != "no-abort":

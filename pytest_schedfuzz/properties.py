@@ -333,9 +333,9 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts["server"] = died.group(1)
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
-    if any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
-        # ggml said no (a buffer it could not allocate) and was asked again: a different story,
-        # whichever later step then fails
+    if "failed to allocate" in a.message or any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
+        # ggml could not allocate a buffer (it logged so, or said no to an earlier step) and went
+        # on: a different story, whichever step then fails
         facts["after"] = "failed allocation"
         facts.pop("during", None)
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation

@@ -8,6 +8,7 @@ import ctypes
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import planted
@@ -243,3 +244,22 @@ def test_a_view_forced_to_another_backend_reads_garbage(engine: GgmlTarget, kind
     finally:
         fuzzer.close()
     assert signed.signature() == "same-values[forced=view]" and "views v are assigned a backend" in signed.message
+
+
+@pytest.mark.parametrize("lib", BUILT_IN)
+def test_a_crash_after_an_allocation_ggml_could_not_make_is_signed_by_that(lib: str):
+    """Whether the refused allocation came in an earlier step (reserve returned false) or, in
+    0.15.3, in the crashing step itself (alloc_splits ignores its re-reservation's failure), the
+    crash is the starter corpus's: ``ggml_gallocr_reserve_n`` kept a plan whose buffer does not
+    exist. ggml's error is in the report."""
+    case = load_case(next(CORPUS.glob("no-abort-after-failed-allocation-*.json")))
+    assert case.scenario is not None
+    first, *_, last = case.scenario.steps
+    scenarios = [case.scenario] + ([replace(case.scenario, steps=(first, last))] if lib == "ggml-0.15.3" else [])
+    fuzzer = Fuzzer(FuzzConfig(lib=lib, database=None))
+    try:
+        for scenario in scenarios:
+            (v,) = fuzzer.check("no-abort", scenario)
+            assert v.signature() == case.signature and "failed to allocate" in v.message, v
+    finally:
+        fuzzer.close()

@@ -169,7 +169,11 @@ class Ggml:
 
     def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
         try:
-            self.log.feed((text or b"").decode(errors="replace"))
+            line = (text or b"").decode(errors="replace")
+            if level == self.g.GGML_LOG_LEVEL_ERROR:
+                # ggml's errors also go to stderr: a crash's report then carries them
+                os.write(2, line.encode())
+            self.log.feed(line)
         except Exception as e:  # an exception must not unwind into C
             self.log.errors.append(f"log callback failed: {e!r}")
 
