@@ -463,8 +463,8 @@ class Fuzzer:
 
     def causes_told_apart(self, scenario: Scenario, prediction: Trace, found: list[props.Violation]) -> list[props.Violation]:
         """Wrong values, or aborts, in a compute step: run the scenario again without what may
-        cause them, and sign what goes away by that cause, so
-        that its varying symptoms make one signature and other bugs keep theirs:
+        cause them, and sign what goes away by that cause, so that its varying symptoms make
+        one signature and other bugs keep theirs:
 
         * every device synchronous: a race (``properties.as_race``);
         * no view assigned a backend: a forced view (``properties.as_forced_view``)."""
