@@ -101,14 +101,18 @@ def synchronous_variant(scenario: Scenario) -> Scenario:
     return replace(scenario, layout=replace(scenario.layout, backends=backends))
 
 
-def as_race(v: Violation, scenario: Scenario) -> Violation:
-    """``v`` re-signed as a race, under same-values: what a race hits varies from run to run (a
-    tensor's values, or an assert in a kernel that read garbage indices), so neither the
-    signature nor the message keeps it, only that it needs asynchronous execution."""
+def _by_cause(v: Violation, scenario: Scenario, only_while: str, cause: str, facts: dict[str, object]) -> Violation:
+    """``v`` (wrong values, or a kernel that failed on them) re-signed under same-values by a
+    cause a rerun proved: what such a bug hits varies from run to run, so neither the signature
+    nor the message keeps it."""
     step = scenario.steps[v.step].describe() if v.step < len(scenario.steps) else f"step {v.step}"
     return Violation("same-values", v.step, f"after {step}: results differ from the CPU-only computation (or a kernel fails on them) "
-                     "only while a device runs asynchronously: a missing synchronisation with an asynchronous backend",
-                     {"race": "asynchronous"})
+                     f"only while {only_while}: {cause}", facts)
+
+
+def as_race(v: Violation, scenario: Scenario) -> Violation:
+    """``v`` re-signed as a race: it needs asynchronous execution."""
+    return _by_cause(v, scenario, "a device runs asynchronously", "a missing synchronisation with an asynchronous backend", {"race": "asynchronous"})
 
 
 def forced_views(scenario: Scenario) -> list[str]:
@@ -123,13 +127,9 @@ def unforced_views_variant(scenario: Scenario) -> Scenario:
 
 
 def as_forced_view(v: Violation, scenario: Scenario) -> Violation:
-    """``v`` (wrong values, or a kernel that failed on them) re-signed under same-values: the
-    results are right once no view is assigned a backend of its own."""
-    step = scenario.steps[v.step].describe() if v.step < len(scenario.steps) else f"step {v.step}"
-    views = ", ".join(forced_views(scenario))
-    return Violation("same-values", v.step, f"after {step}: results differ from the CPU-only computation (or a kernel fails on them) "
-                     f"only while the views {views} are assigned a backend (ggml_backend_sched_set_tensor_backend): a view put on "
-                     "another backend than its source's is copied as a split input before its source is computed", {"forced": "view"})
+    """``v`` re-signed: the results are right once no view is assigned a backend of its own."""
+    return _by_cause(v, scenario, f"the views {', '.join(forced_views(scenario))} are assigned a backend (ggml_backend_sched_set_tensor_backend)",
+                     "a view put on another backend than its source's is copied as a split input before its source is computed", {"forced": "view"})
 
 
 def fresh_variant(scenario: Scenario) -> Scenario:
