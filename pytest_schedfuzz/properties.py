@@ -286,11 +286,18 @@ def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], s
     ek, pk = [_event_key(e) for e in r.events], [_event_key(e) for e in p.events]
     if ek != pk:
         return "events", f"realloc events: engine {[e.describe() for e in r.events]}, reference {[e.describe() for e in p.events]}"
+    if r.kind in ("reserve", "alloc", "compute") and r.ok != p.ok:
+        return "allocation", f"engine {'allocated' if r.ok else 'failed to allocate'}, reference predicts {'success' if p.ok else 'a refused buffer'}"
+    if r.buffer_sizes and r.buffer_sizes != p.buffer_sizes:
+        k = _first_diff(r.buffer_sizes, p.buffer_sizes)
+        return "buffers", (f"{layout_name(k)}'s compute buffer: engine {r.buffer_sizes[k]} bytes, reference {p.buffer_sizes[k] if k < len(p.buffer_sizes) else '-'} "
+                           f"(all: engine {list(r.buffer_sizes)}, reference {list(p.buffer_sizes)})")
     return None
 
 
 def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
-    """Assignment, splits, graph_size and realloc events equal the reference's prediction."""
+    """Assignment, splits, graph_size, the graph copy, realloc events, whether allocation
+    succeeded and each backend's compute buffer size equal the reference's prediction."""
     for r, p in zip(trace.records, prediction.records):
         diff = _compare_record(r, p, scenario.layout.name)
         if diff:

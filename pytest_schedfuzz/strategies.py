@@ -38,7 +38,7 @@ def gpus(draw: st.DrawFn) -> BackendSpec:
     return BackendSpec(
         "gpu",
         offload_min_batch=draw(st.sampled_from((None, 8, 32))),
-        max_size=draw(st.sampled_from((None, 65536, 1 << 20))),
+        max_size=draw(st.sampled_from((None, 16384, 65536, 1 << 20))),
         alignment=draw(st.sampled_from((32, 128, 512))),
         unsupported=tuple(draw(st.lists(st.sampled_from(GPU_REFUSABLE), max_size=2, unique=True))),
         host_buffer=not shared and draw(st.booleans()),

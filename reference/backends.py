@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from pytest_schedfuzz.scenario import BackendLayout
 
+from .alloc import SIZE_MAX, BufferType
 from .graph import CGraph
 
 BLAS_MIN_BATCH = 32  # ggml-blas.cpp: min_batch in supports_op
@@ -65,6 +66,20 @@ class Backends:
         """``ggml_backend_offload_op``: a gpu's threshold on ``ne[1]``; no other backend offloads."""
         threshold = self.layout.backends[b].offload_min_batch
         return threshold is not None and g.ne1[t] >= threshold
+
+    def buffer_type(self, b: int) -> BufferType:
+        """What ggml-alloc asks of backend ``b``'s compute buffer type (``sched->bufts[b]``):
+        the CPU's (and an RPC server's CPU's) align to 32 bytes with no limit; a gpu's own and
+        host buffer types align to its ``alignment``, and its own refuses over ``max_size``
+        (``buft_alloc_buffer`` in ``fake_gpu.c``)."""
+        name = self.bufts[b]
+        gpu = next((i for i in range(self.n) if self.kinds[i] == "gpu" and name in (self.buffer_bufts[i], f"{self.layout.name(i)}_Host")), None)
+        if gpu is None or name == "CPU":
+            return BufferType(name)
+        spec = self.layout.backends[gpu]
+        own = name == self.buffer_bufts[gpu]
+        limit = spec.max_size if own and spec.max_size else None
+        return BufferType(name, spec.alignment, limit if limit is not None else SIZE_MAX, limit)
 
     def is_host(self, b: int) -> bool:
         return self.layout.is_host(b)

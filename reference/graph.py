@@ -48,6 +48,7 @@ def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
                 "ne0": geo[t.name].ne[0],
                 "ne1": geo[t.name].ne[1],
                 "contiguous": is_contiguous(geo[t.name]),
+                "layout": (geo[t.name].type, geo[t.name].ne, geo[t.name].nb),
             },
         )
         for t in spec.tensors
@@ -102,6 +103,12 @@ class Ref:
     name: str
     needs_memory: bool
     nbytes: int
+    # what ggml-alloc reads besides (``reference/alloc.py``)
+    op: str = "NONE"  # ggml_op_name: ggml_op_can_inplace
+    view_src: str | None = None
+    input: bool = False  # GGML_TENSOR_FLAG_INPUT: allocated before the nodes
+    output: bool = False  # GGML_TENSOR_FLAG_OUTPUT: never freed nor overwritten in place
+    layout: tuple = ()  # (type, ne, nb): ggml_are_same_layout
 
 
 @dataclass
@@ -125,6 +132,7 @@ class CGraph:
     ne0: list[int]
     ne1: list[int]
     contiguous: list[bool]
+    layout: list[tuple]
     srcs: list[tuple[int, ...]]
     refs: list[Ref] = field(default_factory=list)  # each tensor as the allocator sees it
 
@@ -158,9 +166,14 @@ class CGraph:
             ne0=[x["ne0"] for x in a],
             ne1=[x["ne1"] for x in a],
             contiguous=[x["contiguous"] for x in a],
+            layout=[x["layout"] for x in a],
             srcs=[tuple(index[s] if s is not None else -1 for s in x["srcs"]) for x in a],
         )
-        cg.refs = [Ref(n, not cg.has_data(t) and cg.view_src[t] < 0, cg.nbytes[t]) for t, n in enumerate(names)]
+        cg.refs = [
+            Ref(n, not cg.has_data(t) and cg.view_src[t] < 0, cg.nbytes[t], cg.ggml_op[t], names[cg.view_src[t]] if cg.view_src[t] >= 0 else None,
+                cg.input[t], cg.output[t], cg.layout[t])
+            for t, n in enumerate(names)
+        ]
         return cg
 
     @property

@@ -14,7 +14,7 @@ from .versions import NEWEST, Rules
 Prediction = Trace
 
 
-def _record(i: int, step: Step, sched: Scheduler, result: SplitResult, events: list[ReallocEvent], names: list[str], n_nodes: int) -> StepRecord:
+def _record(i: int, step: Step, sched: Scheduler, result: SplitResult, events: list[ReallocEvent], names: list[str], n_nodes: int, ok: bool) -> StepRecord:
     copy = result.copy
     return StepRecord(
         index=i,
@@ -28,7 +28,9 @@ def _record(i: int, step: Step, sched: Scheduler, result: SplitResult, events: l
         graph_size=result.graph_size,
         n_nodes=len(copy.nodes),
         n_leafs=len(copy.leafs),
+        buffer_sizes=sched.buffer_sizes(),
         events=tuple(events),
+        ok=ok,
     )
 
 
@@ -67,12 +69,12 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
                 assert step.params is not None
                 if not (step.reuse and sched is not None):
                     sched = scheduler(scenario.layout, step.params, rules)
-                records.append(StepRecord(i, step.kind, reused=step.reuse))
+                records.append(StepRecord(i, step.kind, n_copies=sched.n_copies, buffer_sizes=sched.buffer_sizes(), reused=step.reuse))
                 continue
             assert sched is not None, "the first step must be sched_new"
             if step.kind == "reset":
                 sched.reset()
-                records.append(StepRecord(i, step.kind))
+                records.append(StepRecord(i, step.kind, n_copies=sched.n_copies, buffer_sizes=sched.buffer_sizes()))
                 continue
             spec = scenario.graph(step.graph or "")
             sched.reset()
@@ -81,10 +83,10 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
             name = step.graph or ""
             g = cgraphs.get(name) or cgraphs.setdefault(name, CGraph.build(spec))
             if step.kind == "reserve":
-                result, events = sched.reserve(g), []
+                (result, ok), events = sched.reserve(g), []
             else:
-                result, events = sched.alloc_graph(g, i)
-            records.append(_record(i, step, sched, result, events, g.names, g.n_nodes))
+                result, events, ok = sched.alloc_graph(g, i)
+            records.append(_record(i, step, sched, result, events, g.names, g.n_nodes, ok))
         except SchedAbort as e:
-            return Trace(tuple(records), Abort(i, "abort", str(e)), {"name": "reference", "ggml_version": rules.version})
+            return Trace(tuple(records), Abort(i, e.kind, str(e)), {"name": "reference", "ggml_version": rules.version})
     return Trace(tuple(records), None, {"name": "reference", "ggml_version": rules.version})

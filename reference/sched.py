@@ -15,11 +15,12 @@ a buffer type is a string from ``BackendLayout.buft``, a tensor copy a ``Ref``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from pytest_schedfuzz.scenario import BackendLayout
 from pytest_schedfuzz.trace import ReallocEvent, Split
 
+from .alloc import AllocAbort, Gallocr, NullBufferCrash
 from .backends import Backends, fake_gpu_reorder
 from .graph import CGraph, Ref
 from .params import SchedParams
@@ -43,6 +44,14 @@ def ggml_hash_size(min_sz: int) -> int:
 class SchedAbort(Exception):
     """ggml would abort here (``GGML_ABORT`` / ``GGML_ASSERT``); the message is ggml's."""
 
+    kind = "abort"
+
+
+class SchedCrash(SchedAbort):
+    """ggml would crash here (a signal, no assert): the message says where and why."""
+
+    kind = "crash"
+
 
 @dataclass(frozen=True)
 class GraphCopy:
@@ -53,17 +62,6 @@ class GraphCopy:
     node_backend_ids: tuple[int, ...]
     leafs: tuple[Ref, ...]
     leaf_backend_ids: tuple[int, ...]
-
-
-@dataclass
-class Plan:
-    """What ``ggml_gallocr_reserve_n`` recorded per position: ``size_max`` of each node and of
-    each of its srcs, ``-1`` where the buffer id was ``-1`` (not allocated by ggml-alloc)."""
-
-    n_nodes: int = 0
-    n_leafs: int = 0
-    dst: list[int] = field(default_factory=list)
-    srcs: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -100,7 +98,8 @@ class Scheduler:
         self.prev_leaf_backend_ids: list[int] = []
         self.debug_graph_size = 0
         self.debug_prev_graph_size = 0
-        self.plan: Plan | None = None  # the galloc's node_allocs; None before the first reserve
+        # ggml_gallocr_new_n(sched->bufts): the plan (node_allocs) and the compute buffers
+        self.galloc = Gallocr([self.backends.buffer_type(b) for b in range(self.n_backends)])
         self.user_assignments: dict[str, int] = {}
         self.is_alloc = False
 
@@ -115,26 +114,33 @@ class Scheduler:
         """``ggml_backend_sched_set_tensor_backend``."""
         self.user_assignments[name] = backend
 
-    def reserve(self, g: CGraph) -> SplitResult:
-        """``ggml_backend_sched_reserve``: split, then ``ggml_gallocr_reserve_n``, then reset."""
+    def reserve(self, g: CGraph) -> tuple[SplitResult, bool]:
+        """``ggml_backend_sched_reserve``: split, then ``ggml_gallocr_reserve_n``, then reset;
+        false (and no reset) when a buffer could not be allocated."""
         self._check_hash_size(g, "measure_graph")
         self.synchronize()
         result = self.split_graph(g)
-        self.plan = gallocr_reserve_n(result.copy)
+        if not self.gallocr_reserve_n(result.copy):
+            return result, False
         self.reset()
-        return result
+        return result, True
 
-    def alloc_graph(self, g: CGraph, step: int) -> tuple[SplitResult, list[ReallocEvent]]:
-        """``ggml_backend_sched_alloc_graph``: split, then ``ggml_backend_sched_alloc_splits``."""
+    def alloc_graph(self, g: CGraph, step: int) -> tuple[SplitResult, list[ReallocEvent], bool]:
+        """``ggml_backend_sched_alloc_graph``: split, then ``ggml_backend_sched_alloc_splits``;
+        false when that fails (``is_alloc`` stays false)."""
         self._check_hash_size(g, "graph")
         if self.is_alloc:
             raise SchedAbort("GGML_ASSERT(!sched->is_alloc) failed")
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
         result = self.split_graph(g)
-        events = self.alloc_splits(result, step)
-        self.is_alloc = True
-        return result, events
+        events, ok = self.alloc_splits(result, step)
+        self.is_alloc = ok
+        return result, events, ok
+
+    def buffer_sizes(self) -> tuple[int, ...]:
+        """``ggml_backend_sched_get_buffer_size`` of each backend."""
+        return tuple(self.galloc.get_buffer_size(b) for b in range(self.n_backends))
 
     def synchronize(self) -> None:
         """``ggml_backend_sched_synchronize``: a scheduler without an allocated graph goes back to
@@ -411,7 +417,7 @@ class Scheduler:
 
     def graph_input_copies(self, g: CGraph, t: int, backend: int) -> list[Ref]:
         """The ``n_copies`` copies of a graph input: copy ``cur_copy`` is the input itself."""
-        return [self.ref(g, t) if c == self.cur_copy else self.copy_ref(g, t, backend, c) for c in range(self.n_copies)]
+        return [self.ref(g, t) if c == self.cur_copy else self.copy_ref(g, t, backend, c, flagged=True) for c in range(self.n_copies)]
 
     def split_order(self, g: CGraph, split: Split, node_srcs: dict[int, list[Ref | None]]) -> list[int]:
         """The split's nodes after ``ggml_backend_graph_optimize`` on its backend (called per split
@@ -430,9 +436,11 @@ class Scheduler:
     def ref(self, g: CGraph, t: int) -> Ref:
         return g.refs[t]
 
-    def copy_ref(self, g: CGraph, t: int, backend: int, c: int) -> Ref:
-        """``ggml_dup_tensor_layout`` of ``t``, named ``BACKEND#name#c`` like ggml."""
-        return Ref(f"{self.layout.name(backend)}#{g.names[t]}#{c}", True, g.nbytes[t])
+    def copy_ref(self, g: CGraph, t: int, backend: int, c: int, flagged: bool | None = None) -> Ref:
+        """``ggml_dup_tensor_layout`` of ``t``, named ``BACKEND#name#c`` like ggml. A graph input's
+        copies are flagged input and output, a split input's only with ``n_copies > 1``."""
+        flagged = self.n_copies > 1 if flagged is None else flagged
+        return Ref(f"{self.layout.name(backend)}#{g.names[t]}#{c}", True, g.nbytes[t], "NONE", None, flagged, flagged, g.layout[t])
 
     def build_graph_copy(
         self, g: CGraph, ids: list[int], splits: list[Split], node_srcs: dict[int, list[Ref | None]], graph_inputs: list[int]
@@ -483,6 +491,12 @@ class Scheduler:
             leafs.append(self.ref(g, t))
             leaf_ids.append(ids[t])
 
+        if graph_inputs:
+            # the graph inputs themselves (their copy cur_copy) are flagged output too
+            flag = {g.names[t] for t in graph_inputs}
+            out = lambda r: replace(r, output=True) if r is not None and r.name in flag else r
+            nodes, leafs = [out(r) for r in nodes], [out(r) for r in leafs]
+            srcs = [tuple(out(r) for r in rs) for rs in srcs]
         _write(self.node_backend_ids, node_ids)
         _write(self.leaf_backend_ids, leaf_ids)
         copy = GraphCopy(tuple(nodes), tuple(srcs), tuple(node_ids), tuple(leafs), tuple(leaf_ids))
@@ -498,23 +512,45 @@ class Scheduler:
         """The second loop: over its leafs (run when no node changed)."""
         return _ids_changed(self.leaf_backend_ids, self.prev_leaf_backend_ids, n, self.backends.bufts)
 
-    def alloc_splits(self, result: SplitResult, step: int) -> list[ReallocEvent]:
+    def gallocr_reserve_n(self, copy: GraphCopy) -> bool:
+        """``ggml_gallocr_reserve_n(sched->galloc, &sched->graph, node_backend_ids, leaf_backend_ids)``."""
+        try:
+            return self.galloc.reserve_n(copy.nodes, copy.node_srcs, copy.leafs, copy.node_backend_ids, copy.leaf_backend_ids)
+        except AllocAbort as e:
+            raise SchedAbort(str(e)) from None
+
+    def gallocr_alloc_graph(self, copy: GraphCopy) -> bool:
+        """``ggml_gallocr_alloc_graph(sched->galloc, &sched->graph)``."""
+        try:
+            return self.galloc.alloc_graph(copy.nodes, copy.node_srcs, copy.leafs)
+        except AllocAbort as e:
+            raise SchedAbort(str(e)) from None
+        except NullBufferCrash as e:
+            raise SchedCrash(str(e)) from None
+
+    def alloc_splits(self, result: SplitResult, step: int) -> tuple[list[ReallocEvent], bool]:
         """``ggml_backend_sched_alloc_splits``: re-reserve when the backend ids changed (to a
-        different buffer type) at some position, or when the galloc plan is not valid."""
+        different buffer type) at some position, or when the galloc plan is not valid; then
+        allocate. A failed re-reserve returns false in 0.25.3 and is ignored in 0.15.3
+        (``Rules.reserve_failure_returned``)."""
         copy = result.copy
         changed = self.node_ids_changed(len(copy.nodes)) or self.leaf_ids_changed(len(copy.leafs))
         event = lambda via, reason: ReallocEvent(
             step, via, changed, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes), len(result.splits), reason
         )
+        events: list[ReallocEvent] = []
         if changed:
-            self.plan = gallocr_reserve_n(copy)
-            return [event("sched", "backend ids changed")]
-        reason = gallocr_needs_realloc(self.plan, copy)
-        if reason is None:
-            return []
-        self.plan = gallocr_reserve_n(copy)
-        # ggml_gallocr_alloc_graph re-reserves by itself when it has a single buffer
-        return [event("gallocr" if self.n_backends == 1 else "sched", reason)]
+            events.append(event("sched", "backend ids changed"))
+        else:
+            reason = self.galloc.needs_realloc(copy.nodes, copy.node_srcs, copy.leafs)
+            if reason is not None:
+                # ggml_gallocr_alloc_graph re-reserves by itself when it has a single buffer
+                events.append(event("gallocr" if self.galloc.n_buffers == 1 else "sched", reason))
+            if self.gallocr_alloc_graph(copy):
+                return events, True
+        if not self.gallocr_reserve_n(copy) and self.rules.reserve_failure_returned:
+            return events, False
+        return events, self.gallocr_alloc_graph(copy)
 
 
 def _write(arr: list[int], values: list[int]) -> None:
@@ -532,41 +568,3 @@ def _ids_changed(cur: list[int], prev: list[int], n: int, bufts: list[str]) -> b
         if a != b and bufts[a] != bufts[b]:
             return True
     return False
-
-
-# ---------------------------------------------------------------------- ggml-alloc.c
-
-
-def gallocr_reserve_n(copy: GraphCopy) -> Plan:
-    """``ggml_gallocr_reserve_n``: record, per position, the allocation size of each node and
-    each src (``-1`` for tensors with data or a view source, which ggml-alloc leaves alone)."""
-    plan = Plan(len(copy.nodes), len(copy.leafs))
-    for node, srcs in zip(copy.nodes, copy.node_srcs):
-        plan.dst.append(node.nbytes if node.needs_memory else -1)
-        plan.srcs.append(tuple(s.nbytes if s is not None and s.needs_memory else -1 for s in srcs))
-    return plan
-
-
-def _valid(size_max: int, t: Ref) -> bool:
-    """``ggml_gallocr_node_needs_realloc`` (true means *valid*, despite the name)."""
-    if not t.needs_memory:
-        return True
-    return size_max >= 0 and size_max >= t.nbytes
-
-
-def gallocr_needs_realloc(plan: Plan | None, copy: GraphCopy) -> str | None:
-    """``ggml_gallocr_needs_realloc``: ggml's reason the plan does not fit, or None if it does."""
-    if plan is None or plan.n_nodes != len(copy.nodes):
-        return "different number of nodes"
-    if plan.n_leafs != len(copy.leafs):
-        return "different number of leafs"
-    for i, (node, srcs) in enumerate(zip(copy.nodes, copy.node_srcs)):
-        if not _valid(plan.dst[i], node):
-            return f"node {node.name} is not valid"
-        planned = plan.srcs[i]
-        for j, src in enumerate(srcs):
-            if src is None:
-                continue
-            if not _valid(planned[j] if j < len(planned) else -1, src):
-                return f"src {j} ({src.name}) of node {node.name} is not valid"
-    return None

@@ -71,7 +71,8 @@ def test_the_device_builds_against_each_built_in_ggml(name: str):
 def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engine: GgmlTarget):
     """Layouts of up to two GPU-like devices (offload, refused ops, chunked buffers, host
     buffers, shared buffer types, reordering, asynchronous) beside RPC and the CPU; scenarios
-    with compute steps and driver workloads. Every device feature must occur. On ggml 0.15.3
+    with compute steps and driver workloads. matches-reference compares each backend's
+    compute buffer size too. Every device feature must occur. On ggml 0.15.3
     the devices run synchronously: its scheduler races with asynchronous ones (a known bug,
     fixed in 0.25.3; ``test_0_15_3_races_with_an_asynchronous_device``)."""
     rules = engine_rules(engine)
@@ -110,12 +111,18 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
             seen[feature] += any(getattr(b, feature) for b in layout)
         gpus = [i for i, b in enumerate(layout) if b.kind == "gpu"]
         seen["nodes on a gpu"] += any(b in gpus for r in trace.records for b in r.node_backends)
+        # compute buffers (which matches-reference compares) bigger than a chunk may be
+        seen["chunked buffers"] += any(layout[i].max_size and r.buffer_sizes[i] > layout[i].max_size for r in trace.records
+                                       for i in gpus if r.buffer_sizes)
+        seen["compute buffer sizes compared"] += sum(len(r.buffer_sizes) for r in trace.records)
 
     agree()
+    print(f"{rules.version}: {dict(seen)}")
     assert seen["scenarios"] + seen["known bugs"] == 200 and seen["known bugs"] < 20, seen
-    assert seen["values compared"] > 200
+    assert seen["values compared"] > 200 and seen["compute buffer sizes compared"] > 1000
     for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported", "nodes on a gpu"):
         assert seen[feature] >= 10, seen
+    assert seen["chunked buffers"] >= 5, seen
 
 
 def offload_workload() -> Workload:
@@ -155,13 +162,17 @@ def square_matmuls() -> Scenario:
 
 def test_same_values_catches_an_allocator_computing_a_matmul_in_place():
     """ggml-alloc rebuilt to reuse a parent's memory for any op (not only those that can run in
-    place): no reallocation changes, so only the values show it."""
+    place): no reallocation event changes, but the values do, and so does the compute buffer,
+    which the reference's ggml-alloc (``reference/alloc.py``) predicts."""
     scenario = square_matmuls()
     with GgmlTarget(lib=str(build_ggml_base("ggml-0.25.3", (mutant("alloc-inplace-any-op").patch,)))) as planted_engine:
         trace = planted_engine.run(scenario)
         rules = rules_for(planted_engine.start()["ggml_version"])[0]
     prediction = predict(scenario, rules=rules)
-    assert not no_abort(scenario, trace, prediction) and not matches_reference(scenario, trace, prediction)
+    assert not no_abort(scenario, trace, prediction)
+    assert [r.events for r in trace.records] == [r.events for r in prediction.records]
+    (smaller,) = matches_reference(scenario, trace, prediction)
+    assert smaller.facts == {"what": "buffers"} and "GPU0's compute buffer: engine 1024 bytes, reference 2048" in smaller.message
     (v,) = same_values(scenario, trace, prediction)
     assert v.facts == {"what": "output", "op": "mul_mat"}, v
     assert "differ from the CPU-only result" in v.message

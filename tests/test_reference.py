@@ -380,16 +380,16 @@ def test_alloc_twice_without_reset_aborts():
 
 
 def _without_leaf_count(mp: pytest.MonkeyPatch) -> None:
-    import reference.sched
+    from reference.alloc import NO_ALLOC, Gallocr
 
-    original = reference.sched.gallocr_needs_realloc
+    original = Gallocr.needs_realloc
 
-    def needs_realloc(plan, copy):  # type: ignore[no-untyped-def]
-        if plan is not None:
-            plan.n_leafs = len(copy.leafs)
-        return original(plan, copy)
+    def needs_realloc(self, nodes, srcs, leafs):  # type: ignore[no-untyped-def]
+        if self.plan is not None:
+            self.plan.leafs = [NO_ALLOC] * len(leafs)
+        return original(self, nodes, srcs, leafs)
 
-    mp.setattr(reference.sched, "gallocr_needs_realloc", needs_realloc)
+    mp.setattr(Gallocr, "needs_realloc", needs_realloc)
 
 
 def _without_split_input_limit(mp: pytest.MonkeyPatch) -> None:
@@ -417,7 +417,7 @@ RULE_TESTS: list[tuple[str, Callable[[], None], Callable[[pytest.MonkeyPatch], N
      lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.op.__setitem__(slice(None), [o if o != "rope" else "rope_" for o in g.op])))),
     ("pass 4 views", test_pass4_views_follow_their_view_source, lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.view_src.__setitem__(slice(None), [-1] * len(g.view_src))))),
     ("weight split", test_pass5_new_split_for_weight_on_incompatible_backend, lambda mp: mp.setattr(CGraph, "build", _patched_build(lambda g: g.weights.__setitem__(slice(None), [False] * len(g.weights))))),
-    ("plan validity", test_topology_switch_forgets_the_larger_reservation, lambda mp: mp.setattr("reference.sched.gallocr_needs_realloc", lambda plan, copy: None)),
+    ("plan validity", test_topology_switch_forgets_the_larger_reservation, lambda mp: mp.setattr("reference.alloc.Gallocr.needs_realloc", lambda self, nodes, srcs, leafs: None)),
     ("leaf loop of backend_ids_changed", test_backend_ids_changed_reads_the_leafs_too, lambda mp: mp.setattr(Scheduler, "leaf_ids_changed", lambda s, n: False)),
     ("leaf count", test_leaf_count_is_part_of_the_plan, _without_leaf_count),
     ("split-input abort", test_a_split_with_29_inputs_and_a_node_needing_2_more_aborts_in_0_15_3, _without_split_input_limit),
@@ -429,7 +429,7 @@ RULE_TESTS: list[tuple[str, Callable[[], None], Callable[[pytest.MonkeyPatch], N
     ("same buffer type", test_backend_ids_changed_only_across_buffer_types,
      lambda mp: mp.setattr("reference.sched._ids_changed", lambda cur, prev, n, bufts: any(
          (cur[i] if i < len(cur) else 0) != (prev[i] if i < len(prev) else 0) for i in range(n)))),
-    ("allocation sizes", test_alloc_larger_than_reservation_reallocs_naming_the_node, lambda mp: mp.setattr("reference.sched._valid", lambda size_max, t: True)),
+    ("allocation sizes", test_alloc_larger_than_reservation_reallocs_naming_the_node, lambda mp: mp.setattr("reference.alloc.node_valid", lambda talloc, t: True)),
 ]
 
 

@@ -195,8 +195,9 @@ def test_matches_reference_compares_abort_messages() -> None:
 
 def test_the_size_oracle_sees_a_graph_copy_that_the_shared_rule_hides() -> None:
     """ggml 0.25.3 rebuilt without pass 6 (the mutation score's ``no-pass6``): the engine's
-    records derive graph inputs with the 0.25.3 rule, as the reference does, so matches-reference
-    alone passes; ggml's own figures under ``GGML_SCHED_DEBUG_REALLOC=2`` show the difference."""
+    records derive graph inputs with the 0.25.3 rule, as the reference does, so the graph copy
+    and graph size agree; ggml's own figures under ``GGML_SCHED_DEBUG_REALLOC=2`` show the
+    difference, and so does the compute buffer (inputs without their copies need less)."""
     from pytest_schedfuzz.build import build_ggml_base
     from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
     from pytest_schedfuzz.mutants import MUTANTS
@@ -210,7 +211,10 @@ def test_the_size_oracle_sees_a_graph_copy_that_the_shared_rule_hides() -> None:
             f = Fuzzer(FuzzConfig(lib=lib, size_oracle=oracle, database=None))
             try:
                 found[lib, oracle] = [v.signature() for v in f.check("matches-reference", sc)]
+                if lib == planted and oracle:
+                    found["ggml's own sizes", True] = [v.signature() for v in f.size_oracle_check(sc, predict(sc))]
             finally:
                 f.close()
-    assert found["ggml-0.25.3", False] == found["ggml-0.25.3", True] == found[planted, False] == []
-    assert found[planted, True] == ["matches-reference[what=ggml-graph-size]"]
+    assert found["ggml-0.25.3", False] == found["ggml-0.25.3", True] == []
+    assert found[planted, False] == found[planted, True] == ["matches-reference[what=buffers]"]
+    assert found["ggml's own sizes", True] == ["matches-reference[what=ggml-graph-size]"]
