@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from reference.graph import CGraph
-from reference.params import SchedParams
 from reference.predict import predict
 from reference.sched import Scheduler
 
 from .fuzz import FuzzConfig, Fuzzer
 from .models import ModelShape, llama_graph
 from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS
-from .scenario import BackendLayout, Scenario, Step
+from .scenario import BackendLayout, Scenario, SchedParams, Step
 from .targets.ggml_target import GgmlTarget
 
 LAYERS = (4, 8, 16, 32)  # about 1k, 2k, 4k and 8k nodes

@@ -4,7 +4,7 @@
 ``llama_context`` does after commit 3e86ce2 (``../shared/seeds/004_*``):
 
 - ``sched_new(params)`` reuses the current scheduler when the *policy* says so (default:
-  ``SchedParams.can_reuse``), then ``sched_reserve`` reserves the worst-case graphs: the
+  ``reference.params.can_reuse``), then ``sched_reserve`` reserves the worst-case graphs: the
   prompt-processing graph, the token-generation graph, then the prompt graph again; when the
   workload declares the reservation out of memory with pipeline parallelism, the driver
   retries with ``parallel = false`` (a second ``sched_new``) as ``sched_reserve`` does;
@@ -20,17 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from reference.params import SchedParams
+from reference.params import can_reuse
 
 from .models import ModelShape, llama_graph
-from .scenario import BackendLayout, GraphSpec, Scenario, Step
+from .scenario import BackendLayout, GraphSpec, Scenario, SchedParams, Step
 
 Policy = Callable[[SchedParams, SchedParams], bool]
-
-
-def can_reuse(new: SchedParams, cur: SchedParams) -> bool:
-    """The seed's policy: ``new.can_reuse(cur)``."""
-    return new.can_reuse(cur)
 
 
 def load_policy(spec: str) -> Policy:

@@ -445,18 +445,18 @@ class Fuzzer:
         return again
 
     def check(self, prop: str, scenario: Scenario) -> list[props.Violation]:
-        """Every violation of ``prop`` (and of no-abort, whenever the engine ran) on one case."""
-        if prop in ("reuse-sound", "reuse-complete"):
-            # decisions of the driver's policy: no engine needed to judge them
-            return props.CHECKS[prop](scenario, Trace(()), Trace(()))
+        """Every violation of ``prop`` on one case, and of no-abort whenever the engine ran:
+        ``prop`` is judged on what its ``needs`` say (``properties.PROPERTIES``). An engine run
+        that aborted is not compared with a fresh one (its aborts are the finding)."""
+        p = props.PROPERTIES[prop]
+        if props.ENGINE not in p.needs:
+            return p.judge(scenario, props.Observed())
         trace = self.confirmed(scenario, self.run_engine(scenario))
-        if prop == "reuse-equivalent":
-            aborted = self.causes_told_apart(scenario, Trace(()), props.no_abort(scenario, trace, Trace(())))
-            return aborted or props.reuse_equivalent(scenario, trace, self.run_engine(props.fresh_variant(scenario)))
-        prediction = self.predict(scenario)
+        prediction = self.predict(scenario) if props.REFERENCE in p.needs else Trace(())
         found = props.no_abort(scenario, trace, prediction)
-        if prop != "no-abort":
-            found += props.CHECKS[prop](scenario, trace, prediction)
+        if prop != "no-abort" and not (found and props.FRESH in p.needs):
+            fresh = self.run_engine(props.fresh_variant(scenario)) if props.FRESH in p.needs else Trace(())
+            found += p.judge(scenario, props.Observed(trace, prediction, fresh))
         if prop == "matches-reference" and not found and self.config.uses_size_oracle() and self.config.target is None:
             found += self.size_oracle_check(scenario, prediction)
         return self.causes_told_apart(scenario, prediction, found)

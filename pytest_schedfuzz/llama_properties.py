@@ -17,11 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from reference.params import SchedParams
+from reference.params import can_reuse
 
 from .llama import LlamaWorkload
 from .llama_trace import LlamaTrace, SchedCall
 from .properties import LLAMA_PROPERTY_IDS, Violation, reason_kind
+from .scenario import SchedParams
 
 
 def _call_name(w: LlamaWorkload, index: int) -> str:
@@ -105,7 +106,7 @@ def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         cur = SchedParams(max_nodes=kept.max_nodes, parallel=kept.parallel, op_offload=kept.op_offload)
         # what llama.cpp asks for now: max_nodes as it logs it; op_offload is fixed per context
         new = SchedParams(max_nodes=asked.max_nodes, parallel=kept.parallel, op_offload=w.ctx.op_offload)
-        if not new.can_reuse(cur):
+        if not can_reuse(new, cur):
             out.append(Violation("llama-reuse-sound", max(call, 0),
                                  f"{_call_name(w, call)} kept scheduler #{kept.sched} (max_nodes {cur.max_nodes}, op_offload {cur.op_offload}) "
                                  f"for max_nodes {new.max_nodes}, op_offload {new.op_offload}: can_reuse is false", {"why": "params"}))

@@ -1,7 +1,11 @@
-"""The properties: pure functions from (scenario, trace, prediction) to violations.
+"""The properties: pure functions from what was observed of a scenario to violations.
 
 Each violation carries a stable property id, the step where it broke, a one-line message in
-the scheduler's own terms, and the facts that make up its failure signature.
+the scheduler's own terms, and the facts that make up its failure signature. ``PROPERTIES``
+gives every graph property one interface: ``judge(scenario, observed)``, where ``observed``
+holds what its ``needs`` asked for (the engine's trace, the reference's prediction, the
+engine's run with fresh schedulers). Every property that runs the engine also reports the
+run's aborts as ``no-abort`` violations: a crash is a finding whatever was being checked.
 """
 
 from __future__ import annotations
@@ -10,10 +14,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from reference.params import SchedParams
+from reference.params import can_reuse
 
 from .driver import topology
-from .scenario import Scenario, Step
+from .scenario import Scenario, SchedParams, Step
 from .shapes import VIEW_OPS
 from .trace import ReallocEvent, StepRecord, Trace
 
@@ -39,7 +43,25 @@ class Violation:
         return f"[{self.property}] step {self.step}: {self.message}"
 
 
-Check = Callable[[Scenario, Trace, Trace], list[Violation]]
+ENGINE, REFERENCE, FRESH = "engine", "reference", "fresh"  # what a property needs observed
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a property judges; a part its ``needs`` did not ask for is an empty trace."""
+
+    trace: Trace = Trace(())  # the engine's run of the scenario
+    prediction: Trace = Trace(())  # the reference's prediction for it
+    fresh: Trace = Trace(())  # the engine's run of ``fresh_variant(scenario)``
+
+
+@dataclass(frozen=True)
+class Property:
+    """A graph property: its id, what it needs observed, and its judgement."""
+
+    id: str
+    needs: frozenset[str]
+    judge: Callable[[Scenario, Observed], list[Violation]]
 
 
 def _schedulers(scenario: Scenario):
@@ -69,7 +91,7 @@ def reuse_sound(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Vio
     out = []
     for i, s, cur in _schedulers(scenario):
         assert s.params is not None
-        if s.reuse and cur is not None and not s.params.can_reuse(cur):
+        if s.reuse and cur is not None and not can_reuse(s.params, cur):
             why = _why_not(s.params, cur)
             out.append(Violation("reuse-sound", i, f"scheduler reused although can_reuse is false: {why}", {"why": why.split(" ")[0]}))
     return out
@@ -80,7 +102,7 @@ def reuse_complete(scenario: Scenario, trace: Trace, prediction: Trace) -> list[
     out = []
     for i, s, cur in _schedulers(scenario):
         assert s.params is not None
-        if not s.reuse and cur is not None and s.params.can_reuse(cur):
+        if not s.reuse and cur is not None and can_reuse(s.params, cur):
             sizes = next((r.buffer_sizes for r in reversed(trace.records[:i]) if r.buffer_sizes), ())
             dropped = ", ".join(f"{scenario.layout.name(b)} {n / 2**20:.2f} MiB" for b, n in enumerate(sizes)) or "unknown"
             out.append(
@@ -366,11 +388,18 @@ def same_values(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Vio
     return []
 
 
-CHECKS: dict[str, Check] = {
-    "reuse-sound": reuse_sound,
-    "reuse-complete": reuse_complete,
-    "no-same-size-realloc": no_same_size_realloc,
-    "matches-reference": matches_reference,
-    "no-abort": no_abort,
-    "same-values": same_values,
-}
+def _property(id: str, needs: set[str], judge: Callable[[Scenario, Observed], list[Violation]]) -> Property:
+    return Property(id, frozenset(needs), judge)
+
+
+PROPERTIES: dict[str, Property] = {p.id: p for p in (
+    # decisions of the driver's reuse policy, read from the scenario: no engine needed
+    _property("reuse-sound", set(), lambda sc, o: reuse_sound(sc, o.trace, o.prediction)),
+    _property("reuse-complete", set(), lambda sc, o: reuse_complete(sc, o.trace, o.prediction)),
+    _property("reuse-equivalent", {ENGINE, FRESH}, lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
+    _property("no-same-size-realloc", {ENGINE, REFERENCE}, lambda sc, o: no_same_size_realloc(sc, o.trace, o.prediction)),
+    _property("matches-reference", {ENGINE, REFERENCE}, lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
+    _property("same-values", {ENGINE}, lambda sc, o: same_values(sc, o.trace, o.prediction)),
+    _property("no-abort", {ENGINE, REFERENCE}, lambda sc, o: no_abort(sc, o.trace, o.prediction)),
+)}
+assert tuple(PROPERTIES) == GRAPH_PROPERTY_IDS

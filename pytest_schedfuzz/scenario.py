@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
-from reference.params import SchedParams
-
 from .shapes import OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
 
 FORMAT_VERSION = 1
@@ -40,6 +38,17 @@ def _thaw(value: Any) -> Any:
         return [_thaw(v) for v in value]
     return value
 
+
+
+@dataclass(frozen=True)
+class SchedParams:
+    """``llama_context::sched_params``: what a ``ggml_backend_sched_new`` call was given. Whether
+    a scheduler built with some params serves others is the reference's rule
+    (``reference.params.can_reuse``)."""
+
+    max_nodes: int
+    parallel: bool = False
+    op_offload: bool = True
 
 @dataclass(frozen=True)
 class TensorSpec:

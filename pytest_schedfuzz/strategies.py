@@ -12,11 +12,20 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from reference.params import SchedParams
-
 from .driver import Reconfigure, Ubatch, Workload
 from .models import ModelShape, llama_graph
-from .scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step, leaf_merged, leaf_split, reshaped
+from .scenario import (
+    BackendLayout,
+    BackendSpec,
+    GraphBuilder,
+    GraphSpec,
+    Scenario,
+    SchedParams,
+    Step,
+    leaf_merged,
+    leaf_split,
+    reshaped,
+)
 from .shapes import nbytes
 
 DIMS = (8, 16, 32)

@@ -1,28 +1,17 @@
-"""Scheduler parameters and the reuse rule of llama.cpp's ``llama_context``."""
+"""The reuse rule of llama.cpp's ``llama_context``: ``sched_params::can_reuse``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pytest_schedfuzz.scenario import SchedParams
 
 
-@dataclass(frozen=True)
-class SchedParams:
-    """``llama_context::sched_params``: what a ``ggml_backend_sched_new`` call was given.
+def can_reuse(new: SchedParams, cur: SchedParams) -> bool:
+    """``sched_params::can_reuse``: a scheduler built with ``cur`` serves ``new`` (same
+    ``parallel``, same ``op_offload``, no more nodes).
 
-    >>> SchedParams(2048, False, True).can_reuse(SchedParams(4096, False, True))
+    >>> can_reuse(SchedParams(2048, False, True), SchedParams(4096, False, True))
     True
-    >>> SchedParams(8192, False, True).can_reuse(SchedParams(4096, False, True))
+    >>> can_reuse(SchedParams(8192, False, True), SchedParams(4096, False, True))
     False
     """
-
-    max_nodes: int
-    parallel: bool = False
-    op_offload: bool = True
-
-    def can_reuse(self, other: SchedParams) -> bool:
-        """``sched_params::can_reuse``: a scheduler built with ``other`` serves these params."""
-        return (
-            self.parallel == other.parallel
-            and self.op_offload == other.op_offload
-            and self.max_nodes <= other.max_nodes
-        )
+    return new.parallel == cur.parallel and new.op_offload == cur.op_offload and new.max_nodes <= cur.max_nodes

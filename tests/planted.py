@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_schedfuzz.scenario import Scenario
+from pytest_schedfuzz.scenario import Scenario, SchedParams
 from pytest_schedfuzz.trace import Trace
-from reference.params import SchedParams
 from reference.predict import predict
 from reference.sched import Scheduler
 

@@ -114,9 +114,8 @@ def test_engine_and_reference_agree_with_a_blas_backend():
     """BLAS takes large contiguous matmuls and shares the CPU's buffer type: pass 3 upgrades
     CPU nodes to it, and positions moving between BLAS and CPU are not a backend change."""
     from pytest_schedfuzz.models import llama_graph
-    from pytest_schedfuzz.scenario import BackendLayout, Step
+    from pytest_schedfuzz.scenario import BackendLayout, SchedParams, Step
     from pytest_schedfuzz.strategies import models
-    from reference.params import SchedParams
 
     blas_nodes = 0
     with GgmlTarget(lib=BLAS_LIB) as target:

@@ -14,10 +14,9 @@ import pytest
 
 from pytest_schedfuzz.corpus import load_case
 from pytest_schedfuzz.properties import matches_reference
-from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, Step
+from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from reference import alloc, sched
-from reference.params import SchedParams
 from reference.predict import predict
 from reference.versions import rules_for
 

@@ -14,8 +14,7 @@ import pytest
 
 from pytest_schedfuzz.corpus import Case, CaseError, case_files, load_case, save_case
 from pytest_schedfuzz.models import ModelShape, llama_graph
-from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, Scenario, Step
-from reference import SchedParams
+from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
 
 pytest_plugins = ["pytester"]
 SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pytest_schedfuzz.driver import Driver, Reconfigure, Ubatch, Workload, topology
 from pytest_schedfuzz.models import ModelShape
 from pytest_schedfuzz.properties import reuse_sound
-from pytest_schedfuzz.scenario import BackendLayout
+from pytest_schedfuzz.scenario import BackendLayout, SchedParams
 from pytest_schedfuzz.trace import Trace
-from reference import SchedParams
 
 LAYOUT = BackendLayout.of("rpc", "cpu")
 MODEL = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1)

@@ -32,12 +32,11 @@ from pytest_schedfuzz.properties import (
     synchronous_variant,
     unforced_views_variant,
 )
-from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step
+from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.strategies import scenarios, workloads
 from pytest_schedfuzz.targets.ggml_lib import base_library, library_folder
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from pytest_schedfuzz.trace import Trace
-from reference.params import SchedParams
 from reference.predict import predict
 from reference.versions import rules_for
 

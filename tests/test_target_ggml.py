@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.models import ModelShape, llama_graph
-from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
+from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.shapes import Geometry, new_tensor
 from pytest_schedfuzz.targets import Target, TargetError, Unsupported, load_target
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from pytest_schedfuzz.targets.rpc import free_port, port_accepts
 from pytest_schedfuzz.targets.schedlog import SchedLog
 from pytest_schedfuzz.targets.worker import GeometryMismatch, check_geometry
-from reference.params import SchedParams
 from reference.versions import rules_for
 
 RPC_CPU = BackendLayout.of("rpc", "cpu")

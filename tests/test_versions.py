@@ -10,10 +10,9 @@ from dataclasses import replace
 import pytest
 
 from pytest_schedfuzz.properties import matches_reference, no_abort
-from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, Step
+from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from pytest_schedfuzz.trace import Trace
-from reference import SchedParams
 from reference.predict import predict
 from reference.versions import RULES, Rules, rules_for
 

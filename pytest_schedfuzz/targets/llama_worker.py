@@ -32,9 +32,11 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from reference.versions import rules_for
+
 from ..llama import Call, ContextParams, Devices, LlamaWorkload
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
-from .schedlog import SchedLog, graph_size_of
+from .schedlog import SchedLog
 from .worker import Channel
 
 HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE = range(6)
@@ -143,7 +145,8 @@ class Llama:
             n_copies = int(self.glib.ggml_backend_sched_get_n_copies(ctypes.c_void_p(sched)))
             g = self.graph
             split_inputs = sum(len(s.inputs) for s in self.log.splits)
-            size = graph_size_of(self.version, g["n_nodes"], g["n_leafs"], split_inputs, n_splits, len(g["inputs"]) if n_copies > 1 else 0, n_copies)
+            graph_inputs = len(g["inputs"]) if n_copies > 1 else 0
+            size = rules_for(self.version)[0].graph_size(g["n_nodes"], g["n_leafs"], n_splits, split_inputs + graph_inputs, n_copies)
             prev, self.last_size[sid] = self.last_size.get(sid, 0), size
             rec: dict[str, Any] = {
                 "kind": "reserve" if phase == HOOK_RESERVE_END else "alloc",

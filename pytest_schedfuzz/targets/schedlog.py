@@ -136,12 +136,3 @@ class SchedLog:
         if index != len(self.splits):
             self.errors.append(f"split #{index} logged after {len(self.splits)} splits")
         self.splits.append(LoggedSplit(index, name, inputs, 0 if index == 0 else None))
-
-
-def graph_size_of(version: str, n_nodes: int, n_leafs: int, split_inputs: int, n_splits: int, graph_inputs: int, n_copies: int) -> int:
-    """``debug_graph_size`` as ``ggml_backend_sched_split_graph`` computes it in the loaded ggml:
-    0.25.3 counts the inputs (split inputs, plus every input leaf when ``n_copies > 1``; no backend
-    here adds dependency nodes), 0.15.3 reserved 30 inputs per split."""
-    if version.startswith("0.15."):
-        return max(n_nodes, n_leafs) + n_splits * 30 * 2 * n_copies
-    return max(n_nodes, n_leafs) + (split_inputs + graph_inputs) * 2 * n_copies

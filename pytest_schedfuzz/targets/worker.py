@@ -37,15 +37,15 @@ from dataclasses import asdict, dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from reference.params import SchedParams
+from reference.versions import rules_for
 
 from ..build import BuildError, build_fake_gpu
-from ..scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, Step, TensorSpec
+from ..scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step, TensorSpec
 from ..shapes import Geometry
 from ..trace import ReallocEvent, Split, StepRecord
 from . import TargetError, Unsupported, values
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
-from .schedlog import SchedLog, graph_size_of
+from .schedlog import SchedLog
 
 Ptr = Any  # a ctypes pointer to a ggml struct (ggml_tensor, ggml_cgraph...)
 
@@ -164,6 +164,7 @@ class Ggml:
         self.types = {name: getattr(self.g, f"GGML_TYPE_{name.upper()}") for name in TYPE_NAMES}
         self.type_names = {v: k for k, v in self.types.items()}
         self.ggml_version = self.version()
+        self.rules = rules_for(self.ggml_version)[0]  # the reference's, for debug_graph_size
         self.bindings = ""  # check_bindings()
         self._fake_gpu: ctypes.CDLL | None = None
 
@@ -712,7 +713,7 @@ class ScenarioRun:
         splits = self._splits(index, n_nodes, n_splits) if OBSERVE_SPLITS else ()
         split_inputs = sum(len(s.inputs) for s in splits)
         graph_inputs = self.eng.graph_inputs(built) if n_copies > 1 else 0
-        size = graph_size_of(self.eng.ggml_version, n_nodes, n_leafs, split_inputs, n_splits, graph_inputs, n_copies)
+        size = self.eng.rules.graph_size(n_nodes, n_leafs, n_splits, split_inputs + graph_inputs, n_copies)
         prev, self.graph_size = self.graph_size, size
         # the scheduler's graph copy: each split input adds two nodes (its source's view and its
         # copy); with n_copies > 1 the copies of the graph and split inputs also become leafs
