@@ -60,8 +60,9 @@ class StepRecord:
 
     ``node_backends``/``leaf_backends`` are backend indices per node/leaf of the graph in
     ggml's order (``-1``: unassigned); ``n_nodes``/``n_leafs`` are the scheduled graph copy's
-    (as in ggml's own realloc message; the engine reports ``n_leafs`` 0 when ``n_copies > 1``,
-    since its log does not tell it).
+    (as in ggml's own realloc message; the engine derives them from the splits and inputs it
+    observes). ``buffer_sizes`` is ``ggml_backend_sched_get_buffer_size`` of each backend after
+    the step, and ``ok`` whether the step's reserve or alloc succeeded.
     """
 
     index: int

@@ -193,6 +193,7 @@ class TensorAlloc:
 
     buffer_id: int
     size_max: int
+    addr: Address = (-1, -1)
 
 
 @dataclass
@@ -350,7 +351,7 @@ class Gallocr:
         if t is None or t.view_src is not None or not t.needs_memory:
             return NO_ALLOC
         hn = self.hash_get(t)
-        return TensorAlloc(hn.buffer_id, t.nbytes)
+        return TensorAlloc(hn.buffer_id, t.nbytes, hn.addr)
 
     def reserve_n(self, nodes: tuple[Ref, ...], node_srcs: tuple[tuple[Ref | None, ...], ...], leafs: tuple[Ref, ...],
                   node_ids: tuple[int, ...] | None, leaf_ids: tuple[int, ...] | None) -> bool:
@@ -398,8 +399,7 @@ class Gallocr:
     def alloc_graph(self, nodes: tuple[Ref, ...], node_srcs: tuple[tuple[Ref | None, ...], ...], leafs: tuple[Ref, ...]) -> bool:
         """``ggml_gallocr_alloc_graph``: when the plan does not fit, a single buffer re-reserves
         by itself, several cannot (False). Then every tensor the plan places is put in its
-        buffer; one whose buffer is NULL (its reservation was refused) is a NULL dereference in
-        ``ggml_vbuffer_tensor_alloc``."""
+        buffer (``init_tensor``), which fails when that buffer is not the plan's."""
         if self.needs_realloc(nodes, node_srcs, leafs) is not None and (
                 self.n_buffers != 1 or not self.reserve_n(nodes, node_srcs, leafs, None, None)):
             return False
@@ -409,11 +409,27 @@ class Gallocr:
             placed += [(s, a) for s, a in zip(srcs, planned) if s is not None and a is not None]
             placed.append((node, dst))
         for t, talloc in placed:
-            if t.needs_memory and talloc.buffer_id >= 0 and self.buffers[talloc.buffer_id] is None:
-                raise NullBufferCrash(
-                    f"SIGSEGV in ggml_vbuffer_tensor_alloc: the {self.bufts[talloc.buffer_id].name} buffer planned to hold "
-                    f"{t.name} is NULL (the reservation failed to allocate it)")
+            if t.needs_memory and talloc.buffer_id >= 0:
+                self.init_tensor(t, talloc)
         return True
+
+    def init_tensor(self, t: Ref, talloc: TensorAlloc) -> None:
+        """``ggml_gallocr_init_tensor`` of a tensor ggml-alloc allocates: ``ggml_vbuffer_tensor_alloc``
+        into the chunk the plan chose. After a reservation that failed, the plan is the new one
+        but the buffers are not: NULL (the refused one), or older and smaller (those after it)."""
+        buf = self.buffers[talloc.buffer_id]
+        if buf is None:
+            raise NullBufferCrash(
+                f"SIGSEGV in ggml_vbuffer_tensor_alloc: the {self.bufts[talloc.buffer_id].name} buffer planned to hold "
+                f"{t.name} is NULL (the reservation failed to allocate it)")
+        chunk, offset = talloc.addr
+        if chunk >= len(buf):  # ggml_backend_buffer_get_base(NULL chunk)
+            raise AllocAbort(f"GGML_ASSERT(buffer) failed ({t.name}: chunk {chunk} of the {self.bufts[talloc.buffer_id].name} buffer does not exist)")
+        if offset + t.nbytes > buf[chunk]:  # ggml_backend_tensor_alloc
+            raise AllocAbort(
+                "GGML_ASSERT(ggml_backend_buffer_is_meta(buffer) || (char *) addr + ggml_backend_buffer_get_alloc_size(buffer, tensor) <= "
+                f"(char *) ggml_backend_buffer_get_base(buffer) + ggml_backend_buffer_get_size(buffer)) failed ({t.name} planned at "
+                f"{offset}..{offset + t.nbytes} of the {self.bufts[talloc.buffer_id].name} buffer's chunk {chunk} of {buf[chunk]} bytes)")
 
     def get_buffer_size(self, buffer_id: int) -> int:
         """``ggml_gallocr_get_buffer_size``: a buffer shared with an earlier id counts 0."""
