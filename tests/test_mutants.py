@@ -31,3 +31,28 @@ def test_a_mutant_the_properties_see_is_killed(capsys: pytest.CaptureFixture[str
 def test_an_unknown_mutant_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mutate", "--mutants", "nosuch", "--corpus", str(CORPUS)]) == 2
     assert "unknown mutants nosuch" in capsys.readouterr().err
+
+
+def test_pass3_ignoring_unreadable_srcs_is_caught_where_the_graph_has_it() -> None:
+    """The ci profile lets ``pass3-ignores-srcs`` survive: it needs a node on the CPU, a device of
+    higher priority sharing the CPU's buffer type, and a src that device cannot read (on an RPC
+    device), which its graphs almost never combine. Where a graph does, matches-reference
+    catches it: the add forced to the CPU reads the RPC matmul, and the mutant upgrades it to
+    the device, which cannot read it."""
+    from pytest_schedfuzz.build import build_ggml_base
+    from pytest_schedfuzz.mutants import mutant
+    from pytest_schedfuzz.properties import matches_reference
+    from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
+    from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+    from reference.predict import predict
+
+    b = GraphBuilder()
+    h = b.op("mul_mat", b.weight("w", (32, 32), device=1), b.input("x", (32, 8)), name="h")
+    b.force(b.op("add", h, b.input("x2", (32, 8)), name="z"), 2)
+    layout = BackendLayout((BackendSpec("gpu", shared_buft=True), BackendSpec("rpc"), BackendSpec("cpu")))
+    sc = Scenario(layout, (("g", b.build("z")),), (Step("sched_new", params=SchedParams(64, False, True)), Step("compute", "g")))
+    prediction = predict(sc)
+    for lib, found in (("ggml-0.25.3", []), (str(build_ggml_base("ggml-0.25.3", (mutant("pass3-ignores-srcs").patch,))),
+                                             ["[matches-reference] step 1: compute(g): node #1 z: engine GPU0, reference CPU"])):
+        with GgmlTarget(lib=lib) as engine:
+            assert [str(v) for v in matches_reference(sc, engine.run(sc), prediction)] == found
