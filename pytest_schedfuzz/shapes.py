@@ -215,6 +215,7 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "cpy": (2, frozenset()),
     "set_rows": (3, frozenset()),
     "view": (1, frozenset()),
+    "view_tensor": (1, frozenset()),
     "reshape": (1, frozenset()),
     "permute": (1, frozenset()),
     "transpose": (1, frozenset()),
@@ -223,17 +224,22 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
 }
 OPS = frozenset(ARITY)
 # what ``ggml_op_name`` calls each op's node (silu is a unary op)
-GGML_OP_NAMES: dict[str, str] = {op: {"silu": "UNARY", "soft_max_ext": "SOFT_MAX"}.get(op, op.upper()) for op in OPS} | {"none": "NONE"}
+GGML_OP_NAMES: dict[str, str] = {op: {"silu": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE"}.get(op, op.upper()) for op in OPS} | {"none": "NONE"}
+# ``ggml_view_tensor`` keeps op NONE and no src: ggml's graph makes it a leaf that views a tensor
+LEAF_VIEW_OPS = frozenset({"view_tensor"})
 
 
 def ggml_srcs(op: str, args: Sequence[str | None]) -> tuple[str | None, ...]:
     """The ``src[]`` array ggml's constructor stores for an op, given its arguments in call order.
 
-    ``ggml_set_rows(a, b, c)`` stores ``{b, c, a}``; every other op here stores its arguments
-    in order (absent optional ones as NULL).
+    ``ggml_set_rows(a, b, c)`` stores ``{b, c, a}``; ``ggml_view_tensor(a)`` none (``a`` is only
+    its view source); every other op here stores its arguments in order (absent optional ones
+    as NULL).
     """
     if op == "set_rows":
         return (args[1], args[2], args[0])
+    if op in LEAF_VIEW_OPS:
+        return ()
     return tuple(args)
 
 
@@ -269,6 +275,8 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
         return _concat(a, args[1], int(params.get("dim", 0)))  # type: ignore[arg-type,call-overload]
     if op == "cont":
         return _same(a)
+    if op == "view_tensor":
+        return _view(str(names[0]), a, a.type, a.ne, a.nb)
     if op == "cpy":
         b = args[1]
         assert b is not None

@@ -91,7 +91,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
         a = draw(st.sampled_from(pool))
         d = b.shape(a)[0]
         kind = draw(st.sampled_from(("mul_mat", "binary", "unary", "transpose", "concat", "get_rows", "soft_max",
-                                     "set_rows", "rope", "flash_attn", "mul_mat_id", "cpy")))
+                                     "set_rows", "rope", "flash_attn", "mul_mat_id", "cpy", "view_leaf")))
         if kind == "mul_mat":
             # q8_0 (blocks of 32) where the row allows it: RPC then asks its server for the size
             types = ("f32", "f16", "q8_0") if d % 32 == 0 else ("f32", "f16")
@@ -142,6 +142,14 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, n_tokens]), ids, name=f"moe{k}")
             first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, n_tokens], nb=[d_out * 4 * n_used])
             pool.append(b.op("cont", first, name=f"moe_c{k}"))
+        elif kind == "view_leaf":
+            # ggml_view_tensor of a computed tensor is a leaf (op NONE, no src): pass 4 gives it
+            # its view source's backend, and ggml-alloc does not see it as a child. The source is
+            # computed first (an earlier root) and kept (an output); an add with a weight on a
+            # device of its own reads the view
+            src = b.op("scale", a, name=f"vs{k}", output=True, scale=1.0)
+            roots.append(src)
+            pool.append(b.op("add", b.op("view_tensor", src, name=f"vt{k}"), b.weight(f"w{k}", (d,), draw(device)), name=f"vta{k}"))
         else:  # cpy into a pre-allocated buffer (a root, like the KV stores) or into an input
             if draw(st.booleans()):
                 dst = b.cache(f"dst{k}", (d, n_tokens), draw(device))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from pytest_schedfuzz.scenario import GraphSpec
-from pytest_schedfuzz.shapes import GGML_OP_NAMES, VIEW_OPS, is_contiguous, nbytes
+from pytest_schedfuzz.shapes import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS, is_contiguous, nbytes
 
 
 def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
@@ -61,7 +61,8 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
     """``ggml_build_forward_expand`` on each root in turn: (nodes, leafs) in ggml's order.
 
     Mirrors ``ggml_visit_parents_graph``: a depth-first post-order over ``src[0..]``, left to
-    right, where tensors with ``op == NONE`` become leafs and everything else a node.
+    right, where tensors with ``op == NONE`` (``ggml_view_tensor``'s views too) become leafs and
+    everything else a node.
 
     >>> g = nx.DiGraph(); g.add_nodes_from(["a", "b"], op="none", srcs=())
     >>> g.add_node("c", op="add", srcs=("a", "b")); g.add_node("d", op="scale", srcs=("c",))
@@ -88,7 +89,7 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
                 stack.append((name, i + 1))
                 stack.append((srcs[i], 0))
                 continue
-            (leafs if attrs[name]["op"] == "none" else nodes).append(name)
+            (leafs if attrs[name]["op"] == "none" or attrs[name]["op"] in LEAF_VIEW_OPS else nodes).append(name)
     return nodes, leafs
 
 

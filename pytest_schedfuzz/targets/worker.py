@@ -306,7 +306,7 @@ class Ggml:
         g, op, P = self.g, t.op, t.param
         if op in ("get_rows", "mul_mat", "add", "mul", "cpy"):
             return getattr(g, f"ggml_{op}")(ctx, a[0], a[1])
-        if op in ("silu", "cont", "transpose"):
+        if op in ("silu", "cont", "transpose", "view_tensor"):
             return getattr(g, f"ggml_{op}")(ctx, a[0])
         if op == "mul_mat_id":
             return g.ggml_mul_mat_id(ctx, a[0], a[1], a[2])
