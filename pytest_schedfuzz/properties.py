@@ -401,7 +401,8 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
     # decisions of the driver's reuse policy, read from the scenario: no engine needed
     _property("reuse-sound", set(), lambda sc, o: reuse_sound(sc, o.trace, o.prediction)),
     _property("reuse-complete", set(), lambda sc, o: reuse_complete(sc, o.trace, o.prediction)),
-    _property("reuse-equivalent", {ENGINE, FRESH}, lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
+    # the reference explains its aborts (no-abort signs them), as for every property that runs the engine
+    _property("reuse-equivalent", {ENGINE, REFERENCE, FRESH}, lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
     _property("no-same-size-realloc", {ENGINE, REFERENCE}, lambda sc, o: no_same_size_realloc(sc, o.trace, o.prediction)),
     _property("matches-reference", {ENGINE, REFERENCE}, lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
     _property("same-values", {ENGINE, REFERENCE}, lambda sc, o: same_values(sc, o.trace, o.prediction)),
