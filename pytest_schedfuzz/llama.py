@@ -21,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .gguf_models import ModelSpec
+from .gguf_models import MAX_WEIGHT_BYTES, ModelSpec
 
 FLASH_ATTN = ("off", "on", "auto")
 KV_TYPES = ("f16", "f32", "q8_0")
@@ -240,7 +240,7 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3) -> ModelSpec:
     n_head = n_head_kv * draw(st.sampled_from((1, 2)))
     head_dim = draw(st.sampled_from((16, 32) if n_head == 1 else (8, 16, 32) if n_head <= 4 else (8, 16)))
     moe = draw(st.booleans())
-    return ModelSpec(
+    spec = ModelSpec(
         kind="moe" if moe else "dense",
         n_layer=draw(st.integers(1, max_layers)),
         n_embd=n_head * head_dim,
@@ -251,6 +251,10 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3) -> ModelSpec:
         n_expert_used=2 if moe else 0,
         seed=draw(st.integers(0, 3)),
     )
+    # deep models of wide layers (the nightly's max_layers): as many layers as the weights hold
+    while spec.n_layer > 1 and 4 * spec.n_params > MAX_WEIGHT_BYTES:
+        spec = replace(spec, n_layer=spec.n_layer - 1)
+    return spec
 
 
 @st.composite

@@ -74,8 +74,12 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
                        f"({_what_grew(r, s)}){changed}")
                 lost_by = "-"
-            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}",
-                                 {"explained": how, "invalid": invalid, "lost_by": lost_by}))
+            facts = {"explained": how, "invalid": invalid, "lost_by": lost_by}
+            if how == "lost":
+                # as no-same-size-realloc signs it: the re-plan that lost the reservation is the
+                # cause; which tensor then shows invalid depends on the model (it is in the message)
+                del facts["invalid"]
+            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts))
         plan[s.sched] = (call, s)
         if s.sched in reserved and s.sched not in replaced:
             replaced[s.sched] = (call, s)
