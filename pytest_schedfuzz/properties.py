@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from reference.alloc import KEPT_PLAN
 from reference.params import can_reuse
 
 from .driver import topology
@@ -362,15 +363,16 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts["server"] = died.group(1)
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
-    if "failed to allocate" in a.message or any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
-        # ggml could not allocate a buffer (it logged so, or said no to an earlier step) and went
-        # on: a different story, whichever step then fails
+    # the reference's ggml-alloc explains it: a failed reservation kept its new plan, and its
+    # buffers (NULL, or older and smaller) cannot hold it. Whether that shows as a crash or an
+    # assert depends on which buffer the first misplaced tensor is in
+    kept = prediction.abort is not None and prediction.abort.step == a.step and KEPT_PLAN in prediction.abort.message
+    if kept or "failed to allocate" in a.message or any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
+        # ggml could not allocate a buffer (it logged so, said no to an earlier step, or the
+        # reference says so) and went on: a different story, whichever step then fails
         facts["after"] = "failed allocation"
         facts.pop("during", None)
-        if prediction.abort is not None and prediction.abort.step == a.step:
-            # the reference's ggml-alloc explains it: the failed reservation kept its new plan,
-            # and its buffers (NULL, or older and smaller) cannot hold it. Whether that shows as a
-            # crash or an assert depends on which buffer the first misplaced tensor is in.
+        if kept:
             facts = {"after": "failed allocation", "plan": "kept"}
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
     tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""

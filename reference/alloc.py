@@ -38,6 +38,10 @@ INPLACE_OPS = frozenset({
 
 Address = tuple[int, int]  # struct buffer_address: (chunk, offset)
 
+# how the reference ends the message of a failure it predicts in placing a tensor: a plan that
+# fits its buffers never fails there, so such a failure is always a failed reservation's plan
+KEPT_PLAN = "the plan of a reservation that failed to allocate"
+
 
 class AllocAbort(Exception):
     """ggml-alloc aborts here (``GGML_ASSERT`` / ``GGML_ABORT``); the message is ggml's."""
@@ -421,15 +425,17 @@ class Gallocr:
         if buf is None:
             raise NullBufferCrash(
                 f"SIGSEGV in ggml_vbuffer_tensor_alloc: the {self.bufts[talloc.buffer_id].name} buffer planned to hold "
-                f"{t.name} is NULL (the reservation failed to allocate it)")
+                f"{t.name} is NULL: {KEPT_PLAN}")
         chunk, offset = talloc.addr
         if chunk >= len(buf):  # ggml_backend_buffer_get_base(NULL chunk)
-            raise AllocAbort(f"GGML_ASSERT(buffer) failed ({t.name}: chunk {chunk} of the {self.bufts[talloc.buffer_id].name} buffer does not exist)")
+            raise AllocAbort(f"GGML_ASSERT(buffer) failed ({t.name}: chunk {chunk} of the {self.bufts[talloc.buffer_id].name} buffer "
+                             f"does not exist): {KEPT_PLAN}")
         if offset + t.nbytes > buf[chunk]:  # ggml_backend_tensor_alloc
             raise AllocAbort(
                 "GGML_ASSERT(ggml_backend_buffer_is_meta(buffer) || (char *) addr + ggml_backend_buffer_get_alloc_size(buffer, tensor) <= "
                 f"(char *) ggml_backend_buffer_get_base(buffer) + ggml_backend_buffer_get_size(buffer)) failed ({t.name} planned at "
-                f"{offset}..{offset + t.nbytes} of the {self.bufts[talloc.buffer_id].name} buffer's chunk {chunk} of {buf[chunk]} bytes)")
+                f"{offset}..{offset + t.nbytes} of the {self.bufts[talloc.buffer_id].name} buffer's chunk {chunk} of {buf[chunk]} bytes): "
+                f"{KEPT_PLAN}")
 
     def get_buffer_size(self, buffer_id: int) -> int:
         """``ggml_gallocr_get_buffer_size``: a buffer shared with an earlier id counts 0."""
