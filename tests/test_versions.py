@@ -9,6 +9,9 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_schedfuzz.build import build_ggml_base
+from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.mutants import MUTANTS
 from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.targets.ggml_target import GgmlTarget
@@ -197,10 +200,6 @@ def test_the_size_oracle_sees_a_graph_copy_that_the_shared_rule_hides() -> None:
     records derive graph inputs with the 0.25.3 rule, as the reference does, so the graph copy
     and graph size agree; ggml's own figures under ``GGML_SCHED_DEBUG_REALLOC=2`` show the
     difference, and so does the compute buffer (inputs without their copies need less)."""
-    from pytest_schedfuzz.build import build_ggml_base
-    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
-    from pytest_schedfuzz.mutants import MUTANTS
-
     planted = str(build_ggml_base("ggml-0.25.3", (next(m.patch for m in MUTANTS if m.name == "no-pass6"),)))
     two_inputs = two_vs_one_graph_inputs().graph("A")
     sc = scenario(RPC_CPU, {"A": two_inputs}, ("alloc", "A"), parallel=True)  # the first alloc re-plans
