@@ -241,6 +241,7 @@ class Gallocr:
         # each buffer: the sizes of its chunks' backend buffers (a ``vbuffer``), or None
         self.buffers: list[list[int] | None] = [None] * len(bufts)
         self.plan: Plan | None = None
+        self.realloc_reason: str | None = None  # what the last alloc_graph's needs_realloc said
         self.hash: dict[str, HashNode] = {}
         self.srcs: dict[str, tuple[Ref | None, ...]] = {}
 
@@ -404,8 +405,8 @@ class Gallocr:
         """``ggml_gallocr_alloc_graph``: when the plan does not fit, a single buffer re-reserves
         by itself, several cannot (False). Then every tensor the plan places is put in its
         buffer (``init_tensor``), which fails when that buffer is not the plan's."""
-        if self.needs_realloc(nodes, node_srcs, leafs) is not None and (
-                self.n_buffers != 1 or not self.reserve_n(nodes, node_srcs, leafs, None, None)):
+        self.realloc_reason = self.needs_realloc(nodes, node_srcs, leafs)
+        if self.realloc_reason is not None and (self.n_buffers != 1 or not self.reserve_n(nodes, node_srcs, leafs, None, None)):
             return False
         assert self.plan is not None
         placed = [*zip(leafs, self.plan.leafs)]

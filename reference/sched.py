@@ -542,11 +542,11 @@ class Scheduler:
         if changed:
             events.append(event("sched", "backend ids changed"))
         else:
-            reason = self.galloc.needs_realloc(copy.nodes, copy.node_srcs, copy.leafs)
-            if reason is not None:
+            ok = self.gallocr_alloc_graph(copy)
+            if self.galloc.realloc_reason is not None:
                 # ggml_gallocr_alloc_graph re-reserves by itself when it has a single buffer
-                events.append(event("gallocr" if self.galloc.n_buffers == 1 else "sched", reason))
-            if self.gallocr_alloc_graph(copy):
+                events.append(event("gallocr" if self.galloc.n_buffers == 1 else "sched", self.galloc.realloc_reason))
+            if ok:
                 return events, True
         if not self.gallocr_reserve_n(copy) and self.rules.reserve_failure_returned:
             return events, False
