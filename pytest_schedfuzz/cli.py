@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .corpus import Case, CaseError, case_files, load_case, save_case
 from .fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
-from .properties import PROPERTY_IDS
+from .properties import PROPERTY_IDS, fuzz_units
 
 
 def cli_words(e: Exception) -> str:
@@ -49,9 +49,13 @@ def _run(args: argparse.Namespace) -> int:
     findings = []
     try:
         budget = args.budget if args.budget is not None else fuzzer.profile.budget
-        for i, prop in enumerate(props):
-            # a profile that fuzzes on time shares what is left of the budget evenly
-            share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) / (len(props) - i)
+        fuzzer.llama_judged = tuple(p for p in props if p.startswith("llama-"))
+        units = fuzz_units(props)
+        pending = sum(w for _, w in units)
+        for prop, weight in units:
+            # a profile that fuzzes on time shares what is left of the budget by weight
+            share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) * weight / pending
+            pending -= weight
             def record(finding: Finding) -> None:
                 findings.append(finding)
                 print(f"{prop}: FAIL")

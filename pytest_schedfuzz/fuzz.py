@@ -29,11 +29,11 @@ from . import properties as props
 from .corpus import Case
 from .driver import Driver, Workload, can_reuse, load_policy
 from .llama import LlamaWorkload, llama_workloads
-from .llama_properties import LLAMA_CHECKS, scheduler_reuses
+from .llama_properties import LLAMA_CHECKS, scheduler_reuses, unmade_calls
 from .llama_trace import LlamaTrace
 from .scenario import Scenario
 from .strategies import scenarios, workloads
-from .targets import Target, Unsupported, load_target
+from .targets import Target, TargetError, Unsupported, load_target
 from .trace import Trace
 
 Predict = Callable[[Scenario], Trace]
@@ -53,7 +53,7 @@ class Profile:
     max_extra_ops: int = 0
     blas: bool = False  # layouts with a BLAS backend (skipped where ggml has none)
     max_gpu: int = 1  # GPU-like devices (``strategies.gpus``) per layout
-    llama_examples: int = 60  # workloads per llama.cpp property (tiny models: ~10 per second)
+    llama_examples: int | None = 60  # llama.cpp workloads (tiny models: ~10 per second), each judged by every llama property; None: on time
     llama_layers: int = 3
     llama_calls: int = 24
     chunk: int = 25  # examples per Hypothesis run when fuzzing on time (each run a seed of its own)
@@ -64,7 +64,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40),
     # ci: deterministic (seed 0), and spends its budget: examples until each property's share
-    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=150),
+    # (llama.cpp workloads too: the llama.cpp properties' unit gets one share per property it judges)
+    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=None),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
         examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,
@@ -150,16 +151,30 @@ class Stats:
     llama_reallocs_changed: int = 0
     llama_scheds_built: int = 0
     llama_sched_reuses: int = 0
+    llama_sched_reserves: int = 0  # llama.cpp's sched_reserve lines seen (reuse is observable only with them)
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
+    llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
+    llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
 
-    def add_llama(self, trace: LlamaTrace) -> None:
+    def add_llama(self, workload: LlamaWorkload, trace: LlamaTrace) -> None:
         self.llama_workloads += 1
+        decoded = any(c.kind == "decode" and c.rc == 0 for c in trace.calls)
+        made = {c.index for c in trace.calls if c.rc == 0}
+        for f in llama_features(workload):
+            self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
+            self.llama_decoded[f] = self.llama_decoded.get(f, 0) + decoded
+        for kind in {c.kind for c in workload.calls}:
+            f = f"call {kind}"
+            self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
+            # a call kind counts as reached where one such call was made and llama.cpp accepted it
+            self.llama_decoded[f] = self.llama_decoded.get(f, 0) + any(i in made for i, c in enumerate(workload.calls) if c.kind == kind)
         for c in trace.calls:
             if c.kind == "decode":
                 self.llama_decodes += 1
                 self.llama_decode_rc[str(c.rc)] = self.llama_decode_rc.get(str(c.rc), 0) + 1
             for s in c.sched:
                 self.llama_scheds_built += s.kind == "new"
+                self.llama_sched_reserves += s.kind == "sched_reserve"
                 if s.realloc:
                     if s.same_size:
                         self.llama_reallocs_same += 1
@@ -167,6 +182,14 @@ class Stats:
                         self.llama_reallocs_changed += 1
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
         self.llama_sched_reuses += len(scheduler_reuses(trace))
+
+    def _reuse_note(self) -> str:
+        if not self.llama_sched_reserves:
+            return "   (llama.cpp's sched_reserve line was never seen: whether it reuses its scheduler was not observable)"
+        if not self.llama_sched_reuses:
+            return (f"   (this llama.cpp built a new scheduler on each of its {self.llama_sched_reserves} reservations: "
+                    "llama-reuse-sound had nothing to check)")
+        return ""
 
     def add_features(self, scenario: Scenario) -> None:
         for f in features(scenario):
@@ -186,20 +209,19 @@ class Stats:
     def merge(self, other: dict[str, Any]) -> None:
         for k in COUNTERS:
             setattr(self, k, getattr(self, k) + int(other.get(k, 0)))
-        for key in ("findings", "signatures", "explored", "llama_decode_rc"):
+        for key in DICTS:
             mine = getattr(self, key)
             for p, n in other.get(key, {}).items():
                 mine[p] = mine.get(p, 0) + n
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in COUNTERS} | {"findings": dict(self.findings), "signatures": dict(self.signatures),
-                                                          "explored": dict(self.explored), "llama_decode_rc": dict(self.llama_decode_rc)}
+        return {k: getattr(self, k) for k in COUNTERS} | {k: dict(getattr(self, k)) for k in DICTS}
 
     def delta(self, before: dict[str, Any]) -> dict[str, Any]:
         """What was added since ``before`` (an ``as_dict``)."""
         now = self.as_dict()
         out: dict[str, Any] = {k: now[k] - before[k] for k in COUNTERS}
-        for key in ("findings", "signatures", "explored", "llama_decode_rc"):
+        for key in DICTS:
             out[key] = {p: n - before[key].get(p, 0) for p, n in now[key].items()}
         return out
 
@@ -222,7 +244,9 @@ class Stats:
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
                 f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
-                + ("   (this llama.cpp builds a new scheduler on every reservation: llama-reuse-sound had nothing to check)" if not self.llama_sched_reuses else ""),
+                + self._reuse_note(),
+                "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "
+                + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),
             ]
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
         if self.signatures:
@@ -259,10 +283,34 @@ def features(scenario: Scenario) -> list[str]:
     return [k for k, v in checks.items() if v]
 
 
+def llama_features(w: LlamaWorkload) -> list[str]:
+    """What a llama.cpp workload exercises, for the llama.cpp "explored" line: every dimension
+    the generators draw (``llama.llama_workloads``), so that a dead one shows."""
+    c, dv, m = w.ctx, w.devices, w.model
+    out = [
+        f"model {m.kind}", f"{dv.n_rpc} RPC", f"flash_attn {c.flash_attn}", f"kv {c.type_k}/{c.type_v}",
+        "kv unified" if c.kv_unified else "kv per sequence", "n_seq_max > 1" if c.n_seq_max > 1 else "n_seq_max 1",
+        "n_ubatch < n_batch" if c.n_ubatch < c.n_batch else "n_ubatch = n_batch",
+    ]
+    checks = {
+        "partial offload": dv.n_gpu_layers < m.n_layer,
+        "tensor_split": bool(dv.tensor_split),
+        "op_offload off": not c.op_offload,
+        "offload_kqv off": not c.offload_kqv,
+        f"embeddings pooling {c.pooling}": c.embeddings,
+        f"backend samplers {c.sampler_chain}": c.backend_samplers,
+        "output limits": bool(c.n_outputs_max or c.n_outputs_max_per_seq),
+        "multi-sequence batch": any(len(x.parts) > 1 for x in w.calls if x.kind == "decode"),
+        "batch > n_ubatch": any(x.n_tokens() > c.n_ubatch for x in w.calls if x.kind == "decode"),
+    }
+    return out + [k for k, v in checks.items() if v]
+
+
 COUNTERS = (
     "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known", "llama_workloads", "llama_decodes",
-    "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses",
+    "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
 )
+DICTS = ("findings", "signatures", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
 DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
 
 
@@ -328,6 +376,7 @@ class Fuzzer:
         self._target: Target | None = None
         self._llama: Any = None
         self._oracle: Any = None  # GgmlTarget under GGML_SCHED_DEBUG_REALLOC=2 (size_oracle_check)
+        self.llama_judged: tuple[str, ...] = props.LLAMA_PROPERTY_IDS  # what LLAMA_GROUP judges (the selected ones)
 
     @property
     def llama_target(self) -> Any:
@@ -413,12 +462,18 @@ class Fuzzer:
         return trace
 
     def check_llama(self, prop: str, workload: LlamaWorkload) -> list[props.Violation]:
-        """Every violation of ``prop`` on one workload run on llama.cpp. An abort is reported by
-        llama-no-abort only: llama.cpp aborts on some configurations at once, and that one bug
-        must not stop the search for reallocations (the workload then simply shows nothing)."""
+        """Every violation of ``prop`` (``LLAMA_GROUP``: of every property in ``llama_judged``)
+        on one run of a workload on llama.cpp. An abort is reported by llama-no-abort only:
+        llama.cpp aborts on some configurations at once, and that one bug must not stop the
+        search for reallocations. A call the harness could not make is a ``TargetError``, never
+        a pass (``unmade_calls``)."""
         trace = self.llama_target.run(workload)
-        self.stats.add_llama(trace)
-        return LLAMA_CHECKS[prop](workload, trace)
+        self.stats.add_llama(workload, trace)
+        unmade = unmade_calls(workload, trace)
+        if unmade:
+            raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
+        judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
+        return [v for p in judged for v in LLAMA_CHECKS[p](workload, trace)]
 
     def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
         """A crash (a signal, no assert) counts only if it happens again on a fresh worker: a
@@ -493,7 +548,7 @@ class Fuzzer:
         workloads (run on llama.cpp); the others raw scenarios, and matches-reference both raw
         scenarios and driver workloads."""
         p = self.profile
-        if prop in props.LLAMA_PROPERTY_IDS:
+        if props.is_llama(prop):
             return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls)
         if prop in DRIVER_PROPERTIES:
             max_ubatches = 8 if prop == "no-same-size-realloc" else 4
@@ -514,7 +569,7 @@ class Fuzzer:
         """Examples to run on ``prop``: given, configured, or the profile's (``None``: on time)."""
         if examples or self.config.examples:
             return examples or self.config.examples
-        return self.profile.llama_examples if prop in props.LLAMA_PROPERTY_IDS else self.profile.examples
+        return self.profile.llama_examples if props.is_llama(prop) else self.profile.examples
 
     def campaign(self, prop: str, shard: int = 0, shards: int = 1, seconds: float | None = None,
                  on_finding: Callable[[Finding], None] = lambda f: None) -> list[Finding]:
@@ -588,7 +643,7 @@ class Fuzzer:
             except Unsupported:
                 return
             # a known engine bug (an expect-fail case of the corpus) found again is not news
-            known_set = self.known(prop in props.LLAMA_PROPERTY_IDS) | self.campaign_known
+            known_set = self.known(props.is_llama(prop)) | self.campaign_known
             known = [v for v in found if v.signature() in known_set]
             self.stats.known += len(known)
             found = [v for v in found if v.signature() not in known_set]

@@ -27,6 +27,14 @@ FLASH_ATTN = ("off", "on", "auto")
 KV_TYPES = ("f16", "f32", "q8_0")
 POOLING = ("none", "mean", "last", "cls")
 OUTPUTS = ("last", "all", "none")
+# backend sampler chains as llama-server builds them from a request's parameters (each sampler
+# here has a backend implementation in 0.3.36: the whole chain runs in the graph)
+SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
+    "greedy": ("greedy",),
+    "top_k-greedy": ("top_k", "greedy"),
+    "top_k-temp-dist": ("top_k", "temp", "dist"),
+    "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
+}
 CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
@@ -68,7 +76,8 @@ class ContextParams:
     pooling: str = "none"
     n_outputs_max: int = 0  # 0 = n_batch
     n_outputs_max_per_seq: int = 0  # 0 = n_outputs_max
-    backend_samplers: bool = False  # a greedy backend sampler per sequence (llama_sampler_seq_config)
+    backend_samplers: bool = False  # a backend sampler chain per sequence (llama_sampler_seq_config)
+    sampler_chain: str = "greedy"  # which (SAMPLER_CHAINS)
 
     def outputs_max(self) -> int:
         return self.n_outputs_max or self.n_batch
@@ -96,7 +105,8 @@ class Call:
     ``seq`` (``n`` = -1: all of it, a slot reused); ``seq_cp``: copy ``seq`` to ``dst``;
     ``seq_keep``: keep only ``seq``; ``shift``: context shift of ``seq``, keeping ``n_keep`` and
     discarding the next ``n`` (``seq_rm`` then ``seq_add``); ``set_*``: ``flag``; ``set_sampler``:
-    attach (``flag``) or detach the backend sampler of ``seq``; ``clear``: ``llama_memory_clear``."""
+    attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it; ``clear``:
+    ``llama_memory_clear``."""
 
     kind: str
     parts: tuple[Part, ...] = ()
@@ -105,6 +115,7 @@ class Call:
     n: int = 0
     n_keep: int = 0
     flag: bool = False
+    chain: str = ""  # set_sampler: SAMPLER_CHAINS key ("": greedy)
 
     def describe(self) -> str:
         if self.kind == "decode":
@@ -116,7 +127,7 @@ class Call:
             "seq_keep": f"llama_memory_seq_keep({self.seq})",
             "shift": f"context shift(seq {self.seq}: keep {self.n_keep}, discard {self.n})",
             "clear": "llama_memory_clear()",
-            "set_sampler": f"llama_set_sampler(seq {self.seq}, {'greedy' if self.flag else 'none'})",
+            "set_sampler": f"llama_set_sampler(seq {self.seq}, {'chain ' + (self.chain or 'greedy') if self.flag else 'none'})",
         }.get(self.kind, f"llama_{self.kind}({str(self.flag).lower()})")
 
     def n_tokens(self) -> int:
@@ -184,6 +195,7 @@ class LlamaWorkload:
         need(c.type_k in KV_TYPES and c.type_v in KV_TYPES, f"ctx.type_k/type_v {c.type_k}/{c.type_v}: each one of {', '.join(KV_TYPES)}")
         need(c.type_v == "f16" or c.type_v == "f32" or c.flash_attn == "on", "ctx.type_v: a quantized V cache needs flash_attn on")
         need(c.pooling in POOLING, f"ctx.pooling {c.pooling!r}: one of {', '.join(POOLING)}")
+        need(c.sampler_chain in SAMPLER_CHAINS, f"ctx.sampler_chain {c.sampler_chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
         need(0 <= c.n_outputs_max <= c.n_batch and 0 <= c.n_outputs_max_per_seq <= c.n_batch,
              f"ctx.n_outputs_max {c.n_outputs_max} / n_outputs_max_per_seq {c.n_outputs_max_per_seq}: must be 0..n_batch")
         need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
@@ -195,6 +207,7 @@ class LlamaWorkload:
             need(call.kind in CALL_KINDS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
             need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
             need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
+            need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
             if call.kind == "decode":
                 need(bool(call.parts), f"{where}: a batch needs at least one part")
                 seqs = [p.seq for p in call.parts]
@@ -216,7 +229,7 @@ class LlamaWorkload:
             f"flash_attn {c.flash_attn}, op_offload {c.op_offload}, kv {c.type_k}/{c.type_v}{' unified' if c.kv_unified else ''}"
             + (f", embeddings pooling {c.pooling}" if c.embeddings else "")
             + (f", n_outputs_max {c.n_outputs_max}/{c.n_outputs_max_per_seq}" if c.n_outputs_max or c.n_outputs_max_per_seq else "")
-            + (", backend samplers" if c.backend_samplers else "")
+            + (f", backend samplers ({c.sampler_chain})" if c.backend_samplers else "")
         )
 
 
@@ -292,6 +305,7 @@ def context_params(draw: st.DrawFn, head_dim: int = 32) -> ContextParams:
         n_outputs_max=total,
         n_outputs_max_per_seq=per_seq,
         backend_samplers=draw(st.integers(0, 4)) == 0 and not embeddings,
+        sampler_chain=draw(st.sampled_from(tuple(SAMPLER_CHAINS))),
     )
 
 
@@ -378,7 +392,9 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24) -> tu
             kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")))
             if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
                 kind = "set_warmup"
-            calls.append(Call(kind, seq=draw(st.sampled_from(seqs)), flag=draw(st.booleans())))
+            flag = draw(st.booleans())
+            chain = draw(st.sampled_from(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
+            calls.append(Call(kind, seq=draw(st.sampled_from(seqs)), flag=flag, chain=chain))
             if kind == "clear":
                 active = set()
     return _within_ubatch_when_non_causal(calls[:max_calls], ctx.n_ubatch)
@@ -411,6 +427,6 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
 
 
 __all__ = [
-    "Call", "ContextParams", "Devices", "LlamaWorkload", "Part", "WorkloadError",
+    "SAMPLER_CHAINS", "Call", "ContextParams", "Devices", "LlamaWorkload", "Part", "WorkloadError",
     "context_params", "devices", "llama_workloads", "model_specs", "server_calls",
 ]

@@ -21,7 +21,7 @@ from reference.params import can_reuse
 
 from .llama import LlamaWorkload
 from .llama_trace import LlamaTrace, SchedCall
-from .properties import LLAMA_PROPERTY_IDS, Violation, reason_kind
+from .properties import LLAMA_PROPERTY_IDS, Violation, reason_kind, role, with_c_stack
 from .scenario import SchedParams
 
 
@@ -38,6 +38,44 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
     return "; ".join(grew) or "no input shape changed"
 
 
+SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+
+
+def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
+    """The call that re-planned, with the last switch made since ``after`` (the reservation)."""
+    if call < 0 or call >= len(w.calls):
+        return _call_name(w, call).split(" ")[0]
+    kind = w.calls[call].kind
+    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
+    if not switches:
+        return kind
+    last = switches[-1]
+    flag = "" if last.kind == "clear" else f"({str(last.flag).lower()})"
+    return f"{kind} after {last.kind}{flag}"
+
+
+def _replan_reason(x: SchedCall) -> str:
+    """ggml's reason for a re-plan in the terms that separate causes: the invalid tensor, or for a
+    backend change the node that moved and between which backends (RPC endpoints left out)."""
+    if x.kind == "reserve_size":
+        return "reserve_size"
+    reason = reason_kind(x.realloc_reason)
+    if x.backend_ids_changed and x.moved:
+        if x.moved.startswith("no node"):
+            return f"{reason} (no tensor at a common position)"
+        name, _, move = x.moved.partition(": ")
+        return f"{reason} ({role(name)}: {re.sub(r'[[][^]]*[]]', '', move)})"
+    return reason
+
+
+def _graph_kind(r: SchedCall, x: SchedCall) -> str:
+    """Input leafs the re-planned graph has and the reservation's has not (``+``), or the other
+    way round (``-``): another kind of graph (embeddings, pooling, samplers), not another size."""
+    added = sorted({role(n) for n in set(x.inputs) - set(r.inputs)})
+    gone = sorted({role(n) for n in set(r.inputs) - set(x.inputs)})
+    return " ".join([f"+{n}" for n in added] + [f"-{n}" for n in gone])
+
+
 def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     out: list[Violation] = []
     reserved: dict[int, tuple[int, SchedCall]] = {}  # sched -> its worst-case reservation (the last reserve)
@@ -47,6 +85,11 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
         if s.kind == "reserve" and s.ok:
             reserved[s.sched] = plan[s.sched] = (call, s)
             replaced.pop(s.sched, None)
+            continue
+        if s.kind == "reserve_size":  # ggml_gallocr_reserve_n_size makes a plan too (for its sizes only)
+            plan[s.sched] = (call, s)
+            if s.sched in reserved:
+                replaced.setdefault(s.sched, (call, s))
             continue
         if s.kind != "alloc" or not s.realloc:
             continue
@@ -60,12 +103,21 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
             if s.sched in replaced:
                 x_call, x = replaced[s.sched]
                 how = "lost"
+                switched = (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs)
                 switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}"
-                          if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs) else f"same topology, {_what_grew(r, x)}")
+                          if switched else f"same topology, {_what_grew(r, x)}")
                 why = (f"the worst-case reservation ({r.shape()}) had been replaced in {_call_name(w, x_call)}, which re-planned because "
-                       f"{x.realloc_reason or '?'} ({switch}); "
+                       f"{x.realloc_reason or ('it made a plan for sizes only' if x.kind == 'reserve_size' else '?')}"
+                       f"{' (' + x.moved + ')' if x.moved else ''} ({switch}); "
                        f"the plan in force was made in {_call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {_what_grew(p, s)}")
-                lost_by = reason_kind(x.realloc_reason)
+                # the root cause is the re-plan that lost the reservation: which call made it
+                # (after which switch), for which kind of graph, why, and whether the topology switched;
+                # which tensor then shows invalid depends on the model (it is in the message)
+                facts = {"explained": how, "lost_by": f"{_trigger(w, r_call, x_call)}: {_replan_reason(x)}",
+                         "topology": "switch" if switched else "same"}
+                graph = _graph_kind(r, x)
+                if graph:
+                    facts["graph"] = graph
             else:
                 how = "not-dominating"
                 switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]
@@ -73,16 +125,11 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                            if switches else "")
                 why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
                        f"({_what_grew(r, s)}){changed}")
-                lost_by = "-"
-            facts = {"explained": how, "invalid": invalid, "lost_by": lost_by}
-            if how == "lost":
-                # as no-same-size-realloc signs it: the re-plan that lost the reservation is the
-                # cause; which tensor then shows invalid depends on the model (it is in the message)
-                del facts["invalid"]
+                facts = {"explained": how, "invalid": invalid, "lost_by": "-"}
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts))
         plan[s.sched] = (call, s)
-        if s.sched in reserved and s.sched not in replaced:
-            replaced[s.sched] = (call, s)
+        if s.sched in reserved:
+            replaced.setdefault(s.sched, (call, s))
     return out
 
 
@@ -126,13 +173,41 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         cause = re.sub(r"^\S*: (?=\S*\.(?:c|cpp|h):\d+)", "", lines[at])  # the "python: " program prefix
         cause = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", cause)
         head = lines[0] if at else ""
+        if not at:  # no assert: the top of the C stack tells one crash from another
+            cause = with_c_stack(cause, a.message)
         kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
         text = f"{head}: {cause}" if head else cause
         return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}", {"kind": a.kind, "message": kind})]
     for c in trace.calls:
+        if c.kind == "init" and c.rc != 0:
+            said = " / ".join(c.error) or "nothing"
+            # the workload's parameters are valid (LlamaWorkload.validate): the context must come up
+            message = re.sub(r"\d+(\.\d+)?", "N", said.split(" / ")[-1])[:160]
+            return [Violation("llama-no-abort", 0, f"llama_init_from_model failed for valid parameters ({w.describe()}); llama.cpp said: {said}",
+                              {"kind": "init", "message": message})]
         if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
             return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed)", {"kind": "decode", "rc": c.rc})]
     return []
+
+
+def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
+    """What the harness meant to do and could not: a call llama.cpp refused although the workload
+    is valid, or a context whose scheduler calls were never seen. Not a verdict of pass: the
+    fuzzer stops on it as a harness error (its generator or its observation is broken)."""
+    if trace.abort is not None:
+        return []
+    out = []
+    for c in trace.calls:
+        name = _call_name(w, c.index)
+        if c.kind == "init":
+            if c.rc == 0 and not any(s.kind == "reserve" for s in c.sched):
+                out.append("llama_init_from_model reserved nothing the scheduler hook saw: the observation is broken")
+        elif c.kind == "decode":
+            if c.rc in (-1, 2):  # -1: an invalid batch, 2: aborted; the generator makes neither
+                out.append(f"{name} returned {c.rc}")
+        elif c.rc != 0:
+            out.append(f"{name} could not be made (returned {c.rc!r})")
+    return out
 
 
 LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {

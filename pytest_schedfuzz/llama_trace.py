@@ -3,8 +3,10 @@
 Every ``llama_decode`` (and the context's constructor, call ``-1``, and any call after which
 llama.cpp reserved again) shows up as the scheduler calls libllama made: ``new`` (a scheduler
 built, with its ``max_nodes``/``parallel``/``op_offload``), ``reserve`` and ``alloc`` (one per
-ubatch whose graph was not reused), each with the graph's size as ggml computes it and, when
-the scheduler re-planned, the reallocation and ggml's reason.
+ubatch whose graph was not reused), ``reserve_size`` (a plan made for its sizes only) and
+``split`` (``ggml_backend_sched_split_graph`` called by llama.cpp itself: its fused-op probes),
+each with the graph's size as ggml computes it and, when the scheduler re-planned, the
+reallocation and ggml's reason.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ class SchedCall:
     """One scheduler call made by libllama. ``realloc_reason`` is set when ``alloc`` re-planned:
     ``backend ids changed``, ``different number of nodes|leafs``, ``node NAME is not valid``..."""
 
-    kind: str  # sched_reserve (llama.cpp reserves the worst case again) | new | reserve | alloc | free
+    kind: str  # sched_reserve (llama.cpp reserves the worst case again) | new | reserve | reserve_size | split | alloc | free
     sched: int
     ok: bool = True
     n_nodes: int = 0
@@ -32,6 +34,7 @@ class SchedCall:
     realloc: bool = False
     backend_ids_changed: bool = False
     realloc_reason: str = ""
+    moved: str = ""  # backend ids changed: the first node whose backend did, "name: A -> B"
     max_nodes: int = 0
     parallel: bool = False
     op_offload: bool = False
@@ -58,7 +61,7 @@ class SchedCall:
             n_nodes=int(d.get("n_nodes", 0)), n_leafs=int(d.get("n_leafs", 0)), n_splits=int(d.get("n_splits", 0)),
             n_copies=int(d.get("n_copies", 1)), graph_size=int(d.get("graph_size", 0)), prev_graph_size=int(d.get("prev_graph_size", 0)),
             inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()},
-            realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")),
+            realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
             max_nodes=int(d.get("max_nodes", 0)), parallel=bool(d.get("parallel", False)), op_offload=bool(d.get("op_offload", False)),
         )
 
@@ -69,6 +72,7 @@ class CallRecord:
     kind: str
     rc: int | str
     sched: tuple[SchedCall, ...] = ()
+    error: tuple[str, ...] = ()  # what llama.cpp logged when the call failed (a context that did not initialize)
 
 
 @dataclass(frozen=True)
@@ -91,5 +95,6 @@ class LlamaTrace:
 
     @staticmethod
     def from_messages(calls: list[Mapping[str, Any]], abort: LlamaAbort | None, engine: Mapping[str, str], perf: Mapping[str, int]) -> LlamaTrace:
-        records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"])) for c in calls)
+        records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"]), tuple(c.get("error", ())))
+                        for c in calls)
         return LlamaTrace(records, abort, dict(engine), dict(perf))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .properties import PROPERTY_IDS
+from .properties import PROPERTY_IDS, fuzz_units
 
 STATS_KEY = "schedfuzz_stats"
 
@@ -155,6 +155,7 @@ class SchedfuzzSession:
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
         self.fuzzer.learn_known_bugs(self.corpus)
+        self.fuzzer.llama_judged = tuple(p for p in self.properties if p.startswith("llama-"))
 
     def engine_line(self) -> str:
         """Which engine runs: for the built-in ggml its version, library and bindings check."""
@@ -166,16 +167,16 @@ class SchedfuzzSession:
         self.fuzzer.rules  # noqa: B018 -- sets rules_note
         return line + (f"\nschedfuzz: {self.fuzzer.rules_note}" if self.fuzzer.rules_note else "")
 
-    def time_share(self) -> float | None:
+    def time_share(self, weight: int = 1) -> float | None:
         """Seconds for the next property item when the profile fuzzes on time: what is left of
-        the budget, shared evenly by the items this process has still to run (under xdist, the
-        items are shared by the workers)."""
+        the budget, shared by the items this process has still to run in proportion to their
+        weights (``properties.fuzz_units``; under xdist, the items are shared by the workers)."""
         budget = self.fuzz_config.budget if self.fuzz_config.budget is not None else self.fuzzer.profile.budget
         if budget is None:
             return None
         left = max(0.0, budget - (time.monotonic() - self.fuzzer.started))
-        share = left / max(1, self.pending)
-        self.pending = max(1, self.pending - 1)
+        share = left * weight / max(weight, self.pending)
+        self.pending = max(1, self.pending - weight)
         return share
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
@@ -243,11 +244,12 @@ class SchedfuzzSuite(pytest.Collector):
         # workers share the fuzzing evenly (every worker collects the same items)
         workers = xdist_workers(self.config)
         shards = 1 if workers == 1 else 4 * workers  # several per worker: they balance better
-        session.pending = len(session.properties) * shards // workers
-        for prop in session.properties:
+        units = fuzz_units(session.properties)
+        session.pending = sum(w for _, w in units) * shards // workers
+        for prop, weight in units:
             for k in range(shards):
                 name = prop if shards == 1 else f"{prop}[{k}]"
-                yield PropertyItem.from_parent(self, name=name, prop=prop, shard=k, shards=shards)
+                yield PropertyItem.from_parent(self, name=name, prop=prop, shard=k, shards=shards, weight=weight)
 
 
 class SchedfuzzFailure(Exception):
@@ -299,9 +301,10 @@ class CorpusFailure(Exception):
 
 
 class PropertyItem(pytest.Item):
-    def __init__(self, *, prop: str, shard: int = 0, shards: int = 1, **kw: Any) -> None:
+    def __init__(self, *, prop: str, shard: int = 0, shards: int = 1, weight: int = 1, **kw: Any) -> None:
         super().__init__(**kw)
         self.prop = prop
+        self.weight = weight
         self.shard, self.shards = shard, shards
         self.add_marker("schedfuzz")
 
@@ -325,9 +328,9 @@ class PropertyItem(pytest.Item):
 
         try:
             if session.fuzz_config.keeps_going():
-                fuzzer.campaign(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share(), on_finding=save)
+                fuzzer.campaign(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share(self.weight), on_finding=save)
             else:
-                finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share())
+                finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share(self.weight))
                 if finding is not None:
                     save(finding)
         finally:

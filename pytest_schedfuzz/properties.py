@@ -11,7 +11,7 @@ run's aborts as ``no-abort`` violations: a crash is a finding whatever was being
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from reference.alloc import KEPT_PLAN
@@ -26,6 +26,21 @@ GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-s
 # properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
 LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort")
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
+# the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
+LLAMA_GROUP = "llama.cpp"
+
+
+def is_llama(prop: str) -> bool:
+    return prop == LLAMA_GROUP or prop in LLAMA_PROPERTY_IDS
+
+
+def fuzz_units(properties: Sequence[str]) -> list[tuple[str, int]]:
+    """What to fuzz for ``properties``, each with its weight in a shared time budget: every graph
+    property alone, and the llama.cpp properties as one ``LLAMA_GROUP`` worth as many shares as
+    it judges properties."""
+    graph = [(p, 1) for p in properties if not is_llama(p)]
+    n_llama = sum(1 for p in properties if p in LLAMA_PROPERTY_IDS)
+    return graph + ([(LLAMA_GROUP, n_llama)] if n_llama else [])
 
 
 @dataclass(frozen=True)
@@ -344,6 +359,13 @@ def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> li
     return []
 
 
+def with_c_stack(cause: str, message: str) -> str:
+    """A signal's cause with the top of the C stack the worker printed (``targets/crash.py``):
+    two segfaults in different functions are two findings."""
+    m = re.search(r"^C stack: (.+)$", message, re.MULTILINE)
+    return f"{cause} in {m.group(1)}" if m else cause
+
+
 def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
     """Valid scenarios never abort the engine."""
     a = trace.abort
@@ -355,6 +377,9 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     # ggml prefixes its source path (a build directory): keep the file name, drop line numbers
     first = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", first)
     kind = re.sub(r"\d+", "N", first)[:100]
+    if a.kind == "crash":
+        first = with_c_stack(first, a.message)
+        kind = with_c_stack(kind, a.message)
     facts = {"kind": a.kind, "message": kind}
     # the RPC client reports every server failure alike: a server that died (and how) is what
     # separates a crash in the server from a graph it rejected

@@ -76,7 +76,7 @@ def test_same_size_realloc_is_explained_as_a_lost_reservation() -> None:
         CallRecord(2, "decode", 0, (_alloc(0, 20, 20, "node inp_embd is not valid", tokens=7),)),
     ))
     (v,) = llama_no_same_size_realloc(w, trace)
-    assert v.step == 2 and v.facts == {"explained": "lost", "lost_by": "nodes"} and "node inp_embd is not valid" in v.message
+    assert v.step == 2 and v.facts == {"explained": "lost", "lost_by": "decode: nodes", "topology": "switch"} and "node inp_embd is not valid" in v.message
     assert "replaced in call 0" in v.message and "inp_tokens [1, 1, 1, 1] -> [7, 1, 1, 1]" in v.message
     # backend ids that changed or a changed graph size are not same-size reallocations
     trace2 = replace(trace, calls=trace.calls[:3] + (CallRecord(2, "decode", 0, (_alloc(0, 20, 20, "backend ids changed", ids=True),)),))

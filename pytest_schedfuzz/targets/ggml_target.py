@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -23,15 +24,16 @@ from typing import IO, Any
 from ..scenario import Scenario
 from ..trace import Abort, Trace
 from . import TargetError, Unsupported
+from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
 from .ggml_lib import LIB_ENV, child_env, resolve_lib
 from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spawn
 
 
-class _Eof(Exception):
+class WorkerGone(Exception):
     """The worker closed its protocol channel (it exited or died)."""
 
 
-class _Timeout(Exception):
+class WorkerTimeout(Exception):
     """No message from the worker within the allowed time."""
 
 
@@ -39,14 +41,14 @@ class _Unreachable(Exception):
     """The worker found no RPC server at this endpoint."""
 
 
-class _Worker:
+class Worker:
     """One worker process: JSON requests on its stdin, JSON lines from its stdout, stderr to a file."""
 
     def __init__(self, env: dict[str, str], module: str = "pytest_schedfuzz.targets.worker") -> None:
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
         self.proc = spawn(
             [sys.executable, "-m", module],
-            env,
+            with_preload(dict(env), build_preload(CRASH_HOOK)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -59,14 +61,14 @@ class _Worker:
         self._buf = b""
 
     @staticmethod
-    def start(env: dict[str, str], module: str, timeout: float, what: str) -> tuple[_Worker, dict[str, str]]:
+    def start(env: dict[str, str], module: str, timeout: float, what: str) -> tuple[Worker, dict[str, str]]:
         """A started worker and its ``hello`` (engine info); a ``TargetError`` with the worker's
         own words if it dies, refuses (``fatal``) or is silent for ``timeout`` s."""
-        worker = _Worker(env, module)
+        worker = Worker(env, module)
         try:
             msg = worker.recv(timeout)
-        except (_Eof, _Timeout) as e:
-            how = "did not start in time" if isinstance(e, _Timeout) else worker.death()
+        except (WorkerGone, WorkerTimeout) as e:
+            how = "did not start in time" if isinstance(e, WorkerTimeout) else worker.death()
             tail = worker.stderr_tail()
             worker.close()
             raise TargetError(f"the {what} worker {how}:\n{tail}") from None
@@ -81,15 +83,15 @@ class _Worker:
         self.proc.stdin.flush()
 
     def recv(self, timeout: float) -> dict[str, Any]:
-        """The next message; ``_Eof`` when the worker is gone, ``_Timeout`` after ``timeout`` s."""
+        """The next message; ``WorkerGone`` when the worker is gone, ``WorkerTimeout`` after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sel.select(left):
-                raise _Timeout()
+                raise WorkerTimeout()
             chunk = os.read(self._out, 1 << 16)
             if not chunk:
-                raise _Eof()
+                raise WorkerGone()
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         msg: dict[str, Any] = json.loads(line)
@@ -100,6 +102,15 @@ class _Worker:
         size = self.stderr.tell()
         self.stderr.seek(max(0, size - n))
         return self.stderr.read().decode(errors="replace")
+
+    def crash_report(self) -> str:
+        """How the worker died, the top of its C stack where it died of a signal
+        (``crash_hook.c``), and the last of its stderr."""
+        death = self.death()
+        tail = self.stderr_tail(20000)
+        stack = stack_line(tail)
+        shown = re.sub(r"schedfuzz-frame .*\n|schedfuzz-crash.*\n", "", tail)[-3000:]
+        return "\n".join(x for x in (death, stack, shown) if x)
 
     def death(self) -> str:
         """Reap the process and say how it ended."""
@@ -129,10 +140,10 @@ class WorkerTarget(ABC):
 
     engine: dict[str, str]
     servers: RpcServers
-    _worker: _Worker | None
+    _worker: Worker | None
 
     @abstractmethod
-    def _start_worker(self) -> _Worker:
+    def _start_worker(self) -> Worker:
         """Start the target's worker process and read its hello."""
 
     def start(self) -> dict[str, str]:
@@ -180,20 +191,20 @@ class GgmlTarget(WorkerTarget):
         self.start_timeout = start_timeout
         self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
         self.engine: dict[str, str] = {}
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
 
     @property
     def worker_pid(self) -> int | None:
         return self._worker.proc.pid if self._worker is not None else None
 
-    def _start_worker(self) -> _Worker:
+    def _start_worker(self) -> Worker:
         env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it turns same-size reallocations into aborts
         if self.debug_realloc:
             env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
         if self.bare:
             env.pop("GGML_SCHED_DEBUG", None)
-        worker, self.engine = _Worker.start(env, "pytest_schedfuzz.targets.worker", self.start_timeout, "ggml")
+        worker, self.engine = Worker.start(env, "pytest_schedfuzz.targets.worker", self.start_timeout, "ggml")
         return worker
 
     def run(self, scenario: Scenario) -> Trace:
@@ -263,15 +274,15 @@ class GgmlTarget(WorkerTarget):
             self.servers.close()  # a server may be the one that hangs: start afresh
         return self._trace(records, abort), None
 
-    def _collect(self, worker: _Worker, records: list[dict[str, Any]]) -> Abort | None:
+    def _collect(self, worker: Worker, records: list[dict[str, Any]]) -> Abort | None:
         """Read the worker's messages for one scenario into ``records``; the ``Abort`` if it ended early."""
         while True:
             try:
                 msg = worker.recv(self.step_timeout)
-            except _Timeout:
+            except WorkerTimeout:
                 return Abort(len(records), "timeout", f"step {len(records)} did not finish within {self.step_timeout:g} s")
-            except _Eof:
-                return Abort(len(records), "crash", f"{worker.death()}\n{worker.stderr_tail()}")
+            except WorkerGone:
+                return Abort(len(records), "crash", worker.crash_report())
             if "record" in msg:
                 records.append(msg["record"])
             elif "done" in msg:

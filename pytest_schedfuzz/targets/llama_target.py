@@ -10,21 +10,19 @@ compiler and preloaded into the worker. The parent never loads llama.cpp.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_write, cache_dir
+from ..files import cache_dir
 from ..gguf_models import write_model
 from ..llama import LlamaWorkload
 from ..llama_trace import LlamaAbort, LlamaTrace
 from . import TargetError
 from .ggml_lib import child_env, lib_overlay
-from .ggml_target import WorkerTarget, _Eof, _Timeout, _Worker
+from .crash import build_preload, with_preload
+from .ggml_target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from .rpc import RpcServers
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
@@ -54,24 +52,6 @@ def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
     return path
 
 
-def build_hook() -> Path:
-    """``sched_hook.so``, compiled from ``sched_hook.c`` once per source version (cached)."""
-    source = HOOK_SOURCE.read_bytes()
-    out = cache_dir() / f"sched_hook-{hashlib.sha1(source).hexdigest()[:12]}.so"
-    if out.exists():
-        return out
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise TargetError("no C compiler (cc/gcc) to build the scheduler hook: install gcc")
-
-    def compile_to(tmp: Path) -> None:
-        proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(HOOK_SOURCE), "-ldl"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise TargetError(f"building {HOOK_SOURCE.name} failed:\n{proc.stderr}")
-
-    return atomic_write(out, compile_to, 0o777)
-
-
 class LlamaTarget(WorkerTarget):
     """The real llama.cpp. ``run(workload) -> LlamaTrace``; an abort, crash or hang ends the trace
     at the call that caused it and the next workload gets a fresh worker.
@@ -85,20 +65,20 @@ class LlamaTarget(WorkerTarget):
         self.call_timeout = call_timeout
         self.start_timeout = start_timeout
         self.debug_realloc = debug_realloc
-        self.hook = build_hook()
+        self.hook = build_preload(HOOK_SOURCE)
         self.models = cache_dir() / "models"
         self.servers = RpcServers(str(self.lib_dir), threads=1)
         self.engine: dict[str, str] = {}
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
 
-    def _start_worker(self) -> _Worker:
+    def _start_worker(self) -> Worker:
         env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
-        env["LD_PRELOAD"] = " ".join(p for p in (str(self.hook), env.get("LD_PRELOAD", "")) if p)
+        with_preload(env, self.hook)
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)
         if self.debug_realloc:
             env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
         env.setdefault("OMP_NUM_THREADS", "1")
-        worker, self.engine = _Worker.start(env, "pytest_schedfuzz.targets.llama_worker", self.start_timeout, "llama.cpp")
+        worker, self.engine = Worker.start(env, "pytest_schedfuzz.targets.llama_worker", self.start_timeout, "llama.cpp")
         return worker
 
     def run(self, workload: LlamaWorkload) -> LlamaTrace:
@@ -141,15 +121,15 @@ class LlamaTarget(WorkerTarget):
             return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})
         return LlamaTrace.from_messages(calls, None, self.engine, result)
 
-    def _collect(self, worker: _Worker, calls: list[dict[str, Any]]) -> dict[str, int] | LlamaAbort | str:
+    def _collect(self, worker: Worker, calls: list[dict[str, Any]]) -> dict[str, int] | LlamaAbort | str:
         current = -1
         while True:
             try:
                 msg = worker.recv(self.call_timeout)
-            except _Timeout:
+            except WorkerTimeout:
                 return LlamaAbort(current, "timeout", f"call {current} did not finish within {self.call_timeout:g} s")
-            except _Eof:
-                return LlamaAbort(current, "crash", f"{worker.death()}\n{worker.stderr_tail()}")
+            except WorkerGone:
+                return LlamaAbort(current, "crash", worker.crash_report())
             if "begin" in msg:
                 current = int(msg["begin"])
             elif "call" in msg:

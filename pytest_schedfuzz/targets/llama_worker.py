@@ -34,17 +34,24 @@ from typing import Any
 
 from reference.versions import rules_for
 
-from ..llama import Call, ContextParams, Devices, LlamaWorkload
+from ..llama import SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
 from .schedlog import SchedLog
 from .worker import Channel
 
-HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE = range(6)
+(HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
+ HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END) = range(10)  # sched_hook.c
+OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
+OUTER_END = {HOOK_RESERVE_END: "reserve", HOOK_ALLOC_END: "alloc", HOOK_RESERVE_SIZE_END: "reserve_size"}
 HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 TENSOR_FLAG_INPUT = 1
 KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
 FLASH = {"off": 0, "on": 1, "auto": -1}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+
+
+class HarnessError(RuntimeError):
+    """The harness failed inside a callback (or could not read ggml's log): the call cannot be judged."""
 
 
 class CGraphHead(ctypes.Structure):
@@ -73,6 +80,15 @@ class Llama:
         glib = self.g.ggml.lib
         glib.ggml_backend_sched_get_n_splits.restype = ctypes.c_int
         glib.ggml_backend_sched_get_n_copies.restype = ctypes.c_int
+        glib.ggml_backend_sched_get_n_backends.restype = ctypes.c_int
+        # pointers: ggml-python 0.0.45 declares some of these int, which cuts them to 32 bits
+        for name in ("ggml_backend_sched_get_backend", "ggml_backend_sched_get_tensor_backend", "ggml_backend_sched_get_buffer_type"):
+            getattr(glib, name).restype = ctypes.c_void_p
+        glib.ggml_backend_sched_get_backend.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        glib.ggml_backend_sched_get_tensor_backend.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        glib.ggml_backend_sched_get_buffer_type.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        glib.ggml_backend_name.restype = ctypes.c_char_p
+        glib.ggml_backend_name.argtypes = [ctypes.c_void_p]
         self.glib = glib
         self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
         self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -92,8 +108,13 @@ class Llama:
         self.log = SchedLog()
         self.sched_events: list[dict[str, Any]] = []
         self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
+        self.n_scheds = 0
         self.last_size: dict[int, int] = {}  # sched id -> graph_size of its last split_graph
-        self.graph: dict[str, Any] = {}
+        self.last_backends: dict[tuple[int, str], list[int]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph
+        self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
+        self.outer: str | None = None  # the scheduler call a split_graph happens in
+        self.split: dict[str, Any] | None = None  # what the last split_graph did
+        self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self._hook = HOOK_T(self._on_sched)
         set_hook(self._hook)
         self._log_cb = L.llama_log_callback(self._on_log)
@@ -114,8 +135,8 @@ class Llama:
                 # llama_context::sched_reserve: the worst case is reserved again (on a new or a kept scheduler)
                 self.sched_events.append({"kind": "sched_reserve", "sched": -1, "max_nodes": int(line.split("=")[1])})
             self.log.feed(line)
-        except Exception as e:  # an exception must not unwind into C
-            self.log.errors.append(f"log callback failed: {e!r}")
+        except Exception:  # an exception must not unwind into C
+            self.errors.append(f"the log callback failed in call {self.call}: " + traceback.format_exc())
 
     def _on_abort(self, message: bytes | None) -> None:
         try:
@@ -127,59 +148,105 @@ class Llama:
         try:
             self._sched_event(phase, sched or 0, graph or 0, a, b, c)
         except Exception:
-            self.log.errors.append("sched hook failed: " + traceback.format_exc())
+            self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
 
     def _sched_event(self, phase: int, sched: int, graph: int, a: int, b: int, c: int) -> None:
         if phase == HOOK_SCHED_NEW:
-            sid = self.scheds[sched] = len(self.scheds)
+            # ids by creation: a new scheduler may get a freed one's address
+            sid = self.scheds[sched] = self.n_scheds
+            self.n_scheds += 1
             self.last_size[sid] = 0  # ggml_backend_sched_new callocs: debug_graph_size starts at 0
+            self.backends[sid] = self._backends(sched)
             self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b), "op_offload": bool(c)})
         elif phase == HOOK_SCHED_FREE:
             self.sched_events.append({"kind": "free", "sched": self.scheds.get(sched, -1)})
-        elif phase in (HOOK_RESERVE_BEGIN, HOOK_ALLOC_BEGIN):
+        elif phase in OUTER:
+            self.outer, self.split = OUTER[phase], None
             self.log.begin()
-            self.graph = self._read_graph(graph)
+        elif phase == HOOK_SPLIT_BEGIN:
+            if self.outer is None:  # called by llama.cpp itself (the flash-attention probe)
+                self.log.begin()
+        elif phase == HOOK_SPLIT_END:
+            self.split = self._read_split(sched, graph)
+            if self.outer is None:
+                self.sched_events.append({"kind": "split", "ok": True, **self.split})
         else:
-            sid = self.scheds.get(sched, -1)
-            n_splits = int(self.glib.ggml_backend_sched_get_n_splits(ctypes.c_void_p(sched)))
-            n_copies = int(self.glib.ggml_backend_sched_get_n_copies(ctypes.c_void_p(sched)))
-            g = self.graph
-            split_inputs = sum(len(s.inputs) for s in self.log.splits)
-            graph_inputs = len(g["inputs"]) if n_copies > 1 else 0
-            size = rules_for(self.version)[0].graph_size(g["n_nodes"], g["n_leafs"], n_splits, split_inputs + graph_inputs, n_copies)
-            prev, self.last_size[sid] = self.last_size.get(sid, 0), size
-            rec: dict[str, Any] = {
-                "kind": "reserve" if phase == HOOK_RESERVE_END else "alloc",
-                "sched": sid,
-                "ok": bool(a),
-                "n_nodes": g["n_nodes"],
-                "n_leafs": g["n_leafs"],
-                "n_splits": n_splits,
-                "n_copies": n_copies,
-                "split_inputs": split_inputs,
-                "graph_size": size,
-                "prev_graph_size": prev,
-                "inputs": g["inputs"],
-                "splits": [[s.backend_name, len(s.inputs)] for s in self.log.splits],
-            }
+            kind, self.outer = OUTER_END[phase], None
+            if self.split is None:
+                raise RuntimeError(f"ggml_backend_sched_{'alloc_graph' if kind == 'alloc' else kind} returned without calling "
+                                   "ggml_backend_sched_split_graph through its PLT: this ggml build binds it directly, and the "
+                                   "harness cannot follow its graph sizes (build ggml as a shared library without -fno-semantic-interposition or LTO)")
+            rec: dict[str, Any] = {"kind": kind, "ok": bool(a), **self.split}
             if self.log.reallocs:
                 r = self.log.reallocs[-1]
                 rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
-            if self.log.errors:
-                rec["log_errors"] = list(self.log.errors)
+                if r.backend_ids_changed:
+                    rec["realloc"]["moved"] = self.split["moved"]
+            del rec["moved"]
             self.sched_events.append(rec)
+        if self.log.errors:
+            raise RuntimeError("; ".join(self.log.errors))
+
+    def _backends(self, sched: int) -> list[tuple[str, int]]:
+        """The scheduler's backends in priority order: (name, buffer type)."""
+        glib, s = self.glib, ctypes.c_void_p(sched)
+        out = []
+        for i in range(int(glib.ggml_backend_sched_get_n_backends(s))):
+            backend = glib.ggml_backend_sched_get_backend(s, i)
+            out.append((glib.ggml_backend_name(ctypes.c_void_p(backend)).decode(), int(glib.ggml_backend_sched_get_buffer_type(s, ctypes.c_void_p(backend)) or 0)))
+        return out
+
+    def _read_split(self, sched: int, graph: int) -> dict[str, Any]:
+        """What one ``ggml_backend_sched_split_graph`` did: the graph's counts and input shapes,
+        the splits ggml printed, and the graph size; ``moved``: the first node (then leaf) whose
+        backend (buffer type) differs from the previous split_graph's at its position, as ggml
+        compares them in ``alloc_splits`` (it compares its graph copy; this names a tensor of the
+        graph, or says that none at a common position moved)."""
+        sid = self.scheds.get(sched, -1)
+        s = ctypes.c_void_p(sched)
+        n_splits = int(self.glib.ggml_backend_sched_get_n_splits(s))
+        n_copies = int(self.glib.ggml_backend_sched_get_n_copies(s))
+        g = self._read_graph(graph)
+        names = self.backends.get(sid, [])
+        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(len(names))}
+        head = CGraphHead.from_address(graph)
+        n_prev = len(self.last_backends.get((sid, "node"), []))
+        moved = ""
+        for what, array, n in (("node", head.nodes, head.n_nodes), ("leaf", head.leafs, head.n_leafs)):
+            tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+            ids = [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(tensors[i])), -1) for i in range(n)]
+            key = (sid, what)
+            prev, self.last_backends[key] = self.last_backends.get(key, []), ids
+            if not moved:
+                for i, (was, now) in enumerate(zip(prev, ids)):
+                    if was != now and min(was, now) >= 0 and names[was][1] != names[now][1]:
+                        moved = f"{what} {self._name(tensors[i])}: {names[was][0]} -> {names[now][0]}"
+                        break
+        if not moved:
+            moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
+        split_inputs = sum(len(x.inputs) for x in self.log.splits)
+        graph_inputs = len(g["inputs"]) if n_copies > 1 else 0
+        size = rules_for(self.version)[0].graph_size(g["n_nodes"], g["n_leafs"], n_splits, split_inputs + graph_inputs, n_copies)
+        prev_size, self.last_size[sid] = self.last_size.get(sid, 0), size
+        return {
+            "sched": sid, "n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "n_copies": n_copies,
+            "split_inputs": split_inputs, "graph_size": size, "prev_graph_size": prev_size, "inputs": g["inputs"],
+            "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
+        }
+
+    def _name(self, tensor: int) -> str:
+        return bytes(ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents.name).split(b"\0", 1)[0].decode(errors="replace")
 
     def _read_graph(self, graph: int) -> dict[str, Any]:
         """Node and leaf counts of the graph handed to the scheduler, and its input leafs' shapes
         (they say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...)."""
         head = CGraphHead.from_address(graph)
-        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.POINTER(self.g.ggml_tensor)))
+        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
         inputs: dict[str, list[int]] = {}
         for i in range(head.n_leafs):
-            t = leafs[i].contents
+            t = ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents
             if t.flags & TENSOR_FLAG_INPUT:
-                name = bytes(t.name).split(b"\0", 1)[0].decode(errors="replace")
-                inputs[name] = [int(x) for x in t.ne]
+                    inputs[self._name(leafs[i])] = [int(x) for x in t.ne]
         return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs}
 
     # ------------------------------------------------------------------ running a workload
@@ -215,8 +282,8 @@ class Llama:
         mp.n_gpu_layers = dv.n_gpu_layers
         mp.use_mmap = False
         if dv.tensor_split:
-            self._split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
-            mp.tensor_split = self._split
+            self._tensor_split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
+            mp.tensor_split = self._tensor_split
         model = L.llama_model_load_from_file(path.encode(), mp)
         if not model:
             raise RuntimeError(f"llama_model_load_from_file({path}) failed: {self.log.tail and list(self.log.tail)[-3:]}")
@@ -241,23 +308,44 @@ class Llama:
         p.n_outputs_max, p.n_outputs_max_per_seq = c.n_outputs_max, c.n_outputs_max_per_seq
         p.no_perf = False
         if c.backend_samplers:
-            self._samplers = [L.llama_sampler_init_greedy() for _ in range(c.n_seq_max)]
-            self._seq_cfg = (L.llama_sampler_seq_config * c.n_seq_max)(*[L.llama_sampler_seq_config(s, ctypes.cast(smpl, ctypes.c_void_p)) for s, smpl in enumerate(self._samplers)])
+            # as llama-server makes them: one sampler chain per sequence (the context keeps no reference alive)
+            chains = [self.chain(c.sampler_chain) for _ in range(c.n_seq_max)]
+            self._seq_cfg = (L.llama_sampler_seq_config * c.n_seq_max)(*[L.llama_sampler_seq_config(s, ctypes.cast(ch, ctypes.c_void_p)) for s, ch in enumerate(chains)])
             p.samplers = self._seq_cfg
             p.n_samplers = c.n_seq_max
         return p
+
+    def chain(self, kind: str) -> Any:
+        """A backend sampler chain (``SAMPLER_CHAINS``), kept alive until the context is freed."""
+        L = self.L
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        for name in SAMPLER_CHAINS[kind]:
+            L.llama_sampler_chain_add(chain, {
+                "greedy": lambda: L.llama_sampler_init_greedy(),
+                "top_k": lambda: L.llama_sampler_init_top_k(8),
+                "top_p": lambda: L.llama_sampler_init_top_p(0.9, 1),
+                "min_p": lambda: L.llama_sampler_init_min_p(0.05, 1),
+                "temp": lambda: L.llama_sampler_init_temp(0.8),
+                "dist": lambda: L.llama_sampler_init_dist(1234),
+            }[name]())
+        self._samplers.append(chain)
+        return chain
 
     def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str]) -> dict[str, Any]:
         L = self.L
         model = self.load_model(model_path, w.devices, endpoints)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         self._samplers = []
-        self.begin(-1)
-        ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
-        self.end(-1, "init", 0 if ctx else -1)
-        if not ctx:
-            return {"perf": {}}
+        ctx = None
         try:
+            self.begin(-1)
+            ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
+            if not ctx:
+                # not a pass: what llama.cpp said is the finding's message
+                said = [x for x in self.log.tail if "error" in x.lower() or "failed" in x.lower()] or list(self.log.tail)
+                self.end(-1, "init", -1, error=said[-3:])
+                return {"perf": {}}
+            self.end(-1, "init", 0)
             mem = L.llama_get_memory(ctx)
             for i, call in enumerate(w.calls):
                 self.begin(i)
@@ -267,18 +355,28 @@ class Llama:
             return {"perf": {"n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval, "n_reused": perf.n_reused}}
         finally:
             self.begin(len(w.calls))
-            L.llama_free(ctx)
-            for s in self._samplers:
-                L.llama_sampler_free(s)
+            if ctx:
+                L.llama_free(ctx)
+            for chain in self._samplers:
+                L.llama_sampler_free(chain)
             self._samplers = []
+            self.errors, self.log.errors = [], []
 
     def begin(self, i: int) -> None:
         self.call = i
         self.sched_events = []
         self.chan.send({"begin": i})
 
-    def end(self, i: int, kind: str, rc: int | str) -> None:
-        self.chan.send({"call": {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}})
+    def end(self, i: int, kind: str, rc: int | str, error: list[str] | None = None) -> None:
+        errors = self.errors + self.log.errors
+        if errors:
+            self.errors = []
+            self.log.errors = []
+            raise HarnessError("\n".join(errors))
+        rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
+        if error:
+            rec["error"] = error
+        self.chan.send({"call": rec})
 
     def do(self, ctx: Any, mem: Any, call: Call) -> int | str:
         """One call; its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
@@ -326,7 +424,8 @@ class Llama:
             L.llama_memory_clear(mem, True)
             return 0
         if k == "set_sampler":
-            smpl = self._samplers[call.seq] if call.flag and call.seq < len(self._samplers) else None
+            # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
+            smpl = self.chain(call.chain or "greedy") if call.flag else None
             return int(not L.llama_set_sampler(ctx, call.seq, smpl))
         getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
         return 0
