@@ -38,6 +38,7 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
     return "; ".join(grew) or "no input shape changed"
 
 
+_ENDPOINT = re.compile(r"\[[^\]]*\]")
 SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
 
 
@@ -63,8 +64,9 @@ def _replan_reason(x: SchedCall) -> str:
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
+        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the scheduler's backend positions and kinds, no endpoints
         name, _, move = x.moved.partition(": ")
-        return f"{reason} ({role(name)}: {re.sub(r'[[][^]]*[]]', '', move)})"
+        return f"{reason} ({role(name)}: {_ENDPOINT.sub('', move)})"
     return reason
 
 

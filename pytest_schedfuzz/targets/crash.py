@@ -77,8 +77,10 @@ def _addr2line(tool: str, obj: str, offs: list[str]) -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     lines = proc.stdout.splitlines()
-    # -f: two lines a frame, the function then file:line; a C++ name loses its arguments
-    return [re.sub(r"\(.*$", "", lines[i]).strip() for i in range(0, len(lines) - 1, 2)]
+    # -f: two lines a frame, the function then file:line; a C++ name loses its arguments,
+    # template arguments and return type ("void f<float, long>(...)" -> "f")
+    names = [re.sub(r"<.*>", "", re.sub(r"\(.*$", "", lines[i])).strip() for i in range(0, len(lines) - 1, 2)]
+    return [n.split()[-1] if n else "??" for n in names]
 
 
 def stack_line(stderr: str, depth: int = 3) -> str:

@@ -220,7 +220,7 @@ class Llama:
             if not moved:
                 for i, (was, now) in enumerate(zip(prev, ids)):
                     if was != now and min(was, now) >= 0 and names[was][1] != names[now][1]:
-                        moved = f"{what} {self._name(tensors[i])}: {names[was][0]} -> {names[now][0]}"
+                        moved = f"{what} {self._name(tensors[i])}: #{was} {names[was][0]} -> #{now} {names[now][0]}"
                         break
         if not moved:
             moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"

@@ -34,6 +34,16 @@ _NODE = re.compile(r"^node #\s*(\d+) \(")
 _NEEDS = "ggml_gallocr_needs_realloc: "
 _AUTO = "ggml_gallocr_alloc_graph: reallocating buffers automatically"
 _SCHED = re.compile(r"^ggml_backend_sched_alloc_splits: failed to allocate graph, reserving \(backend_ids_changed = (\d+)\)$")
+# every other line the scheduler and the allocator log (ggml 0.15.3 to 0.25.3), which say nothing
+# about a reallocation; a scheduler or allocator line matching neither this nor the lines read
+# above is a line this parser does not know, and an error: a pass must not rest on a missed line
+_SCHED_LINE = re.compile(r"^(ggml_backend_sched_\w*|ggml_gallocr_\w*|ggml_dyn_tallocr_\w*|ggml_tallocr_\w*): ")
+_KNOWN = re.compile(
+    r"^\w+: (reallocating \S.* buffer from size .* MiB to .* MiB|failed to allocate .*|failed to reserve graph buffers"
+    r"|cannot reallocate multi buffer graph automatically, call reserve|not enough space in the buffer to allocate .*"
+    r"|increasing (split|graph) inputs capacity from \d+ to \d+|warning: .*|all tensors in the context are already allocated"
+    r"|failed to initialize tensor .*)$"
+)
 
 
 @dataclass
@@ -115,6 +125,8 @@ class SchedLog:
             changed = m.group(1) != "0"
             self.reallocs.append(LoggedRealloc("sched", changed, "backend ids changed" if changed else self._reason))
             self._reason = ""
+        elif _SCHED_LINE.match(line) and not _KNOWN.match(line):
+            self.errors.append(f"a scheduler/allocator line this parser does not know: {line!r}")
 
     def _header(self, pieces: list[str]) -> None:
         m = _HEADER.match(pieces[0])
