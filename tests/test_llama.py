@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from pytest_schedfuzz.corpus import load_case
 from pytest_schedfuzz.gguf_models import ModelSpec
 from pytest_schedfuzz.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError, llama_workloads
 from pytest_schedfuzz.llama_properties import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
-from pytest_schedfuzz.llama_trace import CallRecord, LlamaTrace, SchedCall
+from pytest_schedfuzz.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
 
 MOE = ModelSpec(kind="moe", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=16, n_expert=4, n_expert_used=2)
 
@@ -173,3 +176,184 @@ def test_crash_signatures_name_the_assert_that_raised_them() -> None:
     # ggml's own abort message keeps the form the starter corpus records
     assert sig("/b/ggml/src/ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed\n", "abort") == \
         "llama-no-abort[kind=abort,message=ggml.c: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed]"
+
+
+# ------------------------------------------------------------------ issue 19: the target tells the truth
+
+
+@pytest.mark.engine
+def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target) -> None:
+    """200 drawn workloads: each one's context comes up and decodes (backend samplers included,
+    as llama-server makes them: sampler chains), or it is a finding; no call is left unmade, and
+    every generated dimension reaches a successful decode (the llama.cpp explored statistics)."""
+    from hypothesis import Phase, seed
+
+    from pytest_schedfuzz.fuzz import Stats, llama_features
+    from pytest_schedfuzz.llama_properties import unmade_calls
+
+    stats, dead, found = Stats(), [], set()
+
+    @seed(19)
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
+    @given(llama_workloads())
+    def run(w: LlamaWorkload) -> None:
+        trace = target.run(w)
+        stats.add_llama(w, trace)
+        assert unmade_calls(w, trace) == [], w.describe()
+        if LLAMA_CHECKS["llama-no-abort"](w, trace):
+            found.update(llama_features(w))
+        else:
+            init = trace.calls[0]
+            if not (init.rc == 0 and any(c.kind == "decode" and c.rc == 0 for c in trace.calls)):
+                dead.append(w.describe())
+
+    run()
+    assert stats.llama_workloads == 200 and dead == []
+    # a dimension drawn only in workloads that were findings (a crash on a rare draw) is alive
+    never = sorted(f for f, n in stats.llama_explored.items() if stats.llama_decoded.get(f, 0) == 0 and f not in found)
+    assert never == [], f"dimensions drawn that never decoded: {never}"
+    for f in ("backend samplers greedy", "backend samplers top_k-temp-dist", "call set_sampler", "embeddings pooling mean",
+              "flash_attn on", "kv q8_0/q8_0", "kv per sequence", "2 RPC", "model moe", "tensor_split", "partial offload"):
+        assert stats.llama_decoded.get(f, 0) > 0, f
+    line = next(x for x in stats.summary_lines() if x.startswith("llama.cpp explored"))
+    assert "backend samplers greedy" in line
+
+
+def test_a_context_that_does_not_initialize_is_a_finding_not_a_pass() -> None:
+    trace = LlamaTrace((CallRecord(-1, "init", -1, (), ("llama_init_from_model: failed to initialize the context: the backend samplers must be of type llama_sampler_chain",)),))
+    (v,) = LLAMA_CHECKS["llama-no-abort"](STEADY, trace)
+    assert v.facts["kind"] == "init" and "llama_sampler_chain" in v.message
+
+
+def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
+    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.properties import LLAMA_GROUP
+    from pytest_schedfuzz.targets import TargetError
+
+    w = replace(STEADY, calls=(decode((0, 4, "last")), Call("seq_rm", seq=0, n=2)))
+    traces = {
+        "refused": LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", 0), CallRecord(1, "seq_rm", 1))),
+        "unseen": LlamaTrace((CallRecord(-1, "init", 0, ()), CallRecord(0, "decode", 0), CallRecord(1, "seq_rm", 0))),
+        "invalid": LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", -1), CallRecord(1, "seq_rm", 0))),
+    }
+
+    class Fake:
+        def __init__(self, trace: LlamaTrace) -> None:
+            self.trace, self.runs = trace, 0
+
+        def run(self, workload: LlamaWorkload) -> LlamaTrace:
+            self.runs += 1
+            return self.trace
+
+        def close(self) -> None:
+            pass
+
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    for what, trace in traces.items():
+        fuzzer._llama = Fake(trace)
+        with pytest.raises(TargetError, match="harness error"):
+            fuzzer.check_llama(LLAMA_GROUP, w)
+    # one run of a workload is judged by every llama property
+    fuzzer._llama = Fake(LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", -3), CallRecord(1, "seq_rm", 0))))
+    found = fuzzer.check_llama(LLAMA_GROUP, w)
+    assert fuzzer._llama.runs == 1 and [v.property for v in found] == ["llama-no-abort"]
+    fuzzer._llama = None
+
+
+def test_an_unknown_scheduler_line_is_an_error_not_a_pass() -> None:
+    from pytest_schedfuzz.targets.schedlog import SchedLog
+
+    log = SchedLog()
+    log.feed("ggml_gallocr_reserve_n_impl: reallocating CPU buffer from size 0.00 MiB to 0.12 MiB\n")
+    log.feed("ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 0)\n")
+    assert log.errors == [] and len(log.reallocs) == 1
+    log.feed("ggml_backend_sched_alloc_splits: graph reallocation (reason 7)\n")
+    assert log.errors and "does not know" in log.errors[0]
+
+
+def test_the_reuse_note_needs_the_reuse_line() -> None:
+    from pytest_schedfuzz.fuzz import Stats
+
+    blind = Stats(llama_workloads=1)
+    assert "not observable" in "".join(blind.summary_lines())
+    seen = Stats(llama_workloads=1, llama_sched_reserves=3)
+    assert "built a new scheduler on each of its 3 reservations" in "".join(seen.summary_lines())
+
+
+def _lost(first_alloc: SchedCall, switch: Call | None = None) -> str:
+    """The signature of a same-size realloc after the reservation was lost to ``first_alloc``."""
+    calls = ((switch,) if switch else ()) + (decode((0, 1, "last")), decode((0, 2, "last")))
+    w = replace(STEADY, calls=calls)
+    reserve = SchedCall("reserve", 0, n_nodes=10, graph_size=20, inputs={"inp_tokens": (32, 1, 1, 1)})
+    recs = (CallRecord(-1, "init", 0, (SchedCall("new", 0, max_nodes=1024), reserve)),) + ((CallRecord(0, switch.kind, 0),) if switch else ())
+    k = len(recs) - 1
+    trace = LlamaTrace(recs + (CallRecord(k, "decode", 0, (first_alloc,)),
+                               CallRecord(k + 1, "decode", 0, (_alloc(0, 20, 20, "node inp_embd is not valid", tokens=2),))))
+    (v,) = llama_no_same_size_realloc(w, trace)
+    return v.signature()
+
+
+def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
+    """``lost_by=changed`` once hid every cause behind its first: the node that moved, the call that
+    re-planned and the switch before it now sign a lost reservation."""
+    def changed(moved: str) -> SchedCall:
+        return replace(_alloc(0, 20, 20, "backend ids changed", ids=True), moved=moved)
+
+    norm = _lost(changed("node norm-3: #0 RPC0[127.0.0.1:5001] -> #1 RPC0[127.0.0.1:5002]"))
+    norm_other_port = _lost(changed("node norm-1: #0 RPC0[127.0.0.1:6001] -> #1 RPC0[127.0.0.1:6002]"))
+    ffn = _lost(changed("node ffn_out-3: #1 RPC0[127.0.0.1:5002] -> #2 CPU"))
+    after_warmup = _lost(changed("node norm-3: #0 RPC0[127.0.0.1:5001] -> #1 RPC0[127.0.0.1:5002]"), Call("set_warmup", flag=True))
+    assert norm == norm_other_port  # the same cause: layer numbers and endpoints left out
+    assert len({norm, ffn, after_warmup}) == 3
+    assert "norm-N: #0 RPC0 -> #1 RPC0" in norm and "decode after set_warmup(true)" in after_warmup
+
+
+def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None:
+    """A SIGSEGV carries no assert: the C stack the preloaded crash hook prints tells them apart,
+    for the llama.cpp target and the graph engine alike."""
+    import subprocess
+    import sys
+
+    from pytest_schedfuzz.properties import no_abort
+    from pytest_schedfuzz.scenario import Scenario
+    from pytest_schedfuzz.targets.crash import CRASH_HOOK, build_preload, stack_line, with_preload
+    from pytest_schedfuzz.targets.ggml_lib import resolve_lib
+    from pytest_schedfuzz.trace import Abort, Trace
+
+    lib = Path(resolve_lib(None)) / "libggml-base.so"
+    stacks = {}
+    for fn in ("ggml_nbytes", "ggml_nelements"):
+        code = f"import ctypes; f = ctypes.CDLL({str(lib)!r}).{fn}; f.argtypes = [ctypes.c_void_p]; f(ctypes.c_void_p(8))"
+        proc = subprocess.run([sys.executable, "-c", code], env=with_preload(dict(os.environ), build_preload(CRASH_HOOK)), capture_output=True, text=True)
+        assert proc.returncode == -11
+        stacks[fn] = stack_line(proc.stderr)
+        assert stacks[fn].startswith(f"C stack: {fn}"), proc.stderr[-2000:]
+    sigs = {LLAMA_CHECKS["llama-no-abort"](STEADY, LlamaTrace((), LlamaAbort(0, "crash", f"the worker was killed by SIGSEGV\n{s}")))[0].signature()
+            for s in stacks.values()}
+    assert len(sigs) == 2
+    sc = Scenario.from_json(json.loads((Path(__file__).parent.parent / "corpus" / "no-abort-during-compute-kind-crash-message-the-worker-was-ki-01b07046ee.json").read_text())["scenario"])
+    graph = {no_abort(sc, Trace((), Abort(0, "crash", f"the worker was killed by SIGSEGV\n{s}")), Trace(()))[0].signature() for s in stacks.values()}
+    assert len(graph) == 2
+
+
+@pytest.mark.engine
+def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
+    """llama.cpp's fused-op probes call ggml_backend_sched_split_graph themselves; the hook sees
+    them, so each record's previous graph size is the one ggml keeps (``debug_prev_graph_size``),
+    and the first same-size reallocation is the call ggml's own check aborts in."""
+    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+
+    auto = replace(STEADY, ctx=replace(STEADY.ctx, flash_attn="auto"))
+    trace = target.run(auto)
+    init = trace.calls[0].sched
+    assert [s.kind for s in init if s.kind in ("split", "reserve")][:1] == ["split"]  # a probe, before the reservations
+    last: dict[int, int] = {}
+    for _, s in trace.sched_calls():
+        if s.kind in ("split", "reserve", "reserve_size", "alloc"):
+            assert s.prev_graph_size == last.get(s.sched, 0), s
+            last[s.sched] = s.graph_size
+    cases = [load_case(p).llama for p in sorted((Path(__file__).parent.parent / "corpus").glob("llama-no-same-size-realloc-*.json"))]
+    with LlamaTarget(debug_realloc=1) as strict:
+        for w in cases:
+            ours = [c.index for c in target.run(w).calls for s in c.sched if s.same_size]
+            assert ours[:1] == [strict.run(w).abort.call]
