@@ -139,9 +139,10 @@ class Stats:
     reallocs_changed: int = 0
     splits: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
-    unconfirmed: int = 0  # crashes that did not happen again on a fresh worker (``Fuzzer.confirmed``)
+    unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
     findings: dict[str, int] = field(default_factory=dict)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
+    seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature
     explored: dict[str, int] = field(default_factory=dict)  # examples that had each feature (``features``)
     # the llama.cpp target, counted as llama_perf_context_print does
     llama_workloads: int = 0
@@ -234,7 +235,7 @@ class Stats:
             f"known engine bugs seen again = {self.known}",
         ]
         if self.unconfirmed:
-            lines.append(f"unconfirmed crashes = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
+            lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
         if self.explored:
             lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
         if self.llama_workloads:
@@ -252,6 +253,9 @@ class Stats:
         if self.signatures:
             lines.append(f"distinct signatures = {len(self.signatures)}")
             lines += [f"  {sig}" for sig in sorted(self.signatures)]
+        if self.seen_again:
+            lines.append("known signatures seen again (violations):")
+            lines += [f"  {n:6d}  {sig}" for sig, n in sorted(self.seen_again.items(), key=lambda kv: -kv[1])]
         return lines
 
 
@@ -310,7 +314,7 @@ COUNTERS = (
     "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known", "llama_workloads", "llama_decodes",
     "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
 )
-DICTS = ("findings", "signatures", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
+DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
 DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
 
 
@@ -476,15 +480,17 @@ class Fuzzer:
         return [v for p in judged for v in LLAMA_CHECKS[p](workload, trace)]
 
     def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
-        """A crash (a signal, no assert) counts only if it happens again on a fresh worker: a
-        worker that ran many scenarios can die of what an earlier one left in its memory. One
-        that does not come back is counted (``unconfirmed crashes``) and its scenario kept in
-        ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is judged instead."""
-        if trace.abort is None or trace.abort.kind != "crash" or not hasattr(self.target, "close"):
+        """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh
+        worker: a worker that ran many scenarios can die of what an earlier one left in its
+        memory, and a machine loaded by other work (pytest-xdist) can stall a step past its
+        timeout. One that does not come back is counted (``unconfirmed crashes``) and its
+        scenario kept in ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is
+        judged instead."""
+        if trace.abort is None or trace.abort.kind not in ("crash", "timeout") or not hasattr(self.target, "close"):
             return trace
         self.target.close()  # the next run starts a fresh worker and fresh servers
         again = self.run_engine(scenario)
-        if again.abort is not None and again.abort.kind == "crash":
+        if again.abort is not None and again.abort.kind == trace.abort.kind:
             return again
         self.stats.unconfirmed += 1
         if self.config.database is not None:
@@ -493,7 +499,7 @@ class Fuzzer:
             first = trace.abort.message.strip().splitlines()[0] if trace.abort.message.strip() else "crash"
             try:
                 save_case(Path(self.config.database).parent / "unconfirmed",
-                          Case("no-abort", "unconfirmed crash", scenario, trace.abort.message[-3000:], trace.abort.step, self.seed,
+                          Case("no-abort", f"unconfirmed {trace.abort.kind}", scenario, trace.abort.message[-3000:], trace.abort.step, self.seed,
                                dict(getattr(self.target, "engine", {}) or {}), {"fail": f"did not come back on a fresh worker: {first}"}))
             except OSError:
                 pass
@@ -646,6 +652,8 @@ class Fuzzer:
             known_set = self.known(props.is_llama(prop)) | self.campaign_known
             known = [v for v in found if v.signature() in known_set]
             self.stats.known += len(known)
+            for v in known:
+                self.stats.seen_again[v.signature()] = self.stats.seen_again.get(v.signature(), 0) + 1
             found = [v for v in found if v.signature() not in known_set]
             if found and self.first_failure is None:
                 self.first_failure = time.monotonic() - start

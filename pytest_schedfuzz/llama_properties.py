@@ -39,7 +39,8 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
-SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+# the per-request switches a server makes (memory calls change sizes, not the kind of graph)
+SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler")
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
@@ -51,8 +52,7 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
     if not switches:
         return kind
     last = switches[-1]
-    flag = "" if last.kind == "clear" else f"({str(last.flag).lower()})"
-    return f"{kind} after {last.kind}{flag}"
+    return f"{kind} after {last.kind}({str(last.flag).lower()})"
 
 
 def _replan_reason(x: SchedCall) -> str:
