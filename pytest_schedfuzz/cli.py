@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .corpus import Case, CaseError, case_files, load_case, save_case
+from .corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case, save_case
 from .fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
 from .properties import PROPERTY_IDS, fuzz_units
 
@@ -44,8 +44,10 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"schedfuzz: {cli_words(e)}", file=sys.stderr)
         return 2
+    if args.known == "builtin":
+        fuzzer.learn_known_bugs(STARTER_CORPUS)
     fuzzer.learn_known_bugs(Path(args.corpus))
-    print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}")
+    print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}; known upstream bugs: {len(fuzzer.known_cases)}")
     findings = []
     try:
         budget = args.budget if args.budget is not None else fuzzer.profile.budget
@@ -279,6 +281,11 @@ def _gate(args: argparse.Namespace) -> int:
     print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={args.corpus} ({len(cases)} cases)", flush=True)
     config = FuzzConfig(profile=args.profile, examples=args.examples, seed=seed, rereserve=args.rereserve)
     try:
+        config.validate()  # --examples 0 and the like, before anything is built
+    except ValueError as e:
+        print(f"schedfuzz gate: {cli_words(e)}", file=sys.stderr)
+        return 2
+    try:
         status, report = gate(args.base, args.head, cases, config, props)
     except ValueError as e:
         print(f"schedfuzz gate: {e}", file=sys.stderr)
@@ -345,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="campaign: after a finding, save it and fuzz on; every distinct signature (default: on under nightly)")
     run.add_argument("--properties", help="comma-separated property ids")
     run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again; findings are saved there")
+    run.add_argument("--known", choices=("builtin", "none"), default="builtin",
+                     help="builtin: the starter corpus's known upstream bugs are not reported again (default); none: report them too")
     run.set_defaults(func=_run)
     rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
     rp.add_argument("cases", nargs="+", help="case files or corpus directories")

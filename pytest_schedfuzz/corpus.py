@@ -221,6 +221,24 @@ def load_case(path: Path | str) -> Case:
     )
 
 
+# the starter corpus: the known upstream bugs, known wherever the plugin runs (beside the
+# package in a checkout or an editable install)
+STARTER_CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+
+
+def component(case: Case) -> str:
+    """Which part of ggml or llama.cpp a known bug is in, from what its finding says: the RPC
+    backend (a remote server failed), ggml-alloc (a kept plan's buffers, allocation), llama.cpp
+    (its graphs and calls), or the scheduler."""
+    if case.llama is not None:
+        return "llama.cpp"
+    if "ggml-rpc" in case.signature or "server=" in case.signature:
+        return "RPC backend"
+    if "plan=kept" in case.signature or "after=failed allocation" in case.signature or "ggml-alloc" in case.signature:
+        return "ggml-alloc"
+    return "scheduler"
+
+
 def save_case(directory: Path | str, case: Case) -> Path:
     """Write ``case`` under ``directory`` atomically (a temporary file, then a rename), so that
     concurrent writers (pytest-xdist workers) never leave a partial file or lose one."""

@@ -143,6 +143,7 @@ class Stats:
     findings: dict[str, int] = field(default_factory=dict)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature
+    components: dict[str, str] = field(default_factory=dict)  # known signature -> where its bug is (``corpus.component``)
     explored: dict[str, int] = field(default_factory=dict)  # examples that had each feature (``features``)
     # the llama.cpp target, counted as llama_perf_context_print does
     llama_workloads: int = 0
@@ -183,6 +184,13 @@ class Stats:
                         self.llama_reallocs_changed += 1
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
         self.llama_sched_reuses += len(scheduler_reuses(trace))
+
+    def _by_component(self) -> str:
+        counts: dict[str, int] = {}
+        for sig, n in self.seen_again.items():
+            where = self.components.get(sig, "found by this run")
+            counts[where] = counts.get(where, 0) + n
+        return f"   ({', '.join(f'{where}: {n}' for where, n in sorted(counts.items()))})" if counts else ""
 
     def _reuse_note(self) -> str:
         if not self.llama_sched_reserves:
@@ -232,7 +240,7 @@ class Stats:
             f"graphs reused = {self.graphs_reused}",
             f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
             f"splits = {self.splits}",
-            f"known engine bugs seen again = {self.known}",
+            f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
         if self.unconfirmed:
             lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
@@ -254,8 +262,8 @@ class Stats:
             lines.append(f"distinct signatures = {len(self.signatures)}")
             lines += [f"  {sig}" for sig in sorted(self.signatures)]
         if self.seen_again:
-            lines.append("known signatures seen again (violations):")
-            lines += [f"  {n:6d}  {sig}" for sig, n in sorted(self.seen_again.items(), key=lambda kv: -kv[1])]
+            lines.append("known signatures seen again (violations, where the bug is):")
+            lines += [f"  {n:6d}  {sig}  [{self.components.get(sig, 'found by this run')}]" for sig, n in sorted(self.seen_again.items(), key=lambda kv: -kv[1])]
         return lines
 
 
@@ -369,6 +377,13 @@ class Fuzzer:
             from .targets.ggml_lib import resolve_lib
 
             resolve_lib(config.lib)  # a LibError (a ValueError) now, not at the first case
+        if config.llama_lib is not None:
+            from .targets.llama_target import resolve_lib_dir
+
+            try:
+                resolve_lib_dir(config.llama_lib)
+            except TargetError as e:
+                raise ValueError(f"--schedfuzz-llama-lib {config.llama_lib}: {e}") from None
         self._rules: Rules | None = None
         self.rules_note: str | None = None
         self.stats = Stats()
@@ -678,16 +693,20 @@ class Fuzzer:
 
     def learn_known_bugs(self, directory: Path) -> None:
         """Remember the corpus's expect-fail cases (unreadable files are reported by their own
-        corpus items); which of them are known bugs depends on the engine's version."""
-        from .corpus import CaseError, case_files, load_case
+        corpus items); which of them are known bugs depends on the engine's version. A folder
+        learnt twice (the starter corpus is also the run's corpus) counts once."""
+        from .corpus import CaseError, case_files, component, load_case
 
         for path in case_files(directory):
+            if any(c.path is not None and c.path.resolve() == path.resolve() for c in self.known_cases):
+                continue
             try:
                 case = load_case(path)
             except CaseError:
                 continue
             if case.expected_failure is not None:
                 self.known_cases.append(case)
+                self.stats.components.setdefault(case.signature, component(case))
         self._known.clear()
 
     def ggml_version(self, llama: bool) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .corpus import Case
 from .fuzz import FuzzConfig, Fuzzer
-from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS
+from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama
 
 PASS, NA = "pass", "n/a"
 GATE_EXAMPLES = 25  # per property, where the profile fuzzes on time (ci)
@@ -63,9 +63,10 @@ def run_side(label: str, lib: str, cases: Sequence[Case], config: FuzzConfig, pr
             if found:
                 side.details[row] = str(found[0])
             log(f"{label}: {row}: {_cell(side.results[row])}")
-        for prop in properties:
+        fuzzer.llama_judged = tuple(p for p in properties if p in LLAMA_PROPERTY_IDS)
+        for prop, _ in fuzz_units(properties):
             row = f"fuzz/{prop}"
-            if prop in LLAMA_PROPERTY_IDS and llama_lib is None:
+            if is_llama(prop) and llama_lib is None:
                 side.results[row] = None
                 continue
             finding = fuzzer.fuzz(prop)

@@ -37,6 +37,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
     add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")
     add("schedfuzz-corpus", "directory of saved cases, replayed first; new findings are written there (default: corpus)")
+    add("schedfuzz-known", "builtin (default): the starter corpus's known upstream bugs are not reported again; none: report them too")
     group.addoption(
         "--schedfuzz-rereserve", "--no-schedfuzz-rereserve", dest="schedfuzz_rereserve", default=None,
         action=_BoolFlag, nargs=0, help="driver re-reserves the worst case on topology changes (default on; ini: schedfuzz_rereserve)",
@@ -154,6 +155,14 @@ class SchedfuzzSession:
             self.fuzzer = Fuzzer(self.fuzz_config)
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
+        known = _opt(config, "schedfuzz_known") or "builtin"
+        if known not in ("builtin", "none"):
+            raise pytest.UsageError(f"--schedfuzz-known {known!r}: builtin or none")
+        from .corpus import STARTER_CORPUS
+
+        self.known_source = "none" if known == "none" else (str(STARTER_CORPUS) if STARTER_CORPUS.is_dir() else "none (no starter corpus beside the package)")
+        if known == "builtin":
+            self.fuzzer.learn_known_bugs(STARTER_CORPUS)
         self.fuzzer.learn_known_bugs(self.corpus)
         self.fuzzer.llama_judged = tuple(p for p in self.properties if p.startswith("llama-"))
 
@@ -192,7 +201,13 @@ class SchedfuzzSession:
         except TargetError as e:
             pytest.exit(f"schedfuzz: the engine cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
         if any(p.startswith("llama-") for p in self.properties):
-            lines.append(f"schedfuzz: llama.cpp (lib: {fc.llama_lib or 'llama-cpp-python bundled'})")
+            try:  # a bad or Release llama.cpp build is a usage error now, not at the first workload
+                info = self.fuzzer.llama_target.start()
+            except TargetError as e:
+                pytest.exit(f"schedfuzz: llama.cpp cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+            lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')})")
+        n = len(self.fuzzer.known_cases)
+        lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         return lines
 
     @pytest.hookimpl(optionalhook=True)
@@ -201,6 +216,11 @@ class SchedfuzzSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.args_source == pytest.Config.ArgsSource.TESTPATHS and items:
+            # `pytest --schedfuzz` with no paths is the fuzzing job, not the project's own
+            # tests that `testpaths` names (name them to run both)
+            config.hook.pytest_deselected(items=list(items))
+            items.clear()
         suite = SchedfuzzSuite.from_parent(session, name="schedfuzz", nodeid="schedfuzz")
         items[:0] = list(suite.collect())
 
@@ -216,6 +236,7 @@ class SchedfuzzSession:
         terminalreporter.write_line(f"seed = {self.fuzz_config.seed} (rerun with --schedfuzz-seed {self.fuzz_config.seed})")
         if self.fuzzer._target is not None or self.fuzz_config.target:
             terminalreporter.write_line(self.engine_line())
+        self.stats.components = self.fuzzer.stats.components
         for line in self.stats.summary_lines():
             terminalreporter.write_line(line)
 

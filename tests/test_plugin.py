@@ -300,3 +300,38 @@ def test_keep_going_collects_several_distinct_findings_of_one_property(fuzz, pyt
     out = result.stdout.str()
     assert f"{len(cases)} distinct findings:" in out and f"distinct signatures = {len(cases)}" in out
     assert all(sig in out for sig in signatures)
+
+
+def test_a_release_llama_build_is_refused_with_the_fix(pytester: pytest.Pytester, release_lib: Path):
+    """libllama over a Release libggml-base: the llama.cpp target refuses at startup, a usage
+    error saying how to rebuild; never a false "fixed" (XPASS) or 0 / 0 reallocs."""
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-llama-lib={release_lib}",
+                                           "--schedfuzz-properties", "llama-no-abort", timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "compiled out (NDEBUG)" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("where", ["/nonexistent", "empty"])
+def test_a_bad_llama_lib_is_a_usage_error(pytester: pytest.Pytester, where: str):
+    path = str(pytester.mkdir("nothing_here")) if where == "empty" else where
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-llama-lib={path}", timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "--schedfuzz-llama-lib" in out and "no libllama.so" in out and "Traceback" not in out
+    cli = pytester.run("schedfuzz", "run", "--llama-lib", path, "--properties", "llama-no-abort", timeout=120)
+    assert cli.ret == 2 and "no libllama.so" in cli.stderr.str() and "Traceback" not in cli.stderr.str()
+
+
+def test_gate_refuses_zero_examples(pytester: pytest.Pytester):
+    result = pytester.run("schedfuzz", "gate", "--base", "ggml-0.25.3", "--head", "ggml-0.25.3", "--examples", "0", timeout=120)
+    assert result.ret == 2 and "--examples 0: must be at least 1" in result.stderr.str()
+
+
+def test_the_starter_corpus_bugs_are_known_in_an_empty_folder(pytester: pytest.Pytester):
+    """A user's own folder has no corpus: the known upstream bugs are built in, listed in the
+    header, and --schedfuzz-known=none turns them off."""
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--co", timeout=300)
+    assert re.search(r"known upstream bugs: [1-9]\d* expected failures \(built in: \S*corpus", result.stdout.str())
+    off = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--co", "--schedfuzz-known=none", timeout=300)
+    assert "known upstream bugs: 0 expected failures (built in: none" in off.stdout.str()

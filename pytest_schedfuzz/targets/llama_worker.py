@@ -37,7 +37,7 @@ from reference.versions import rules_for
 from ..llama import SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 from .ggml_lib import die_with_parent, import_ggml, loaded_library_path
 from .schedlog import SchedLog
-from .worker import Channel
+from .worker import Channel, Ggml, no_realloc_fix, probe_scenario, run_scenario
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END) = range(10)  # sched_hook.c
@@ -436,7 +436,12 @@ def main() -> None:
     os.dup2(2, 1)
     die_with_parent()
     try:
-        eng = Llama(chan)
+        # a Release build (NDEBUG) logs no reallocation: every verdict would be a false pass
+        probe = Ggml(chan)
+        if not any(r.events for r in run_scenario(probe, probe_scenario(), [], None)):
+            chan.send({"fatal": no_realloc_fix(loaded_library_path("libggml-base"))})
+            return
+        eng = Llama(chan)  # its log and abort callbacks replace the probe's
     except Exception:
         chan.send({"fatal": traceback.format_exc()})
         return
