@@ -75,6 +75,9 @@ def _run(args: argparse.Namespace) -> int:
                 finding = fuzzer.fuzz(prop, seconds=share)
                 if finding is not None:
                     record(finding)
+            if fuzzer.interrupted:
+                print(f"{prop}: interrupted (Ctrl-C)", flush=True)
+                return 130
             if len(findings) == before:
                 print(f"{prop}: ok", flush=True)
     finally:

@@ -60,6 +60,8 @@ SCHEMA: dict[str, Any] = {
             ]
         },
         "workload": {"type": "object", "required": ["layout", "model", "n_ubatch", "events"]},
+        # options of the run that found it which change its verdict (replay honours them)
+        "options": {"type": "object", "additionalProperties": False, "properties": {"rereserve": {"type": "boolean"}}},
         "llama": {"type": "object", "required": ["model", "ctx", "calls"], "properties": {"calls": {"type": "array", "items": {"type": "object", "required": ["kind"]}}}},
         "scenario": {
             "type": "object",
@@ -96,6 +98,7 @@ class Case:
     workload: Workload | None = None  # driver properties: replayed through the current driver
     path: Path | None = None
     llama: LlamaWorkload | None = None  # llama.cpp properties: replayed on llama.cpp
+    options: Mapping[str, Any] = field(default_factory=dict)  # ``rereserve``: the driver's mode it was found in
 
     @property
     def expected_failure(self) -> str | None:
@@ -148,7 +151,8 @@ class Case:
             "expect": dict(self.expect) if isinstance(self.expect, Mapping) else self.expect,
         } | ({"scenario": self.scenario.to_json()} if self.scenario is not None else {}) \
           | ({"workload": self.workload.to_json()} if self.workload is not None else {}) \
-          | ({"llama": self.llama.to_json()} if self.llama is not None else {})
+          | ({"llama": self.llama.to_json()} if self.llama is not None else {}) \
+          | ({"options": dict(self.options)} if self.options else {})
 
     def file_name(self) -> str:
         """``<signature as a slug>-<scenario hash>.json``, e.g.
@@ -218,6 +222,7 @@ def load_case(path: Path | str) -> Case:
         workload=workload,
         path=path,
         llama=llama,
+        options=data.get("options", {}),
     )
 
 

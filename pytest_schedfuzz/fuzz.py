@@ -236,7 +236,7 @@ class Stats:
 
     def summary_lines(self) -> list[str]:
         lines = [
-            f"examples = {self.examples}",
+            f"examples = {self.examples}   (cases run, over all properties, shrinking and replays included; llama.cpp workloads too)",
             f"graphs reused = {self.graphs_reused}",
             f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
             f"splits = {self.splits}",
@@ -349,7 +349,9 @@ class Finding:
         v = self.violation
         if self.llama is not None:
             engine = dict(fuzzer.llama_target.engine) if fuzzer._llama is not None else {"name": "llama.cpp"}
-        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload, llama=self.llama)
+        options = {"rereserve": False} if self.workload is not None and not fuzzer.config.rereserve else {}
+        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload, llama=self.llama,
+                    options=options)
 
 
 class ViolationFound(AssertionError):
@@ -396,6 +398,7 @@ class Fuzzer:
         self._llama: Any = None
         self._oracle: Any = None  # GgmlTarget under GGML_SCHED_DEBUG_REALLOC=2 (size_oracle_check)
         self.llama_judged: tuple[str, ...] = props.LLAMA_PROPERTY_IDS  # what LLAMA_GROUP judges (the selected ones)
+        self.interrupted = False  # Ctrl-C was pressed while fuzzing: the caller saves what fuzz() returned, then stops
 
     @property
     def llama_target(self) -> Any:
@@ -609,6 +612,8 @@ class Fuzzer:
             findings.append(finding)
             self.campaign_known.add(finding.violation.signature())
             on_finding(finding)
+            if self.interrupted:
+                break
         return findings
 
     def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1, seconds: float | None = None,
@@ -651,10 +656,19 @@ class Fuzzer:
         )
         @given(self.strategy(prop))
         def run(case: Workload | Scenario | LlamaWorkload) -> None:
+            try:
+                one(case)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                raise
+
+        def one(case: Workload | Scenario | LlamaWorkload) -> None:
             # out of time, skip; but never once a failure is being confirmed and shrunk (a skip
             # would make Hypothesis's replay of it pass: a FlakyFailure)
             if not target and (self.out_of_budget() or (deadline is not None and time.monotonic() > deadline)):
                 return
+            if self.interrupted:  # Ctrl-C: Hypothesis stopped shrinking and replays; do not run the engine again
+                raise KeyboardInterrupt
             self.stats.examples += 1
             scenario = None if isinstance(case, LlamaWorkload) else self.scenario_of(case)
             if scenario is not None:
@@ -674,7 +688,19 @@ class Fuzzer:
                 self.first_failure = time.monotonic() - start
             if found and (not target or found[0].signature() == target[0]):
                 target[:] = [found[0].signature()]
-                raise ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None, case if isinstance(case, LlamaWorkload) else None)
+                best[:] = [ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None, case if isinstance(case, LlamaWorkload) else None)]
+                raise best[0]
+
+        best: list[ViolationFound] = []  # the smallest failing case so far (Hypothesis shrinks in order)
+
+        def interrupted() -> None:
+            # Ctrl-C: stop at once (Hypothesis would stop shrinking, replay the case, and the
+            # session go on to the next property); the smallest case so far is still a finding,
+            # returned to be saved, and ``self.interrupted`` tells the caller to stop after it
+            self.interrupted = True
+            if best:
+                raise best[0] from None
+            raise KeyboardInterrupt
 
         try:
             try:
@@ -684,6 +710,8 @@ class Fuzzer:
                 if not found:
                     raise
                 raise found[0] from None
+            except KeyboardInterrupt:
+                interrupted()
         except ViolationFound as e:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
             sig = e.violation.signature()
@@ -725,7 +753,10 @@ class Fuzzer:
         return self._known[llama]
 
     def scenario_for(self, case: Case) -> Scenario:
-        """A case's scenario: its workload played by this run's driver, or the one it holds."""
+        """A case's scenario: its workload played by this run's driver (in the re-reservation
+        mode the case was found in, where it says), or the one it holds."""
+        if case.workload is not None and "rereserve" in case.options:
+            return Driver(self.policy, bool(case.options["rereserve"])).scenario(case.workload)
         return self.scenario_of(case.workload if case.workload is not None else case.scenario)
 
     def screen(self, case: Case) -> list[str] | None:

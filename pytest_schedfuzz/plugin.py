@@ -356,6 +356,9 @@ class PropertyItem(pytest.Item):
                     save(finding)
         finally:
             self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
+        if fuzzer.interrupted:  # Ctrl-C: what was found is saved; the session stops here
+            print("\n" + "\n\n".join(reports), flush=True)
+            raise KeyboardInterrupt
         if reports:
             head = f"{len(reports)} distinct findings:\n\n" if len(reports) > 1 else ""
             raise SchedfuzzFailure(head + "\n\n".join(reports))

@@ -101,6 +101,11 @@ def test_driver_without_rereserve_hits_same_size_reallocs_on_the_engine(fuzz, py
     # invalid tensor included, which leaves more steps than the explanation alone did)
     assert len(case["scenario"]["steps"]) <= 18
     assert len(case["workload"]["model"]["layer_devices"]) == 1
+    # the driver mode is part of the case: replayed from its file alone, it fails again
+    assert case["options"] == {"rereserve": False}
+    (path,) = sorted((pytester.path / "corpus").glob("*.json"))
+    replay = pytester.run("schedfuzz", "replay", str(path), timeout=300)
+    assert replay.ret == 1 and "verdict: FAIL: [no-same-size-realloc]" in replay.stdout.str(), replay.stdout.str()
 
 
 def test_saved_finding_is_replayed_first_and_judges_the_current_policy(fuzz, pytester: pytest.Pytester):
@@ -335,3 +340,27 @@ def test_the_starter_corpus_bugs_are_known_in_an_empty_folder(pytester: pytest.P
     assert re.search(r"known upstream bugs: [1-9]\d* expected failures \(built in: \S*corpus", result.stdout.str())
     off = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--co", "--schedfuzz-known=none", timeout=300)
     assert "known upstream bugs: 0 expected failures (built in: none" in off.stdout.str()
+
+
+def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_finding(monkeypatch: pytest.MonkeyPatch):
+    """Hypothesis answers Ctrl-C during shrinking by replaying the case and reporting it, after
+    which the session went on to the next property (a dev run went on for 209 s). Now the first
+    KeyboardInterrupt stops: no case runs after it, the smallest so far is returned to be saved,
+    and ``interrupted`` tells the plugin (and the CLI) to stop there."""
+    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+
+    fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=None, examples=50, seed=1))
+    real, seen = fuzzer.check, {"failed": False, "after": 0}
+
+    def check(prop: str, scenario: object) -> list:
+        if seen["failed"]:
+            seen["after"] += 1
+            raise KeyboardInterrupt  # Ctrl-C pressed during the first shrink step
+        found = real(prop, scenario)
+        seen["failed"] = bool(found)
+        return found
+
+    monkeypatch.setattr(fuzzer, "check", check)
+    finding = fuzzer.fuzz("reuse-complete")
+    assert finding is not None and finding.violation.property == "reuse-complete"
+    assert fuzzer.interrupted and seen["after"] == 1
