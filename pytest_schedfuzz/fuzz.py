@@ -12,7 +12,7 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -567,11 +567,19 @@ class Fuzzer:
 
     # ----------------------------------------------------------------- a property
 
+    def gpu_device(self) -> str:
+        """``available``, or why the built-in engine's ggml cannot have GPU-like devices."""
+        if self.config.target is not None:
+            return "available"
+        return self.engine_info().get("gpu_device", "available")
+
     def strategy(self, prop: str) -> st.SearchStrategy[Workload | Scenario | LlamaWorkload]:
         """Driver properties fuzz workloads (played by the driver), llama properties server-like
         workloads (run on llama.cpp); the others raw scenarios, and matches-reference both raw
-        scenarios and driver workloads."""
+        scenarios and driver workloads. Layouts have GPU-like devices only where this ggml can."""
         p = self.profile
+        if not props.is_llama(prop) and self.gpu_device() != "available":
+            p = replace(p, max_gpu=0)
         if props.is_llama(prop):
             return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls)
         if prop in DRIVER_PROPERTIES:

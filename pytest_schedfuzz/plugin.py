@@ -173,6 +173,8 @@ class SchedfuzzSession:
             return f"engine = {fc.target}"
         info = self.fuzzer.engine_info()
         line = f"engine = ggml {info.get('ggml_version', '?')} ({info.get('lib', '?')}); bindings: {info.get('bindings', '?')}"
+        if info.get("gpu_device", "available") != "available":
+            line += f"\nschedfuzz: GPU-like devices off, layouts run without them: {info['gpu_device']}"
         self.fuzzer.rules  # noqa: B018 -- sets rules_note
         return line + (f"\nschedfuzz: {self.fuzzer.rules_note}" if self.fuzzer.rules_note else "")
 

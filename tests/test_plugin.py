@@ -364,3 +364,22 @@ def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_finding(monkeypatch:
     finding = fuzzer.fuzz("reuse-complete")
     assert finding is not None and finding.violation.property == "reuse-complete"
     assert fuzzer.interrupted and seen["after"] == 1
+
+
+def test_a_library_folder_without_ggml_source_runs_without_gpu_like_devices(pytester: pytest.Pytester):
+    """Only the .so files (a CI artifact, a distro library): no headers to build the GPU-like
+    device against, so layouts have none, and the header says why; nothing fails for it."""
+    import shutil
+
+    from pytest_schedfuzz.targets.ggml_lib import library_folder
+
+    lib = pytester.mkdir("artifact")
+    for f in library_folder("ggml-0.25.3").iterdir():
+        if f.name.startswith("libggml") and ".so" in f.name:
+            shutil.copy2(f, lib / f.name, follow_symlinks=True)
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-lib={lib}", "--schedfuzz-seed", "2",
+                                           "--schedfuzz-properties", "matches-reference", "--schedfuzz-examples", "25", timeout=600)
+    out = result.stdout.str()
+    assert "GPU-like devices off, layouts run without them" in out and "no ggml source" in out
+    result.assert_outcomes(passed=1)
+    assert "GPU-like device" not in re.search(r"explored.*", out).group(0)

@@ -39,7 +39,7 @@ from typing import Any
 
 from reference.versions import rules_for
 
-from ..build import BuildError, build_fake_gpu
+from ..build import BuildError, build_fake_gpu, ggml_source_for
 from ..scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step, TensorSpec
 from ..shapes import Geometry
 from ..trace import ReallocEvent, Split, StepRecord
@@ -221,7 +221,17 @@ class Ggml:
             "bindings": self.bindings,
             # a newer ggml reports reallocations through a callback; this one only logs them
             "realloc_callback": "present (unused: observed from the debug log)" if has_cb else "absent",
+            "gpu_device": self.gpu_device(),
         }
+
+    def gpu_device(self) -> str:
+        """Whether the GPU-like device can be built for this ggml: ``available``, or why not
+        (a library folder with no ggml source above it has no headers to build it against)."""
+        try:
+            ggml_source_for(loaded_library_path("libggml-base"))
+        except BuildError as e:
+            return f"unavailable: {e}"
+        return "available"
 
     def fake_gpu(self) -> ctypes.CDLL:
         """``libschedfuzz-fake-gpu.so``, built against this ggml's headers on first use (cached)."""
