@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .corpus import Case
 from .fuzz import FuzzConfig, Fuzzer
-from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama
+from .properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama, without_c_stack
 
 PASS, NA = "pass", "n/a"
 GATE_EXAMPLES = 25  # per property, where the profile fuzzes on time (ci)
@@ -101,8 +101,11 @@ def compare(base: Side, head: Side) -> Comparison:
         b, h = base.results.get(row), head.results.get(row)
         change = ""
         if b is not None and h is not None:
-            added = [s for s in h if s not in b and not (row.startswith("fuzz/") and s in seen_on_base)]
-            removed = [s for s in b if s not in h]
+            # one corpus case crashing on both sides is one bug, whatever its functions are called there
+            same = without_c_stack if row.startswith("corpus/") else (lambda sig: sig)
+            b_same, h_same = {same(s) for s in b}, {same(s) for s in h}
+            added = [s for s in h if same(s) not in b_same and not (row.startswith("fuzz/") and s in seen_on_base)]
+            removed = [s for s in b if same(s) not in h_same]
             if added:
                 change = "NEW on head"
                 new.append(f"{row}: {'; '.join(added)}\n    {head.details.get(row, '').splitlines()[0] if head.details.get(row) else ''}")

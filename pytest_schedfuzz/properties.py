@@ -359,11 +359,31 @@ def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> li
     return []
 
 
-def with_c_stack(cause: str, message: str) -> str:
-    """A signal's cause with the top of the C stack the worker printed (``targets/crash.py``):
-    two segfaults in different functions are two findings."""
+def with_c_stack(cause: str, message: str, depth: int = 3) -> str:
+    """A signal's cause with the top ``depth`` functions of the C stack the worker printed
+    (``targets/crash.py``): two segfaults in different functions are two findings. A function's
+    type- or implementation-specialized variants are one function (ggml 0.15.3's
+    ``ggml_compute_forward_set_rows_f32`` is 0.25.3's ``..._set_rows_impl``), so one bug keeps
+    one signature across ggml versions.
+
+    >>> with_c_stack("SIGSEGV", "C stack: ggml_cpu_fp32_to_fp32 < ggml_compute_forward_set_rows_f32 < ggml_compute_forward_set_rows < ggml_compute_forward")
+    'SIGSEGV in ggml_cpu_fp32_to_fp32 < ggml_compute_forward_set_rows < ggml_compute_forward'
+    """
     m = re.search(r"^C stack: (.+)$", message, re.MULTILINE)
-    return f"{cause} in {m.group(1)}" if m else cause
+    if not m:
+        return cause
+    frames: list[str] = []
+    for f in m.group(1).split(" < "):
+        f = re.sub(r"_(impl|f32|f16|bf16|q\d_[\dK]|[a-z]?\d+)$", "", f)
+        if not frames or frames[-1] != f:
+            frames.append(f)
+    return f"{cause} in {' < '.join(frames[:depth])}"
+
+
+def without_c_stack(signature: str) -> str:
+    """A signature with a crash's C stack left out: the same case crashing in functions of
+    other names (another build of the same bug) compares equal."""
+    return re.sub(r"(killed by SIG\w+) in [^,\]]+", r"\1", signature)
 
 
 def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:

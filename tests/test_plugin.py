@@ -19,11 +19,13 @@ TESTS = Path(__file__).parent
 
 @pytest.fixture
 def fuzz(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    """Run ``pytest --schedfuzz ARGS`` in a fresh process, with tests/planted.py importable."""
+    """Run ``pytest --schedfuzz ARGS`` in a fresh process, with tests/planted.py importable, and
+    without the built-in known bugs (these tests find them again from nothing)."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-seed", "1", *args, timeout=600)
+        return pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-seed", "1", "--schedfuzz-known=none", *args,
+                                             timeout=600)
 
     return run
 
@@ -144,7 +146,7 @@ def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(py
     """In an empty directory, as a user runs it (the ci profile's own seed), the generic
     strategies find a same-size reallocation in llama.cpp 0.3.36, shrink it to a few calls,
     explain it and save it; replayed, it fails again. (Issue 19: generator changes once lost this.)"""
-    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-profile", "ci",
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-profile", "ci", "--schedfuzz-known=none",
                                            "--schedfuzz-properties", "llama-no-same-size-realloc", timeout=600)
     assert "seed=0" in result.stdout.str()
     assert failing_properties(result) == {"llama.cpp"}

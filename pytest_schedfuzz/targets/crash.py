@@ -83,7 +83,7 @@ def _addr2line(tool: str, obj: str, offs: list[str]) -> list[str]:
     return [n.split()[-1] if n else "??" for n in names]
 
 
-def stack_line(stderr: str, depth: int = 3) -> str:
-    """``C stack: f < g < h`` (innermost first, ``depth`` frames), or "" without a stack."""
+def stack_line(stderr: str, depth: int = 8) -> str:
+    """``C stack: f < g < h ...`` (innermost first, ``depth`` frames), or "" without a stack."""
     frames = c_stack(stderr)
     return f"C stack: {' < '.join(frames[:depth])}" if frames else ""
