@@ -61,3 +61,25 @@ def test_gate_rejects_an_unknown_build(capsys: pytest.CaptureFixture[str], tmp_p
     assert main(["gate", "--base", "ggml-0.25.3", "--head", str(tmp_path / "nosuch"), "--corpus", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--head" in err and "nosuch" in err and "not a folder" in err
+
+
+@pytest.mark.parametrize("tree", ["ggml", "llama.cpp"])
+def test_the_readme_cmake_line_configures_a_vendored_ggml(tree: str, tmp_path: Path) -> None:
+    """The pre-merge recipe's cmake line, verbatim from the README, on a ggml checkout
+    (ggml-python's vendored ggml 0.15.3) and on a llama.cpp checkout without its tests/ and
+    examples/ (llama-cpp-python's vendored llama.cpp)."""
+    import shlex
+    import subprocess
+
+    from pytest_schedfuzz.build import source_tree
+
+    lines = (Path(__file__).parent.parent / "README.md").read_text().splitlines()
+    i = next(k for k, x in enumerate(lines) if x.strip().startswith("cmake -S $tree -B $tree/build"))
+    line = lines[i].strip()
+    while line.endswith("\\"):
+        i += 1
+        line = line[:-1] + " " + lines[i].strip()
+    src = source_tree("ggml-0.15.3") if tree == "ggml" else source_tree("ggml-0.25.3").parent
+    args = [a.replace("$tree/build", str(tmp_path / "build")).replace("$tree", str(src)) for a in shlex.split(line)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

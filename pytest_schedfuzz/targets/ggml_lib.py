@@ -44,7 +44,7 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
 BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")  # the newest first: the default engine
 DEFAULT_LIB = BUILT_IN[0]
 # where a build keeps its shared libraries, below the folder a user names
-_LIB_SUBDIRS = ("", "bin", "lib", "build/bin", "build/lib", "build/src", "build/ggml/src")
+_LIB_SUBDIRS = ("", "bin", "lib", "src", "ggml/src", "build/bin", "build/lib", "build/src", "build/ggml/src")
 
 
 class LibError(ValueError):
