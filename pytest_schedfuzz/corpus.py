@@ -232,14 +232,19 @@ STARTER_CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
 
 def component(case: Case) -> str:
-    """Which part of ggml or llama.cpp a known bug is in, from what its finding says: the RPC
-    backend (a remote server failed), ggml-alloc (a kept plan's buffers, allocation), llama.cpp
-    (its graphs and calls), or the scheduler."""
-    if case.llama is not None:
+    """Which part of ggml or llama.cpp a known bug is in (``component_of`` its finding)."""
+    return component_of(case.property, case.signature)
+
+
+def component_of(prop: str, signature: str) -> str:
+    """Which part of ggml or llama.cpp a finding is in, from what it says: the RPC backend (a
+    remote server failed), ggml-alloc (a kept plan's buffers, allocation), llama.cpp (its
+    graphs and calls), or the scheduler."""
+    if prop.startswith("llama-"):
         return "llama.cpp"
-    if "ggml-rpc" in case.signature or "server=" in case.signature:
+    if "ggml-rpc" in signature or "server=" in signature:
         return "RPC backend"
-    if "plan=kept" in case.signature or "after=failed allocation" in case.signature or "ggml-alloc" in case.signature:
+    if "plan=kept" in signature or "after=failed allocation" in signature or "ggml-alloc" in signature:
         return "ggml-alloc"
     return "scheduler"
 

@@ -26,7 +26,7 @@ from reference.predict import predict as reference_predict
 from reference.versions import NEWEST, Rules, rules_for
 
 from . import properties as props
-from .corpus import Case
+from .corpus import Case, component_of
 from .driver import Driver, Workload, can_reuse, load_policy
 from .llama import LlamaWorkload, llama_workloads
 from .llama_properties import LLAMA_CHECKS, scheduler_reuses, unmade_calls
@@ -335,14 +335,15 @@ class Finding:
     llama: LlamaWorkload | None = None
 
     def report(self) -> str:
+        where = f"component: {component_of(self.property, self.violation.signature())}\n"
         if self.llama is not None:
             calls = "\n".join(f"  {i:2d}: {c.describe()}" for i, c in enumerate(self.llama.calls))
-            return f"{self.violation}\n{self.llama.describe()}\ncalls:\n{calls}"
+            return f"{self.violation}\n{where}{self.llama.describe()}\ncalls:\n{calls}"
         sc = self.scenario
         steps = "\n".join(f"  {i:2d}: {s.describe()}" for i, s in enumerate(sc.steps))
         graphs = "\n".join(f"  {n}: {g.label or ''} {g.n_ops} ops, {len(g.tensors) - g.n_ops} leafs" for n, g in sc.graphs)
         kinds = ", ".join(b.kind for b in sc.layout.backends)
-        return f"{self.violation}\nlayout: [{kinds}]\ngraphs:\n{graphs}\nsteps:\n{steps}"
+        return f"{self.violation}\n{where}layout: [{kinds}]\ngraphs:\n{graphs}\nsteps:\n{steps}"
 
     def to_case(self, fuzzer: Fuzzer) -> Case:
         engine = dict(getattr(fuzzer._target, "engine", None) or {"name": fuzzer.config.target or "ggml"})
