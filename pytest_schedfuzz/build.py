@@ -122,14 +122,21 @@ def ggml_source_for(lib_file: str) -> Path:
     """The ggml source folder (``include/``, ``src/``) that the library file ``lib_file`` was
     built from: a built-in's source distribution, the source a ``build_ggml_base`` folder names,
     or the checkout above a user's build folder. ``BuildError`` naming ``lib_file`` otherwise."""
+    where = ggml_source_location(lib_file)
+    return source_tree(where) if isinstance(where, str) else where
+
+
+def ggml_source_location(lib_file: str) -> str | Path:
+    """Where ``ggml_source_for`` finds the source, without fetching anything: a built-in's name
+    (its source distribution, fetched on first use) or a folder; ``BuildError`` if nowhere."""
     path = Path(lib_file).resolve()
     built = path.parent / "BUILT"
     if built.exists():
-        return source_tree(json.loads(built.read_text())[0])
+        return str(json.loads(built.read_text())[0])
     if "/site-packages/llama_cpp/" in str(path):
-        return source_tree("ggml-0.25.3")
+        return "ggml-0.25.3"
     if "/site-packages/ggml/" in str(path):
-        return source_tree("ggml-0.15.3")
+        return "ggml-0.15.3"
     for folder in path.parents:
         for root in (folder, folder / "ggml"):
             if (root / "src" / "ggml-backend-impl.h").exists() and (root / "include" / "ggml.h").exists():

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .build import Patch, build_ggml_base
+from .properties import GRAPH_PROPERTY_IDS
 
 BACKEND, ALLOC = "src/ggml-backend.cpp", "src/ggml-alloc.c"
 
@@ -117,8 +118,10 @@ def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None =
     lib = build_ggml_base("ggml-0.25.3", (m.patch,))
     with tempfile.TemporaryDirectory(prefix=f"schedfuzz-mutant-{m.name}-") as tmp:
         shutil.copytree(corpus, Path(tmp) / "corpus")
+        # the graph properties only: the mutant is ggml's scheduler, and the llama.cpp target
+        # runs its own libllama (it would only take its share of the budget)
         cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-lib={lib}",
-               "-m", "schedfuzz", "-p", "no:cacheprovider", "-q", "-rf"]
+               f"--schedfuzz-properties={','.join(GRAPH_PROPERTY_IDS)}", "-m", "schedfuzz", "-p", "no:cacheprovider", "-q", "-rf"]
         if budget is not None:
             cmd.append(f"--schedfuzz-budget={budget}")
         if size_oracle:

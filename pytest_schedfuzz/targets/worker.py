@@ -39,7 +39,7 @@ from typing import Any
 
 from reference.versions import rules_for
 
-from ..build import BuildError, build_fake_gpu, ggml_source_for
+from ..build import BuildError, build_fake_gpu, ggml_source_location
 from ..scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step, TensorSpec
 from ..shapes import Geometry
 from ..trace import ReallocEvent, Split, StepRecord
@@ -228,7 +228,7 @@ class Ggml:
         """Whether the GPU-like device can be built for this ggml: ``available``, or why not
         (a library folder with no ggml source above it has no headers to build it against)."""
         try:
-            ggml_source_for(loaded_library_path("libggml-base"))
+            ggml_source_location(loaded_library_path("libggml-base"))  # nothing fetched: a built-in's source comes on first use
         except BuildError as e:
             return f"unavailable: {e}"
         return "available"
