@@ -184,8 +184,9 @@ class Llama:
                     rec["realloc"]["moved"] = self.split["moved"]
             del rec["moved"]
             self.sched_events.append(rec)
-        if self.log.errors:
-            raise RuntimeError("; ".join(self.log.errors))
+        if self.log.errors:  # kept before the next scheduler call's log.begin() forgets them
+            self.errors += [f"call {self.call}: {e}" for e in self.log.errors]
+            self.log.errors = []
 
     def _backends(self, sched: int) -> list[tuple[str, int]]:
         """The scheduler's backends in priority order: (name, buffer type)."""
@@ -369,9 +370,7 @@ class Llama:
 
     def end(self, i: int, kind: str, rc: int | str, error: list[str] | None = None) -> None:
         errors = self.errors + self.log.errors
-        if errors:
-            self.errors = []
-            self.log.errors = []
+        if errors:  # run()'s finally forgets them for the next workload
             raise HarnessError("\n".join(errors))
         rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
         if error:
