@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case, save_case
 from .fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
+from .llama_trace import LlamaTrace
 from .properties import PROPERTY_IDS, fuzz_units
 
 
@@ -97,12 +99,13 @@ def _fuzzer(args: argparse.Namespace) -> Fuzzer:
         raise UsageError(cli_words(e)) from None
 
 
-def print_llama_run(fuzzer: Fuzzer, case: Case) -> None:
-    """A llama case's calls, each with the scheduler calls it caused: reallocations and reasons."""
+def print_llama_run(fuzzer: Fuzzer, case: Case) -> LlamaTrace:
+    """A llama case's calls, each with the scheduler calls it caused: reallocations and reasons.
+    Returns the trace it printed."""
     assert case.llama is not None
     w = case.llama
     print(f"  {w.describe()}")
-    trace = fuzzer.llama_target.run(w)
+    trace: LlamaTrace = fuzzer.llama_target.run(w)
     names = {-1: "llama_init_from_model"} | {i: c.describe() for i, c in enumerate(w.calls)}
     for c in trace.calls:
         print(f"  {c.index:2d}: {names.get(c.index, c.kind):<60} rc={c.rc}")
@@ -115,6 +118,7 @@ def print_llama_run(fuzzer: Fuzzer, case: Case) -> None:
                 print(f"        ggml_backend_sched_new #{s.sched}: max_nodes={s.max_nodes} parallel={s.parallel} op_offload={s.op_offload}")
     if trace.abort:
         print(f"  !! {trace.abort.kind} in call {trace.abort.call}: {trace.abort.message.strip()[:2000]}")
+    return trace
 
 
 def _bad(e: CaseError, suffix: str = "") -> int:
@@ -197,9 +201,8 @@ def _minimize(args: argparse.Namespace) -> int:
                 print(f"{case.path}: the smaller case did not replay to {case.signature} again (flaky); left as it is")
                 continue
             small = replace(small, step=found.step, message=found.message)
-            (s0, n0, l0, e0), (s1, n1, l1, e1) = case.size(), small.size()
-            print(f"{case.path}: {s0} steps, {n0} nodes, {l0} leafs, {e0} elements -> "
-                  f"{s1} steps, {n1} nodes, {l1} leafs, {e1} elements ({tries} replays)")
+            print(f"{case.path}: {case.size_text()} -> {small.size_text()} ({tries.replays} replays of {tries.candidates} smaller candidates; "
+                  f"{tries.screened} ruled out by the reference without replaying)")
             kept.append(small)
     finally:
         fuzzer.close()
@@ -217,20 +220,25 @@ def _minimize(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .draw import named_tensors, splits_text, to_dot, write
+    from .draw import buffer_lines, buffers_text, llama_to_dot, named_tensors, splits_text, to_dot, write
 
     try:
         case = load_case(args.case)
     except CaseError as e:
         return _bad(e)
+    out = Path(args.output or Path(args.case).with_suffix(".svg").name)
+    if out.suffix.lower() not in (".svg", ".png", ".dot"):
+        print(f"schedfuzz: -o {out}: the suffix must be .svg, .png or .dot", file=sys.stderr)
+        return 2
     fuzzer = _fuzzer(args)
     if case.llama is not None:  # a llama.cpp case: its calls, with the reallocations they caused
         try:
             print(f"{case.signature}: {case.message}")
-            print_llama_run(fuzzer, case)
+            trace = print_llama_run(fuzzer, case)
         finally:
             fuzzer.close()
-        return 0
+        dot = llama_to_dot(case.llama, trace, case.step, f"{case.signature} — call {case.step}")
+        return _wrote(dot, out, write)
     try:
         scenario = fuzzer.scenario_for(case)
         trace = fuzzer.run_engine(scenario)
@@ -243,9 +251,10 @@ def _show(args: argparse.Namespace) -> int:
     finally:
         fuzzer.close()
     if record is None:
-        graph_steps = [r for r in trace.records if r.splits]
+        # the failing step scheduled no graph of its own (an alloc that crashed): the last one before it
+        graph_steps = [r for r in trace.records if r.splits and r.index <= case.step] or [r for r in trace.records if r.splits]
         record = graph_steps[-1] if graph_steps else None
-        source = "the engine's last step with a graph"
+        source = f"the engine, the last step with a graph before step {case.step}, where the finding is"
     if record is None:
         print(f"schedfuzz: {args.case}: no step with a graph to draw (neither the engine nor the reference scheduled one)", file=sys.stderr)
         return 2
@@ -253,12 +262,20 @@ def _show(args: argparse.Namespace) -> int:
     print(f"{case.signature}: {case.message}")
     print(f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}")
     print(splits_text(scenario, record))
+    print(buffers_text(scenario, record))
+    # ggml's output below the finding's headline, and the replay's
+    said = buffer_lines("\n".join(case.message.splitlines()[1:]) + "\n" + (trace.abort.message if trace.abort else ""))
+    for line in said:
+        print(f"ggml: {line}")
     for e in record.events:
         print(e.describe())
-    out = Path(args.output or Path(args.case).with_suffix(".svg").name)
     title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}"
+    return _wrote(to_dot(scenario, record, highlight, title, said), out, write)
+
+
+def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:
     try:
-        write(to_dot(scenario, record, highlight, title), out)
+        write(dot, out)
     except (RuntimeError, ValueError) as e:
         print(f"schedfuzz: {e}", file=sys.stderr)
         return 2

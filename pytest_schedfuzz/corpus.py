@@ -130,13 +130,18 @@ class Case:
 
     def size(self) -> tuple[int, int, int, int]:
         """(steps, op nodes, leafs, elements), over all graphs: what minimization reduces, in
-        that order; for a llama case: calls, batch tokens, model layers, 0)."""
+        that order; for a llama case: (calls, batch tokens, model layers, model weights)."""
         if self.scenario is None:
             assert self.llama is not None
-            return len(self.llama.calls), sum(c.n_tokens() for c in self.llama.calls), self.llama.model.n_layer, 0
+            return len(self.llama.calls), sum(c.n_tokens() for c in self.llama.calls), self.llama.model.n_layer, self.llama.model.n_params
         graphs = [g for _, g in self.scenario.graphs]
         elements = sum(nelements(geo) for g in graphs for geo in g.geometry.values())
         return len(self.scenario.steps), sum(g.n_ops for g in graphs), sum(len(g.tensors) - g.n_ops for g in graphs), elements
+
+    def size_text(self) -> str:
+        """``size()`` in words: what the numbers count depends on the case kind."""
+        units = ("calls", "batch tokens", "layers", "weights") if self.scenario is None else ("steps", "nodes", "leafs", "elements")
+        return ", ".join(f"{n} {u}" for n, u in zip(self.size(), units, strict=True))
 
     def to_json(self) -> dict[str, Any]:
         return {

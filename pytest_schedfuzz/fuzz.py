@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import random
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -695,6 +696,9 @@ class Fuzzer:
             found = [v for v in found if v.signature() not in known_set]
             if found and self.first_failure is None:
                 self.first_failure = time.monotonic() - start
+            if found and not target:
+                print(f"schedfuzz: {prop}: found {found[0].signature()}; shrinking it (Ctrl-C stops and saves the smallest so far)",
+                      file=sys.stderr, flush=True)
             if found and (not target or found[0].signature() == target[0]):
                 target[:] = [found[0].signature()]
                 best[:] = [ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None, case if isinstance(case, LlamaWorkload) else None)]

@@ -21,7 +21,7 @@ from reference.params import can_reuse
 
 from .llama import LlamaWorkload
 from .llama_trace import LlamaTrace, SchedCall
-from .properties import LLAMA_PROPERTY_IDS, Violation, reason_kind, role, with_c_stack
+from .properties import LLAMA_PROPERTY_IDS, Violation, at_site, reason_kind, role, with_c_stack
 from .scenario import SchedParams
 
 
@@ -179,7 +179,7 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             cause = with_c_stack(cause, a.message)
         kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
         text = f"{head}: {cause}" if head else cause
-        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}", {"kind": a.kind, "message": kind})]
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}{at_site(a.message)}", {"kind": a.kind, "message": kind})]
     for c in trace.calls:
         if c.kind == "init" and c.rc != 0:
             said = " / ".join(c.error) or "nothing"

@@ -3,14 +3,17 @@
 Reductions, tried greedily until none applies: drop steps; bypass op nodes (a consumer reads
 one of the op's same-shaped sources instead), many at a time first, then one by one; drop
 roots, forced assignments and RPC devices; halve leaf shapes (every op's shape inferred
-again); for workload cases, drop events and layers and shrink ubatches. A candidate is kept
-only when replaying it still shows the same signature.
+again); for driver workloads, drop events and layers, shrink ubatches and halve the model's
+sizes; for llama.cpp workloads, drop calls, batch parts and tokens, devices, layers and
+sequences, and halve the model's and the context's sizes. A candidate is kept only when
+replaying it still shows the same signature.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -21,6 +24,25 @@ from .scenario import BackendLayout, GraphSpec, Scenario, reshaped
 from .shapes import SpecError
 
 Replay = Callable[[Case], list[str]]  # the signatures a case shows when replayed
+T = TypeVar("T")
+
+
+@dataclass
+class Tries:
+    """What a minimization spent: smaller candidates tried, how many of them the reference
+    ruled out without running the engine, and the engine replays."""
+
+    candidates: int = 0
+    screened: int = 0
+    replays: int = 0
+
+
+def halvings(obj: T, fields: Sequence[str], floor: int = 1) -> Iterator[T]:
+    """``obj`` with one integer field halved (not below ``floor``), for each field in turn."""
+    for name in fields:
+        value: Any = getattr(obj, name)
+        if value // 2 >= floor:
+            yield replace(obj, **{name: value // 2})  # type: ignore[type-var]
 
 
 def _valid(sc: Scenario) -> bool:
@@ -176,6 +198,13 @@ def _workload_candidates(w: Workload) -> Iterator[Workload]:
         n = w.n_ubatch // 2
         events = tuple(Ubatch(min(e.n_tokens, n), min(e.n_outputs, n), e.n_kv) if isinstance(e, Ubatch) else e for e in w.events)
         yield replace(w, n_ubatch=n, events=events)
+    # the model's sizes (a shape that no longer divides is refused by the driver and skipped)
+    for small in halvings(m, ("n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "kv_size")):
+        yield replace(w, model=small)
+    if m.extra_ops:
+        yield replace(w, model=replace(m, extra_ops=m.extra_ops // 2))
+    if m.n_expert > 2:
+        yield replace(w, model=replace(m, n_expert=max(2, m.n_expert // 2), n_expert_used=min(m.n_expert_used, max(2, m.n_expert // 2))))
 
 
 def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
@@ -210,6 +239,12 @@ def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
     used = max((max((p.seq for p in c.parts), default=c.seq) for c in calls), default=0)
     if w.ctx.n_seq_max > used + 1:
         cands.append(replace(w, ctx=replace(w.ctx, n_seq_max=used + 1)))
+    # the model's and the context's sizes (validate refuses what no longer fits or divides)
+    m = w.model
+    cands += [replace(w, model=small) for small in halvings(m, ("n_embd", "n_head", "n_head_kv", "n_ff"))]
+    if m.kind == "moe":
+        cands += [replace(w, model=small) for small in halvings(m, ("n_expert", "n_expert_used"))]
+    cands += [replace(w, ctx=small) for small in halvings(w.ctx, ("n_ctx", "n_batch", "n_ubatch"))]
     yield from (c for c in cands if valid(c))
 
 
@@ -219,26 +254,28 @@ def minimize_case(
     driver_scenario: Callable[[Workload], Scenario],
     screen: Callable[[Case], list[str] | None] | None = None,
     progress: bool = True,
-) -> tuple[Case, int]:
-    """The smallest case found that replays to ``case.signature``, and the engine replays spent.
+) -> tuple[Case, Tries]:
+    """The smallest case found that replays to ``case.signature``, and what finding it cost.
 
     ``screen`` (the reference's prediction of a candidate's signatures) rejects most candidates
     without running the engine; it is used only if it predicts the original case."""
-    tries = 0
+    tries = Tries()
     original = screen(case) if screen else None
     use_screen = screen is not None and original is not None and case.signature in original
     # disable=None: tqdm draws only on a terminal, so CI logs get no bar
     bar = tqdm(desc=f"minimize {case.path.name if case.path else case.signature}", unit="try", disable=None if progress else True, leave=False)
 
     def keeps(c: Case) -> bool:
-        nonlocal tries
+        tries.candidates += 1
         if use_screen:
             try:
                 if case.signature not in (screen(c) or []):  # type: ignore[misc]
+                    tries.screened += 1
                     return False
             except Exception:  # noqa: BLE001 - a candidate the reference rejects is not kept
+                tries.screened += 1
                 return False
-        tries += 1
+        tries.replays += 1
         bar.update(1)
         bar.set_postfix(steps=c.size()[0], nodes=c.size()[1])
         try:

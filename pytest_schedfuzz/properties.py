@@ -20,6 +20,7 @@ from reference.params import can_reuse
 from .driver import topology
 from .scenario import Scenario, SchedParams, Step
 from .shapes import VIEW_OPS
+from .targets.crash import check_site
 from .trace import ReallocEvent, StepRecord, Trace
 
 GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "same-values", "no-abort")
@@ -422,7 +423,13 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
     tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
     detail = f"\nlast output:\n{tail}" if tail and tail != first else ""
-    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{predicted}{detail}", facts)]
+    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{at_site(a.message)}{predicted}{detail}", facts)]
+
+
+def at_site(message: str) -> str:
+    """`` (check: file:line, in function)`` for an abort whose site ggml printed, else ""."""
+    site = check_site(message)
+    return f" (check: {site})" if site else ""
 
 
 def same_values(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:

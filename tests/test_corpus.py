@@ -294,3 +294,152 @@ def test_a_flash_attention_mask_shorter_than_the_kv_is_rejected():
     q, k, v = b.input("q", (16, 4, 2)), b.input("k", (16, 8, 2), "f16"), b.input("v", (16, 8, 2), "f16")
     with pytest.raises(SpecError, match="mask smaller than kv length"):
         b.op("flash_attn_ext", q, k, v, b.input("mask", (4, 4), "f16"), name="fa", scale=0.25)
+
+
+CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+
+
+def _corpus_copy(tmp_path: Path, pattern: str) -> Path:
+    (case,) = CORPUS.glob(pattern)
+    path = tmp_path / case.name
+    path.write_text(case.read_text())
+    return path
+
+
+def test_minimize_shrinks_a_driver_workload_case_by_its_model_sizes(tmp_path: Path):
+    """A driver case (a simulated llama_context workload) with its events already minimal
+    still shrinks: the model's sizes halve while the signature holds."""
+    path = _corpus_copy(tmp_path, "no-same-size-realloc-*-06a0cc7a62.json")
+    before = load_case(path)
+    run = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    (small,) = [load_case(p) for p in case_files(tmp_path)]
+    assert small.signature == before.signature and small.workload is not None
+    assert small.size()[3] < before.size()[3] // 4  # elements
+    assert small.workload.model.n_embd < before.workload.model.n_embd  # type: ignore[union-attr]
+    assert re.search(r"\(\d+ replays of \d+ smaller candidates; \d+ ruled out by the reference", run.stdout), run.stdout
+
+
+@pytest.mark.engine
+def test_minimize_shrinks_a_llama_case_and_counts_it_in_calls_and_tokens(tmp_path: Path):
+    path = _corpus_copy(tmp_path, "llama-no-same-size-realloc-*-7c476aeac4.json")
+    before = load_case(path)
+    run = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    (small,) = [load_case(p) for p in case_files(tmp_path)]
+    assert small.signature == before.signature and small.llama is not None
+    assert small.size()[1] < before.size()[1]  # batch tokens
+    assert "2 calls, 9 batch tokens, 1 layers" in run.stdout and " nodes" not in run.stdout
+
+
+@pytest.mark.engine
+def test_show_draws_a_llama_case_to_the_file_asked_for(tmp_path: Path):
+    case = next(CORPUS.glob("llama-no-same-size-realloc-*-7c476aeac4.json"))
+    out = tmp_path / "llama.dot"
+    run = subprocess.run([*SCHEDFUZZ, "show", str(case), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    dot = out.read_text()
+    # the calls in order, the failing one red, its same-size realloc with ggml's reason
+    assert "llama_init_from_model" in dot and "llama_decode([seq 0: 1 tok, out last])" in dot
+    assert "SAME-SIZE REALLOC: node node_29 is not valid" in dot and "penwidth=3" in dot
+    assert f"wrote {out}" in run.stdout
+
+
+def test_show_of_a_failed_reservation_names_the_buffer_sizes_and_device_limits(tmp_path: Path):
+    """The plan-kept crash is about a GPU buffer over its device's max_size: the drawing and the
+    text give the limit and ggml's own requested sizes."""
+    case = next(CORPUS.glob("no-abort-after-failed-allocation-plan-kept-5a2e452570.json"))
+    out = tmp_path / "kept.dot"
+    run = subprocess.run([*SCHEDFUZZ, "show", str(case), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    for text in (run.stdout, out.read_text()):
+        assert "GPU0: compute buffer 0 B (max_size 16.0 KiB" in text
+        assert "ggml: GPU0: 20480 bytes requested, over the maximum buffer size 16384" in text
+        assert "failed to allocate GPU0 buffer of size 262784" in text
+
+
+def test_show_draws_a_driver_case_at_the_step_that_failed(tmp_path: Path):
+    case = next(CORPUS.glob("no-same-size-realloc-*-06a0cc7a62.json"))
+    step = load_case(case).step
+    out = tmp_path / "driver.dot"
+    run = subprocess.run([*SCHEDFUZZ, "show", str(case), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"step {step}: compute(" in run.stdout and f"graph reallocation at step {step} (same size" in run.stdout
+    assert f"step {step}: compute(" in out.read_text()
+
+
+def _children_of(pid: int) -> list[int]:
+    """Processes the harness started for ``pid`` (workers, RPC servers): they carry its pid."""
+    from pytest_schedfuzz.targets.ggml_lib import PARENT_ENV
+
+    mine = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"{PARENT_ENV}={pid}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    mine.append(int(proc.name))
+            except OSError:
+                pass
+    return mine
+
+
+def test_ctrl_c_during_a_shrink_stops_within_seconds_saves_the_case_and_leaves_nothing_running(tmp_path: Path):
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends it, once the run
+    says it is shrinking a finding: the CLI exits 130 within seconds, the smallest case so far
+    is saved whole, no half-written file and no worker or RPC server is left."""
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.Popen(
+        [*SCHEDFUZZ, "run", "--policy", "planted:never", "--properties", "reuse-complete", "--examples", "300", "--seed", "1",
+         "--corpus", str(tmp_path), "--known", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "shrinking it (Ctrl-C stops" in line:
+            break
+    else:
+        pytest.fail(f"the run never said it was shrinking: {proc.communicate()}")
+    time.sleep(0.2)  # inside the shrink (it takes seconds on this finding)
+    children = _children_of(proc.pid)
+    assert children, "the engine's worker should be running"
+    pressed = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - pressed
+    assert proc.returncode == 130, out + err
+    assert took < 15, f"Ctrl-C took {took:.1f} s"
+    assert "reuse-complete: interrupted (Ctrl-C)" in out and "saved to" in out, out
+    (saved,) = case_files(tmp_path)
+    assert load_case(saved).property == "reuse-complete"
+    assert not list(tmp_path.glob(".tmp-*"))
+    time.sleep(1.0)
+    assert not [p for p in children if Path(f"/proc/{p}").exists() and "zombie" not in (Path(f"/proc/{p}/status").read_text())]
+    assert "Traceback" not in err, err
+
+
+def test_an_abort_finding_names_the_file_line_and_function_of_the_check_that_fired():
+    """ggml prints the check's file and line (from its build folder, which pip deleted); the
+    function is read from that line of the cached source distribution."""
+    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+
+    case = load_case(next(CORPUS.glob("no-abort-kind-abort-message-ggml-backend-cpp-ggml-assert-n-g-9523a46d7b.json")))
+    fuzzer = Fuzzer(FuzzConfig(database=None, lib="ggml-0.15.3"))
+    try:
+        (found,) = [v for v in fuzzer.replay(case) if v.signature() == case.signature]
+    finally:
+        fuzzer.close()
+    assert "(check: ggml-backend.cpp:1347, in ggml_backend_sched_split_graph)" in found.message
+
+
+def test_check_site_reads_the_function_from_the_source_on_disk(tmp_path: Path):
+    from pytest_schedfuzz.targets.crash import check_site
+
+    src = tmp_path / "ggml-alloc.c"
+    src.write_text("static void helper(int x) {\n}\n\nbool ggml_gallocr_reserve_n(\n        ggml_gallocr_t galloc) {\n    if (x) {\n        GGML_ASSERT(x);\n")
+    assert check_site(f"{src}:7: GGML_ASSERT(x) failed") == "ggml-alloc.c:7, in ggml_gallocr_reserve_n"
+    assert check_site("/gone/ggml-alloc.c:7: GGML_ASSERT(x) failed") == "ggml-alloc.c:7"
+    assert check_site("Remote RPC server crashed") == ""
