@@ -138,6 +138,8 @@ class Stats:
     graphs_reused: int = 0
     reallocs_same: int = 0
     reallocs_changed: int = 0
+    realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback (the seeds' ggml)
+    realloc_derived: int = 0  # ... derived from ggml's graph-size formula
     splits: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
     unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
@@ -155,6 +157,9 @@ class Stats:
     llama_scheds_built: int = 0
     llama_sched_reuses: int = 0
     llama_sched_reserves: int = 0  # llama.cpp's sched_reserve lines seen (reuse is observable only with them)
+    llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
+    llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
+    llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
     llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
     llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
@@ -183,6 +188,9 @@ class Stats:
                         self.llama_reallocs_same += 1
                     else:
                         self.llama_reallocs_changed += 1
+                    self.llama_realloc_observed += s.observed
+                    self.llama_realloc_derived += not s.observed
+                    self.llama_counted += s.llama_n_same is not None
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
         self.llama_sched_reuses += len(scheduler_reuses(trace))
 
@@ -215,6 +223,8 @@ class Stats:
                 self.reallocs_same += 1
             else:
                 self.reallocs_changed += 1
+            self.realloc_observed += e.observed
+            self.realloc_derived += not e.observed
 
     def merge(self, other: dict[str, Any]) -> None:
         for k in COUNTERS:
@@ -240,6 +250,7 @@ class Stats:
             f"examples = {self.examples}   (cases run, over all properties, shrinking and replays included; llama.cpp workloads too)",
             f"graphs reused = {self.graphs_reused}",
             f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
+            f"realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = {self.realloc_derived}",
             f"splits = {self.splits}",
             f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
@@ -254,7 +265,9 @@ class Stats:
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
                 f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
-                + self._reuse_note(),
+                + (" (each checked against can_reuse)" if self.llama_sched_reuses else "") + self._reuse_note(),
+                f"llama.cpp: realloc decisions observed from ggml's realloc callback = {self.llama_realloc_observed}, "
+                f"derived from ggml's graph-size formula = {self.llama_realloc_derived}; counted by llama.cpp itself and checked = {self.llama_counted}",
                 "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "
                 + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),
             ]
@@ -320,8 +333,9 @@ def llama_features(w: LlamaWorkload) -> list[str]:
 
 
 COUNTERS = (
-    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "splits", "known", "llama_workloads", "llama_decodes",
+    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "splits", "known", "llama_workloads", "llama_decodes",
     "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
+    "llama_realloc_observed", "llama_realloc_derived", "llama_counted",
 )
 DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
 DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")

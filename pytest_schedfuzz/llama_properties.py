@@ -10,6 +10,9 @@
   parameters satisfy ``can_reuse`` (llama.cpp 0.3.36 never does: it builds a new one each time).
 * ``llama-no-abort``: no ggml abort, crash or hang, and no ``llama_decode`` failure below -1
   (-2/-3: the graph could not be allocated or computed).
+* ``llama-counters-agree``: where the build has the seeds' system, ggml's realloc callback and
+  the harness's derived graph size agree, and llama.cpp's same/changed counters equal the
+  harness's count after every reallocation.
 """
 
 from __future__ import annotations
@@ -135,34 +138,77 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
     return out
 
 
-def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedCall]]:
-    """(call, the kept scheduler's creation, llama.cpp's ``sched_reserve``) for every worst-case
-    re-reservation (``llama_context::sched_reserve``) that kept the scheduler it had instead of
-    building a new one: the reuse that ``sched_params::can_reuse`` must allow."""
+def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedParams]]:
+    """(call, the kept scheduler's creation, the parameters llama.cpp asked for) for every
+    worst-case re-reservation (``llama_context::sched_reserve``) that kept the scheduler it had
+    instead of building a new one: the reuse that ``sched_params::can_reuse`` must allow.
+
+    On the seeds' llama.cpp every field is observed: its ``sched_new`` logs the parameters it is
+    asked for and that it reuses. Elsewhere a reuse is a ``sched_reserve`` followed by a reserve
+    without a new scheduler, asked for the ``max_nodes`` it logged and the kept ``parallel`` (a
+    build that does not say what it asks for: only ``max_nodes`` is observed)."""
     out = []
     current: SchedCall | None = None
     pending: tuple[int, SchedCall] | None = None
+    asked: SchedCall | None = None
     for call, s in trace.sched_calls():
-        if s.kind == "sched_reserve":
+        if s.kind == "sched_params":
+            asked = s
+        elif s.kind == "reuse" and current is not None and asked is not None:
+            out.append((call, current, SchedParams(max_nodes=asked.max_nodes, parallel=asked.parallel, op_offload=asked.op_offload)))
+            pending = None
+        elif s.kind == "sched_reserve":
             pending = (call, s)
         elif s.kind == "new":
-            current, pending = s, None
+            current, pending, asked = s, None, None
         elif s.kind == "reserve" and pending is not None and current is not None:
-            out.append((pending[0], current, pending[1]))
+            if asked is None:  # a build that logs no parameters: only max_nodes is observed
+                out.append((pending[0], current, SchedParams(max_nodes=pending[1].max_nodes, parallel=current.parallel, op_offload=current.op_offload)))
             pending = None
     return out
 
 
 def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     out = []
-    for call, kept, asked in scheduler_reuses(trace):
+    for call, kept, new in scheduler_reuses(trace):
         cur = SchedParams(max_nodes=kept.max_nodes, parallel=kept.parallel, op_offload=kept.op_offload)
-        # what llama.cpp asks for now: max_nodes as it logs it; op_offload is fixed per context
-        new = SchedParams(max_nodes=asked.max_nodes, parallel=kept.parallel, op_offload=w.ctx.op_offload)
         if not can_reuse(new, cur):
+            why = [f for f in ("max_nodes", "parallel", "op_offload") if getattr(new, f) != getattr(cur, f) and (f != "max_nodes" or new.max_nodes > cur.max_nodes)]
             out.append(Violation("llama-reuse-sound", max(call, 0),
-                                 f"{_call_name(w, call)} kept scheduler #{kept.sched} (max_nodes {cur.max_nodes}, op_offload {cur.op_offload}) "
-                                 f"for max_nodes {new.max_nodes}, op_offload {new.op_offload}: can_reuse is false", {"why": "params"}))
+                                 f"{_call_name(w, call)} kept scheduler #{kept.sched} (max_nodes {cur.max_nodes}, parallel {cur.parallel}, "
+                                 f"op_offload {cur.op_offload}) for max_nodes {new.max_nodes}, parallel {new.parallel}, op_offload {new.op_offload}: "
+                                 f"can_reuse is false ({', '.join(why)})", {"why": ",".join(why) or "params"}))
+    return out
+
+
+def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    """Two oracles of each re-reservation, where the build has them (the seeds' system):
+
+    * ggml's realloc callback says whether the graph size changed; the harness derives the same
+      from ggml's graph-size formula (``reference.versions``): they must agree;
+    * llama.cpp counts the reallocations it did not expect (``n_same``/``n_diff``, traced after
+      each one): its counts must equal the harness's count of the same events, every time."""
+    out: list[Violation] = []
+    counting = {s.sched for _, s in trace.sched_calls() if s.kind == "new" and s.owner_counts}
+    same = diff = 0
+    for call, s in trace.sched_calls():
+        if s.kind != "alloc" or not s.realloc:
+            continue
+        if s.observed and s.derived_same_size != s.same_size:
+            out.append(Violation("llama-counters-agree", max(call, 0),
+                                 f"{_call_name(w, call)}: ggml's realloc callback says graph_size_changed = {int(bool(s.ggml_size_changed))}, "
+                                 f"backend_ids_changed = {int(bool(s.ggml_ids_changed))}; the harness derives graph_size {s.graph_size} "
+                                 f"(prev {s.prev_graph_size}) from ggml's formula for this graph", {"what": "graph-size"}))
+            return out
+        if s.sched not in counting or (s.ggml_ids_changed if s.observed else s.backend_ids_changed):
+            continue  # llama.cpp ignores a reallocation after a change of the backend assignments
+        same, diff = same + s.same_size, diff + (not s.same_size)
+        if (s.llama_n_same, s.llama_n_diff) != (same, diff):
+            said = "traced nothing" if s.llama_n_same is None else f"counts n_same = {s.llama_n_same}, n_diff = {s.llama_n_diff}"
+            out.append(Violation("llama-counters-agree", max(call, 0),
+                                 f"{_call_name(w, call)}: after this reallocation ({'same' if s.same_size else 'changed'} size, ggml says) "
+                                 f"llama.cpp {said}; the harness counts n_same = {same}, n_diff = {diff}", {"what": "counters"}))
+            return out
     return out
 
 
@@ -216,5 +262,6 @@ LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] 
     "llama-no-same-size-realloc": llama_no_same_size_realloc,
     "llama-reuse-sound": llama_reuse_sound,
     "llama-no-abort": llama_no_abort,
+    "llama-counters-agree": llama_counters_agree,
 }
 assert tuple(LLAMA_CHECKS) == LLAMA_PROPERTY_IDS

@@ -21,7 +21,9 @@ class SchedCall:
     """One scheduler call made by libllama. ``realloc_reason`` is set when ``alloc`` re-planned:
     ``backend ids changed``, ``different number of nodes|leafs``, ``node NAME is not valid``..."""
 
-    kind: str  # sched_reserve (llama.cpp reserves the worst case again) | new | reserve | reserve_size | split | alloc | free
+    # sched_reserve (llama.cpp reserves the worst case again) | new | reserve | reserve_size | split | alloc | free;
+    # on the seeds' llama.cpp also sched_params (what its sched_new asks for) and reuse (it kept the scheduler)
+    kind: str
     sched: int
     ok: bool = True
     n_nodes: int = 0
@@ -35,13 +37,37 @@ class SchedCall:
     backend_ids_changed: bool = False
     realloc_reason: str = ""
     moved: str = ""  # backend ids changed: the first node whose backend did, "name: A -> B"
+    # ggml's own realloc decision, from its realloc callback (None: this ggml has none)
+    ggml_ids_changed: bool | None = None
+    ggml_size_changed: bool | None = None
     max_nodes: int = 0
     parallel: bool = False
     op_offload: bool = False
+    observes_realloc: bool = False  # new: ggml reports this scheduler's realloc decisions
+    owner_counts: bool = False  # new: llama.cpp registered its own realloc callback (it counts same/changed)
+    current_max_nodes: int = 0  # reuse: the kept scheduler's max_nodes, as llama.cpp logs it
+    # alloc that re-planned, on the seeds' llama.cpp: its counters after this reallocation (None: it traced none)
+    llama_n_same: int | None = None
+    llama_n_diff: int | None = None
+
+    @property
+    def observed(self) -> bool:
+        """Whether ggml itself said whether this realloc was same-size (its callback)."""
+        return self.ggml_size_changed is not None
+
+    @property
+    def derived_same_size(self) -> bool:
+        """The harness's derivation: ggml's graph-size formula (``reference.versions``) applied to
+        the graph the hook read, as ggml's ``GGML_SCHED_DEBUG_REALLOC`` check compares it."""
+        return self.realloc and not self.backend_ids_changed and self.graph_size == self.prev_graph_size
 
     @property
     def same_size(self) -> bool:
-        return self.realloc and not self.backend_ids_changed and self.graph_size == self.prev_graph_size
+        """A re-reservation for a graph of the size scheduled before, its backends unchanged:
+        as ggml says it where it can (the realloc callback), else as derived."""
+        if self.observed:
+            return self.realloc and not self.ggml_ids_changed and not self.ggml_size_changed
+        return self.derived_same_size
 
     def shape(self) -> str:
         """The batch the graph was built for, read from its input leafs."""
@@ -56,13 +82,19 @@ class SchedCall:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> SchedCall:
         r = d.get("realloc") or {}
+        said = r.get("ggml") or {}
+        counted = r.get("llama") or {}
         return SchedCall(
             kind=d["kind"], sched=int(d["sched"]), ok=bool(d.get("ok", True)),
             n_nodes=int(d.get("n_nodes", 0)), n_leafs=int(d.get("n_leafs", 0)), n_splits=int(d.get("n_splits", 0)),
             n_copies=int(d.get("n_copies", 1)), graph_size=int(d.get("graph_size", 0)), prev_graph_size=int(d.get("prev_graph_size", 0)),
             inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()},
             realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
+            ggml_ids_changed=bool(said["backend_ids_changed"]) if said else None, ggml_size_changed=bool(said["graph_size_changed"]) if said else None,
             max_nodes=int(d.get("max_nodes", 0)), parallel=bool(d.get("parallel", False)), op_offload=bool(d.get("op_offload", False)),
+            observes_realloc=bool(d.get("observes_realloc", False)), owner_counts=bool(d.get("owner_counts", False)),
+            current_max_nodes=int(d.get("current_max_nodes", 0)),
+            llama_n_same=int(counted["n_same"]) if counted else None, llama_n_diff=int(counted["n_diff"]) if counted else None,
         )
 
 

@@ -40,9 +40,19 @@ class ReallocEvent:
     n_nodes: int
     n_splits: int
     reason: str = ""
+    # ggml's own decision, from its realloc callback (None: a ggml without it, or ggml-alloc re-planning by itself)
+    ggml_size_changed: bool | None = None
+
+    @property
+    def observed(self) -> bool:
+        return self.ggml_size_changed is not None
 
     @property
     def same_size(self) -> bool:
+        """As ggml says it where it can (its realloc callback), else derived: ggml's graph-size
+        formula (``reference.versions``) on the graph, as its ``GGML_SCHED_DEBUG_REALLOC`` check."""
+        if self.ggml_size_changed is not None:
+            return not self.backend_ids_changed and not self.ggml_size_changed
         return not self.backend_ids_changed and self.graph_size == self.prev_graph_size
 
     def describe(self) -> str:

@@ -43,6 +43,9 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
 
 BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")  # the newest first: the default engine
 DEFAULT_LIB = BUILT_IN[0]
+# ggml 0.25.3 with the seeds' patch set (build.build_llama_seed: the libraries of llama.cpp-0.3.36-seed),
+# compiled on first use, so not one of BUILT_IN (which the CLI and tests walk through)
+SEED_LIB = "ggml-0.25.3-seed"
 # where a build keeps its shared libraries, below the folder a user names
 _LIB_SUBDIRS = ("", "bin", "lib", "src", "ggml/src", "build/bin", "build/lib", "build/src", "build/ggml/src")
 
@@ -58,12 +61,21 @@ def _has_ggml(folder: Path) -> bool:
 def resolve_lib(value: str | None) -> str | None:
     """The library folder for ``--schedfuzz-lib``: ``ggml-0.25.3`` (the default: the libraries
     llama-cpp-python 0.3.36 built), ``ggml-0.15.3`` (ggml-python's own: ``None``, the bindings'
-    default), or a folder holding ``libggml-base.so`` — directly or in ``bin``, ``lib`` or
-    ``build/bin`` below it, as ggml and llama.cpp checkouts keep them. ``LibError`` otherwise.
+    default), ``ggml-0.25.3-seed`` (0.25.3 with the seeds' realloc callback: built from
+    llama-cpp-python's source on first use, minutes, then cached), or a folder holding
+    ``libggml-base.so`` — directly or in ``bin``, ``lib`` or ``build/bin`` below it, as ggml and
+    llama.cpp checkouts keep them. ``LibError`` otherwise.
     """
     value = value or DEFAULT_LIB
     if value == "ggml-0.15.3":
         return None
+    if value == SEED_LIB:
+        from ..build import BuildError, build_llama_seed  # build imports this module
+
+        try:
+            return str(build_llama_seed())
+        except BuildError as e:
+            raise LibError(f"--schedfuzz-lib {SEED_LIB}: building llama.cpp 0.3.36 with the seeds' patches failed: {e}") from None
     if value == "ggml-0.25.3":
         spec = importlib.util.find_spec("llama_cpp")
         if spec is None or not spec.submodule_search_locations:
@@ -74,7 +86,7 @@ def resolve_lib(value: str | None) -> str | None:
         return str(folder)
     base = Path(value).expanduser()
     if not base.is_dir():
-        raise LibError(f"--schedfuzz-lib {value}: not a folder, nor one of {', '.join(BUILT_IN)}")
+        raise LibError(f"--schedfuzz-lib {value}: not a folder, nor one of {', '.join((*BUILT_IN, SEED_LIB))}")
     for sub in _LIB_SUBDIRS:
         if _has_ggml(base / sub):
             return str((base / sub).resolve())

@@ -26,6 +26,9 @@ from .ggml_target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from .rpc import RpcServers
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
+# built-in llama.cpp libraries by name: llama-cpp-python's own, and the same llama.cpp with the
+# seeds' patch set (build.build_llama_seed, compiled on first use)
+BUILT_IN = ("llama.cpp-0.3.36", "llama.cpp-0.3.36-seed")
 HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
 
 
@@ -41,8 +44,17 @@ def default_lib_dir() -> Path:
 
 
 def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
-    """The folder holding libllama.so and its libggml*.so; a clear ``TargetError`` otherwise."""
-    path = Path(lib_dir).expanduser().resolve() if lib_dir else default_lib_dir()
+    """The folder holding libllama.so and its libggml*.so: ``None`` or ``llama.cpp-0.3.36`` for
+    llama-cpp-python's, ``llama.cpp-0.3.36-seed`` for the seeds' build (made on first use,
+    minutes, then cached), or a folder; a clear ``TargetError`` otherwise."""
+    if lib_dir == BUILT_IN[1]:
+        from ..build import BuildError, build_llama_seed  # build imports the targets package
+
+        try:
+            return build_llama_seed()
+        except BuildError as e:
+            raise TargetError(f"llama library {lib_dir}: building llama.cpp 0.3.36 with the seeds' patches failed: {e}") from None
+    path = Path(lib_dir).expanduser().resolve() if lib_dir and lib_dir != BUILT_IN[0] else default_lib_dir()
     missing = [n for n in ("libllama.so", "libggml-base.so", "libggml-rpc.so") if not (path / n).exists()]
     if missing:
         raise TargetError(

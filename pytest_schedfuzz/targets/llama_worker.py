@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -40,9 +41,14 @@ from .schedlog import SchedLog
 from .worker import Channel, Ggml, no_realloc_fix, probe_scenario, run_scenario
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
- HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END) = range(10)  # sched_hook.c
+ HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER) = range(12)  # sched_hook.c
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
 OUTER_END = {HOOK_RESERVE_END: "reserve", HOOK_ALLOC_END: "alloc", HOOK_RESERVE_SIZE_END: "reserve_size"}
+# the seeds' llama.cpp (llama_context::sched_graph_realloc, sched_new)
+LLAMA_REALLOC = re.compile(r"^sched_graph_realloc: graph reallocation: nodes = (?P<nodes>\d+), splits = (?P<splits>\d+), "
+                           r"n_same = (?P<n_same>\d+), n_diff = (?P<n_diff>\d+)$")
+LLAMA_SCHED_PARAMS = re.compile(r"^sched_new: max_nodes = (?P<max_nodes>\d+), parallel = (?P<parallel>[01]), op_offload = (?P<op_offload>[01])$")
+LLAMA_SCHED_REUSE = re.compile(r"^sched_new: reusing scheduler: max_nodes = (?P<max_nodes>\d+) \(current max_nodes = (?P<current>\d+)\)$")
 HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 TENSOR_FLAG_INPUT = 1
 KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
@@ -114,6 +120,8 @@ class Llama:
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
         self.outer: str | None = None  # the scheduler call a split_graph happens in
         self.split: dict[str, Any] | None = None  # what the last split_graph did
+        self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
+        self.llama_said: dict[str, int] | None = None  # llama.cpp's trace of that reallocation (the seeds' build)
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self._hook = HOOK_T(self._on_sched)
         set_hook(self._hook)
@@ -134,6 +142,17 @@ class Llama:
             if line.startswith("sched_reserve: max_nodes = "):
                 # llama_context::sched_reserve: the worst case is reserved again (on a new or a kept scheduler)
                 self.sched_events.append({"kind": "sched_reserve", "sched": -1, "max_nodes": int(line.split("=")[1])})
+            elif m := LLAMA_REALLOC.match(line):
+                # the seeds' llama.cpp: its own count of the reallocations it did not expect, after this one
+                self.llama_said = {k: int(v) for k, v in m.groupdict().items()}
+            elif m := LLAMA_SCHED_PARAMS.match(line):
+                # the seeds' sched_new: the parameters llama.cpp asks a scheduler for
+                self.sched_events.append({"kind": "sched_params", "sched": -1, "max_nodes": int(m["max_nodes"]),
+                                          "parallel": m["parallel"] == "1", "op_offload": m["op_offload"] == "1"})
+            elif m := LLAMA_SCHED_REUSE.match(line):
+                # the seeds' sched_new kept the scheduler it had (sched_params::can_reuse)
+                self.sched_events.append({"kind": "reuse", "sched": self.n_scheds - 1, "max_nodes": int(m["max_nodes"]),
+                                          "current_max_nodes": int(m["current"])})
             self.log.feed(line)
         except Exception:  # an exception must not unwind into C
             self.errors.append(f"the log callback failed in call {self.call}: " + traceback.format_exc())
@@ -157,12 +176,20 @@ class Llama:
             self.n_scheds += 1
             self.last_size[sid] = 0  # ggml_backend_sched_new callocs: debug_graph_size starts at 0
             self.backends[sid] = self._backends(sched)
-            self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b), "op_offload": bool(c)})
+            self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b & 1), "op_offload": bool(c),
+                                      "observes_realloc": bool(b & 2)})
         elif phase == HOOK_SCHED_FREE:
             self.sched_events.append({"kind": "free", "sched": self.scheds.get(sched, -1)})
         elif phase in OUTER:
-            self.outer, self.split = OUTER[phase], None
+            self.outer, self.split, self.said, self.llama_said = OUTER[phase], None, None, None
             self.log.begin()
+        elif phase == HOOK_REALLOC_OWNER:
+            # llama.cpp registered a realloc callback of its own (the seeds' sched_new): it counts
+            sid = self.scheds[sched]
+            next(e for e in reversed(self.sched_events) if e["kind"] == "new" and e["sched"] == sid)["owner_counts"] = True
+        elif phase == HOOK_REALLOC:
+            # ggml_backend_sched_alloc_splits re-reserves: ggml's own view of why
+            self.said = {"backend_ids_changed": bool(a), "graph_size_changed": bool(b)}
         elif phase == HOOK_SPLIT_BEGIN:
             if self.outer is None:  # called by llama.cpp itself (the flash-attention probe)
                 self.log.begin()
@@ -182,6 +209,15 @@ class Llama:
                 rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
                 if r.backend_ids_changed:
                     rec["realloc"]["moved"] = self.split["moved"]
+            observed = any(e["kind"] == "new" and e["sched"] == rec["sched"] and e["observes_realloc"] for e in self.sched_events)
+            if observed and "realloc" in rec and self.said is None:
+                raise RuntimeError(f"ggml logged a reallocation in {kind} (call {self.call}) that its realloc callback did not report")
+            if self.said is not None:
+                if "realloc" not in rec:
+                    raise RuntimeError(f"ggml's realloc callback fired in {kind} (call {self.call}) but ggml logged no reallocation")
+                rec["realloc"]["ggml"] = self.said
+            if self.llama_said is not None:
+                rec["realloc"]["llama"] = self.llama_said
             del rec["moved"]
             self.sched_events.append(rec)
         if self.log.errors:  # kept before the next scheduler call's log.begin() forgets them

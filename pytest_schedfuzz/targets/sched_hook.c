@@ -9,6 +9,11 @@
  * view of the graph size follows ggml's. A reserve or alloc that reports no split_graph inside
  * tells the worker that this build binds the call directly, and the worker refuses to judge.
  *
+ * Where ggml has ggml_backend_sched_set_realloc_callback (the seeds' API, ggml master), every
+ * scheduler gets a callback of the hook's at creation, and a callback llama.cpp registers is
+ * wrapped: ggml itself then tells the worker, at each re-reservation, whether the backend
+ * assignment and the graph size changed (HOOK_REALLOC), before llama.cpp's callback runs.
+ *
  * It includes no ggml header: the hook reads the graph through ggml's own public functions. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,6 +29,7 @@ enum {
     HOOK_SCHED_FREE = 5,
     HOOK_SPLIT_BEGIN = 6, HOOK_SPLIT_END = 7,
     HOOK_RESERVE_SIZE_BEGIN = 8, HOOK_RESERVE_SIZE_END = 9,
+    HOOK_REALLOC = 10, HOOK_REALLOC_OWNER = 11,
 };
 
 static schedfuzz_hook_t hook = NULL;
@@ -39,11 +45,54 @@ static void * real(const char * name) {
     return f;
 }
 
+/* the realloc callback: ggml's typedef, (sched, graph, backend_ids_changed, graph_size_changed, user_data) */
+typedef void (*realloc_cb_t)(void *, void *, bool, bool, void *);
+typedef void (*set_realloc_cb_t)(void *, realloc_cb_t, void *);
+
+/* the callback each live scheduler's owner registered (NULL: none), to call after reporting */
+#define MAX_SCHEDS 64
+static struct { void * sched; realloc_cb_t cb; void * user_data; } owners[MAX_SCHEDS];
+
+static int owner_slot(void * sched, bool make) {
+    for (int i = 0; i < MAX_SCHEDS; i++) if (owners[i].sched == sched) return i;
+    if (!make) return -1;
+    for (int i = 0; i < MAX_SCHEDS; i++) if (owners[i].sched == NULL) { owners[i].sched = sched; return i; }
+    return -1;
+}
+
+static void on_realloc(void * sched, void * graph, bool backend_ids_changed, bool graph_size_changed, void * user_data) {
+    (void) user_data;
+    if (hook) hook(HOOK_REALLOC, sched, graph, backend_ids_changed, graph_size_changed, 0);
+    int i = owner_slot(sched, false);
+    if (i >= 0 && owners[i].cb) owners[i].cb(sched, graph, backend_ids_changed, graph_size_changed, owners[i].user_data);
+}
+
+static set_realloc_cb_t real_set_realloc(void) {
+    static set_realloc_cb_t f;
+    static bool looked;
+    if (!looked) { f = (set_realloc_cb_t) dlsym(RTLD_NEXT, "ggml_backend_sched_set_realloc_callback"); looked = true; }
+    return f;
+}
+
+void ggml_backend_sched_set_realloc_callback(void * sched, realloc_cb_t cb, void * user_data) {
+    set_realloc_cb_t f = real_set_realloc();
+    if (f == NULL) __builtin_trap(); /* called, so this ggml has it */
+    int i = owner_slot(sched, true);
+    if (i < 0) { f(sched, cb, user_data); return; } /* more live schedulers than slots: unobserved (the worker notices) */
+    owners[i].cb = cb;
+    owners[i].user_data = user_data;
+    f(sched, on_realloc, NULL);
+    if (hook && cb) hook(HOOK_REALLOC_OWNER, sched, NULL, 0, 0, 0); /* its owner (llama.cpp) counts reallocations */
+}
+
 void * ggml_backend_sched_new(void * backends, void * bufts, int n_backends, size_t graph_size, bool parallel, bool op_offload) {
     static void * (*f)(void *, void *, int, size_t, bool, bool);
     if (!f) f = (void * (*)(void *, void *, int, size_t, bool, bool)) real("ggml_backend_sched_new");
     void * sched = f(backends, bufts, n_backends, graph_size, parallel, op_offload);
-    if (hook) hook(HOOK_SCHED_NEW, sched, NULL, (long) graph_size, parallel, op_offload);
+    set_realloc_cb_t set = real_set_realloc();
+    if (set) ggml_backend_sched_set_realloc_callback(sched, NULL, NULL); /* observed even if its owner registers none */
+    /* b: parallel, plus 2 where ggml reports its realloc decisions to the hook (it has the callback) */
+    if (hook) hook(HOOK_SCHED_NEW, sched, NULL, (long) graph_size, parallel | (set ? 2 : 0), op_offload);
     return sched;
 }
 
@@ -51,6 +100,8 @@ void ggml_backend_sched_free(void * sched) {
     static void (*f)(void *);
     if (!f) f = (void (*)(void *)) real("ggml_backend_sched_free");
     if (hook) hook(HOOK_SCHED_FREE, sched, NULL, 0, 0, 0);
+    int i = owner_slot(sched, false);
+    if (i >= 0) { owners[i].sched = NULL; owners[i].cb = NULL; owners[i].user_data = NULL; }
     f(sched);
 }
 

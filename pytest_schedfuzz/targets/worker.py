@@ -57,6 +57,8 @@ OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
 # threads of every CPU backend (the scheduler's and those the GPU-like devices compute with): one
 # count everywhere, so that a kernel splits its work, and rounds, the same way on each
 CPU_THREADS = 2
+# ggml_backend_sched_realloc_callback (the seeds' ggml): (sched, graph, backend_ids_changed, graph_size_changed, user_data)
+REALLOC_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool, ctypes.c_void_p)
 
 def no_realloc_fix(lib: str) -> str:
     """What to do when the startup probe saw no reallocation (a build with ``NDEBUG``), for the
@@ -167,6 +169,20 @@ class Ggml:
         self.rules = rules_for(self.ggml_version)[0]  # the reference's, for debug_graph_size
         self.bindings = ""  # check_bindings()
         self._fake_gpu: ctypes.CDLL | None = None
+        # the seeds' ggml (and ggml master) tell each re-reservation's decision through a callback:
+        # where it exists, every realloc of the scheduler is read from it (``said``, per step)
+        self.set_realloc_callback = getattr(self.lib, "ggml_backend_sched_set_realloc_callback", None)
+        self.said: list[tuple[bool, bool]] = []  # (backend_ids_changed, graph_size_changed), in order
+        if self.set_realloc_callback is not None:
+            self.set_realloc_callback.argtypes = [ctypes.c_void_p, REALLOC_CALLBACK, ctypes.c_void_p]
+            self.set_realloc_callback.restype = None
+            self._realloc_cb = REALLOC_CALLBACK(self._on_realloc)
+
+    def _on_realloc(self, sched: int | None, graph: int | None, backend_ids_changed: bool, graph_size_changed: bool, user_data: int | None) -> None:
+        try:
+            self.said.append((bool(backend_ids_changed), bool(graph_size_changed)))
+        except Exception as e:  # an exception must not unwind into C
+            self.log.errors.append(f"realloc callback failed: {e!r}")
 
     def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
         try:
@@ -212,15 +228,14 @@ class Ggml:
 
     def info(self) -> dict[str, str]:
         """Engine description for ``Trace.engine``."""
-        has_cb = hasattr(self.lib, "ggml_backend_sched_set_realloc_callback")
         return {
             "name": "ggml",
             "lib": loaded_library_path("libggml-base"),
             "ggml_version": self.ggml_version,
             "ggml_python": self.g.__version__,
             "bindings": self.bindings,
-            # a newer ggml reports reallocations through a callback; this one only logs them
-            "realloc_callback": "present (unused: observed from the debug log)" if has_cb else "absent",
+            # the seeds' ggml tells each realloc decision through a callback; older ones only log them
+            "realloc_callback": "observed" if self.set_realloc_callback is not None else "absent (decisions derived from the graph-size formula)",
             "gpu_device": self.gpu_device(),
         }
 
@@ -584,6 +599,7 @@ class ScenarioRun:
             snap = self._snapshot(built)
 
         self.eng.log.begin(on_split_print)
+        self.eng.said = []
         # like llama_context::graph_reserve and ::decode: reset (forget the previous graph's
         # assignments and copies), apply the graph's own assignments, then reserve or alloc
         t0 = time.perf_counter()
@@ -631,6 +647,8 @@ class ScenarioRun:
         self.sched = g.ggml_backend_sched_new(arr, self._bufts(), len(self.backends), params.max_nodes, params.parallel, params.op_offload)
         if not self.sched:
             raise TargetError("ggml_backend_sched_new returned NULL")
+        if self.eng.set_realloc_callback is not None:
+            self.eng.set_realloc_callback(self.sched, self.eng._realloc_cb, None)
         self.graph_size = 0
 
     def _bufts(self) -> Any:
@@ -713,6 +731,24 @@ class ScenarioRun:
                 g.ggml_backend_buffer_free(buf)
             g.ggml_free(ctx)
 
+    def _with_ggml_decisions(self, index: int, events: tuple[ReallocEvent, ...]) -> tuple[ReallocEvent, ...]:
+        """The scheduler's reallocations (``via`` sched: ``alloc_splits`` re-reserving) with ggml's
+        own decision from its realloc callback, one call per reallocation it logged."""
+        said, out = list(self.eng.said), []
+        for e in events:
+            if e.via != "sched":
+                out.append(e)  # ggml-alloc re-planned by itself: no scheduler decision to report
+                continue
+            if not said:
+                raise TargetError(f"step {index}: ggml logged a reallocation its realloc callback did not report")
+            ids_changed, size_changed = said.pop(0)
+            if ids_changed != e.backend_ids_changed:
+                raise TargetError(f"step {index}: ggml's realloc callback says backend_ids_changed = {int(ids_changed)}, its log {int(e.backend_ids_changed)}")
+            out.append(replace(e, ggml_size_changed=size_changed))
+        if said:
+            raise TargetError(f"step {index}: ggml's realloc callback reported {len(said)} reallocation(s) its log did not show")
+        return tuple(out)
+
     def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool) -> StepRecord:
         g, log = self.g, self.eng.log
         if log.errors:
@@ -732,6 +768,8 @@ class ScenarioRun:
         events = tuple(
             ReallocEvent(index, r.via, r.backend_ids_changed, size, prev, copy_nodes, n_splits, r.reason) for r in log.reallocs
         )
+        if self.eng.set_realloc_callback is not None:
+            events = self._with_ggml_decisions(index, events)
         return StepRecord(
             index,
             kind,

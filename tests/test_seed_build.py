@@ -1,0 +1,169 @@
+"""The third built-in llama.cpp, ``llama.cpp-0.3.36-seed``: the project's patch set of the seeds'
+change (ggml's realloc callback, llama.cpp's ``sched_new``, same/changed realloc counters and
+``sched_params::can_reuse``) on the llama.cpp vendored in llama-cpp-python 0.3.36, built like the
+pristine one and offered by name (``ggml-0.25.3-seed`` as a graph engine).
+
+The build takes minutes on first use and is cached; nothing here loads a library into the test
+process (a second libggml-base.so.0 there would shadow the pristine one): symbols are read with
+``nm`` and loading is tried in a child process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.build import (
+    PATCHES,
+    SEED_GGML,
+    SEED_LLAMA,
+    BuildError,
+    Patch,
+    build_llama_seed,
+    seed_patch_files,
+    source_tree,
+)
+
+# a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
+CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
+                                    "                && max_nodes  <= other.max_nodes;", "                ;")
+# the files the patch set changes, relative to the llama.cpp folder
+PATCHED = ("ggml/include/ggml-backend.h", "ggml/src/ggml-backend.cpp", "src/llama-context.cpp", "src/llama-context.h")
+CALLBACK = ("typedef void (*ggml_backend_sched_realloc_callback)(ggml_backend_sched_t sched, struct ggml_cgraph * graph, "
+            "bool backend_ids_changed, bool graph_size_changed, void * user_data);")
+TRACE = b"%s: graph reallocation: nodes = %d, splits = %d, n_same = %d, n_diff = %d\n"
+PERF = b"%s:   graph reallocs = %10d    / %5d        (same size) / (changed size)\n"
+REUSE = b"%s: reusing scheduler: max_nodes = %zu (current max_nodes = %zu)\n"
+
+
+def _pristine_lib() -> Path:
+    from pytest_schedfuzz.targets.llama_target import default_lib_dir
+
+    return default_lib_dir()
+
+
+def _patched_copy(tmp_path: Path) -> Path:
+    src = source_tree("llama.cpp-0.3.36")
+    for f in PATCHED:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / f, tmp_path / f)
+    for p in seed_patch_files():
+        proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--dry-run", "-i", str(p)], cwd=tmp_path,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # exactly, in order
+        subprocess.run(["patch", "-p1", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(p)], cwd=tmp_path, check=True,
+                       capture_output=True)
+    return tmp_path
+
+
+def _exported(lib: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_the_patch_set_applies_in_order_on_the_pristine_tree(tmp_path: Path) -> None:
+    names = [p.name for p in seed_patch_files()]
+    assert names == ["0001-ggml-backend-realloc-callback.patch", "0002-llama-context-sched-new-realloc-counters.patch",
+                     "0003-llama-context-sched-params-can-reuse.patch"]
+    tree = _patched_copy(tmp_path)
+    header = (tree / "ggml/include/ggml-backend.h").read_text()
+    assert CALLBACK in header
+    assert ("GGML_API void                 ggml_backend_sched_set_realloc_callback(ggml_backend_sched_t sched, "
+            "ggml_backend_sched_realloc_callback callback, void * user_data);") in header
+    sched = (tree / "ggml/src/ggml-backend.cpp").read_text()
+    assert "debug_graph_size" not in sched and "debug_prev_graph_size" not in sched
+    assert "const bool graph_size_changed = sched->prev_graph_size != sched->graph_size;" in sched
+    assert "const bool unexpected = !backend_ids_changed && !graph_size_changed;" in sched
+    ctx = (tree / "src/llama-context.cpp").read_text()
+    # both schedulers of sched_reserve come from sched_new, which alone calls ggml_backend_sched_new
+    assert ctx.count("ggml_backend_sched_new(") == 1 and ctx.count("sched_new({") == 2
+    assert "ggml_backend_sched_set_realloc_callback(sched.get(), sched_graph_realloc, this);" in ctx
+    # the planted fault's text is there once
+    assert (tree / CAN_REUSE_IGNORES_MAX_NODES.file).read_text().count(CAN_REUSE_IGNORES_MAX_NODES.old) == 1
+    # the public API keeps its layout (llama-cpp-python's ctypes binding returns llama_perf_context_data by value)
+    assert all("include/llama.h" not in p.read_text() for p in seed_patch_files())
+
+
+def test_every_patch_explains_itself_before_its_diff() -> None:
+    for p in seed_patch_files():
+        head = p.read_text().split("\ndiff --git ", 1)[0]
+        assert "seed" in head.lower() and len(head.splitlines()) >= 5, p.name
+    assert PATCHES.joinpath(SEED_LLAMA).is_dir()
+
+
+def test_an_extra_patch_that_does_not_apply_is_a_build_error_naming_it() -> None:
+    with pytest.raises(BuildError, match=r"src/llama-context\.h: the text to replace occurs 0 times"):
+        build_llama_seed((Patch("src/llama-context.h", "no such text in llama.cpp", ""),))
+
+
+@pytest.fixture(scope="module")
+def seed_lib() -> Path:
+    return build_llama_seed()
+
+
+@pytest.mark.engine
+def test_the_build_holds_the_libraries_the_harness_loads(seed_lib: Path) -> None:
+    for stem in ("libllama", "libggml-base", "libggml-cpu", "libggml", "libggml-rpc"):
+        assert (seed_lib / f"{stem}.so").exists() and (seed_lib / f"{stem}.so.0").exists(), stem
+    built = json.loads((seed_lib / "BUILT").read_text())
+    assert built[0] == SEED_GGML and built[1]["patches"] == [p.name for p in seed_patch_files()]
+    assert not (seed_lib.parent / "build").exists() and not (seed_lib.parent / "llama.cpp").exists()
+    # the same sonames and RUNPATH as llama-cpp-python's own libraries
+    for stem in ("libllama", "libggml-base"):
+        dyn = subprocess.run(["readelf", "-d", str(seed_lib / f"{stem}.so")], capture_output=True, text=True, check=True).stdout
+        assert f"Library soname: [{stem}.so.0]" in dyn and "Library runpath: [$ORIGIN]" in dyn
+
+
+@pytest.mark.engine
+def test_the_build_exports_the_realloc_callback(seed_lib: Path) -> None:
+    assert "ggml_backend_sched_set_realloc_callback" in _exported(seed_lib / "libggml-base.so")
+    assert "ggml_backend_sched_set_realloc_callback" not in _exported(_pristine_lib() / "libggml-base.so")
+    # the rest of the pristine API is there: the seed is 0.25.3 plus one function
+    added = _exported(seed_lib / "libggml-base.so") ^ _exported(_pristine_lib() / "libggml-base.so")
+    assert added == {"ggml_backend_sched_set_realloc_callback"}
+    probe = ("import ctypes, sys; ctypes.CDLL(sys.argv[1] + '/libggml-base.so.0').ggml_backend_sched_set_realloc_callback; "
+             "ctypes.CDLL(sys.argv[1] + '/libllama.so.0').llama_perf_context_print")
+    subprocess.run([sys.executable, "-c", probe, str(seed_lib)], check=True)
+
+
+@pytest.mark.engine
+def test_libllama_traces_and_counts_reallocations(seed_lib: Path) -> None:
+    data = (seed_lib / "libllama.so").read_bytes()
+    assert TRACE in data and PERF in data and REUSE in data
+    assert b"sched_graph_realloc" in data
+    pristine = (_pristine_lib() / "libllama.so").read_bytes()
+    assert TRACE not in pristine and PERF not in pristine
+
+
+@pytest.mark.engine
+def test_the_names_resolve_to_the_build(seed_lib: Path) -> None:
+    from pytest_schedfuzz.build import build_fake_gpu, ggml_source_location
+    from pytest_schedfuzz.targets.ggml_lib import LibError, base_library, resolve_lib
+    from pytest_schedfuzz.targets.llama_target import resolve_lib_dir
+
+    assert resolve_lib(SEED_GGML) == str(seed_lib)
+    assert resolve_lib_dir(SEED_LLAMA) == seed_lib
+    assert resolve_lib_dir("llama.cpp-0.3.36") == _pristine_lib()
+    with pytest.raises(LibError, match="ggml-0.25.3-seed"):
+        resolve_lib("no-such-ggml")
+    # the GPU-like device compiles against the seed's own (patched) headers
+    src = ggml_source_location(str((seed_lib / "libggml-base.so.0").resolve()))
+    assert isinstance(src, Path) and CALLBACK in (src / "include" / "ggml-backend.h").read_text()
+    assert build_fake_gpu(str(base_library(seed_lib))).exists()
+
+
+@pytest.mark.engine
+def test_the_seed_is_compiled_as_the_pristine_build(seed_lib: Path) -> None:
+    """Same compiler flags (Debug, the native CPU backend) as llama-cpp-python's install: the
+    libraries differ only by the patches."""
+
+    def producers(lib: Path) -> set[str]:
+        info = subprocess.run(["readelf", "--debug-dump=info", str(lib)], capture_output=True, text=True, check=True).stdout
+        return {line.split("): ", 1)[-1] for line in info.splitlines() if "DW_AT_producer" in line}
+
+    for name in ("libggml-cpu.so", "libggml-base.so"):
+        assert producers(seed_lib / name) == producers(_pristine_lib() / name), name
