@@ -357,3 +357,57 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
         for w in cases:
             ours = [c.index for c in target.run(w).calls for s in c.sched if s.same_size]
             assert ours[:1] == [strict.run(w).abort.call]
+
+
+def _observed(size: int, prev: int, ggml_size_changed: bool, n_same: int | None, n_diff: int | None, ids: bool = False) -> SchedCall:
+    return replace(_alloc(0, size, prev, "backend ids changed" if ids else "node inp_embd is not valid", ids=ids),
+                   ggml_ids_changed=ids, ggml_size_changed=ggml_size_changed, llama_n_same=n_same, llama_n_diff=n_diff)
+
+
+def _counting_trace(*allocs: SchedCall) -> LlamaTrace:
+    new = SchedCall("new", 0, max_nodes=1024, observes_realloc=True, owner_counts=True)
+    return LlamaTrace((CallRecord(-1, "init", 0, (new, SchedCall("reserve", 0, n_nodes=10, graph_size=20))),
+                       *(CallRecord(i, "decode", 0, (a,)) for i, a in enumerate(allocs))))
+
+
+def test_counters_agree_holds_when_llama_cpp_counts_what_ggml_says() -> None:
+    from pytest_schedfuzz.llama_properties import llama_counters_agree
+
+    trace = _counting_trace(_observed(22, 20, True, 0, 1), _observed(22, 22, False, 1, 1), _observed(22, 22, False, None, None, ids=True))
+    assert llama_counters_agree(STEADY, trace) == []
+    # the judged same-size decision is ggml's: the second realloc is one, the first is not
+    assert [s.same_size for _, s in trace.sched_calls() if s.kind == "alloc"] == [False, True, False]
+
+
+def test_counters_agree_catches_a_llama_cpp_that_miscounts_or_stays_silent() -> None:
+    """Planted faults of the seeds' llama.cpp: it counts a same-size realloc as changed, or
+    traces nothing for a realloc it should count."""
+    from pytest_schedfuzz.llama_properties import llama_counters_agree
+
+    (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 20, True, 0, 1), _observed(22, 22, False, 0, 2)))
+    assert v.signature() == "llama-counters-agree[what=counters]" and v.step == 1
+    assert "llama.cpp counts n_same = 0, n_diff = 2; the harness counts n_same = 1, n_diff = 1" in v.message
+    (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 22, False, None, None)))
+    assert "llama.cpp traced nothing" in v.message
+
+
+def test_counters_agree_catches_a_derived_graph_size_that_ggml_contradicts() -> None:
+    """The harness's graph-size formula says same size where ggml's callback says changed: the
+    formula (the reference's rule for this version) is wrong, and the finding says so."""
+    from pytest_schedfuzz.llama_properties import llama_counters_agree
+
+    (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 22, True, 0, 1)))
+    assert v.signature() == "llama-counters-agree[what=graph-size]"
+    assert "graph_size_changed = 1" in v.message and "graph_size 22 (prev 22)" in v.message
+
+
+def test_reuse_sound_judges_every_parameter_the_seeds_llama_cpp_asked_for() -> None:
+    """On the seeds' build the asked parameters are observed (its sched_new line): a parallel
+    scheduler kept for the fallback without pipeline parallelism is caught as such."""
+    new = SchedCall("new", 0, max_nodes=1024, parallel=True, op_offload=True)
+    asked = SchedCall("sched_params", -1, max_nodes=1024, parallel=False, op_offload=True)
+    trace = LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("sched_params", -1, max_nodes=1024, parallel=True, op_offload=True), new,
+                                                   SchedCall("reserve", 0), asked, SchedCall("reuse", 0, max_nodes=1024, current_max_nodes=1024),
+                                                   SchedCall("reserve", 0))),))
+    (v,) = llama_reuse_sound(STEADY, trace)
+    assert v.signature() == "llama-reuse-sound[why=parallel]" and "parallel True" in v.message

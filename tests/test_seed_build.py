@@ -167,3 +167,86 @@ def test_the_seed_is_compiled_as_the_pristine_build(seed_lib: Path) -> None:
 
     for name in ("libggml-cpu.so", "libggml-base.so"):
         assert producers(seed_lib / name) == producers(_pristine_lib() / name), name
+
+
+def _decode(*parts: tuple[int, int, str]):
+    from pytest_schedfuzz.llama import Call, Part
+
+    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
+
+
+def _sampler_workload(*calls):
+    from pytest_schedfuzz.gguf_models import ModelSpec
+    from pytest_schedfuzz.llama import ContextParams, Devices, LlamaWorkload
+
+    return LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=1, backend_samplers=True, sampler_chain="top_k-greedy"), calls)
+
+
+def _run(lib: Path | str, workload):
+    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+
+    target = LlamaTarget(lib_dir=str(lib))
+    try:
+        return target.run(workload)
+    finally:
+        target.close()
+
+
+@pytest.mark.engine
+def test_the_seed_keeps_its_scheduler_where_can_reuse_holds_and_ggml_and_llama_cpp_tell_every_realloc(seed_lib: Path) -> None:
+    """A server detaching and re-attaching a sequence's sampler chain: the worst case needs
+    fewer nodes, then as many as the scheduler has, so sched_new reuses it twice; the reuses
+    are observed with the parameters llama.cpp asked for, every reallocation's decision comes
+    from ggml's callback, llama.cpp's counters are read after each, and every property holds."""
+    from pytest_schedfuzz.llama import Call
+    from pytest_schedfuzz.llama_properties import LLAMA_CHECKS, scheduler_reuses
+
+    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=False), _decode((0, 1, "last")),
+                          Call("set_sampler", seq=0, flag=True, chain="top_k-greedy"), _decode((0, 1, "last")))
+    trace = _run(seed_lib, w)
+    reuses = scheduler_reuses(trace)
+    assert [(call, kept.max_nodes, asked.max_nodes) for call, kept, asked in reuses] == [(2, 1248, 1024), (4, 1248, 1248)]
+    assert sum(s.kind == "new" for _, s in trace.sched_calls()) == 1
+    reallocs = [s for _, s in trace.sched_calls() if s.realloc]
+    assert reallocs and all(s.observed for s in reallocs)
+    assert all(s.llama_n_same is not None for s in reallocs if not s.ggml_ids_changed)
+    assert all(check(w, trace) == [] for check in LLAMA_CHECKS.values())
+    # the pristine 0.3.36 builds a new scheduler at every reservation and tells nothing itself
+    pristine = _run(_pristine_lib(), w)
+    assert scheduler_reuses(pristine) == [] and not any(s.observed for _, s in pristine.sched_calls())
+
+
+@pytest.mark.engine
+def test_a_can_reuse_that_ignores_max_nodes_fails_llama_reuse_sound() -> None:
+    """The same patches with the planted fault: a sampler chain that needs more nodes keeps the
+    smaller scheduler. llama-reuse-sound names the kept and the asked max_nodes."""
+    from pytest_schedfuzz.llama import Call
+    from pytest_schedfuzz.llama_properties import llama_reuse_sound
+
+    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=True, chain="top_p-min_p-temp-dist"), _decode((0, 1, "last")))
+    mutant = build_llama_seed((CAN_REUSE_IGNORES_MAX_NODES,))
+    (v,) = llama_reuse_sound(w, _run(mutant, w))
+    assert v.signature() == "llama-reuse-sound[why=max_nodes]" and v.step == 2
+    assert "kept scheduler #0 (max_nodes 1248" in v.message and "can_reuse is false (max_nodes)" in v.message
+    assert llama_reuse_sound(w, _run(build_llama_seed(), w)) == []
+
+
+@pytest.mark.engine
+def test_the_graph_engine_on_the_seed_ggml_reads_every_scheduler_realloc_from_the_callback() -> None:
+    """ggml-0.25.3-seed as a graph engine: each re-reservation of the scheduler comes with ggml's
+    own decision, and the engine still agrees with the reference."""
+    from reference.predict import predict
+
+    from pytest_schedfuzz.properties import matches_reference
+    from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_corpus import topology_switch_case
+
+    scenario = topology_switch_case(2).scenario
+    with GgmlTarget(lib=SEED_GGML) as target:
+        assert target.start()["realloc_callback"] == "observed"
+        trace = target.run(scenario)
+    events = [e for e in trace.events if e.via == "sched"]
+    assert events and all(e.observed for e in events) and any(e.same_size for e in events)
+    assert matches_reference(scenario, trace, predict(scenario)) == []
