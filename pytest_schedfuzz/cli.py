@@ -352,8 +352,8 @@ def _device(args: argparse.Namespace) -> int:
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
-    p.add_argument("--lib", help="the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, or your build's library folder")
-    p.add_argument("--llama-lib", help="your llama.cpp build's library folder (default: llama-cpp-python's)")
+    p.add_argument("--lib", help="the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, ggml-0.25.3-seed (the seeds' ggml), or your build's library folder")
+    p.add_argument("--llama-lib", help="llama.cpp-0.3.36 (default), llama.cpp-0.3.36-seed (the seeds' system) or your build's library folder")
     p.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
     p.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
 

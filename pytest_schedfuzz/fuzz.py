@@ -138,8 +138,9 @@ class Stats:
     graphs_reused: int = 0
     reallocs_same: int = 0
     reallocs_changed: int = 0
-    realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback (the seeds' ggml)
-    realloc_derived: int = 0  # ... derived from ggml's graph-size formula
+    realloc_observed: int = 0  # the scheduler's same-size decisions read from ggml's realloc callback (the seeds' ggml)
+    realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
+    realloc_by_gallocr: int = 0  # ggml-alloc re-planning a single buffer by itself: no scheduler decision to report (derived)
     splits: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
     unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
@@ -224,7 +225,8 @@ class Stats:
             else:
                 self.reallocs_changed += 1
             self.realloc_observed += e.observed
-            self.realloc_derived += not e.observed
+            self.realloc_derived += not e.observed and e.via == "sched"
+            self.realloc_by_gallocr += e.via != "sched"
 
     def merge(self, other: dict[str, Any]) -> None:
         for k in COUNTERS:
@@ -250,7 +252,8 @@ class Stats:
             f"examples = {self.examples}   (cases run, over all properties, shrinking and replays included; llama.cpp workloads too)",
             f"graphs reused = {self.graphs_reused}",
             f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
-            f"realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = {self.realloc_derived}",
+            f"scheduler realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = "
+            f"{self.realloc_derived}   (and {self.realloc_by_gallocr} re-plans of ggml-alloc by itself, a single buffer: derived)",
             f"splits = {self.splits}",
             f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
@@ -333,7 +336,7 @@ def llama_features(w: LlamaWorkload) -> list[str]:
 
 
 COUNTERS = (
-    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "splits", "known", "llama_workloads", "llama_decodes",
+    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "realloc_by_gallocr", "splits", "known", "llama_workloads", "llama_decodes",
     "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
     "llama_realloc_observed", "llama_realloc_derived", "llama_counted",
 )

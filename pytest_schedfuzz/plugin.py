@@ -31,8 +31,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-seed", "seed of the run (printed in the header; default: random, 0 under ci)", type=int)
     add("schedfuzz-budget", "seconds for the whole fuzzing run (overrides the profile)", type=float)
     add("schedfuzz-target", "implementation under test as MODULE:FACTORY (default: the real ggml)")
-    add("schedfuzz-lib", "the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, or your build's folder (env SCHEDFUZZ_GGML_LIB)")
-    add("schedfuzz-llama-lib", "your llama.cpp build's library folder, e.g. build/bin (env SCHEDFUZZ_LLAMA_LIB; default: llama-cpp-python's)")
+    add("schedfuzz-lib", "the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, ggml-0.25.3-seed (the seeds' ggml, built on first use), "
+        "or your build's folder (env SCHEDFUZZ_GGML_LIB)")
+    add("schedfuzz-llama-lib", "the llama.cpp under test: llama.cpp-0.3.36 (default: llama-cpp-python's), llama.cpp-0.3.36-seed (the seeds' "
+        "system, built on first use), or your build's library folder, e.g. build/bin (env SCHEDFUZZ_LLAMA_LIB)")
     add("schedfuzz-policy", "scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)")
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
     add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")
@@ -207,7 +209,8 @@ class SchedfuzzSession:
                 info = self.fuzzer.llama_target.start()
             except TargetError as e:
                 pytest.exit(f"schedfuzz: llama.cpp cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
-            lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')})")
+            lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
+                         f"realloc callback: {info.get('realloc_callback', '?')}")
         n = len(self.fuzzer.known_cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         return lines

@@ -296,6 +296,9 @@ class Llama:
             "ggml_version": self.version,
             "llama_cpp_python": getattr(sys.modules.get("llama_cpp"), "__version__", "?"),
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
+            # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
+            "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
+            else "absent (decisions derived from the graph-size formula)",
         }
 
     def rpc_device(self, endpoint: str) -> int:
