@@ -324,6 +324,7 @@ def llama_features(w: LlamaWorkload) -> list[str]:
     checks = {
         "partial offload": dv.n_gpu_layers < m.n_layer,
         "tensor_split": bool(dv.tensor_split),
+        "lora adapters": bool(w.loras),
         "op_offload off": not c.op_offload,
         "offload_kqv off": not c.offload_kqv,
         f"embeddings pooling {c.pooling}": c.embeddings,

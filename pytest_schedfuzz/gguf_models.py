@@ -218,3 +218,85 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+# the weights a LoRA adapter can adapt, by their name in a layer, with their (rows, cols) in numpy
+# order (ggml's ne reversed); a dense model's FFN weights only
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """A tiny LoRA adapter for a ``ModelSpec``: ``rank`` 1..8, the adapted weights ``targets``
+    (names in ``LORA_TARGETS``, in every layer), ``alpha`` and a ``seed`` for its values. llama.cpp
+    adds 6 graph nodes per adapted weight (``llama_adapter_lora::get_n_nodes``) to the worst case
+    of every context of the model while it is loaded."""
+
+    rank: int = 2
+    targets: tuple[str, ...] = ("attn_q", "attn_v")
+    alpha: float = 4.0
+    seed: int = 0
+
+    def validate(self, model: ModelSpec) -> None:
+        if not 1 <= self.rank <= 8:
+            raise ValueError(f"lora rank: must be in 1..8, got {self.rank}")
+        bad = [t for t in self.targets if t not in LORA_TARGETS or (model.kind == "moe" and t.startswith("ffn_"))]
+        if not self.targets or bad or len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"lora targets {list(self.targets)}: distinct names of {', '.join(LORA_TARGETS)} (attention only for a moe model)")
+        if self.seed < 0:
+            raise ValueError(f"lora seed: must be >= 0, got {self.seed}")
+
+    def n_weights(self, model: ModelSpec) -> int:
+        """Adapted weights: what llama.cpp counts its extra nodes by."""
+        return len(self.targets) * model.n_layer
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "targets": list(self.targets), "alpha": self.alpha, "seed": self.seed}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LoraSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(d, dict) or set(d) != names:
+            raise ValueError(f"lora spec: want the keys {sorted(names)}, got {sorted(d) if isinstance(d, dict) else d!r}")
+        return cls(int(d["rank"]), tuple(d["targets"]), float(d["alpha"]), int(d["seed"]))
+
+    def file_name(self, model: ModelSpec) -> str:
+        key = json.dumps({"format_version": FORMAT_VERSION, "model": model.to_json(), "lora": self.to_json()}, sort_keys=True)
+        return f"lora-{model.arch}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.gguf"
+
+
+def _weight_shape(model: ModelSpec, name: str) -> tuple[int, int]:
+    """(rows, cols) in numpy order of layer weight ``name`` in ``_write_gguf``."""
+    e, kv, ff = model.n_embd, model.head_dim * model.n_head_kv, model.n_ff
+    return {"attn_q": (e, e), "attn_k": (kv, e), "attn_v": (kv, e), "attn_output": (e, e),
+            "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff)}[name]
+
+
+def write_lora(model: ModelSpec, lora: LoraSpec, cache_dir: Path) -> Path:
+    """The GGUF adapter file of ``lora`` for ``model`` under ``cache_dir`` (as ``write_model``:
+    atomic, written once, the same bytes for the same specs). Its tensors are llama.cpp's
+    convention: ``blk.N.W.weight.lora_a`` with ne {cols, rank} and ``.lora_b`` with ne {rank, rows}."""
+    model.validate()
+    lora.validate(model)
+    target = Path(cache_dir) / lora.file_name(model)
+    if target.exists():
+        return target
+
+    def write(path: Path) -> None:
+        w = gguf.GGUFWriter(path, model.arch)
+        w.add_type(gguf.GGUFType.ADAPTER)
+        w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, lora.alpha)
+        rng = np.random.default_rng(lora.seed)
+        for il in range(model.n_layer):
+            for t in lora.targets:
+                rows, cols = _weight_shape(model, t)
+                name = f"blk.{il}.{t}.weight"
+                w.add_tensor(name + ".lora_a", rng.standard_normal((lora.rank, cols), dtype=np.float32) * np.float32(0.02))
+                w.add_tensor(name + ".lora_b", rng.standard_normal((rows, lora.rank), dtype=np.float32) * np.float32(0.02))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    return atomic_write(target, write)

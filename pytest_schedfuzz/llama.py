@@ -5,7 +5,9 @@ where its layers go (``Devices``: RPC devices on loopback, ``n_gpu_layers``), th
 parameters (``ContextParams``) and a list of ``Call``s: ``llama_decode`` of a batch mixing
 sequences, the memory calls a server makes (``seq_rm`` for speculative rollback and slot reuse,
 ``seq_cp``, ``seq_keep``, context shift = ``seq_rm`` + ``seq_add``) and the per-request switches
-(``llama_set_embeddings``, ``llama_set_causal_attn``, ``llama_set_warmup``, backend samplers).
+(``llama_set_embeddings``, ``llama_set_causal_attn``, ``llama_set_warmup``, backend samplers, the
+LoRA adapters of the request: ``loras`` are tiny adapters written with the model, loaded on it
+with ``llama_adapter_lora_init``, attached with ``llama_set_adapters_lora``, freed).
 
 Positions are not stored: the worker continues every sequence from ``llama_memory_seq_pos_max``,
 as a server does, so a shrunk workload stays valid. Calls that llama.cpp documents as invalid
@@ -21,7 +23,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .gguf_models import MAX_WEIGHT_BYTES, ModelSpec
+from .gguf_models import LORA_TARGETS, MAX_WEIGHT_BYTES, LoraSpec, ModelSpec
 
 FLASH_ATTN = ("off", "on", "auto")
 KV_TYPES = ("f16", "f32", "q8_0")
@@ -35,13 +37,15 @@ SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
     "top_k-temp-dist": ("top_k", "temp", "dist"),
     "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
 }
-CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear",
+              "lora_load", "lora_set", "lora_free")
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
 MAX_CALLS = 64
 MAX_CTX = 4096
 MAX_SEQ = 8
+MAX_LORAS = 3
 
 
 class WorkloadError(ValueError):
@@ -106,7 +110,9 @@ class Call:
     ``seq_keep``: keep only ``seq``; ``shift``: context shift of ``seq``, keeping ``n_keep`` and
     discarding the next ``n`` (``seq_rm`` then ``seq_add``); ``set_*``: ``flag``; ``set_sampler``:
     attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it; ``clear``:
-    ``llama_memory_clear``."""
+    ``llama_memory_clear``; ``lora_load``/``lora_free``: load or free adapter ``n`` of the
+    workload's ``loras`` on the model; ``lora_set``: attach the loaded adapters whose bits are set
+    in ``n`` (scale 1; 0 detaches all), as llama-server does per request."""
 
     kind: str
     parts: tuple[Part, ...] = ()
@@ -128,6 +134,9 @@ class Call:
             "shift": f"context shift(seq {self.seq}: keep {self.n_keep}, discard {self.n})",
             "clear": "llama_memory_clear()",
             "set_sampler": f"llama_set_sampler(seq {self.seq}, {'chain ' + (self.chain or 'greedy') if self.flag else 'none'})",
+            "lora_load": f"llama_adapter_lora_init(lora {self.n})",
+            "lora_free": f"llama_adapter_lora_free(lora {self.n})",
+            "lora_set": f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if self.n >> i & 1)}])",
         }.get(self.kind, f"llama_{self.kind}({str(self.flag).lower()})")
 
     def n_tokens(self) -> int:
@@ -143,6 +152,7 @@ class LlamaWorkload:
     devices: Devices = Devices()
     ctx: ContextParams = ContextParams()
     calls: tuple[Call, ...] = ()
+    loras: tuple[LoraSpec, ...] = ()  # adapters for the model, loaded and attached by the calls
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,7 +160,7 @@ class LlamaWorkload:
             "devices": asdict(self.devices),
             "ctx": asdict(self.ctx),
             "calls": [_call_json(c) for c in self.calls],
-        }
+        } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {})
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> LlamaWorkload:
@@ -167,9 +177,10 @@ class LlamaWorkload:
             calls = tuple(
                 Call(**{**c, "parts": tuple(Part(**p) for p in c.get("parts", ()))}) for c in d.get("calls", ())
             )
+            loras = tuple(LoraSpec.from_json(a) for a in d.get("loras", ()))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise WorkloadError(f"malformed llama workload: {type(e).__name__}: {e}") from None
-        w = LlamaWorkload(model, devices, ctx, calls)
+        w = LlamaWorkload(model, devices, ctx, calls, loras)
         w.validate()
         return w
 
@@ -199,6 +210,14 @@ class LlamaWorkload:
         need(0 <= c.n_outputs_max <= c.n_batch and 0 <= c.n_outputs_max_per_seq <= c.n_batch,
              f"ctx.n_outputs_max {c.n_outputs_max} / n_outputs_max_per_seq {c.n_outputs_max_per_seq}: must be 0..n_batch")
         need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
+        need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
+        for k, a in enumerate(self.loras):
+            try:
+                a.validate(self.model)
+            except ValueError as e:
+                raise WorkloadError(f"loras[{k}]: {e}") from None
+        loaded: set[int] = set()
+        attached = 0
         causal = True
         for i, call in enumerate(self.calls):
             if call.kind == "set_causal_attn":
@@ -208,6 +227,16 @@ class LlamaWorkload:
             need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
             need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
             need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
+            if call.kind in ("lora_load", "lora_free"):
+                need(0 <= call.n < len(self.loras), f"{where}: adapter {call.n}: the workload has {len(self.loras)}")
+                need((call.n in loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.n} is {'not ' if call.kind == 'lora_free' else ''}loaded")
+                # freeing an attached adapter leaves the context a dangling pointer: llama-server never does
+                need(call.kind == "lora_load" or not attached >> call.n & 1, f"{where}: adapter {call.n} is attached to the context")
+                loaded ^= {call.n}
+            elif call.kind == "lora_set":
+                need(call.n >= 0 and all(call.n >> i & 1 == 0 or i in loaded for i in range(max(call.n.bit_length(), 1))),
+                     f"{where}: attaches adapters that are not loaded (mask {call.n}, loaded {sorted(loaded)})")
+                attached = call.n
             if call.kind == "decode":
                 need(bool(call.parts), f"{where}: a batch needs at least one part")
                 seqs = [p.seq for p in call.parts]
@@ -230,6 +259,7 @@ class LlamaWorkload:
             + (f", embeddings pooling {c.pooling}" if c.embeddings else "")
             + (f", n_outputs_max {c.n_outputs_max}/{c.n_outputs_max_per_seq}" if c.n_outputs_max or c.n_outputs_max_per_seq else "")
             + (f", backend samplers ({c.sampler_chain})" if c.backend_samplers else "")
+            + ("; loras: " + ", ".join(f"rank {a.rank} on {'/'.join(a.targets)}" for a in self.loras) if self.loras else "")
         )
 
 
@@ -323,19 +353,24 @@ def _outputs(draw: st.DrawFn, n_tokens: int, room: int) -> str:
 
 
 @st.composite
-def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24) -> tuple[Call, ...]:
+def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0) -> tuple[Call, ...]:
     """What a server does between requests: prompts chunked to ``n_batch``, single-token decode
     of all active slots in one batch, speculative drafts verified and rolled back, slot reuse,
-    ``seq_cp``/``seq_keep``, context shifts and per-request switches. Outputs per batch and per
-    sequence stay within the context's limits."""
+    ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with ``n_loras``
+    adapters their loading at start (as ``--lora`` does), per-request sets and run-time loads and
+    frees. Outputs per batch and per sequence stay within the context's limits."""
     calls: list[Call] = []
     active: set[int] = set()
+    loaded: set[int] = set(range(draw(st.integers(0, n_loras)))) if n_loras else set()
+    attached = 0
+    calls += [Call("lora_load", n=k) for k in sorted(loaded)]
     per_seq, total = ctx.outputs_max_per_seq(), ctx.outputs_max()
     n_steps = draw(st.integers(1, max_calls))
     for _ in range(n_steps):
         if len(calls) >= max_calls:
             break
-        what = draw(st.sampled_from(("prompt", "prompt", "generate", "generate", "generate", "draft", "mixed", "reuse", "copy", "keep", "shift", "switch")))
+        what = draw(st.sampled_from(("prompt", "prompt", "generate", "generate", "generate", "draft", "mixed", "reuse", "copy", "keep", "shift", "switch")
+                                    + (("adapters", "adapters") if n_loras else ())))
         seqs = list(range(ctx.n_seq_max))
         if what == "prompt" or not active:
             seq = draw(st.sampled_from(seqs))
@@ -388,8 +423,27 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24) -> tu
         elif what == "shift":
             seq = draw(st.sampled_from(sorted(active)))
             calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
+        elif what == "adapters" and n_loras:
+            # a request with other LoRA adapters (llama-server sets them per request), or one loaded or freed at run time
+            op = draw(st.sampled_from(("set", "set", "set", "load", "free")))
+            if op == "load" and len(loaded) < n_loras:
+                k = draw(st.sampled_from(sorted(set(range(n_loras)) - loaded)))
+                calls.append(Call("lora_load", n=k))
+                loaded.add(k)
+            elif op == "free" and loaded:
+                k = draw(st.sampled_from(sorted(loaded)))
+                if attached >> k & 1:
+                    attached &= ~(1 << k)
+                    calls.append(Call("lora_set", n=attached))
+                calls.append(Call("lora_free", n=k))
+                loaded.discard(k)
+            else:
+                attached = sum(1 << k for k in draw(st.sets(st.sampled_from(sorted(loaded)))) ) if loaded else 0
+                calls.append(Call("lora_set", n=attached))
         else:
-            kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")))
+            # a server with backend samplers sets each request's chain: the most frequent switch there
+            kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+                                        + (("set_sampler", "set_sampler") if ctx.backend_samplers else ())))
             if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
                 kind = "set_warmup"
             flag = draw(st.booleans())
@@ -423,10 +477,23 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     """A tiny model on 1..``max_rpc`` RPC devices, a context, and a server's calls on it."""
     model = draw(model_specs(max_layers))
     ctx = draw(context_params(model.head_dim))
-    return LlamaWorkload(model, draw(devices(model.n_layer, max_rpc)), ctx, draw(server_calls(ctx, max_calls)))
+    adapters = draw(loras(model))
+    calls = draw(server_calls(ctx, max_calls, len(adapters)))
+    return LlamaWorkload(model, draw(devices(model.n_layer, max_rpc)), ctx, calls, adapters)
+
+
+@st.composite
+def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
+    """0..``MAX_LORAS`` tiny LoRA adapters for ``model`` (a quarter of the workloads have some)."""
+    if draw(st.integers(0, 3)):
+        return ()
+    targets = [t for t in LORA_TARGETS if model.kind == "dense" or not t.startswith("ffn_")]
+    return tuple(LoraSpec(rank=draw(st.sampled_from((1, 2, 4, 8))), targets=tuple(sorted(draw(st.sets(st.sampled_from(targets), min_size=1)))),
+                          alpha=draw(st.sampled_from((1.0, 4.0, 16.0))), seed=draw(st.integers(0, 3)))
+                 for _ in range(draw(st.integers(1, MAX_LORAS))))
 
 
 __all__ = [
     "SAMPLER_CHAINS", "Call", "ContextParams", "Devices", "LlamaWorkload", "Part", "WorkloadError",
-    "context_params", "devices", "llama_workloads", "model_specs", "server_calls",
+    "context_params", "devices", "llama_workloads", "loras", "model_specs", "server_calls",
 ]

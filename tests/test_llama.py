@@ -193,7 +193,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
 
     stats, dead, found = Stats(), [], set()
 
-    @seed(19)
+    @seed(37)  # one whose 200 draws have each asserted dimension at least six times
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads())
     def run(w: LlamaWorkload) -> None:
@@ -213,7 +213,8 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     never = sorted(f for f, n in stats.llama_explored.items() if stats.llama_decoded.get(f, 0) == 0 and f not in found)
     assert never == [], f"dimensions drawn that never decoded: {never}"
     for f in ("backend samplers greedy", "backend samplers top_k-temp-dist", "call set_sampler", "embeddings pooling mean",
-              "flash_attn on", "kv q8_0/q8_0", "kv per sequence", "2 RPC", "model moe", "tensor_split", "partial offload"):
+              "flash_attn on", "kv q8_0/q8_0", "kv per sequence", "2 RPC", "model moe", "tensor_split", "partial offload",
+              "lora adapters", "call lora_load", "call lora_set", "call lora_free"):
         assert stats.llama_decoded.get(f, 0) > 0, f
     line = next(x for x in stats.summary_lines() if x.startswith("llama.cpp explored"))
     assert "backend samplers greedy" in line
@@ -411,3 +412,45 @@ def test_reuse_sound_judges_every_parameter_the_seeds_llama_cpp_asked_for() -> N
                                                    SchedCall("reserve", 0))),))
     (v,) = llama_reuse_sound(STEADY, trace)
     assert v.signature() == "llama-reuse-sound[why=parallel]" and "parallel True" in v.message
+
+
+LORA_W = LlamaWorkload(
+    ModelSpec(n_layer=2), Devices(n_rpc=1), ContextParams(n_seq_max=1),
+    (decode((0, 8, "last")), Call("lora_load", n=0), Call("lora_set", n=1), decode((0, 1, "last")),
+     Call("lora_set", n=0), Call("lora_free", n=0), Call("lora_set", n=0), decode((0, 1, "last"))),
+)
+
+
+def test_lora_workloads_round_trip_and_invalid_adapter_calls_are_refused() -> None:
+    from pytest_schedfuzz.gguf_models import LoraSpec
+
+    w = replace(LORA_W, loras=(LoraSpec(rank=2, targets=("attn_q", "ffn_up")),))
+    assert LlamaWorkload.from_json(w.to_json()) == w
+    for calls, needle in (
+        ((Call("lora_set", n=1),), "attaches adapters that are not loaded"),
+        ((Call("lora_load", n=0), Call("lora_set", n=1), Call("lora_free", n=0)), "adapter 0 is attached to the context"),
+        ((Call("lora_free", n=0),), "adapter 0 is not loaded"),
+        ((Call("lora_load", n=1),), "adapter 1: the workload has 1"),
+    ):
+        with pytest.raises(WorkloadError, match=needle):
+            replace(w, calls=calls).validate()
+    with pytest.raises(WorkloadError, match="attention only for a moe model"):
+        replace(w, model=MOE, loras=(LoraSpec(targets=("ffn_up",)),)).validate()
+
+
+@pytest.mark.engine
+def test_a_lora_adapter_written_with_gguf_loads_and_raises_max_nodes_by_six_per_weight(target) -> None:
+    """llama.cpp counts a loaded adapter in the worst case of the model's contexts (6 nodes per
+    adapted weight) at the next reservation, which attaching it triggers; freed, it is gone from
+    the next one; the worker frees what a workload leaves loaded, so the next workload on the
+    cached model starts without it."""
+    from pytest_schedfuzz.gguf_models import LoraSpec
+
+    lora = LoraSpec(rank=2, targets=("attn_q", "ffn_up"))
+    w = replace(LORA_W, loras=(lora,))
+    for _ in range(2):
+        trace = target.run(w)
+        assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
+        asked = [s.max_nodes for _, s in trace.sched_calls() if s.kind == "sched_reserve"]
+        assert asked == [1024, 1024 + 6 * lora.n_weights(w.model), 1024]
+        assert all(check(w, trace) == [] for check in LLAMA_CHECKS.values())

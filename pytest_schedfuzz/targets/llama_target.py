@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import cache_dir
-from ..gguf_models import write_model
+from ..gguf_models import write_lora, write_model
 from ..llama import LlamaWorkload
 from ..llama_trace import LlamaAbort, LlamaTrace
 from . import TargetError
@@ -95,6 +95,7 @@ class LlamaTarget(WorkerTarget):
 
     def run(self, workload: LlamaWorkload) -> LlamaTrace:
         model_path = write_model(workload.model, self.models)
+        lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
         for attempt in range(2):
             endpoints = self.servers.ensure(workload.devices.n_rpc)
             if self._worker is not None and self._worker.proc.poll() is not None:
@@ -105,7 +106,7 @@ class LlamaTarget(WorkerTarget):
             worker = self._worker
             calls: list[dict[str, Any]] = []
             try:
-                worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints})
+                worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths})
                 result = self._collect(worker, calls)
             except BaseException:
                 self._worker = None

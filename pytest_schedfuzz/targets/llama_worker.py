@@ -5,7 +5,7 @@ Protocol: JSON lines, as ``worker.py``: replies go to the file descriptor that w
 is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
 
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
-* request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...]}``, answered with
+* request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``, answered with
   ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
   ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
   RPC server does not answer; ``{"error": message}`` when the harness failed;
@@ -371,11 +371,13 @@ class Llama:
         self._samplers.append(chain)
         return chain
 
-    def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str]) -> dict[str, Any]:
+    def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str], lora_paths: Sequence[str] = ()) -> dict[str, Any]:
         L = self.L
         model = self.load_model(model_path, w.devices, endpoints)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         self._samplers = []
+        self.model_for_loras, self.lora_paths = model, list(lora_paths)
+        self.adapters: dict[int, Any] = {}  # workload adapter index -> llama_adapter_lora loaded on the model
         ctx = None
         try:
             self.begin(-1)
@@ -400,6 +402,10 @@ class Llama:
             for chain in self._samplers:
                 L.llama_sampler_free(chain)
             self._samplers = []
+            # the model is kept for the next workload: its adapters go (they count in its contexts' max_nodes)
+            for adapter in self.adapters.values():
+                L.llama_adapter_lora_free(adapter)
+            self.adapters = {}
             self.errors, self.log.errors = [], []
 
     def begin(self, i: int) -> None:
@@ -465,6 +471,20 @@ class Llama:
             # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
             smpl = self.chain(call.chain or "greedy") if call.flag else None
             return int(not L.llama_set_sampler(ctx, call.seq, smpl))
+        if k == "lora_load":
+            adapter = L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.n].encode())
+            if not adapter:
+                return "llama_adapter_lora_init failed: " + " / ".join(list(self.log.tail)[-2:])
+            self.adapters[call.n] = adapter
+            return 0
+        if k == "lora_free":
+            L.llama_adapter_lora_free(self.adapters.pop(call.n))
+            return 0
+        if k == "lora_set":
+            chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
+            arr = (L.llama_adapter_lora_p_ctypes * max(1, len(chosen)))(*chosen)
+            scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
+            return int(L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
         getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
         return 0
 
@@ -488,7 +508,7 @@ def main() -> None:
         req = json.loads(line)
         try:
             w = LlamaWorkload.from_json(req["workload"])
-            done = eng.run(w, req["model_path"], req["endpoints"])
+            done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
             chan.send({"done": done})
         except ConnectionError as e:
             chan.send({"unreachable": str(e)})
