@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case, save_case
-from .fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
-from .llama_trace import LlamaTrace
+from .campaign.fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
+from .cases.corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case, save_case
+from .model.llama_trace import LlamaTrace
 from .properties import PROPERTY_IDS, fuzz_units
 
 
@@ -177,7 +177,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _minimize(args: argparse.Namespace) -> int:
-    from .minimize import minimize_case, simplest
+    from .cases.minimize import minimize_case, simplest
 
     paths = [args.dir] if Path(args.dir).is_dir() else []
     if not paths:
@@ -220,7 +220,7 @@ def _minimize(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .draw import buffer_lines, buffers_text, llama_to_dot, named_tensors, splits_text, to_dot, write
+    from .cases.draw import buffer_lines, buffers_text, llama_to_dot, named_tensors, splits_text, to_dot, write
 
     try:
         case = load_case(args.case)
@@ -284,8 +284,8 @@ def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from .fuzz import new_seed
-    from .gate import gate
+    from .campaign.fuzz import new_seed
+    from .tools.gate import gate
 
     props = _properties(args.properties)
     if props is None:
@@ -315,7 +315,7 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _mutate(args: argparse.Namespace) -> int:
-    from .mutants import main as mutate_main
+    from .tools.mutants import main as mutate_main
 
     corpus = Path(args.corpus)
     if not corpus.is_dir():
@@ -325,15 +325,15 @@ def _mutate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import main as bench_main
+    from .tools.bench import main as bench_main
 
     return bench_main(args)
 
 
 def _device(args: argparse.Namespace) -> int:
     """Build the GPU-like device for each ggml named (a built-in, or a build's library folder)."""
-    from .build import BuildError, build_fake_gpu
-    from .targets.ggml_lib import BUILT_IN, LibError, base_library, library_folder
+    from .ggml.build import BuildError, build_fake_gpu
+    from .ggml.lib import BUILT_IN, LibError, base_library, library_folder
 
     for name in args.lib or BUILT_IN:
         try:

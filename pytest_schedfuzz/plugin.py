@@ -87,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if lib:
         # the engine of this session, with --schedfuzz or without: tests that build a GgmlTarget
         # (and their child pytest runs) load the same ggml
-        from .targets.ggml_lib import BUILT_IN, LIB_ENV, LibError, resolve_lib
+        from .ggml.lib import BUILT_IN, LIB_ENV, LibError, resolve_lib
 
         try:
             folder = resolve_lib(lib)
@@ -103,7 +103,7 @@ class SchedfuzzSession:
     """Per-process state of a ``--schedfuzz`` run: the config, the fuzzer and the statistics."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from .fuzz import FuzzConfig, Fuzzer, Stats, new_seed
+        from .campaign.fuzz import FuzzConfig, Fuzzer, Stats, new_seed
 
         def num(name: str, kind: type) -> Any:
             v = _opt(config, name)
@@ -160,7 +160,7 @@ class SchedfuzzSession:
         known = _opt(config, "schedfuzz_known") or "builtin"
         if known not in ("builtin", "none"):
             raise pytest.UsageError(f"--schedfuzz-known {known!r}: builtin or none")
-        from .corpus import STARTER_CORPUS
+        from .cases.corpus import STARTER_CORPUS
 
         self.known_source = "none" if known == "none" else (str(STARTER_CORPUS) if STARTER_CORPUS.is_dir() else "none (no starter corpus beside the package)")
         if known == "builtin":
@@ -193,7 +193,7 @@ class SchedfuzzSession:
         return share
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        from .targets import TargetError
+        from .engine import TargetError
 
         fc = self.fuzz_config
         lines = [
@@ -260,7 +260,7 @@ class SchedfuzzSuite(pytest.Collector):
     """The built-in property suite: one item per property, collected with no test file."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        from .corpus import case_files
+        from .cases.corpus import case_files
 
         session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
         # the corpus first: known findings are replayed before new fuzzing
@@ -292,7 +292,7 @@ class CaseItem(pytest.Item):
         self.add_marker("schedfuzz")
 
     def runtest(self) -> None:
-        from .corpus import CaseError, load_case
+        from .cases.corpus import CaseError, load_case
 
         session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
         try:
@@ -341,7 +341,7 @@ class PropertyItem(pytest.Item):
         reports: list[str] = []
 
         def save(finding: Any) -> None:
-            from .corpus import save_case
+            from .cases.corpus import save_case
 
             self.user_properties.append(("schedfuzz_property", finding.violation.property))
             try:

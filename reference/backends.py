@@ -4,7 +4,7 @@ Mirrors the device interfaces of ggml 0.15.3: ``ggml_backend_cpu_device_supports
 ``_supports_buft`` (``ggml-cpu.cpp``), ``ggml_backend_rpc_device_supports_op`` /
 ``_supports_buft`` (``ggml-rpc.cpp``: every op, only its own buffer type) and
 ``ggml_backend_blas_device_supports_op`` (``ggml-blas.cpp``: large contiguous matmuls with
-f32 src1, host buffers) — and of schedfuzz's GPU-like device, ``pytest_schedfuzz/targets/fake_gpu.c``
+f32 src1, host buffers) — and of schedfuzz's GPU-like device, ``pytest_schedfuzz/ggml/fake_gpu.c``
 (``dev_supports_op``: every op but those it is told to refuse; ``dev_supports_buft``: its own
 buffer type, or host ones when it shares the CPU's; ``dev_offload_op``: ``ne[1]`` at least
 its threshold; ``fake_gpu_reorder``: its ``graph_optimize``).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pytest_schedfuzz.scenario import BackendLayout
+from pytest_schedfuzz.model.scenario import BackendLayout
 
 from .alloc import SIZE_MAX, BufferType
 from .graph import CGraph

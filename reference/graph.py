@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from pytest_schedfuzz.scenario import GraphSpec
-from pytest_schedfuzz.shapes import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS, is_contiguous, nbytes
+from pytest_schedfuzz.model.scenario import GraphSpec
+from pytest_schedfuzz.model.shapes import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS, is_contiguous, nbytes
 
 
 def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
     """The spec's tensors and their ``src`` edges, with the attributes the scheduler reads.
 
-    >>> from pytest_schedfuzz.scenario import GraphBuilder
+    >>> from pytest_schedfuzz.model.scenario import GraphBuilder
     >>> b = GraphBuilder(); w = b.weight("w", (4, 4), device=0); x = b.input("x", (4, 2))
     >>> g = tensor_graph(b.build(b.op("mul_mat", w, x, name="y")))
     >>> sorted(g.edges(data="slot"))

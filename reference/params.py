@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_schedfuzz.scenario import SchedParams
+from pytest_schedfuzz.model.scenario import SchedParams
 
 
 def can_reuse(new: SchedParams, cur: SchedParams) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from pytest_schedfuzz.scenario import Scenario, Step
-from pytest_schedfuzz.trace import Abort, ReallocEvent, StepRecord, Trace
+from pytest_schedfuzz.model.scenario import Scenario, Step
+from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
 
 from .graph import CGraph
 from .sched import SchedAbort, Scheduler, SplitResult

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pytest_schedfuzz.scenario import BackendLayout
-from pytest_schedfuzz.trace import ReallocEvent, Split
+from pytest_schedfuzz.model.scenario import BackendLayout
+from pytest_schedfuzz.model.trace import ReallocEvent, Split
 
 from .alloc import AllocAbort, Gallocr, NullBufferCrash
 from .backends import Backends, fake_gpu_reorder

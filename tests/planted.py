@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_schedfuzz.scenario import Scenario, SchedParams
-from pytest_schedfuzz.trace import Trace
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams
+from pytest_schedfuzz.model.trace import Trace
 from reference.predict import predict
 from reference.sched import Scheduler
 

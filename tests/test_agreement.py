@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from pytest_schedfuzz.driver import Driver
+from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.model.scenario import Scenario
 from pytest_schedfuzz.properties import matches_reference, no_abort
-from pytest_schedfuzz.scenario import Scenario
+from pytest_schedfuzz.sim.driver import Driver
 from pytest_schedfuzz.strategies import scenarios, workloads
-from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from reference.predict import predict
 from reference.versions import Rules, rules_for
 
@@ -80,7 +80,7 @@ def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine
     """GGML_SCHED_DEBUG_REALLOC=1 makes ggml abort on a same-size realloc in
     ggml_backend_sched_alloc_splits: it must abort exactly at the first step where the
     observed trace has a same-size realloc through the scheduler, and nowhere else."""
-    from pytest_schedfuzz.driver import Driver
+    from pytest_schedfuzz.sim.driver import Driver
     from pytest_schedfuzz.strategies import workloads
 
     driver = Driver(rereserve=False)
@@ -113,8 +113,8 @@ BLAS_LIB = os.environ.get("SCHEDFUZZ_BLAS_LIB") or str(Path(__file__).resolve().
 def test_engine_and_reference_agree_with_a_blas_backend():
     """BLAS takes large contiguous matmuls and shares the CPU's buffer type: pass 3 upgrades
     CPU nodes to it, and positions moving between BLAS and CPU are not a backend change."""
-    from pytest_schedfuzz.models import llama_graph
-    from pytest_schedfuzz.scenario import BackendLayout, SchedParams, Step
+    from pytest_schedfuzz.model.scenario import BackendLayout, SchedParams, Step
+    from pytest_schedfuzz.sim.models import llama_graph
     from pytest_schedfuzz.strategies import models
 
     blas_nodes = 0

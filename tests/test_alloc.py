@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.corpus import load_case
+from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import matches_reference
-from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
-from pytest_schedfuzz.targets.ggml_target import GgmlTarget
 from reference import alloc, sched
 from reference.predict import predict
 from reference.versions import rules_for

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.corpus import Case, CaseError, case_files, load_case, save_case
-from pytest_schedfuzz.models import ModelShape, llama_graph
-from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.cases.corpus import Case, CaseError, case_files, load_case, save_case
+from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 
 pytest_plugins = ["pytester"]
 SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]
@@ -222,7 +222,7 @@ def test_show_draws_the_realloc_step_with_splits_and_the_named_node(tmp_path: Pa
     ],
 )
 def test_bad_workload_fields_are_named(tmp_path: Path, field: str, value: object, needle: str):
-    from pytest_schedfuzz.driver import Driver, Reconfigure, Ubatch, Workload
+    from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload
 
     w = Workload(BackendLayout.of("rpc", "cpu"), ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1), 8,
                  (Reconfigure(SchedParams(4096)), Ubatch(8, 1, 16)))
@@ -288,7 +288,7 @@ def test_show_draws_a_compute_step_that_crashed_the_engine(tmp_path: Path):
 
 def test_a_flash_attention_mask_shorter_than_the_kv_is_rejected():
     """ggml builds it, and its kernels then read past the mask (garbage, a NaN assert later)."""
-    from pytest_schedfuzz.shapes import SpecError
+    from pytest_schedfuzz.model.shapes import SpecError
 
     b = GraphBuilder()
     q, k, v = b.input("q", (16, 4, 2)), b.input("k", (16, 8, 2), "f16"), b.input("v", (16, 8, 2), "f16")
@@ -370,7 +370,7 @@ def test_show_draws_a_driver_case_at_the_step_that_failed(tmp_path: Path):
 
 def _children_of(pid: int) -> list[int]:
     """Processes the harness started for ``pid`` (workers, RPC servers): they carry its pid."""
-    from pytest_schedfuzz.targets.ggml_lib import PARENT_ENV
+    from pytest_schedfuzz.ggml.lib import PARENT_ENV
 
     mine = []
     for proc in Path("/proc").iterdir():
@@ -424,7 +424,7 @@ def test_ctrl_c_during_a_shrink_stops_within_seconds_saves_the_case_and_leaves_n
 def test_an_abort_finding_names_the_file_line_and_function_of_the_check_that_fired():
     """ggml prints the check's file and line (from its build folder, which pip deleted); the
     function is read from that line of the cached source distribution."""
-    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
 
     case = load_case(next(CORPUS.glob("no-abort-kind-abort-message-ggml-backend-cpp-ggml-assert-n-g-9523a46d7b.json")))
     fuzzer = Fuzzer(FuzzConfig(database=None, lib="ggml-0.15.3"))
@@ -436,7 +436,7 @@ def test_an_abort_finding_names_the_file_line_and_function_of_the_check_that_fir
 
 
 def test_check_site_reads_the_function_from_the_source_on_disk(tmp_path: Path):
-    from pytest_schedfuzz.targets.crash import check_site
+    from pytest_schedfuzz.properties.sites import check_site
 
     src = tmp_path / "ggml-alloc.c"
     src.write_text("static void helper(int x) {\n}\n\nbool ggml_gallocr_reserve_n(\n        ggml_gallocr_t galloc) {\n    if (x) {\n        GGML_ASSERT(x);\n")

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.corpus", "pytest_schedfuzz.properties"]
+MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.cases.corpus", "pytest_schedfuzz.properties"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pytest_schedfuzz.driver import Driver, Reconfigure, Ubatch, Workload, topology
-from pytest_schedfuzz.models import ModelShape
+from pytest_schedfuzz.model.scenario import BackendLayout, SchedParams
+from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import reuse_sound
-from pytest_schedfuzz.scenario import BackendLayout, SchedParams
-from pytest_schedfuzz.trace import Trace
+from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload, topology
+from pytest_schedfuzz.sim.models import ModelShape
 
 LAYOUT = BackendLayout.of("rpc", "cpu")
 MODEL = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1)

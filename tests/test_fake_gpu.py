@@ -1,4 +1,4 @@
-"""The GPU-like device (``targets/fake_gpu.c``) and the values oracle, on both built-in ggml
+"""The GPU-like device (``ggml/fake_gpu.c``) and the values oracle, on both built-in ggml
 versions: engine/reference agreement over layouts with the device, a reuse across an
 op_offload change caught by reuse-equivalent, same-values on real and planted builds."""
 
@@ -16,12 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from pytest_schedfuzz.build import build_fake_gpu, build_ggml_base
-from pytest_schedfuzz.corpus import case_files, load_case
-from pytest_schedfuzz.driver import Driver, Reconfigure, Ubatch, Workload
-from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
-from pytest_schedfuzz.models import ModelShape
-from pytest_schedfuzz.mutants import mutant
+from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.cases.corpus import case_files, load_case
+from pytest_schedfuzz.ggml.build import build_fake_gpu, build_ggml_base
+from pytest_schedfuzz.ggml.lib import base_library, library_folder
+from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import (
     forced_views,
     fresh_variant,
@@ -32,11 +33,10 @@ from pytest_schedfuzz.properties import (
     synchronous_variant,
     unforced_views_variant,
 )
-from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload
+from pytest_schedfuzz.sim.models import ModelShape
 from pytest_schedfuzz.strategies import scenarios, workloads
-from pytest_schedfuzz.targets.ggml_lib import base_library, library_folder
-from pytest_schedfuzz.targets.ggml_target import GgmlTarget
-from pytest_schedfuzz.trace import Trace
+from pytest_schedfuzz.tools.mutants import mutant
 from reference.predict import predict
 from reference.versions import rules_for
 
@@ -58,7 +58,7 @@ def engine_rules(target: GgmlTarget):  # type: ignore[no-untyped-def]
 def test_the_device_builds_against_each_built_in_ggml(name: str):
     """Compiled against the version's own headers; it loads beside that version's libggml-base
     (which it links by soname) and its config struct is the worker's."""
-    from pytest_schedfuzz.targets.worker import FakeGpuConfig
+    from pytest_schedfuzz.ggml.worker import FakeGpuConfig
 
     device = build_fake_gpu(str(base_library(library_folder(name))))
     # in a process of its own: two ggml versions must not share one

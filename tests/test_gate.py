@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.build import build_ggml_base
+from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.cli import main
-from pytest_schedfuzz.corpus import load_case
-from pytest_schedfuzz.gate import Side, compare
-from pytest_schedfuzz.mutants import MUTANTS
+from pytest_schedfuzz.ggml.build import build_ggml_base
+from pytest_schedfuzz.tools.gate import Side, compare
+from pytest_schedfuzz.tools.mutants import MUTANTS
 
 # pass 2's "expand gpu down" lets the CPU expand too (the mutation score's first mutant)
 CPU_EXPANDS_DOWN = next(m.patch for m in MUTANTS if m.name == "cpu-expands-down")
@@ -71,7 +71,7 @@ def test_the_readme_cmake_line_configures_a_vendored_ggml(tree: str, tmp_path: P
     import shlex
     import subprocess
 
-    from pytest_schedfuzz.build import source_tree
+    from pytest_schedfuzz.ggml.build import source_tree
 
     lines = (Path(__file__).parent.parent / "README.md").read_text().splitlines()
     i = next(k for k, x in enumerate(lines) if x.strip().startswith("cmake -S $tree -B $tree/build"))

@@ -16,7 +16,8 @@ from typing import Any
 import gguf
 import pytest
 
-from pytest_schedfuzz.gguf_models import BOS_ID, MAX_WEIGHT_BYTES, TOKENS, ModelSpec, write_model
+from pytest_schedfuzz.llama.gguf_models import write_model
+from pytest_schedfuzz.model.llama_model import BOS_ID, MAX_WEIGHT_BYTES, TOKENS, ModelSpec
 
 DENSE = ModelSpec()
 MOE = ModelSpec(kind="moe", n_expert=4, n_expert_used=2)

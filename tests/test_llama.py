@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from pytest_schedfuzz.corpus import load_case
-from pytest_schedfuzz.gguf_models import ModelSpec
-from pytest_schedfuzz.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError, llama_workloads
-from pytest_schedfuzz.llama_properties import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
-from pytest_schedfuzz.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
+from pytest_schedfuzz.strategies.llama import llama_workloads
 
 MOE = ModelSpec(kind="moe", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=16, n_expert=4, n_expert_used=2)
 
@@ -102,7 +103,7 @@ def test_reuse_sound_catches_a_kept_scheduler_that_is_too_small() -> None:
 
 @pytest.fixture(scope="module")
 def target():
-    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+    from pytest_schedfuzz.llama.target import LlamaTarget
 
     t = LlamaTarget()
     yield t
@@ -126,7 +127,7 @@ def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
     (v,) = llama_no_same_size_realloc(WARMUP, trace)
     assert v.step == 3 and v.facts["invalid"] == "node ffn_moe_weights-N" and v.facts["explained"] == "not-dominating"
     # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) aborts at the same call
-    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+    from pytest_schedfuzz.llama.target import LlamaTarget
 
     with LlamaTarget(debug_realloc=1) as strict:
         confirmed = strict.run(WARMUP)
@@ -137,7 +138,7 @@ def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
 @pytest.mark.engine
 def test_graph_size_is_the_one_ggml_computes(target) -> None:
     """GGML_SCHED_DEBUG_REALLOC=2 makes ggml abort on the first reallocation, printing its graph size."""
-    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+    from pytest_schedfuzz.llama.target import LlamaTarget
 
     for w in (WARMUP, replace(WARMUP, devices=Devices(n_rpc=2, n_gpu_layers=99))):
         ours = next(s for _, s in target.run(w).sched_calls() if s.realloc)
@@ -164,7 +165,7 @@ def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
 
 def test_crash_signatures_name_the_assert_that_raised_them() -> None:
     """Two SIGABRTs from different C asserts are different bugs: a known one must not hide the other."""
-    from pytest_schedfuzz.llama_trace import LlamaAbort
+    from pytest_schedfuzz.model.llama_trace import LlamaAbort
 
     def sig(message: str, kind: str = "crash") -> str:
         (v,) = LLAMA_CHECKS["llama-no-abort"](STEADY, LlamaTrace((), LlamaAbort(1, kind, message)))
@@ -188,8 +189,8 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     every generated dimension reaches a successful decode (the llama.cpp explored statistics)."""
     from hypothesis import Phase, seed
 
-    from pytest_schedfuzz.fuzz import Stats, llama_features
-    from pytest_schedfuzz.llama_properties import unmade_calls
+    from pytest_schedfuzz.campaign.fuzz import Stats, llama_features
+    from pytest_schedfuzz.properties.llama import unmade_calls
 
     stats, dead, found = Stats(), [], set()
 
@@ -227,9 +228,9 @@ def test_a_context_that_does_not_initialize_is_a_finding_not_a_pass() -> None:
 
 
 def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
-    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.engine import TargetError
     from pytest_schedfuzz.properties import LLAMA_GROUP
-    from pytest_schedfuzz.targets import TargetError
 
     w = replace(STEADY, calls=(decode((0, 4, "last")), Call("seq_rm", seq=0, n=2)))
     traces = {
@@ -262,7 +263,7 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
 
 
 def test_an_unknown_scheduler_line_is_an_error_not_a_pass() -> None:
-    from pytest_schedfuzz.targets.schedlog import SchedLog
+    from pytest_schedfuzz.ggml.schedlog import SchedLog
 
     log = SchedLog()
     log.feed("ggml_gallocr_reserve_n_impl: reallocating CPU buffer from size 0.00 MiB to 0.12 MiB\n")
@@ -273,7 +274,7 @@ def test_an_unknown_scheduler_line_is_an_error_not_a_pass() -> None:
 
 
 def test_the_reuse_note_needs_the_reuse_line() -> None:
-    from pytest_schedfuzz.fuzz import Stats
+    from pytest_schedfuzz.campaign.fuzz import Stats
 
     blind = Stats(llama_workloads=1)
     assert "not observable" in "".join(blind.summary_lines())
@@ -315,11 +316,11 @@ def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None
     import subprocess
     import sys
 
+    from pytest_schedfuzz.ggml.crash import CRASH_HOOK, build_preload, stack_line, with_preload
+    from pytest_schedfuzz.ggml.lib import resolve_lib
+    from pytest_schedfuzz.model.scenario import Scenario
+    from pytest_schedfuzz.model.trace import Abort, Trace
     from pytest_schedfuzz.properties import no_abort
-    from pytest_schedfuzz.scenario import Scenario
-    from pytest_schedfuzz.targets.crash import CRASH_HOOK, build_preload, stack_line, with_preload
-    from pytest_schedfuzz.targets.ggml_lib import resolve_lib
-    from pytest_schedfuzz.trace import Abort, Trace
 
     lib = Path(resolve_lib(None)) / "libggml-base.so"
     stacks = {}
@@ -342,7 +343,7 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
     """llama.cpp's fused-op probes call ggml_backend_sched_split_graph themselves; the hook sees
     them, so each record's previous graph size is the one ggml keeps (``debug_prev_graph_size``),
     and the first same-size reallocation is the call ggml's own check aborts in."""
-    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+    from pytest_schedfuzz.llama.target import LlamaTarget
 
     auto = replace(STEADY, ctx=replace(STEADY.ctx, flash_attn="auto"))
     trace = target.run(auto)
@@ -372,7 +373,7 @@ def _counting_trace(*allocs: SchedCall) -> LlamaTrace:
 
 
 def test_counters_agree_holds_when_llama_cpp_counts_what_ggml_says() -> None:
-    from pytest_schedfuzz.llama_properties import llama_counters_agree
+    from pytest_schedfuzz.properties.llama import llama_counters_agree
 
     trace = _counting_trace(_observed(22, 20, True, 0, 1), _observed(22, 22, False, 1, 1), _observed(22, 22, False, None, None, ids=True))
     assert llama_counters_agree(STEADY, trace) == []
@@ -383,7 +384,7 @@ def test_counters_agree_holds_when_llama_cpp_counts_what_ggml_says() -> None:
 def test_counters_agree_catches_a_llama_cpp_that_miscounts_or_stays_silent() -> None:
     """Planted faults of the seeds' llama.cpp: it counts a same-size realloc as changed, or
     traces nothing for a realloc it should count."""
-    from pytest_schedfuzz.llama_properties import llama_counters_agree
+    from pytest_schedfuzz.properties.llama import llama_counters_agree
 
     (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 20, True, 0, 1), _observed(22, 22, False, 0, 2)))
     assert v.signature() == "llama-counters-agree[what=counters]" and v.step == 1
@@ -395,7 +396,7 @@ def test_counters_agree_catches_a_llama_cpp_that_miscounts_or_stays_silent() -> 
 def test_counters_agree_catches_a_derived_graph_size_that_ggml_contradicts() -> None:
     """The harness's graph-size formula says same size where ggml's callback says changed: the
     formula (the reference's rule for this version) is wrong, and the finding says so."""
-    from pytest_schedfuzz.llama_properties import llama_counters_agree
+    from pytest_schedfuzz.properties.llama import llama_counters_agree
 
     (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 22, True, 0, 1)))
     assert v.signature() == "llama-counters-agree[what=graph-size]"
@@ -422,7 +423,7 @@ LORA_W = LlamaWorkload(
 
 
 def test_lora_workloads_round_trip_and_invalid_adapter_calls_are_refused() -> None:
-    from pytest_schedfuzz.gguf_models import LoraSpec
+    from pytest_schedfuzz.model.llama_model import LoraSpec
 
     w = replace(LORA_W, loras=(LoraSpec(rank=2, targets=("attn_q", "ffn_up")),))
     assert LlamaWorkload.from_json(w.to_json()) == w
@@ -444,7 +445,7 @@ def test_a_lora_adapter_written_with_gguf_loads_and_raises_max_nodes_by_six_per_
     adapted weight) at the next reservation, which attaching it triggers; freed, it is gone from
     the next one; the worker frees what a workload leaves loaded, so the next workload on the
     cached model starts without it."""
-    from pytest_schedfuzz.gguf_models import LoraSpec
+    from pytest_schedfuzz.model.llama_model import LoraSpec
 
     lora = LoraSpec(rank=2, targets=("attn_q", "ffn_up"))
     w = replace(LORA_W, loras=(lora,))

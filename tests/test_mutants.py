@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.build import source_tree
 from pytest_schedfuzz.cli import main
-from pytest_schedfuzz.mutants import MUTANTS
+from pytest_schedfuzz.ggml.build import source_tree
+from pytest_schedfuzz.tools.mutants import MUTANTS
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
@@ -39,11 +39,11 @@ def test_pass3_ignoring_unreadable_srcs_is_caught_where_the_graph_has_it() -> No
     device), which its graphs almost never combine. Where a graph does, matches-reference
     catches it: the add forced to the CPU reads the RPC matmul, and the mutant upgrades it to
     the device, which cannot read it."""
-    from pytest_schedfuzz.build import build_ggml_base
-    from pytest_schedfuzz.mutants import mutant
+    from pytest_schedfuzz.ggml.build import build_ggml_base
+    from pytest_schedfuzz.ggml.target import GgmlTarget
+    from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
     from pytest_schedfuzz.properties import matches_reference
-    from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
-    from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+    from pytest_schedfuzz.tools.mutants import mutant
     from reference.predict import predict
 
     b = GraphBuilder()

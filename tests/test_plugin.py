@@ -44,7 +44,7 @@ def test_flag_off_costs_nothing(pytester: pytest.Pytester):
         """
         import sys
         def pytest_sessionfinish(session):
-            loaded = [m for m in ("pytest_schedfuzz.fuzz", "pytest_schedfuzz.targets", "ggml", "hypothesis") if m in sys.modules]
+            loaded = [m for m in ("pytest_schedfuzz.campaign.fuzz", "pytest_schedfuzz.engine", "ggml", "hypothesis") if m in sys.modules]
             print("LOADED:", loaded)
         """
     )
@@ -171,7 +171,7 @@ def test_the_llama_properties_are_collected_as_one_item(fuzz, pytester: pytest.P
 def test_a_path_option_in_the_space_form_keeps_the_corpus_here(fuzz, pytester: pytest.Pytester):
     """``--schedfuzz-llama-lib DIR`` makes pytest's rootdir the project above DIR; the corpus and
     the database stay in the directory pytest was started in (this one: empty)."""
-    from pytest_schedfuzz.targets.llama_target import default_lib_dir
+    from pytest_schedfuzz.llama.target import default_lib_dir
 
     result = fuzz("--schedfuzz-llama-lib", str(default_lib_dir()), "--schedfuzz-properties", "llama-reuse-sound", "--schedfuzz-examples", "3")
     result.assert_outcomes(passed=1)  # the project's corpus (expected failures) was not replayed
@@ -181,7 +181,7 @@ def test_schedfuzz_lib_in_the_space_form_replays_this_corpus_and_writes_nothing_
     """``--schedfuzz-lib DIR`` (space form): the corpus of the directory pytest started in is
     replayed, a finding is saved there, and nothing is written into DIR; the header names the
     ggml that was loaded."""
-    from pytest_schedfuzz.targets.ggml_lib import resolve_lib
+    from pytest_schedfuzz.ggml.lib import resolve_lib
 
     lib = Path(resolve_lib("ggml-0.25.3") or "")
     before = sorted(p.name for p in lib.iterdir())
@@ -208,7 +208,7 @@ def test_a_bug_fixed_in_a_version_is_expected_before_it_and_guarded_from_it(fuzz
 def test_schedfuzz_lib_reaches_the_test_suite(pytester: pytest.Pytester):
     """Without --schedfuzz, --schedfuzz-lib still chooses the engine of the session's tests."""
     pytester.makepyfile(test_x="""
-        from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+        from pytest_schedfuzz.ggml.target import GgmlTarget
 
         def test_engine():
             with GgmlTarget() as t:
@@ -249,7 +249,7 @@ def test_a_finding_that_cannot_be_saved_is_still_reported_in_full(fuzz, pytester
     """A corpus that cannot be written (read-only; simulated: this runs as root) loses no finding."""
     pytester.makeconftest("""
         import errno
-        import pytest_schedfuzz.corpus as corpus
+        import pytest_schedfuzz.cases.corpus as corpus
 
         def read_only(directory, case):
             raise PermissionError(errno.EACCES, "Permission denied")
@@ -279,7 +279,7 @@ def test_a_known_bug_does_not_mask_another_of_the_same_kind(fuzz, pytester: pyte
 @pytest.fixture(scope="module")
 def release_lib() -> Path:
     """Built before pytester moves HOME (and with it the build cache) to a fresh folder."""
-    from pytest_schedfuzz.build import build_ggml_base
+    from pytest_schedfuzz.ggml.build import build_ggml_base
 
     return build_ggml_base("ggml-0.25.3", build_type="Release")
 
@@ -349,7 +349,7 @@ def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_finding(monkeypatch:
     which the session went on to the next property (a dev run went on for 209 s). Now the first
     KeyboardInterrupt stops: no case runs after it, the smallest so far is returned to be saved,
     and ``interrupted`` tells the plugin (and the CLI) to stop there."""
-    from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
 
     fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=None, examples=50, seed=1))
     real, seen = fuzzer.check, {"failed": False, "after": 0}
@@ -373,7 +373,7 @@ def test_a_library_folder_without_ggml_source_runs_without_gpu_like_devices(pyte
     device against, so layouts have none, and the header says why; nothing fails for it."""
     import shutil
 
-    from pytest_schedfuzz.targets.ggml_lib import library_folder
+    from pytest_schedfuzz.ggml.lib import library_folder
 
     lib = pytester.mkdir("artifact")
     for f in library_folder("ggml-0.25.3").iterdir():

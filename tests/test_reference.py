@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_schedfuzz.models import ModelShape, llama_graph
-from pytest_schedfuzz.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
-from pytest_schedfuzz.trace import StepRecord
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.trace import StepRecord
+from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from reference.backends import Backends
 from reference.graph import CGraph, forward_order, tensor_graph
 from reference.params import can_reuse

@@ -17,16 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.build import (
-    PATCHES,
-    SEED_GGML,
-    SEED_LLAMA,
-    BuildError,
-    Patch,
-    build_llama_seed,
-    seed_patch_files,
-    source_tree,
-)
+from pytest_schedfuzz.ggml.build import PATCHES, SEED_GGML, SEED_LLAMA, BuildError, Patch, build_llama_seed, seed_patch_files, source_tree
 
 # a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
 CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
@@ -41,7 +32,7 @@ REUSE = b"%s: reusing scheduler: max_nodes = %zu (current max_nodes = %zu)\n"
 
 
 def _pristine_lib() -> Path:
-    from pytest_schedfuzz.targets.llama_target import default_lib_dir
+    from pytest_schedfuzz.llama.target import default_lib_dir
 
     return default_lib_dir()
 
@@ -141,9 +132,9 @@ def test_libllama_traces_and_counts_reallocations(seed_lib: Path) -> None:
 
 @pytest.mark.engine
 def test_the_names_resolve_to_the_build(seed_lib: Path) -> None:
-    from pytest_schedfuzz.build import build_fake_gpu, ggml_source_location
-    from pytest_schedfuzz.targets.ggml_lib import LibError, base_library, resolve_lib
-    from pytest_schedfuzz.targets.llama_target import resolve_lib_dir
+    from pytest_schedfuzz.ggml.build import build_fake_gpu, ggml_source_location
+    from pytest_schedfuzz.ggml.lib import LibError, base_library, resolve_lib
+    from pytest_schedfuzz.llama.target import resolve_lib_dir
 
     assert resolve_lib(SEED_GGML) == str(seed_lib)
     assert resolve_lib_dir(SEED_LLAMA) == seed_lib
@@ -170,20 +161,20 @@ def test_the_seed_is_compiled_as_the_pristine_build(seed_lib: Path) -> None:
 
 
 def _decode(*parts: tuple[int, int, str]):
-    from pytest_schedfuzz.llama import Call, Part
+    from pytest_schedfuzz.model.llama import Call, Part
 
     return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
 
 
 def _sampler_workload(*calls):
-    from pytest_schedfuzz.gguf_models import ModelSpec
-    from pytest_schedfuzz.llama import ContextParams, Devices, LlamaWorkload
+    from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
+    from pytest_schedfuzz.model.llama_model import ModelSpec
 
     return LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=1, backend_samplers=True, sampler_chain="top_k-greedy"), calls)
 
 
 def _run(lib: Path | str, workload):
-    from pytest_schedfuzz.targets.llama_target import LlamaTarget
+    from pytest_schedfuzz.llama.target import LlamaTarget
 
     target = LlamaTarget(lib_dir=str(lib))
     try:
@@ -198,8 +189,8 @@ def test_the_seed_keeps_its_scheduler_where_can_reuse_holds_and_ggml_and_llama_c
     fewer nodes, then as many as the scheduler has, so sched_new reuses it twice; the reuses
     are observed with the parameters llama.cpp asked for, every reallocation's decision comes
     from ggml's callback, llama.cpp's counters are read after each, and every property holds."""
-    from pytest_schedfuzz.llama import Call
-    from pytest_schedfuzz.llama_properties import LLAMA_CHECKS, scheduler_reuses
+    from pytest_schedfuzz.model.llama import Call
+    from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, scheduler_reuses
 
     w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=False), _decode((0, 1, "last")),
                           Call("set_sampler", seq=0, flag=True, chain="top_k-greedy"), _decode((0, 1, "last")))
@@ -220,8 +211,8 @@ def test_the_seed_keeps_its_scheduler_where_can_reuse_holds_and_ggml_and_llama_c
 def test_a_can_reuse_that_ignores_max_nodes_fails_llama_reuse_sound() -> None:
     """The same patches with the planted fault: a sampler chain that needs more nodes keeps the
     smaller scheduler. llama-reuse-sound names the kept and the asked max_nodes."""
-    from pytest_schedfuzz.llama import Call
-    from pytest_schedfuzz.llama_properties import llama_reuse_sound
+    from pytest_schedfuzz.model.llama import Call
+    from pytest_schedfuzz.properties.llama import llama_reuse_sound
 
     w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=True, chain="top_p-min_p-temp-dist"), _decode((0, 1, "last")))
     mutant = build_llama_seed((CAN_REUSE_IGNORES_MAX_NODES,))
@@ -235,10 +226,9 @@ def test_a_can_reuse_that_ignores_max_nodes_fails_llama_reuse_sound() -> None:
 def test_the_graph_engine_on_the_seed_ggml_reads_every_scheduler_realloc_from_the_callback() -> None:
     """ggml-0.25.3-seed as a graph engine: each re-reservation of the scheduler comes with ggml's
     own decision, and the engine still agrees with the reference."""
-    from reference.predict import predict
-
+    from pytest_schedfuzz.ggml.target import GgmlTarget
     from pytest_schedfuzz.properties import matches_reference
-    from pytest_schedfuzz.targets.ggml_target import GgmlTarget
+    from reference.predict import predict
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_corpus import topology_switch_case

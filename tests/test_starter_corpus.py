@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.corpus import Case, case_files, load_case
-from pytest_schedfuzz.driver import Driver
-from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
+from pytest_schedfuzz.sim.driver import Driver
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None]

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.models import ModelShape, llama_graph
-from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
-from pytest_schedfuzz.shapes import Geometry, new_tensor
-from pytest_schedfuzz.targets import Target, TargetError, Unsupported, load_target
-from pytest_schedfuzz.targets.ggml_target import GgmlTarget
-from pytest_schedfuzz.targets.rpc import free_port, port_accepts
-from pytest_schedfuzz.targets.schedlog import SchedLog
-from pytest_schedfuzz.targets.worker import GeometryMismatch, check_geometry
+from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
+from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
+from pytest_schedfuzz.ggml.schedlog import SchedLog
+from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.worker import GeometryMismatch, check_geometry
+from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.shapes import Geometry, new_tensor
+from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from reference.versions import rules_for
 
 RPC_CPU = BackendLayout.of("rpc", "cpu")
@@ -180,7 +180,7 @@ def test_step_timeout() -> None:
 
 
 def test_close_leaves_no_process() -> None:
-    t = load_target("pytest_schedfuzz.targets.ggml_target:GgmlTarget")
+    t = load_target("pytest_schedfuzz.ggml.target:GgmlTarget")
     assert isinstance(t, GgmlTarget) and isinstance(t, Target)
     layout = BackendLayout.of("rpc", "rpc", "cpu")
     spec = llama_graph(ModelShape(layer_devices=(0, 1), output_device=2, cpu_device=2), 4, 16)
@@ -260,7 +260,7 @@ def test_an_rpc_server_crash_is_charged_to_the_step_that_caused_it(lib: str) -> 
     after the compute charges the crash to that step. The next scenario runs on a fresh server."""
     from dataclasses import replace
 
-    from pytest_schedfuzz.corpus import load_case
+    from pytest_schedfuzz.cases.corpus import load_case
 
     case = load_case(next((Path(__file__).resolve().parent.parent / "corpus").glob("no-abort-*-4257100ce1.json")))
     assert case.scenario is not None

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_schedfuzz.build import build_ggml_base
-from pytest_schedfuzz.fuzz import FuzzConfig, Fuzzer
-from pytest_schedfuzz.mutants import MUTANTS
+from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.ggml.build import build_ggml_base
+from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import matches_reference, no_abort
-from pytest_schedfuzz.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
-from pytest_schedfuzz.targets.ggml_target import GgmlTarget
-from pytest_schedfuzz.trace import Trace
+from pytest_schedfuzz.tools.mutants import MUTANTS
 from reference.predict import predict
 from reference.versions import RULES, Rules, rules_for
 
@@ -183,7 +183,7 @@ def test_unknown_version_runs_with_the_nearest_rules() -> None:
 
 def test_matches_reference_compares_abort_messages() -> None:
     """Aborting at the predicted step is not enough: with another assert it is a finding."""
-    from pytest_schedfuzz.trace import Abort
+    from pytest_schedfuzz.model.trace import Abort
 
     sc = graph_inputs_31_parallel()
     prediction = predict(sc, rules=OLD)

@@ -1,0 +1,2 @@
+"""Fuzzing campaigns: the fuzz loop over Hypothesis, statistics, known bugs, crash confirmation
+and cause reruns."""

@@ -1,0 +1,1 @@
+"""Saved cases: the corpus files, minimization and drawing."""

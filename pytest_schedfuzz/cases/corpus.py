@@ -1,0 +1,268 @@
+"""The corpus: one JSON file per finding, saved atomically, checked on load, replayed, shrunk.
+
+A case holds the scenario (or, for the llama.cpp properties, the llama workload: model, devices,
+context parameters and calls), the property it broke, its failure signature (property id plus
+the distinguishing facts), the engine it was found on, and ``expect``: ``"pass"`` (the bug is
+fixed: the case guards against its return) or ``{"fail": reason}`` (a known engine bug that
+must keep failing until fixed). A failure can be scoped by ggml version: ``"since"`` (the first
+version with the bug) and ``"fixed_in"`` (the first without it) bound where it is expected;
+outside those bounds the case is a guard, e.g. ``{"fail": "...", "fixed_in": "0.25.3"}`` is an
+expected failure on 0.15.3 and must pass on 0.25.3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from reference.versions import version_key
+
+from ..files import atomic_write
+from ..model.llama import LlamaWorkload, WorkloadError
+from ..model.scenario import Scenario
+from ..model.shapes import SpecError, nelements
+from ..properties import PROPERTY_IDS
+from ..sim.driver import Workload
+
+CASE_VERSION = 1
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["format", "version", "property", "signature"],
+    "oneOf": [{"required": ["scenario"]}, {"required": ["llama"]}],
+    "properties": {
+        "format": {"const": "schedfuzz-case"},
+        "version": {"type": "integer"},
+        "property": {"enum": list(PROPERTY_IDS)},
+        "signature": {"type": "string"},
+        "message": {"type": "string"},
+        "step": {"type": "integer", "minimum": 0},
+        "seed": {"type": ["integer", "null"]},
+        "engine": {"type": "object", "additionalProperties": {"type": "string"}},
+        "expect": {
+            "oneOf": [
+                {"const": "pass"},
+                {
+                    "type": "object", "required": ["fail"], "additionalProperties": False,
+                    "properties": {
+                        "fail": {"type": "string"},
+                        "since": {"type": "string", "pattern": r"^\d+\.\d+(\.\d+)?$"},
+                        "fixed_in": {"type": "string", "pattern": r"^\d+\.\d+(\.\d+)?$"},
+                    },
+                },
+            ]
+        },
+        "workload": {"type": "object", "required": ["layout", "model", "n_ubatch", "events"]},
+        # options of the run that found it which change its verdict (replay honours them)
+        "options": {"type": "object", "additionalProperties": False, "properties": {"rereserve": {"type": "boolean"}}},
+        "llama": {"type": "object", "required": ["model", "ctx", "calls"], "properties": {"calls": {"type": "array", "items": {"type": "object", "required": ["kind"]}}}},
+        "scenario": {
+            "type": "object",
+            "required": ["version", "layout", "graphs", "steps"],
+            "properties": {
+                "layout": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind"]}},
+                "graphs": {"type": "object", "additionalProperties": {"type": "object", "required": ["tensors", "roots"]}},
+                "steps": {"type": "array", "items": {"type": "object", "required": ["kind"]}},
+            },
+        },
+    },
+}
+
+
+class CaseError(Exception):
+    """A corpus file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Case:
+    property: str
+    signature: str
+    scenario: Scenario | None  # None for a llama.cpp case
+    message: str = ""
+    step: int = 0
+    seed: int | None = None
+    engine: Mapping[str, str] = field(default_factory=dict)
+    expect: str | Mapping[str, str] = "pass"
+    workload: Workload | None = None  # driver properties: replayed through the current driver
+    path: Path | None = None
+    llama: LlamaWorkload | None = None  # llama.cpp properties: replayed on llama.cpp
+    options: Mapping[str, Any] = field(default_factory=dict)  # ``rereserve``: the driver's mode it was found in
+
+    @property
+    def expected_failure(self) -> str | None:
+        """The known bug's description, whatever the version (see ``expected_failure_on``)."""
+        return self.expect["fail"] if isinstance(self.expect, Mapping) else None
+
+    def expected_failure_on(self, version: str | None) -> str | None:
+        """The known bug's description if it is expected on ggml ``version``: inside the
+        ``since``/``fixed_in`` bounds; an unknown version counts as inside them.
+
+        >>> case = Case("no-abort", "s", None, expect={"fail": "bug", "fixed_in": "0.25.3"})
+        >>> case.expected_failure_on("0.15.3"), case.expected_failure_on("0.25.3")
+        ('bug', None)
+        """
+        if not isinstance(self.expect, Mapping):
+            return None
+        v = version_key(version)
+        if v is not None:
+            if "since" in self.expect and v < version_key(self.expect["since"]):  # type: ignore[operator]
+                return None
+            if "fixed_in" in self.expect and v >= version_key(self.expect["fixed_in"]):  # type: ignore[operator]
+                return None
+        return self.expect["fail"]
+
+    def expectation_on(self, version: str | None) -> str:
+        """``expect`` in words, for ``version``."""
+        why = self.expected_failure_on(version)
+        return f"fail: {why}" if why is not None else "pass"
+
+    def size(self) -> tuple[int, int, int, int]:
+        """(steps, op nodes, leafs, elements), over all graphs: what minimization reduces, in
+        that order; for a llama case: (calls, batch tokens, model layers, model weights)."""
+        if self.scenario is None:
+            assert self.llama is not None
+            return len(self.llama.calls), sum(c.n_tokens() for c in self.llama.calls), self.llama.model.n_layer, self.llama.model.n_params
+        graphs = [g for _, g in self.scenario.graphs]
+        elements = sum(nelements(geo) for g in graphs for geo in g.geometry.values())
+        return len(self.scenario.steps), sum(g.n_ops for g in graphs), sum(len(g.tensors) - g.n_ops for g in graphs), elements
+
+    def size_text(self) -> str:
+        """``size()`` in words: what the numbers count depends on the case kind."""
+        units = ("calls", "batch tokens", "layers", "weights") if self.scenario is None else ("steps", "nodes", "leafs", "elements")
+        return ", ".join(f"{n} {u}" for n, u in zip(self.size(), units, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "schedfuzz-case",
+            "version": CASE_VERSION,
+            "property": self.property,
+            "signature": self.signature,
+            "message": self.message,
+            "step": self.step,
+            "seed": self.seed,
+            "engine": dict(self.engine),
+            "expect": dict(self.expect) if isinstance(self.expect, Mapping) else self.expect,
+        } | ({"scenario": self.scenario.to_json()} if self.scenario is not None else {}) \
+          | ({"workload": self.workload.to_json()} if self.workload is not None else {}) \
+          | ({"llama": self.llama.to_json()} if self.llama is not None else {}) \
+          | ({"options": dict(self.options)} if self.options else {})
+
+    def file_name(self) -> str:
+        """``<signature as a slug>-<scenario hash>.json``, e.g.
+        ``no-same-size-realloc-explained-lost-73f51b5e50.json``."""
+        body = self.scenario.dumps() if self.scenario is not None else json.dumps(self.llama.to_json() if self.llama else {}, sort_keys=True)
+        digest = hashlib.sha1(body.encode()).hexdigest()[:10]
+        slug = re.sub(r"[^a-z0-9]+", "-", self.signature.lower()).strip("-")[:60].rstrip("-")
+        return f"{slug}-{digest}.json"
+
+
+def load_case(path: Path | str) -> Case:
+    """Read and check one case; any problem raises ``CaseError`` naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise CaseError(path, f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise CaseError(path, f"not UTF-8 text: byte {e.object[e.start]:#04x} at offset {e.start}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CaseError(path, f"not valid JSON (truncated?): {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise CaseError(path, "JSON nested too deeply to be a case") from None
+    if isinstance(data, dict) and isinstance(data.get("version"), int) and data["version"] > CASE_VERSION:
+        raise CaseError(path, f"case format version {data['version']} is newer than this schedfuzz reads ({CASE_VERSION}); upgrade schedfuzz")
+    try:
+        jsonschema.validate(data, SCHEMA)
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "the top level"
+        raise CaseError(path, f"does not match the case schema at {where}: {e.message}") from None
+    if data["version"] != CASE_VERSION:
+        raise CaseError(path, f"case format version {data['version']} is not supported (this schedfuzz reads {CASE_VERSION})")
+    scenario = llama = None
+    try:
+        if "scenario" in data:
+            scenario = Scenario.from_json(data["scenario"])
+    except SpecError as e:
+        raise CaseError(path, f"inconsistent scenario: {e}") from None
+    except (KeyError, TypeError, ValueError, RecursionError) as e:
+        raise CaseError(path, f"malformed scenario: {type(e).__name__}: {e}") from None
+    if "llama" in data:
+        if not data["property"].startswith("llama-"):
+            raise CaseError(path, f"a llama workload cannot replay property {data['property']!r}")
+        try:
+            llama = LlamaWorkload.from_json(data["llama"])
+        except WorkloadError as e:
+            raise CaseError(path, f"llama workload: {e}") from None
+    elif data["property"].startswith("llama-"):
+        raise CaseError(path, f"property {data['property']!r} needs a llama workload")
+    workload = None
+    if "workload" in data:
+        try:
+            workload = Workload.from_json(data["workload"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CaseError(path, f"malformed workload: {type(e).__name__}: {e}") from None
+    return Case(
+        property=data["property"],
+        signature=data["signature"],
+        scenario=scenario,
+        message=data.get("message", ""),
+        step=data.get("step", 0),
+        seed=data.get("seed"),
+        engine=data.get("engine", {}),
+        expect=data.get("expect", "pass"),
+        workload=workload,
+        path=path,
+        llama=llama,
+        options=data.get("options", {}),
+    )
+
+
+# the starter corpus: the known upstream bugs, known wherever the plugin runs (beside the
+# package in a checkout or an editable install)
+STARTER_CORPUS = Path(__file__).resolve().parents[2] / "corpus"
+
+
+def component(case: Case) -> str:
+    """Which part of ggml or llama.cpp a known bug is in (``component_of`` its finding)."""
+    return component_of(case.property, case.signature)
+
+
+def component_of(prop: str, signature: str) -> str:
+    """Which part of ggml or llama.cpp a finding is in, from what it says: the RPC backend (a
+    remote server failed), ggml-alloc (a kept plan's buffers, allocation), llama.cpp (its
+    graphs and calls), or the scheduler."""
+    if prop.startswith("llama-"):
+        return "llama.cpp"
+    if "ggml-rpc" in signature or "server=" in signature:
+        return "RPC backend"
+    if "plan=kept" in signature or "after=failed allocation" in signature or "ggml-alloc" in signature:
+        return "ggml-alloc"
+    return "scheduler"
+
+
+def save_case(directory: Path | str, case: Case) -> Path:
+    """Write ``case`` under ``directory`` atomically (a temporary file, then a rename), so that
+    concurrent writers (pytest-xdist workers) never leave a partial file or lose one."""
+    text = json.dumps(case.to_json(), indent=1, sort_keys=True) + "\n"
+    return atomic_write(Path(directory) / case.file_name(), lambda tmp: tmp.write_text(text))
+
+
+def case_files(directory: Path | str) -> Iterator[Path]:
+    """Every case file of a corpus directory, in a stable order (temporary files excluded)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        yield from sorted(p for p in directory.glob("*.json") if not p.name.startswith(".tmp-"))

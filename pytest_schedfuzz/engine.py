@@ -1,0 +1,44 @@
+"""Targets: the engines a scenario runs on. ``ggml_target.GgmlTarget`` runs the real ggml.
+
+A target takes a ``Scenario`` and returns the ``Trace`` of what the engine did. Targets are
+named ``module:factory`` (``load_target``), e.g. ``pytest_schedfuzz.ggml.target:GgmlTarget``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol, runtime_checkable
+
+from .model.scenario import Scenario
+from .model.trace import Trace
+
+
+@runtime_checkable
+class Target(Protocol):
+    def run(self, scenario: Scenario) -> Trace:
+        """Run every step of ``scenario``; an engine abort/crash/hang ends the trace early."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (child processes, servers)."""
+        ...
+
+
+class Unsupported(Exception):
+    """The target cannot run this scenario (e.g. a BLAS backend in a ggml built without it)."""
+
+
+class TargetError(RuntimeError):
+    """The target itself failed: the harness, not the engine under test (e.g. a shape mismatch)."""
+
+
+def load_target(spec: str) -> Target:
+    """Build a target from ``"package.module:factory"``, calling ``factory()`` with no arguments."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"target {spec!r} must be written module:factory")
+    factory = getattr(importlib.import_module(module_name), attr)
+    target = factory()
+    if not isinstance(target, Target):
+        raise TypeError(f"{spec} built a {type(target).__name__}, which has no run(scenario)/close()")
+    return target

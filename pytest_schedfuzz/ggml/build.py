@@ -1,0 +1,288 @@
+"""Building a built-in ggml again from its vendored source, with patches: a scheduler with a
+planted bug (the gate's own test, mutation testing) that loads like any user's build.
+
+Only ``libggml-base`` (which holds ``ggml-backend.cpp`` and ``ggml-alloc.c``: the scheduler and
+the allocator) is rebuilt; the folder made for ``--schedfuzz-lib`` links the built-in ggml's
+other libraries (CPU, RPC, the registry) beside it, which load the new base by its soname.
+Sources are the source distributions the install built from, fetched once with
+``pip download`` and cached (``$SCHEDFUZZ_CACHE``); builds are cached by their patches.
+
+``build_llama_seed`` builds the third built-in llama.cpp, ``llama.cpp-0.3.36-seed``: the
+llama.cpp vendored in llama-cpp-python 0.3.36 with the project's own patch set of the seeds'
+change (``patches/llama.cpp-0.3.36-seed/*.patch``: ggml's realloc callback, llama.cpp's
+``sched_new``, realloc counters and ``sched_params::can_reuse``), libllama and all of its ggml
+(``ggml-0.25.3-seed`` as a graph engine), configured as llama-cpp-python's install configures it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..files import atomic_write, cache_dir
+from .lib import base_library, library_folder
+
+# built-in ggml -> (distribution, version, the ggml folder inside its source distribution)
+SOURCES = {
+    "ggml-0.25.3": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp/ggml"),
+    "ggml-0.15.3": ("ggml-python", "0.0.45", "vendor/ggml"),
+    "llama.cpp-0.3.36": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp"),
+}
+
+# the seeds' system: llama.cpp 0.3.36 with the patch set of patches/<SEED_LLAMA>/, and its ggml
+SEED_LLAMA = "llama.cpp-0.3.36-seed"
+SEED_GGML = "ggml-0.25.3-seed"
+SEED_BASE = "llama.cpp-0.3.36"  # the source it patches
+PATCHES = Path(__file__).resolve().parents[1] / "llama" / "patches"
+# llama-cpp-python's configuration (its CMakeLists.txt and requirements.txt's config settings:
+# Debug, shared libraries, RPC, the native CPU backend of ggml's default, RUNPATH $ORIGIN), less
+# what it builds beside libllama (common, llava/mtmd); tests, tools, examples, server, app off
+SEED_CMAKE_FLAGS = (
+    "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_MTMD=OFF",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+)
+# the libraries the seed build must leave (libllama and the ggml it links)
+SEED_LIBRARIES = ("libllama", "libggml-base", "libggml-cpu", "libggml", "libggml-rpc")
+# top-level folders of the llama.cpp source that no library build reads
+_UNUSED_SOURCE = {"models", "docs", "media", "benches", ".github", ".devops"}
+
+
+class BuildError(RuntimeError):
+    """Fetching, patching or compiling failed; the message holds the tool's own output."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace the one occurrence of ``old`` by ``new`` in ``file``: relative to the ggml folder
+    for ``build_ggml_base`` (``src/ggml-backend.cpp``), to the llama.cpp folder for
+    ``build_llama_seed`` (``src/llama-context.h``, ``ggml/src/ggml-backend.cpp``)."""
+
+    file: str
+    old: str
+    new: str
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> None:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise BuildError(f"{cmd[0]}: no such program (needed to build: install it)") from None
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+
+
+def source_tree(name: str) -> Path:
+    """The ggml folder of built-in ``name``'s source distribution (downloaded once)."""
+    if name not in SOURCES:
+        raise BuildError(f"no source for {name!r}: choose one of {', '.join(SOURCES)}")
+    dist, version, inner = SOURCES[name]
+    root = cache_dir() / "src" / f"{dist}-{version}"
+    if not (root / inner).is_dir():
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, f"{dist}=={version}"])
+            archive = next(Path(tmp).glob("*.tar.gz"), None)
+            if archive is None:
+                raise BuildError(f"pip download {dist}=={version} gave no source archive")
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp, filter="data")
+            extracted = next(p for p in Path(tmp).iterdir() if p.is_dir())
+            root.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                extracted.rename(root)
+            except OSError:  # another process extracted it first
+                pass
+    return root / inner
+
+
+def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str = "Debug") -> Path:
+    """A library folder for ``--schedfuzz-lib``: built-in ``name`` with ``libggml-base`` rebuilt
+    from its source with ``patches`` applied (Debug, as the install builds it; ``Release``
+    compiles out the scheduler's debug logging). Cached."""
+    key = hashlib.sha1(json.dumps([name, [asdict(p) for p in patches], build_type]).encode()).hexdigest()[:16]
+    out = cache_dir() / "builds" / f"{name}-{key}"
+    if (out / "lib" / "BUILT").exists():
+        return out / "lib"
+    installed = library_folder(name)
+    src = source_tree(name)
+    shutil.rmtree(out, ignore_errors=True)
+    work = out / "ggml"
+    shutil.copytree(src, work, symlinks=True)
+    if not (work / "ggml.pc.in").exists():  # left out of llama-cpp-python's sdist; only installs use it
+        (work / "ggml.pc.in").write_text("Name: ggml\nDescription: ggml\nVersion: @GGML_VERSION@\n")
+    _replace(work, patches)
+    build = out / "build"
+    _run(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
+          "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF"])
+    _run(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
+    built = sorted(build.rglob("libggml-base.so*"))
+    if not built:
+        raise BuildError(f"the build left no libggml-base.so under {build}")
+    lib = out / "lib"
+    lib.mkdir()
+    for f in installed.iterdir():
+        if f.name.startswith("lib") and ".so" in f.name and not f.name.startswith("libggml-base."):
+            (lib / f.name).symlink_to(f.resolve())
+    for f in built:
+        shutil.copy2(f, lib / f.name, follow_symlinks=True)
+    shutil.rmtree(work)
+    shutil.rmtree(build)
+    (lib / "BUILT").write_text(json.dumps([name, [asdict(p) for p in patches]], indent=1) + "\n")
+    return lib
+
+
+def _replace(root: Path, patches: tuple[Patch, ...]) -> None:
+    """Apply ``patches`` in order to the tree at ``root``; ``BuildError`` when a text is not there once."""
+    for p in patches:
+        path = root / p.file
+        text = path.read_text()
+        if text.count(p.old) != 1:
+            raise BuildError(f"{p.file}: the text to replace occurs {text.count(p.old)} times, not once: {p.old!r}")
+        path.write_text(text.replace(p.old, p.new))
+
+
+def seed_patch_files() -> tuple[Path, ...]:
+    """The seeds' patch set for llama.cpp 0.3.36, in the order it applies (``NNNN-*.patch``)."""
+    files = tuple(sorted((PATCHES / SEED_LLAMA).glob("*.patch")))
+    if not files:
+        raise BuildError(f"no patches in {PATCHES / SEED_LLAMA} (an install without the package's patch files?)")
+    return files
+
+
+def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -> Path:
+    """The library folder of ``llama.cpp-0.3.36-seed``: the llama.cpp (and ggml) vendored in
+    llama-cpp-python 0.3.36 with ``seed_patch_files()`` applied in order (``patch -p1``, exactly:
+    no fuzz), then ``extra`` (planted faults, e.g. a ``can_reuse`` that ignores ``max_nodes``),
+    configured as llama-cpp-python's install is (``SEED_CMAKE_FLAGS``) and built for the ``llama``
+    target. The folder holds ``libllama.so``, ``libggml-base.so``, ``libggml-cpu.so``,
+    ``libggml.so``, ``libggml-rpc.so`` with their sonamed versions (RUNPATH ``$ORIGIN``) and
+    ``BUILT``; the patched ggml source (``include/``, ``src/``) stays in ``../ggml`` for the
+    GPU-like device (``ggml_source_location``). Cached by the patch files' bytes, ``extra``,
+    the build type and flags; one process builds it while the others wait. ``BuildError`` with
+    the tool's output otherwise."""
+    patches = seed_patch_files()
+    flags = [f"-DCMAKE_BUILD_TYPE={build_type}", *SEED_CMAKE_FLAGS]
+    key = hashlib.sha1(json.dumps([SEED_LLAMA, [[p.name, hashlib.sha1(p.read_bytes()).hexdigest()] for p in patches],
+                                   [asdict(p) for p in extra], flags]).encode()).hexdigest()[:16]
+    out = cache_dir() / "builds" / f"{SEED_LLAMA}-{key}"
+    lib = out / "lib"
+    if (lib / "BUILT").exists():
+        return lib
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent caller waits here for the same build
+        if (lib / "BUILT").exists():
+            return lib
+        if shutil.which("patch") is None:
+            raise BuildError("patch: no such program (needed to apply the seeds' patch set: install patch)")
+        src = source_tree(SEED_BASE)
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.monotonic()
+        try:
+            work, build = out / "llama.cpp", out / "build"
+            shutil.copytree(src, work, symlinks=True,
+                            ignore=lambda d, names: [n for n in names if Path(d) == src and n in _UNUSED_SOURCE])
+            for p in patches:
+                _run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(p)], cwd=work)
+            _replace(work, extra)
+            _run(["cmake", "-S", str(work), "-B", str(build), *flags])
+            _run(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
+            built = [f for f in sorted((build / "bin").glob("lib*.so*")) if f.name.split(".so", 1)[0] in SEED_LIBRARIES]
+            missing = [n for n in SEED_LIBRARIES if not any(f.name == n + ".so" for f in built)]
+            if missing:
+                raise BuildError(f"the build left no {', '.join(n + '.so' for n in missing)} in {build / 'bin'}")
+            lib.mkdir()
+            for f in built:
+                shutil.copy2(f, lib / f.name, follow_symlinks=False)  # libX.so -> libX.so.0 -> libX.so.0.25.3
+            ggml_src = work / "ggml" / "src"
+            shutil.copytree(work / "ggml" / "include", out / "ggml" / "include")
+            shutil.copytree(ggml_src, out / "ggml" / "src", ignore=lambda d, names: [
+                n for n in names if Path(d) == ggml_src and (ggml_src / n).is_dir() and n not in ("ggml-cpu", "ggml-rpc")])
+            shutil.rmtree(work)
+            shutil.rmtree(build)
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+        (lib / "BUILT").write_text(json.dumps([SEED_GGML, {
+            "llama.cpp": SEED_LLAMA, "source": SEED_BASE, "patches": [p.name for p in patches],
+            "extra": [asdict(p) for p in extra], "cmake": flags, "ggml_source": "../ggml",
+            "build_seconds": round(time.monotonic() - t0, 1)}], indent=1) + "\n")
+    return lib
+
+
+FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")
+
+
+def ggml_source_for(lib_file: str) -> Path:
+    """The ggml source folder (``include/``, ``src/``) that the library file ``lib_file`` was
+    built from: a built-in's source distribution, the source a ``build_ggml_base`` folder names,
+    the patched source a ``build_llama_seed`` folder keeps, or the checkout above a user's build
+    folder. ``BuildError`` naming ``lib_file`` otherwise."""
+    where = ggml_source_location(lib_file)
+    return source_tree(where) if isinstance(where, str) else where
+
+
+def ggml_source_location(lib_file: str) -> str | Path:
+    """Where ``ggml_source_for`` finds the source, without fetching anything: a built-in's name
+    (its source distribution, fetched on first use) or a folder; ``BuildError`` if nowhere."""
+    path = Path(lib_file).resolve()
+    built = path.parent / "BUILT"
+    if built.exists():
+        kept = path.parent.parent / "ggml"  # build_llama_seed keeps its patched ggml source there
+        if _is_ggml_source(kept):
+            return kept
+        name = str(json.loads(built.read_text())[0])
+        if name not in SOURCES:
+            raise BuildError(f"{lib_file}: its build ({name}) kept no ggml source in {kept}; build it again")
+        return name
+    if "/site-packages/llama_cpp/" in str(path):
+        return "ggml-0.25.3"
+    if "/site-packages/ggml/" in str(path):
+        return "ggml-0.15.3"
+    for folder in path.parents:
+        for root in (folder, folder / "ggml"):
+            if _is_ggml_source(root):
+                return root
+    raise BuildError(f"{lib_file}: no ggml source (include/ggml.h and src/ggml-backend-impl.h) in a folder above it, "
+                     "to build the GPU-like device against; build ggml inside its checkout")
+
+
+def _is_ggml_source(root: Path) -> bool:
+    return (root / "src" / "ggml-backend-impl.h").exists() and (root / "include" / "ggml.h").exists()
+
+
+def build_fake_gpu(lib_file: str) -> Path:
+    """``libschedfuzz-fake-gpu.so`` (``ggml/fake_gpu.c``) compiled against the headers of the
+    ggml that ``lib_file`` (a ``libggml-base``) was built from; cached by the source and headers.
+    It links that ``libggml-base`` (by soname where it has one, which a process that has loaded
+    it then shares; by this folder, the rpath, otherwise), so it is built per library folder."""
+    src = ggml_source_for(lib_file)
+    impl = (src / "src" / "ggml-backend-impl.h").read_text()
+    headers = [src / "src" / "ggml-backend-impl.h", src / "src" / "ggml-impl.h", src / "include" / "ggml.h", src / "include" / "ggml-backend.h"]
+    lib_dir = Path(lib_file).resolve().parent
+    digest = hashlib.sha1(FAKE_GPU_SOURCE.read_bytes() + b"".join(h.read_bytes() for h in headers) + str(lib_dir).encode()).hexdigest()[:16]
+    out = cache_dir() / "fake_gpu" / digest / "libschedfuzz-fake-gpu.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise BuildError("no C compiler (cc/gcc) to build the GPU-like device: install gcc")
+    flags = ["-DSCHEDFUZZ_OPTIMIZE_PARAMS"] if "ggml_backend_graph_optimize_params" in impl else []
+    linked = base_library(lib_dir).name
+
+    def compile_to(tmp: Path) -> None:
+        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", *flags, "-I", str(src / "include"), "-I", str(src / "src"),
+              "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{linked}", f"-Wl,-rpath,{lib_dir}", "-lpthread"])
+
+    return atomic_write(out, compile_to, 0o777)

@@ -1,0 +1,303 @@
+"""``GgmlTarget``: runs scenarios on the real ggml, in a worker process, with local RPC servers.
+
+The parent never loads ggml. It keeps one worker (``worker.py``) and a pool of RPC servers
+(``rpc.RpcServers``, grown to the largest number of RPC backends asked so far), sends each
+scenario to the worker and collects its step records. When ggml aborts, crashes or a step
+runs past ``step_timeout``, the worker is killed, the trace ends with an ``Abort``, and the
+next scenario gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from typing import IO, Any
+
+from ..engine import TargetError, Unsupported
+from ..model.scenario import Scenario
+from ..model.trace import Abort, Trace
+from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
+from .lib import LIB_ENV, child_env, resolve_lib
+from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spawn
+
+
+class WorkerGone(Exception):
+    """The worker closed its protocol channel (it exited or died)."""
+
+
+class WorkerTimeout(Exception):
+    """No message from the worker within the allowed time."""
+
+
+class _Unreachable(Exception):
+    """The worker found no RPC server at this endpoint."""
+
+
+class Worker:
+    """One worker process: JSON requests on its stdin, JSON lines from its stdout, stderr to a file."""
+
+    def __init__(self, env: dict[str, str], module: str = "pytest_schedfuzz.ggml.worker") -> None:
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()
+        self.proc = spawn(
+            [sys.executable, "-m", module],
+            with_preload(dict(env), build_preload(CRASH_HOOK)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._out, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._out, selectors.EVENT_READ)
+        self._buf = b""
+
+    @staticmethod
+    def start(env: dict[str, str], module: str, timeout: float, what: str) -> tuple[Worker, dict[str, str]]:
+        """A started worker and its ``hello`` (engine info); a ``TargetError`` with the worker's
+        own words if it dies, refuses (``fatal``) or is silent for ``timeout`` s."""
+        worker = Worker(env, module)
+        try:
+            msg = worker.recv(timeout)
+        except (WorkerGone, WorkerTimeout) as e:
+            how = "did not start in time" if isinstance(e, WorkerTimeout) else worker.death()
+            tail = worker.stderr_tail()
+            worker.close()
+            raise TargetError(f"the {what} worker {how}:\n{tail}") from None
+        if "hello" not in msg:
+            worker.close()
+            raise TargetError(f"the {what} worker refused to run: {msg.get('fatal', msg)}")
+        return worker, dict(msg["hello"])
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        """The next message; ``WorkerGone`` when the worker is gone, ``WorkerTimeout`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sel.select(left):
+                raise WorkerTimeout()
+            chunk = os.read(self._out, 1 << 16)
+            if not chunk:
+                raise WorkerGone()
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def stderr_tail(self, n: int = 3000) -> str:
+        self.stderr.seek(0, os.SEEK_END)
+        size = self.stderr.tell()
+        self.stderr.seek(max(0, size - n))
+        return self.stderr.read().decode(errors="replace")
+
+    def crash_report(self) -> str:
+        """How the worker died, the top of its C stack where it died of a signal
+        (``crash_hook.c``), and the last of its stderr."""
+        death = self.death()
+        tail = self.stderr_tail(20000)
+        stack = stack_line(tail)
+        shown = re.sub(r"schedfuzz-frame .*\n|schedfuzz-crash.*\n", "", tail)[-3000:]
+        return "\n".join(x for x in (death, stack, shown) if x)
+
+    def death(self) -> str:
+        """Reap the process and say how it ended."""
+        try:
+            code = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            code = self.proc.wait()
+        return f"the worker {describe_exit(code)}"
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        kill_group(self.proc)
+        self._sel.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.stderr.close()
+
+
+class WorkerTarget(ABC):
+    """What both real targets share: a worker process started on demand (``_start_worker``),
+    RPC servers, and their shutdown."""
+
+    engine: dict[str, str]
+    servers: RpcServers
+    _worker: Worker | None
+
+    @abstractmethod
+    def _start_worker(self) -> Worker:
+        """Start the target's worker process and read its hello."""
+
+    def start(self) -> dict[str, str]:
+        """Start the worker now (it otherwise starts with the first run); the engine's description."""
+        if self._worker is None:
+            self._worker = self._start_worker()
+        return self.engine
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self.servers.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GgmlTarget(WorkerTarget):
+    """The real ggml engine: ``lib`` is what ``--schedfuzz-lib`` takes (``ggml-0.25.3``,
+    ``ggml-0.15.3`` or a build's folder, see ``ggml_lib.resolve_lib``); it defaults to
+    ``$SCHEDFUZZ_GGML_LIB``, then to the newest built-in ggml. ``step_timeout`` bounds each step (and the
+    setup of a scenario's backends); ``start_timeout`` bounds the worker's startup probe.
+    ``engine`` describes the loaded ggml once the worker has started. ``debug_realloc`` runs
+    ggml with ``GGML_SCHED_DEBUG_REALLOC=1``: ggml's own check, which aborts on a same-size
+    realloc in ``ggml_backend_sched_alloc_splits`` (an independent oracle for that property).
+    """
+
+    def __init__(
+        self,
+        lib: str | None = None,
+        step_timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        rpc_threads: int = 2,
+        bare: bool = False,
+        debug_realloc: int = 0,
+    ) -> None:
+        self.lib_dir = resolve_lib(lib or os.environ.get(LIB_ENV))
+        self.step_timeout = step_timeout
+        self.bare = bare  # benchmarks: the scheduler without debug output, no splits recorded
+        self.debug_realloc = debug_realloc
+        self.start_timeout = start_timeout
+        self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
+        self.engine: dict[str, str] = {}
+        self._worker: Worker | None = None
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._worker.proc.pid if self._worker is not None else None
+
+    def _start_worker(self) -> Worker:
+        env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
+        env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it turns same-size reallocations into aborts
+        if self.debug_realloc:
+            env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
+        if self.bare:
+            env.pop("GGML_SCHED_DEBUG", None)
+        worker, self.engine = Worker.start(env, "pytest_schedfuzz.ggml.worker", self.start_timeout, "ggml")
+        return worker
+
+    def run(self, scenario: Scenario) -> Trace:
+        """Run ``scenario``; a worker or RPC server killed from outside (``SIGKILL``/``SIGTERM``:
+        an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
+        ``TargetError`` if that happens again."""
+        for attempt in range(2):
+            trace, infra = self._run_once(scenario)
+            if infra is None:
+                return trace
+            if attempt:
+                raise TargetError(f"infrastructure fault, twice in a row (not ggml): {infra}")
+        raise AssertionError("unreachable")
+
+    def _run_once(self, scenario: Scenario) -> tuple[Trace, str | None]:
+        for attempt in range(2):
+            endpoints = self.servers.ensure(scenario.layout.n_rpc)
+            if self._worker is not None and self._worker.proc.poll() is not None:
+                self._worker.close()  # died while idle (killed from outside)
+                self._worker = None
+            if self._worker is None:
+                self._worker = self._start_worker()
+            worker = self._worker
+            records: list[dict[str, Any]] = []
+            try:
+                worker.send({"scenario": scenario.to_json(), "endpoints": endpoints})
+                abort = self._collect(worker, records)
+                break
+            except _Unreachable as e:
+                if attempt:
+                    raise TargetError(f"the RPC server at {e} does not answer, even after a restart") from None
+                self.servers.restart(str(e))
+            except (Unsupported, TargetError):
+                raise  # the worker reported it and waits for the next scenario
+            except OSError as e:  # the pipe to a worker that was just killed
+                self._worker = None
+                worker.close()
+                return self._trace(records, None), f"the ggml worker's pipe closed ({e})"
+            except BaseException:
+                # an unexpected message, or interrupted: the worker is out of step with us
+                self._worker = None
+                worker.close()
+                raise
+        if abort is None:
+            # a server that died without the worker noticing (its last reply was already in)
+            # died during this scenario: it is charged here, not to the next one
+            if scenario.layout.n_rpc and self.servers.dead(grace=0):
+                killed = self.servers.killed()
+                if killed:
+                    return self._trace(records, None), "; ".join(killed)
+                abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(self.servers.dead(grace=0)))
+            else:
+                return self._trace(records, None), None
+        # ggml aborted, the worker crashed or hung: this worker is done, the next run starts another
+        self._worker = None
+        code = worker.proc.poll()
+        worker.close()
+        if abort.kind == "crash" and code is not None and -code in KILLED_FROM_OUTSIDE:
+            return self._trace(records, None), f"the ggml worker was killed by {signal.Signals(-code).name}"
+        killed = self.servers.killed()
+        if killed:
+            return self._trace(records, None), "; ".join(killed)
+        dead = self.servers.dead()  # an RPC server crash shows in the worker as an abort
+        if dead:
+            abort = Abort(abort.step, abort.kind, abort.message + "\n" + "\n".join(dead))
+        if abort.kind == "timeout":
+            self.servers.close()  # a server may be the one that hangs: start afresh
+        return self._trace(records, abort), None
+
+    def _collect(self, worker: Worker, records: list[dict[str, Any]]) -> Abort | None:
+        """Read the worker's messages for one scenario into ``records``; the ``Abort`` if it ended early."""
+        while True:
+            try:
+                msg = worker.recv(self.step_timeout)
+            except WorkerTimeout:
+                return Abort(len(records), "timeout", f"step {len(records)} did not finish within {self.step_timeout:g} s")
+            except WorkerGone:
+                return Abort(len(records), "crash", worker.crash_report())
+            if "record" in msg:
+                records.append(msg["record"])
+            elif "done" in msg:
+                return None
+            elif "abort" in msg:
+                return Abort(int(msg["abort"]["step"]), "abort", msg["abort"]["message"])
+            elif "unsupported" in msg:
+                raise Unsupported(msg["unsupported"])
+            elif "unreachable" in msg:
+                raise _Unreachable(msg["unreachable"])
+            elif "error" in msg:
+                raise TargetError(f"the ggml worker failed at step {msg['error']['step']}:\n{msg['error']['message']}")
+            else:
+                raise RuntimeError(f"unexpected message from the ggml worker: {msg}")
+
+    def _trace(self, records: list[dict[str, Any]], abort: Abort | None) -> Trace:
+        trace = Trace.from_json({"records": records, "engine": self.engine})
+        return Trace(trace.records, abort, trace.engine)

@@ -1,0 +1,115 @@
+"""The values oracle's data: what every leaf holds, derived from the scenario alone, and the
+comparison of a scheduled compute with the same graph computed on the CPU backend alone.
+
+* Weights and caches are filled once per scenario, inputs at every compute step, from a seed
+  derived from the scenario's JSON and the tensor's name (and the step, for inputs): a finding
+  replays from its corpus file alone.
+* Floats are uniform in [-1, 1) (f16 rounded), q8_0 blocks a small scale and random quants.
+  Index inputs count up modulo the smallest range their consumers accept (rows of ``get_rows``'
+  table and ``set_rows``' destination, experts of ``mul_mat_id``), so that ``set_rows`` never
+  writes one row twice (which threads would race on). Rope frequency factors are ones.
+* The comparison is bitwise: the scheduled graph runs the CPU's kernels everywhere (RPC servers
+  and the GPU-like device compute with the CPU backend, with the same thread count), except
+  BLAS, whose matmuls round differently: with BLAS in the layout, floats compare with
+  ``BLAS_RTOL``/``BLAS_ATOL``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..model.scenario import GraphSpec, Scenario, TensorSpec
+from ..model.shapes import Geometry, nbytes, nelements
+
+BLAS_RTOL, BLAS_ATOL = 1e-3, 1e-4
+# how far positions count before wrapping (rope reads any position)
+POSITION_RANGE = 1 << 16
+
+
+def scenario_seed(scenario: Scenario) -> int:
+    """A 64-bit seed from the scenario's JSON."""
+    text = json.dumps(scenario.to_json(), sort_keys=True).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+
+
+def _rng(seed: int, *key: object) -> np.random.Generator:
+    digest = hashlib.sha256(repr((seed, *key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def index_ranges(spec: GraphSpec) -> dict[str, int]:
+    """For each integer input: the smallest index range over its consumers."""
+    geo = spec.geometry
+    out: dict[str, int] = {}
+    for t in spec.tensors:
+        slots = {"get_rows": ((1, 0, 1),), "set_rows": ((2, 0, 1),), "mul_mat_id": ((2, 0, 2),), "rope": ((1, None, 0),)}.get(t.op, ())
+        for arg, table, dim in slots:
+            name = t.args[arg]
+            if name is None:
+                continue
+            limit = POSITION_RANGE if table is None else geo[t.args[table]].ne[dim]  # type: ignore[index]
+            out[name] = min(out.get(name, limit), limit)
+    return out
+
+
+def fill(geo: Geometry, rng: np.random.Generator, index_range: int | None = None, ones: bool = False) -> bytes:
+    """The bytes of a contiguous tensor of ``geo``'s type and shape."""
+    n = int(np.prod(geo.ne))
+    if geo.type in ("i32", "i64"):
+        values = np.arange(n) % (index_range or POSITION_RANGE)
+        return values.astype(np.int32 if geo.type == "i32" else np.int64).tobytes()
+    if geo.type == "q8_0":
+        blocks = n // 32
+        out = np.zeros(blocks, dtype=[("d", np.float16), ("qs", np.int8, 32)])
+        out["d"] = rng.uniform(0.001, 0.01, blocks).astype(np.float16)
+        out["qs"] = rng.integers(-127, 128, (blocks, 32), dtype=np.int8)
+        return out.tobytes()
+    values = np.ones(n) if ones else rng.uniform(-1.0, 1.0, n)
+    return values.astype(np.float32 if geo.type == "f32" else np.float16).tobytes()
+
+
+def leaf_bytes(seed: int, spec: GraphSpec, t: TensorSpec, step: int, ranges: Mapping[str, int], ones: bool = False) -> bytes:
+    """What leaf ``t`` holds: weights and caches per scenario, inputs per compute step."""
+    key = (t.name,) if t.role in ("weight", "cache") else (t.name, step)
+    return fill(spec.geometry[t.name], _rng(seed, *key), ranges.get(t.name), ones)
+
+
+def undetermined(spec: GraphSpec) -> str | None:
+    """Why ``spec``'s values are not determined, if they are not: a ``set_rows`` with more
+    indices than its destination has rows writes some row twice, from threads that race (only
+    a minimized case gets there: the generators keep caches as long as a batch)."""
+    geo = spec.geometry
+    for t in spec.tensors:
+        if t.op == "set_rows" and nelements(geo[t.args[2]]) > geo[t.args[0]].ne[1]:  # type: ignore[index]
+            return f"{t.name} writes {nelements(geo[t.args[2]])} rows into {geo[t.args[0]].ne[1]}"  # type: ignore[index]
+    return None
+
+
+def compared(spec: GraphSpec) -> list[str]:
+    """The tensors whose values a compute step must get right: the roots and the outputs (the
+    allocator keeps both; every other node's memory may be reused) and every cache."""
+    names = list(dict.fromkeys([*spec.roots, *(t.name for t in spec.tensors if t.output)]))
+    return names + [t.name for t in spec.tensors if t.role == "cache" and t.name not in names]
+
+
+def difference(name: str, geo: Geometry, got: bytes, want: bytes, tolerant: bool) -> str:
+    """"" if ``got`` equals ``want`` (bitwise, or within the BLAS tolerance), else the first
+    difference in the scheduler's terms."""
+    if got == want:
+        return ""
+    what = f"{name} ({geo.type} {list(geo.ne)}, {nbytes(geo)} bytes)"
+    if geo.type not in ("f32", "f16"):
+        first = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+        return f"{what}: differs from the CPU-only result from byte {first} on"
+    dtype = np.float32 if geo.type == "f32" else np.float16
+    a, b = np.frombuffer(got, dtype).astype(np.float64), np.frombuffer(want, dtype).astype(np.float64)
+    if tolerant and np.allclose(a, b, rtol=BLAS_RTOL, atol=BLAS_ATOL, equal_nan=True):
+        return ""
+    bad = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b))))
+    k = int(bad[0])
+    return (f"{what}: {len(bad)} of {a.size} elements differ from the CPU-only result, the first at flat index {k}: "
+            f"scheduled {a[k]:.6g}, CPU-only {b[k]:.6g} (max |diff| {np.nanmax(np.abs(a[bad] - b[bad])):.3g})")

@@ -1,0 +1,129 @@
+"""GGUF files of the tiny models (``model.llama_model``), written with the ``gguf`` package's own
+writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
+per spec, written atomically so that pytest-xdist workers can share the cache), and LoRA
+adapters for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from ..files import atomic_write
+from ..model.llama_model import BOS_ID, EOS_ID, TOKENS, UNK_ID, WORD_PIECES, LoraSpec, ModelSpec
+
+
+def write_model(spec: ModelSpec, cache_dir: Path) -> Path:
+    """The GGUF file of ``spec`` under ``cache_dir``, written only if it is not there yet.
+
+    Written to a temporary file in the same directory, then renamed into place, so concurrent
+    writers and readers never see a partial file; the same spec always gives the same bytes.
+    """
+    spec.validate()
+    cache_dir = Path(cache_dir)
+    target = cache_dir / spec.file_name()
+    if target.exists():
+        return target
+    return atomic_write(target, lambda tmp: _write_gguf(spec, tmp))
+
+
+def _write_gguf(spec: ModelSpec, path: Path) -> None:
+    w = gguf.GGUFWriter(path, spec.arch)
+    w.add_name(f"schedfuzz tiny {spec.kind}")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_rope_dimension_count(spec.head_dim)  # llama.cpp's "llama" loader requires n_rot == head dim
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    if spec.kind == "moe":
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+
+    w.add_tokenizer_model("llama")
+    w.add_token_list(list(TOKENS))
+    w.add_token_scores([0.0] * (len(TOKENS) - len(WORD_PIECES)) + [-float(i) for i in range(len(WORD_PIECES))])
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(WORD_PIECES)
+    w.add_token_types(types)
+    w.add_unk_token_id(UNK_ID)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+
+    # numpy shapes are ggml's ne reversed: ne {n_embd, n_vocab} is shape (n_vocab, n_embd)
+    rng = np.random.default_rng(spec.seed)
+
+    def weight(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+
+    def norm() -> np.ndarray:
+        return np.ones(spec.n_embd, dtype=np.float32)
+
+    e, kv, ff, x = spec.n_embd, spec.head_dim * spec.n_head_kv, spec.n_ff, spec.n_expert
+    w.add_tensor("token_embd.weight", weight(spec.n_vocab, e))
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm())
+        w.add_tensor(p + "attn_q.weight", weight(e, e))
+        w.add_tensor(p + "attn_k.weight", weight(kv, e))
+        w.add_tensor(p + "attn_v.weight", weight(kv, e))
+        w.add_tensor(p + "attn_output.weight", weight(e, e))
+        w.add_tensor(p + "ffn_norm.weight", norm())
+        if spec.kind == "moe":
+            w.add_tensor(p + "ffn_gate_inp.weight", weight(x, e))
+            w.add_tensor(p + "ffn_gate_exps.weight", weight(x, ff, e))
+            w.add_tensor(p + "ffn_up_exps.weight", weight(x, ff, e))
+            w.add_tensor(p + "ffn_down_exps.weight", weight(x, e, ff))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", weight(ff, e))
+            w.add_tensor(p + "ffn_up.weight", weight(ff, e))
+            w.add_tensor(p + "ffn_down.weight", weight(e, ff))
+    w.add_tensor("output_norm.weight", norm())
+    w.add_tensor("output.weight", weight(spec.n_vocab, e))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _weight_shape(model: ModelSpec, name: str) -> tuple[int, int]:
+    """(rows, cols) in numpy order of layer weight ``name`` in ``_write_gguf``."""
+    e, kv, ff = model.n_embd, model.head_dim * model.n_head_kv, model.n_ff
+    return {"attn_q": (e, e), "attn_k": (kv, e), "attn_v": (kv, e), "attn_output": (e, e),
+            "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff)}[name]
+
+
+def write_lora(model: ModelSpec, lora: LoraSpec, cache_dir: Path) -> Path:
+    """The GGUF adapter file of ``lora`` for ``model`` under ``cache_dir`` (as ``write_model``:
+    atomic, written once, the same bytes for the same specs). Its tensors are llama.cpp's
+    convention: ``blk.N.W.weight.lora_a`` with ne {cols, rank} and ``.lora_b`` with ne {rank, rows}."""
+    model.validate()
+    lora.validate(model)
+    target = Path(cache_dir) / lora.file_name(model)
+    if target.exists():
+        return target
+
+    def write(path: Path) -> None:
+        w = gguf.GGUFWriter(path, model.arch)
+        w.add_type(gguf.GGUFType.ADAPTER)
+        w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, lora.alpha)
+        rng = np.random.default_rng(lora.seed)
+        for il in range(model.n_layer):
+            for t in lora.targets:
+                rows, cols = _weight_shape(model, t)
+                name = f"blk.{il}.{t}.weight"
+                w.add_tensor(name + ".lora_a", rng.standard_normal((lora.rank, cols), dtype=np.float32) * np.float32(0.02))
+                w.add_tensor(name + ".lora_b", rng.standard_normal((rows, lora.rank), dtype=np.float32) * np.float32(0.02))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    return atomic_write(target, write)

@@ -1,0 +1,159 @@
+"""``LlamaTarget``: runs server-like workloads on the real llama.cpp, in a worker process, with
+its extra devices on local ggml RPC servers.
+
+The libraries are llama-cpp-python's (its Debug build with RPC: libllama and ggml 0.25.3), or a
+user's llama.cpp build (``lib_dir``: a checkout's ``build/bin``; env ``SCHEDFUZZ_LLAMA_LIB``).
+The RPC servers run the same ggml, so client and server speak the same protocol. The scheduler
+is observed through ``sched_hook.c``, compiled once per source version with the system's C
+compiler and preloaded into the worker. The parent never loads llama.cpp.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from ..engine import TargetError
+from ..files import cache_dir
+from ..ggml.crash import build_preload, with_preload
+from ..ggml.lib import child_env, lib_overlay
+from ..ggml.rpc import RpcServers
+from ..ggml.target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
+from ..model.llama import LlamaWorkload
+from ..model.llama_trace import LlamaAbort, LlamaTrace
+from .gguf_models import write_lora, write_model
+
+LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
+# built-in llama.cpp libraries by name: llama-cpp-python's own, and the same llama.cpp with the
+# seeds' patch set (build.build_llama_seed, compiled on first use)
+BUILT_IN = ("llama.cpp-0.3.36", "llama.cpp-0.3.36-seed")
+HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
+
+
+def default_lib_dir() -> Path:
+    """llama-cpp-python's ``lib`` folder, found without importing it (that would load libllama here)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            "llama-cpp-python is not installed: install it as the README says (built from source, Debug, GGML_RPC=ON), "
+            f"or point --schedfuzz-llama-lib / {LIB_ENV} at your llama.cpp build's library folder"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "lib"
+
+
+def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
+    """The folder holding libllama.so and its libggml*.so: ``None`` or ``llama.cpp-0.3.36`` for
+    llama-cpp-python's, ``llama.cpp-0.3.36-seed`` for the seeds' build (made on first use,
+    minutes, then cached), or a folder; a clear ``TargetError`` otherwise."""
+    if lib_dir == BUILT_IN[1]:
+        from ..ggml.build import BuildError, build_llama_seed  # build imports the ggml package
+
+        try:
+            return build_llama_seed()
+        except BuildError as e:
+            raise TargetError(f"llama library {lib_dir}: building llama.cpp 0.3.36 with the seeds' patches failed: {e}") from None
+    path = Path(lib_dir).expanduser().resolve() if lib_dir and lib_dir != BUILT_IN[0] else default_lib_dir()
+    missing = [n for n in ("libllama.so", "libggml-base.so", "libggml-rpc.so") if not (path / n).exists()]
+    if missing:
+        raise TargetError(
+            f"llama library folder {path}: no {', '.join(missing)} there (a llama.cpp build keeps them in build/bin; "
+            "configure it with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON -DCMAKE_BUILD_TYPE=Debug)"
+        )
+    return path
+
+
+class LlamaTarget(WorkerTarget):
+    """The real llama.cpp. ``run(workload) -> LlamaTrace``; an abort, crash or hang ends the trace
+    at the call that caused it and the next workload gets a fresh worker.
+
+    ``debug_realloc`` sets ``GGML_SCHED_DEBUG_REALLOC``: 1 is ggml's own same-size check, which
+    aborts on a same-size reallocation (an independent confirmation of a finding); 2 aborts on
+    any reallocation, printing ggml's graph size."""
+
+    def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: int = 0) -> None:
+        self.lib_dir = resolve_lib_dir(lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None)
+        self.call_timeout = call_timeout
+        self.start_timeout = start_timeout
+        self.debug_realloc = debug_realloc
+        self.hook = build_preload(HOOK_SOURCE)
+        self.models = cache_dir() / "models"
+        self.servers = RpcServers(str(self.lib_dir), threads=1)
+        self.engine: dict[str, str] = {}
+        self._worker: Worker | None = None
+
+    def _start_worker(self) -> Worker:
+        env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
+        with_preload(env, self.hook)
+        env.pop("GGML_SCHED_DEBUG_REALLOC", None)
+        if self.debug_realloc:
+            env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        worker, self.engine = Worker.start(env, "pytest_schedfuzz.llama.worker", self.start_timeout, "llama.cpp")
+        return worker
+
+    def run(self, workload: LlamaWorkload) -> LlamaTrace:
+        model_path = write_model(workload.model, self.models)
+        lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
+        for attempt in range(2):
+            endpoints = self.servers.ensure(workload.devices.n_rpc)
+            if self._worker is not None and self._worker.proc.poll() is not None:
+                self._worker.close()
+                self._worker = None
+            if self._worker is None:
+                self._worker = self._start_worker()
+            worker = self._worker
+            calls: list[dict[str, Any]] = []
+            try:
+                worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths})
+                result = self._collect(worker, calls)
+            except BaseException:
+                self._worker = None
+                worker.close()
+                raise
+            if isinstance(result, str):  # an RPC server did not answer: replace it, once
+                if attempt:
+                    raise TargetError(f"the RPC server at {result} does not answer, even after a restart")
+                self.servers.restart(result)
+                continue
+            break
+        if isinstance(result, LlamaAbort):
+            self._worker = None
+            worker.close()
+            dead = self.servers.dead()
+            if dead:
+                result = LlamaAbort(result.call, result.kind, result.message + "\n" + "\n".join(dead))
+            if result.kind == "timeout":
+                self.servers.close()
+            return LlamaTrace.from_messages(calls, result, self.engine, {})
+        # a server that died during the workload (RPC computes asynchronously) is charged to it
+        dead = self.servers.dead(grace=0.0)
+        if dead:
+            last = calls[-1]["index"] if calls else -1
+            return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})
+        return LlamaTrace.from_messages(calls, None, self.engine, result)
+
+    def _collect(self, worker: Worker, calls: list[dict[str, Any]]) -> dict[str, int] | LlamaAbort | str:
+        current = -1
+        while True:
+            try:
+                msg = worker.recv(self.call_timeout)
+            except WorkerTimeout:
+                return LlamaAbort(current, "timeout", f"call {current} did not finish within {self.call_timeout:g} s")
+            except WorkerGone:
+                return LlamaAbort(current, "crash", worker.crash_report())
+            if "begin" in msg:
+                current = int(msg["begin"])
+            elif "call" in msg:
+                calls.append(msg["call"])
+            elif "done" in msg:
+                return dict(msg["done"].get("perf", {}))
+            elif "abort" in msg:
+                return LlamaAbort(int(msg["abort"]["call"]), "abort", msg["abort"]["message"])
+            elif "unreachable" in msg:
+                return str(msg["unreachable"])
+            elif "error" in msg:
+                raise TargetError(f"the llama.cpp worker failed (harness, not llama.cpp):\n{msg['error']}")
+            else:
+                raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")

@@ -1,0 +1,520 @@
+"""The process that runs server-like workloads on the real llama.cpp:
+``python -m pytest_schedfuzz.llama.worker`` (started by ``llama_target.LlamaTarget``).
+
+Protocol: JSON lines, as ``worker.py``: replies go to the file descriptor that was stdout, and fd 1
+is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
+
+* startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
+* request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``, answered with
+  ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
+  ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
+  RPC server does not answer; ``{"error": message}`` when the harness failed;
+* on a ggml abort: ``{"abort": {"call": i, "message": text}}`` from ggml's abort callback, then
+  the process dies.
+
+What is observed, and how: the scheduler calls libllama makes (``ggml_backend_sched_new``,
+``_reserve``, ``_alloc_graph``, ``_free``) through ``sched_hook.c``, preloaded into this process;
+the graph handed to each (node and leaf counts, the input leafs and their shapes) through ggml's
+own structs (ggml-python's ``ggml_tensor``); splits and the reallocation decision with its reason
+from ggml's debug log (``GGML_SCHED_DEBUG=1`` prints the split headers; a Debug build logs
+``ggml_gallocr_needs_realloc`` and ``failed to allocate graph, reserving``), which
+``llama_log_set`` routes to us together with llama.cpp's own lines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import sys
+import traceback
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from reference.versions import rules_for
+
+from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
+from ..ggml.schedlog import SchedLog
+from ..ggml.worker import Channel, Ggml, no_realloc_fix, probe_scenario, run_scenario
+from ..model.llama import SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
+
+(HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
+ HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER) = range(12)  # sched_hook.c
+OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
+OUTER_END = {HOOK_RESERVE_END: "reserve", HOOK_ALLOC_END: "alloc", HOOK_RESERVE_SIZE_END: "reserve_size"}
+# the seeds' llama.cpp (llama_context::sched_graph_realloc, sched_new)
+LLAMA_REALLOC = re.compile(r"^sched_graph_realloc: graph reallocation: nodes = (?P<nodes>\d+), splits = (?P<splits>\d+), "
+                           r"n_same = (?P<n_same>\d+), n_diff = (?P<n_diff>\d+)$")
+LLAMA_SCHED_PARAMS = re.compile(r"^sched_new: max_nodes = (?P<max_nodes>\d+), parallel = (?P<parallel>[01]), op_offload = (?P<op_offload>[01])$")
+LLAMA_SCHED_REUSE = re.compile(r"^sched_new: reusing scheduler: max_nodes = (?P<max_nodes>\d+) \(current max_nodes = (?P<current>\d+)\)$")
+HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long)
+TENSOR_FLAG_INPUT = 1
+KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
+FLASH = {"off": 0, "on": 1, "auto": -1}
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+
+
+class HarnessError(RuntimeError):
+    """The harness failed inside a callback (or could not read ggml's log): the call cannot be judged."""
+
+
+class CGraphHead(ctypes.Structure):
+    """The leading fields of ``struct ggml_cgraph`` (ggml-impl.h; unchanged from 0.15.3 to 0.25.3)."""
+
+    _fields_ = [
+        ("size", ctypes.c_int),
+        ("n_nodes", ctypes.c_int),
+        ("n_leafs", ctypes.c_int),
+        ("nodes", ctypes.c_void_p),
+        ("grads", ctypes.c_void_p),
+        ("grad_accs", ctypes.c_void_p),
+        ("leafs", ctypes.c_void_p),
+    ]
+
+
+class Llama:
+    """libllama (llama-cpp-python's bindings) and ggml (ggml-python's, on the same libraries)."""
+
+    def __init__(self, chan: Channel) -> None:
+        import llama_cpp.llama_cpp as L
+
+        self.L: ModuleType = L
+        self.chan = chan
+        self.g: ModuleType = import_ggml()
+        glib = self.g.ggml.lib
+        glib.ggml_backend_sched_get_n_splits.restype = ctypes.c_int
+        glib.ggml_backend_sched_get_n_copies.restype = ctypes.c_int
+        glib.ggml_backend_sched_get_n_backends.restype = ctypes.c_int
+        # pointers: ggml-python 0.0.45 declares some of these int, which cuts them to 32 bits
+        for name in ("ggml_backend_sched_get_backend", "ggml_backend_sched_get_tensor_backend", "ggml_backend_sched_get_buffer_type"):
+            getattr(glib, name).restype = ctypes.c_void_p
+        glib.ggml_backend_sched_get_backend.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        glib.ggml_backend_sched_get_tensor_backend.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        glib.ggml_backend_sched_get_buffer_type.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        glib.ggml_backend_name.restype = ctypes.c_char_p
+        glib.ggml_backend_name.argtypes = [ctypes.c_void_p]
+        self.glib = glib
+        self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
+        self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+        self.rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+        glib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+        glib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        glib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+        glib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+        fn = glib.ggml_version
+        fn.restype = ctypes.c_char_p
+        self.version = fn().decode()
+        try:
+            set_hook = ctypes.CDLL(None).schedfuzz_set_hook
+        except AttributeError:
+            raise RuntimeError("sched_hook.so is not preloaded (LD_PRELOAD): the scheduler cannot be observed") from None
+        self.call = -1
+        self.log = SchedLog()
+        self.sched_events: list[dict[str, Any]] = []
+        self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
+        self.n_scheds = 0
+        self.last_size: dict[int, int] = {}  # sched id -> graph_size of its last split_graph
+        self.last_backends: dict[tuple[int, str], list[int]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph
+        self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
+        self.outer: str | None = None  # the scheduler call a split_graph happens in
+        self.split: dict[str, Any] | None = None  # what the last split_graph did
+        self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
+        self.llama_said: dict[str, int] | None = None  # llama.cpp's trace of that reallocation (the seeds' build)
+        self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
+        self._hook = HOOK_T(self._on_sched)
+        set_hook(self._hook)
+        self._log_cb = L.llama_log_callback(self._on_log)
+        L.llama_log_set(self._log_cb, None)
+        self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
+        self.g.ggml_set_abort_callback(self._abort_cb)
+        L.llama_backend_init()
+        self.devices: dict[str, int] = {}  # endpoint -> ggml_backend_dev_t
+        self.model: Any = None
+        self.model_key: tuple[Any, ...] | None = None
+
+    # ------------------------------------------------------------------ callbacks from C
+
+    def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
+        try:
+            line = (text or b"").decode(errors="replace")
+            if line.startswith("sched_reserve: max_nodes = "):
+                # llama_context::sched_reserve: the worst case is reserved again (on a new or a kept scheduler)
+                self.sched_events.append({"kind": "sched_reserve", "sched": -1, "max_nodes": int(line.split("=")[1])})
+            elif m := LLAMA_REALLOC.match(line):
+                # the seeds' llama.cpp: its own count of the reallocations it did not expect, after this one
+                self.llama_said = {k: int(v) for k, v in m.groupdict().items()}
+            elif m := LLAMA_SCHED_PARAMS.match(line):
+                # the seeds' sched_new: the parameters llama.cpp asks a scheduler for
+                self.sched_events.append({"kind": "sched_params", "sched": -1, "max_nodes": int(m["max_nodes"]),
+                                          "parallel": m["parallel"] == "1", "op_offload": m["op_offload"] == "1"})
+            elif m := LLAMA_SCHED_REUSE.match(line):
+                # the seeds' sched_new kept the scheduler it had (sched_params::can_reuse)
+                self.sched_events.append({"kind": "reuse", "sched": self.n_scheds - 1, "max_nodes": int(m["max_nodes"]),
+                                          "current_max_nodes": int(m["current"])})
+            self.log.feed(line)
+        except Exception:  # an exception must not unwind into C
+            self.errors.append(f"the log callback failed in call {self.call}: " + traceback.format_exc())
+
+    def _on_abort(self, message: bytes | None) -> None:
+        try:
+            self.chan.send({"abort": {"call": self.call, "message": (message or b"").decode(errors="replace")}})
+        except Exception:
+            pass
+
+    def _on_sched(self, phase: int, sched: int | None, graph: int | None, a: int, b: int, c: int) -> None:
+        try:
+            self._sched_event(phase, sched or 0, graph or 0, a, b, c)
+        except Exception:
+            self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
+
+    def _sched_event(self, phase: int, sched: int, graph: int, a: int, b: int, c: int) -> None:
+        if phase == HOOK_SCHED_NEW:
+            # ids by creation: a new scheduler may get a freed one's address
+            sid = self.scheds[sched] = self.n_scheds
+            self.n_scheds += 1
+            self.last_size[sid] = 0  # ggml_backend_sched_new callocs: debug_graph_size starts at 0
+            self.backends[sid] = self._backends(sched)
+            self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b & 1), "op_offload": bool(c),
+                                      "observes_realloc": bool(b & 2)})
+        elif phase == HOOK_SCHED_FREE:
+            self.sched_events.append({"kind": "free", "sched": self.scheds.get(sched, -1)})
+        elif phase in OUTER:
+            self.outer, self.split, self.said, self.llama_said = OUTER[phase], None, None, None
+            self.log.begin()
+        elif phase == HOOK_REALLOC_OWNER:
+            # llama.cpp registered a realloc callback of its own (the seeds' sched_new): it counts
+            sid = self.scheds[sched]
+            next(e for e in reversed(self.sched_events) if e["kind"] == "new" and e["sched"] == sid)["owner_counts"] = True
+        elif phase == HOOK_REALLOC:
+            # ggml_backend_sched_alloc_splits re-reserves: ggml's own view of why
+            self.said = {"backend_ids_changed": bool(a), "graph_size_changed": bool(b)}
+        elif phase == HOOK_SPLIT_BEGIN:
+            if self.outer is None:  # called by llama.cpp itself (the flash-attention probe)
+                self.log.begin()
+        elif phase == HOOK_SPLIT_END:
+            self.split = self._read_split(sched, graph)
+            if self.outer is None:
+                self.sched_events.append({"kind": "split", "ok": True, **self.split})
+        else:
+            kind, self.outer = OUTER_END[phase], None
+            if self.split is None:
+                raise RuntimeError(f"ggml_backend_sched_{'alloc_graph' if kind == 'alloc' else kind} returned without calling "
+                                   "ggml_backend_sched_split_graph through its PLT: this ggml build binds it directly, and the "
+                                   "harness cannot follow its graph sizes (build ggml as a shared library without -fno-semantic-interposition or LTO)")
+            rec: dict[str, Any] = {"kind": kind, "ok": bool(a), **self.split}
+            if self.log.reallocs:
+                r = self.log.reallocs[-1]
+                rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
+                if r.backend_ids_changed:
+                    rec["realloc"]["moved"] = self.split["moved"]
+            observed = any(e["kind"] == "new" and e["sched"] == rec["sched"] and e["observes_realloc"] for e in self.sched_events)
+            if observed and "realloc" in rec and self.said is None:
+                raise RuntimeError(f"ggml logged a reallocation in {kind} (call {self.call}) that its realloc callback did not report")
+            if self.said is not None:
+                if "realloc" not in rec:
+                    raise RuntimeError(f"ggml's realloc callback fired in {kind} (call {self.call}) but ggml logged no reallocation")
+                rec["realloc"]["ggml"] = self.said
+            if self.llama_said is not None:
+                rec["realloc"]["llama"] = self.llama_said
+            del rec["moved"]
+            self.sched_events.append(rec)
+        if self.log.errors:  # kept before the next scheduler call's log.begin() forgets them
+            self.errors += [f"call {self.call}: {e}" for e in self.log.errors]
+            self.log.errors = []
+
+    def _backends(self, sched: int) -> list[tuple[str, int]]:
+        """The scheduler's backends in priority order: (name, buffer type)."""
+        glib, s = self.glib, ctypes.c_void_p(sched)
+        out = []
+        for i in range(int(glib.ggml_backend_sched_get_n_backends(s))):
+            backend = glib.ggml_backend_sched_get_backend(s, i)
+            out.append((glib.ggml_backend_name(ctypes.c_void_p(backend)).decode(), int(glib.ggml_backend_sched_get_buffer_type(s, ctypes.c_void_p(backend)) or 0)))
+        return out
+
+    def _read_split(self, sched: int, graph: int) -> dict[str, Any]:
+        """What one ``ggml_backend_sched_split_graph`` did: the graph's counts and input shapes,
+        the splits ggml printed, and the graph size; ``moved``: the first node (then leaf) whose
+        backend (buffer type) differs from the previous split_graph's at its position, as ggml
+        compares them in ``alloc_splits`` (it compares its graph copy; this names a tensor of the
+        graph, or says that none at a common position moved)."""
+        sid = self.scheds.get(sched, -1)
+        s = ctypes.c_void_p(sched)
+        n_splits = int(self.glib.ggml_backend_sched_get_n_splits(s))
+        n_copies = int(self.glib.ggml_backend_sched_get_n_copies(s))
+        g = self._read_graph(graph)
+        names = self.backends.get(sid, [])
+        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(len(names))}
+        head = CGraphHead.from_address(graph)
+        n_prev = len(self.last_backends.get((sid, "node"), []))
+        moved = ""
+        for what, array, n in (("node", head.nodes, head.n_nodes), ("leaf", head.leafs, head.n_leafs)):
+            tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+            ids = [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(tensors[i])), -1) for i in range(n)]
+            key = (sid, what)
+            prev, self.last_backends[key] = self.last_backends.get(key, []), ids
+            if not moved:
+                for i, (was, now) in enumerate(zip(prev, ids)):
+                    if was != now and min(was, now) >= 0 and names[was][1] != names[now][1]:
+                        moved = f"{what} {self._name(tensors[i])}: #{was} {names[was][0]} -> #{now} {names[now][0]}"
+                        break
+        if not moved:
+            moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
+        split_inputs = sum(len(x.inputs) for x in self.log.splits)
+        graph_inputs = len(g["inputs"]) if n_copies > 1 else 0
+        size = rules_for(self.version)[0].graph_size(g["n_nodes"], g["n_leafs"], n_splits, split_inputs + graph_inputs, n_copies)
+        prev_size, self.last_size[sid] = self.last_size.get(sid, 0), size
+        return {
+            "sched": sid, "n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "n_copies": n_copies,
+            "split_inputs": split_inputs, "graph_size": size, "prev_graph_size": prev_size, "inputs": g["inputs"],
+            "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
+        }
+
+    def _name(self, tensor: int) -> str:
+        return bytes(ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents.name).split(b"\0", 1)[0].decode(errors="replace")
+
+    def _read_graph(self, graph: int) -> dict[str, Any]:
+        """Node and leaf counts of the graph handed to the scheduler, and its input leafs' shapes
+        (they say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...)."""
+        head = CGraphHead.from_address(graph)
+        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
+        inputs: dict[str, list[int]] = {}
+        for i in range(head.n_leafs):
+            t = ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents
+            if t.flags & TENSOR_FLAG_INPUT:
+                    inputs[self._name(leafs[i])] = [int(x) for x in t.ne]
+        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs}
+
+    # ------------------------------------------------------------------ running a workload
+
+    def info(self) -> dict[str, str]:
+        return {
+            "name": "llama.cpp",
+            "lib": loaded_library_path("libllama"),
+            "ggml_lib": loaded_library_path("libggml-base"),
+            "ggml_version": self.version,
+            "llama_cpp_python": getattr(sys.modules.get("llama_cpp"), "__version__", "?"),
+            "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
+            # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
+            "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
+            else "absent (decisions derived from the graph-size formula)",
+        }
+
+    def rpc_device(self, endpoint: str) -> int:
+        if endpoint not in self.devices:
+            reg = self.rpc.ggml_backend_rpc_add_server(endpoint.encode())
+            if not reg or not self.glib.ggml_backend_reg_dev_count(reg):
+                raise ConnectionError(endpoint)
+            self.devices[endpoint] = self.glib.ggml_backend_reg_dev_get(reg, 0)
+        return self.devices[endpoint]
+
+    def load_model(self, path: str, dv: Devices, endpoints: Sequence[str]) -> Any:
+        key = (path, tuple(endpoints[: dv.n_rpc]), dv.n_gpu_layers, dv.tensor_split)
+        if key == self.model_key:
+            return self.model
+        self.free_model()
+        L = self.L
+        devs = [self.rpc_device(e) for e in endpoints[: dv.n_rpc]]
+        self._devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        mp = L.llama_model_default_params()
+        mp.devices = ctypes.cast(self._devs, ctypes.c_void_p)
+        mp.n_gpu_layers = dv.n_gpu_layers
+        mp.use_mmap = False
+        if dv.tensor_split:
+            self._tensor_split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
+            mp.tensor_split = self._tensor_split
+        model = L.llama_model_load_from_file(path.encode(), mp)
+        if not model:
+            raise RuntimeError(f"llama_model_load_from_file({path}) failed: {self.log.tail and list(self.log.tail)[-3:]}")
+        self.model, self.model_key = model, key
+        return model
+
+    def free_model(self) -> None:
+        if self.model:
+            self.L.llama_model_free(self.model)
+        self.model, self.model_key = None, None
+
+    def context_params(self, c: ContextParams) -> Any:
+        L = self.L
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = c.n_ctx, c.n_batch, c.n_ubatch, c.n_seq_max
+        p.n_threads = p.n_threads_batch = 1
+        p.flash_attn_type = FLASH[c.flash_attn]
+        p.op_offload, p.offload_kqv, p.kv_unified = c.op_offload, c.offload_kqv, c.kv_unified
+        p.type_k, p.type_v = KV_TYPE[c.type_k], KV_TYPE[c.type_v]
+        p.embeddings = c.embeddings
+        p.pooling_type = POOLING[c.pooling] if c.embeddings else L.LLAMA_POOLING_TYPE_UNSPECIFIED
+        p.n_outputs_max, p.n_outputs_max_per_seq = c.n_outputs_max, c.n_outputs_max_per_seq
+        p.no_perf = False
+        if c.backend_samplers:
+            # as llama-server makes them: one sampler chain per sequence (the context keeps no reference alive)
+            chains = [self.chain(c.sampler_chain) for _ in range(c.n_seq_max)]
+            self._seq_cfg = (L.llama_sampler_seq_config * c.n_seq_max)(*[L.llama_sampler_seq_config(s, ctypes.cast(ch, ctypes.c_void_p)) for s, ch in enumerate(chains)])
+            p.samplers = self._seq_cfg
+            p.n_samplers = c.n_seq_max
+        return p
+
+    def chain(self, kind: str) -> Any:
+        """A backend sampler chain (``SAMPLER_CHAINS``), kept alive until the context is freed."""
+        L = self.L
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        for name in SAMPLER_CHAINS[kind]:
+            L.llama_sampler_chain_add(chain, {
+                "greedy": lambda: L.llama_sampler_init_greedy(),
+                "top_k": lambda: L.llama_sampler_init_top_k(8),
+                "top_p": lambda: L.llama_sampler_init_top_p(0.9, 1),
+                "min_p": lambda: L.llama_sampler_init_min_p(0.05, 1),
+                "temp": lambda: L.llama_sampler_init_temp(0.8),
+                "dist": lambda: L.llama_sampler_init_dist(1234),
+            }[name]())
+        self._samplers.append(chain)
+        return chain
+
+    def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str], lora_paths: Sequence[str] = ()) -> dict[str, Any]:
+        L = self.L
+        model = self.load_model(model_path, w.devices, endpoints)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+        self._samplers = []
+        self.model_for_loras, self.lora_paths = model, list(lora_paths)
+        self.adapters: dict[int, Any] = {}  # workload adapter index -> llama_adapter_lora loaded on the model
+        ctx = None
+        try:
+            self.begin(-1)
+            ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
+            if not ctx:
+                # not a pass: what llama.cpp said is the finding's message
+                said = [x for x in self.log.tail if "error" in x.lower() or "failed" in x.lower()] or list(self.log.tail)
+                self.end(-1, "init", -1, error=said[-3:])
+                return {"perf": {}}
+            self.end(-1, "init", 0)
+            mem = L.llama_get_memory(ctx)
+            for i, call in enumerate(w.calls):
+                self.begin(i)
+                rc = self.do(ctx, mem, call)
+                self.end(i, call.kind, rc)
+            perf = L.llama_perf_context(ctx)
+            return {"perf": {"n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval, "n_reused": perf.n_reused}}
+        finally:
+            self.begin(len(w.calls))
+            if ctx:
+                L.llama_free(ctx)
+            for chain in self._samplers:
+                L.llama_sampler_free(chain)
+            self._samplers = []
+            # the model is kept for the next workload: its adapters go (they count in its contexts' max_nodes)
+            for adapter in self.adapters.values():
+                L.llama_adapter_lora_free(adapter)
+            self.adapters = {}
+            self.errors, self.log.errors = [], []
+
+    def begin(self, i: int) -> None:
+        self.call = i
+        self.sched_events = []
+        self.chan.send({"begin": i})
+
+    def end(self, i: int, kind: str, rc: int | str, error: list[str] | None = None) -> None:
+        errors = self.errors + self.log.errors
+        if errors:  # run()'s finally forgets them for the next workload
+            raise HarnessError("\n".join(errors))
+        rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
+        if error:
+            rec["error"] = error
+        self.chan.send({"call": rec})
+
+    def do(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        """One call; its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
+        L = self.L
+        k = call.kind
+        if k == "decode":
+            n = call.n_tokens()
+            batch = L.llama_batch_init(n, 0, 1)
+            try:
+                j = 0
+                for part in call.parts:
+                    pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
+                    for t in range(part.n_tokens):
+                        batch.token[j] = 3 + (part.seq * 31 + (pos0 + t) * 7) % max(1, self.n_vocab - 3)
+                        batch.pos[j] = pos0 + t
+                        batch.n_seq_id[j] = 1
+                        batch.seq_id[j][0] = part.seq
+                        batch.logits[j] = part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1)
+                        j += 1
+                batch.n_tokens = n
+                rc = int(L.llama_decode(ctx, batch))
+                L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
+                return rc
+            finally:
+                L.llama_batch_free(batch)
+        if k == "seq_rm":
+            end = L.llama_memory_seq_pos_max(mem, call.seq) + 1
+            p0 = 0 if call.n < 0 else max(0, end - call.n)
+            return int(not L.llama_memory_seq_rm(mem, call.seq, p0, -1))
+        if k == "seq_cp":
+            L.llama_memory_seq_cp(mem, call.seq, call.dst, -1, -1)
+            return 0
+        if k == "seq_keep":
+            L.llama_memory_seq_keep(mem, call.seq)
+            return 0
+        if k == "shift":
+            if not L.llama_memory_can_shift(mem):
+                return "cannot shift"
+            a, b = call.n_keep, call.n_keep + call.n
+            if not L.llama_memory_seq_rm(mem, call.seq, a, b):
+                return 1
+            L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n)
+            return 0
+        if k == "clear":
+            L.llama_memory_clear(mem, True)
+            return 0
+        if k == "set_sampler":
+            # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
+            smpl = self.chain(call.chain or "greedy") if call.flag else None
+            return int(not L.llama_set_sampler(ctx, call.seq, smpl))
+        if k == "lora_load":
+            adapter = L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.n].encode())
+            if not adapter:
+                return "llama_adapter_lora_init failed: " + " / ".join(list(self.log.tail)[-2:])
+            self.adapters[call.n] = adapter
+            return 0
+        if k == "lora_free":
+            L.llama_adapter_lora_free(self.adapters.pop(call.n))
+            return 0
+        if k == "lora_set":
+            chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
+            arr = (L.llama_adapter_lora_p_ctypes * max(1, len(chosen)))(*chosen)
+            scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
+            return int(L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
+        getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
+        return 0
+
+
+def main() -> None:
+    chan = Channel(os.dup(1))
+    os.dup2(2, 1)
+    die_with_parent()
+    try:
+        # a Release build (NDEBUG) logs no reallocation: every verdict would be a false pass
+        probe = Ggml(chan)
+        if not any(r.events for r in run_scenario(probe, probe_scenario(), [], None)):
+            chan.send({"fatal": no_realloc_fix(loaded_library_path("libggml-base"))})
+            return
+        eng = Llama(chan)  # its log and abort callbacks replace the probe's
+    except Exception:
+        chan.send({"fatal": traceback.format_exc()})
+        return
+    chan.send({"hello": eng.info()})
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            w = LlamaWorkload.from_json(req["workload"])
+            done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
+            chan.send({"done": done})
+        except ConnectionError as e:
+            chan.send({"unreachable": str(e)})
+        except Exception:
+            chan.send({"error": traceback.format_exc()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""Server-like workloads for the real llama.cpp: what a server does to one ``llama_context``.
+
+A ``LlamaWorkload`` is plain data (JSON round-trippable): a tiny model (``gguf_models.ModelSpec``),
+where its layers go (``Devices``: RPC devices on loopback, ``n_gpu_layers``), the context
+parameters (``ContextParams``) and a list of ``Call``s: ``llama_decode`` of a batch mixing
+sequences, the memory calls a server makes (``seq_rm`` for speculative rollback and slot reuse,
+``seq_cp``, ``seq_keep``, context shift = ``seq_rm`` + ``seq_add``) and the per-request switches
+(``llama_set_embeddings``, ``llama_set_causal_attn``, ``llama_set_warmup``, backend samplers, the
+LoRA adapters of the request: ``loras`` are tiny adapters written with the model, loaded on it
+with ``llama_adapter_lora_init``, attached with ``llama_set_adapters_lora``, freed).
+
+Positions are not stored: the worker continues every sequence from ``llama_memory_seq_pos_max``,
+as a server does, so a shrunk workload stays valid. Calls that llama.cpp documents as invalid
+(a sequence id >= ``n_seq_max``, more outputs than ``n_outputs_max``/``n_outputs_max_per_seq``
+allow, a batch larger than ``n_batch``) are never generated and are refused by ``validate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .llama_model import LoraSpec, ModelSpec
+
+FLASH_ATTN = ("off", "on", "auto")
+KV_TYPES = ("f16", "f32", "q8_0")
+POOLING = ("none", "mean", "last", "cls")
+OUTPUTS = ("last", "all", "none")
+# backend sampler chains as llama-server builds them from a request's parameters (each sampler
+# here has a backend implementation in 0.3.36: the whole chain runs in the graph)
+SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
+    "greedy": ("greedy",),
+    "top_k-greedy": ("top_k", "greedy"),
+    "top_k-temp-dist": ("top_k", "temp", "dist"),
+    "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
+}
+CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear",
+              "lora_load", "lora_set", "lora_free")
+
+# explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
+MAX_RPC = 2
+MAX_CALLS = 64
+MAX_CTX = 4096
+MAX_SEQ = 8
+MAX_LORAS = 3
+
+
+class WorkloadError(ValueError):
+    """A workload field out of range; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where the model lives: ``n_rpc`` ggml RPC servers (devices in this order, highest priority
+    first, the CPU last) and how many layers are offloaded to them (``llama_model_params``)."""
+
+    n_rpc: int = 1
+    n_gpu_layers: int = 99  # > n_layer: everything offloaded (pipeline parallelism needs it)
+    tensor_split: tuple[float, ...] = ()  # per RPC device; () = llama.cpp's default (by free memory)
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """``llama_context_params`` fields that change the scheduled graphs."""
+
+    n_ctx: int = 512
+    n_batch: int = 64
+    n_ubatch: int = 32
+    n_seq_max: int = 1
+    flash_attn: str = "off"
+    op_offload: bool = True
+    offload_kqv: bool = True
+    type_k: str = "f16"
+    type_v: str = "f16"
+    kv_unified: bool = True
+    embeddings: bool = False
+    pooling: str = "none"
+    n_outputs_max: int = 0  # 0 = n_batch
+    n_outputs_max_per_seq: int = 0  # 0 = n_outputs_max
+    backend_samplers: bool = False  # a backend sampler chain per sequence (llama_sampler_seq_config)
+    sampler_chain: str = "greedy"  # which (SAMPLER_CHAINS)
+
+    def outputs_max(self) -> int:
+        return self.n_outputs_max or self.n_batch
+
+    def outputs_max_per_seq(self) -> int:
+        return min(self.n_outputs_max_per_seq or self.outputs_max(), self.outputs_max())
+
+
+@dataclass(frozen=True)
+class Part:
+    """``n_tokens`` consecutive tokens of sequence ``seq`` in one batch, with outputs for the last
+    token, all of them, or none."""
+
+    seq: int
+    n_tokens: int
+    outputs: str = "last"
+
+    def n_outputs(self) -> int:
+        return {"last": 1, "all": self.n_tokens, "none": 0}[self.outputs]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call on the context. ``decode``: ``parts``; ``seq_rm``: drop the last ``n`` positions of
+    ``seq`` (``n`` = -1: all of it, a slot reused); ``seq_cp``: copy ``seq`` to ``dst``;
+    ``seq_keep``: keep only ``seq``; ``shift``: context shift of ``seq``, keeping ``n_keep`` and
+    discarding the next ``n`` (``seq_rm`` then ``seq_add``); ``set_*``: ``flag``; ``set_sampler``:
+    attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it; ``clear``:
+    ``llama_memory_clear``; ``lora_load``/``lora_free``: load or free adapter ``n`` of the
+    workload's ``loras`` on the model; ``lora_set``: attach the loaded adapters whose bits are set
+    in ``n`` (scale 1; 0 detaches all), as llama-server does per request."""
+
+    kind: str
+    parts: tuple[Part, ...] = ()
+    seq: int = 0
+    dst: int = 0
+    n: int = 0
+    n_keep: int = 0
+    flag: bool = False
+    chain: str = ""  # set_sampler: SAMPLER_CHAINS key ("": greedy)
+
+    def describe(self) -> str:
+        if self.kind == "decode":
+            body = ", ".join(f"seq {p.seq}: {p.n_tokens} tok, out {p.outputs}" for p in self.parts)
+            return f"llama_decode([{body}])"
+        return {
+            "seq_rm": f"llama_memory_seq_rm(seq {self.seq}, {'all' if self.n < 0 else f'last {self.n}'})",
+            "seq_cp": f"llama_memory_seq_cp({self.seq} -> {self.dst})",
+            "seq_keep": f"llama_memory_seq_keep({self.seq})",
+            "shift": f"context shift(seq {self.seq}: keep {self.n_keep}, discard {self.n})",
+            "clear": "llama_memory_clear()",
+            "set_sampler": f"llama_set_sampler(seq {self.seq}, {'chain ' + (self.chain or 'greedy') if self.flag else 'none'})",
+            "lora_load": f"llama_adapter_lora_init(lora {self.n})",
+            "lora_free": f"llama_adapter_lora_free(lora {self.n})",
+            "lora_set": f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if self.n >> i & 1)}])",
+        }.get(self.kind, f"llama_{self.kind}({str(self.flag).lower()})")
+
+    def n_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.parts)
+
+    def n_outputs(self) -> int:
+        return sum(p.n_outputs() for p in self.parts)
+
+
+@dataclass(frozen=True)
+class LlamaWorkload:
+    model: ModelSpec
+    devices: Devices = Devices()
+    ctx: ContextParams = ContextParams()
+    calls: tuple[Call, ...] = ()
+    loras: tuple[LoraSpec, ...] = ()  # adapters for the model, loaded and attached by the calls
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model.to_json(),
+            "devices": asdict(self.devices),
+            "ctx": asdict(self.ctx),
+            "calls": [_call_json(c) for c in self.calls],
+        } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {})
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> LlamaWorkload:
+        """Parse and validate; any problem raises ``WorkloadError`` naming the field."""
+        try:
+            model = ModelSpec.from_json(d["model"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise WorkloadError(f"model: {e}") from None
+        try:
+            dv = dict(d.get("devices", {}))
+            dv["tensor_split"] = tuple(float(x) for x in dv.get("tensor_split", ()))
+            devices = Devices(**dv)
+            ctx = ContextParams(**d.get("ctx", {}))
+            calls = tuple(
+                Call(**{**c, "parts": tuple(Part(**p) for p in c.get("parts", ()))}) for c in d.get("calls", ())
+            )
+            loras = tuple(LoraSpec.from_json(a) for a in d.get("loras", ()))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise WorkloadError(f"malformed llama workload: {type(e).__name__}: {e}") from None
+        w = LlamaWorkload(model, devices, ctx, calls, loras)
+        w.validate()
+        return w
+
+    def validate(self) -> None:
+        try:
+            self.model.validate()
+        except ValueError as e:
+            raise WorkloadError(f"model: {e}") from None
+        c, dv = self.ctx, self.devices
+
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise WorkloadError(what)
+
+        need(0 <= dv.n_rpc <= MAX_RPC, f"devices.n_rpc {dv.n_rpc}: must be 0..{MAX_RPC}")
+        need(0 <= dv.n_gpu_layers <= 999, f"devices.n_gpu_layers {dv.n_gpu_layers}: must be 0..999")
+        need(not dv.tensor_split or (len(dv.tensor_split) == dv.n_rpc and all(x >= 0 for x in dv.tensor_split) and sum(dv.tensor_split) > 0),
+             f"devices.tensor_split {list(dv.tensor_split)}: one non-negative share per RPC device, not all zero")
+        need(16 <= c.n_ctx <= MAX_CTX, f"ctx.n_ctx {c.n_ctx}: must be 16..{MAX_CTX}")
+        need(1 <= c.n_ubatch <= c.n_batch <= c.n_ctx, f"ctx.n_ubatch {c.n_ubatch} / n_batch {c.n_batch}: need 1 <= n_ubatch <= n_batch <= n_ctx")
+        need(1 <= c.n_seq_max <= MAX_SEQ, f"ctx.n_seq_max {c.n_seq_max}: must be 1..{MAX_SEQ}")
+        need(c.flash_attn in FLASH_ATTN, f"ctx.flash_attn {c.flash_attn!r}: one of {', '.join(FLASH_ATTN)}")
+        need(c.type_k in KV_TYPES and c.type_v in KV_TYPES, f"ctx.type_k/type_v {c.type_k}/{c.type_v}: each one of {', '.join(KV_TYPES)}")
+        need(c.type_v == "f16" or c.type_v == "f32" or c.flash_attn == "on", "ctx.type_v: a quantized V cache needs flash_attn on")
+        need(c.pooling in POOLING, f"ctx.pooling {c.pooling!r}: one of {', '.join(POOLING)}")
+        need(c.sampler_chain in SAMPLER_CHAINS, f"ctx.sampler_chain {c.sampler_chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
+        need(0 <= c.n_outputs_max <= c.n_batch and 0 <= c.n_outputs_max_per_seq <= c.n_batch,
+             f"ctx.n_outputs_max {c.n_outputs_max} / n_outputs_max_per_seq {c.n_outputs_max_per_seq}: must be 0..n_batch")
+        need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
+        need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
+        for k, a in enumerate(self.loras):
+            try:
+                a.validate(self.model)
+            except ValueError as e:
+                raise WorkloadError(f"loras[{k}]: {e}") from None
+        loaded: set[int] = set()
+        attached = 0
+        causal = True
+        for i, call in enumerate(self.calls):
+            if call.kind == "set_causal_attn":
+                causal = call.flag
+            where = f"calls[{i}] ({call.kind})"
+            need(call.kind in CALL_KINDS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
+            need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
+            need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
+            need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
+            if call.kind in ("lora_load", "lora_free"):
+                need(0 <= call.n < len(self.loras), f"{where}: adapter {call.n}: the workload has {len(self.loras)}")
+                need((call.n in loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.n} is {'not ' if call.kind == 'lora_free' else ''}loaded")
+                # freeing an attached adapter leaves the context a dangling pointer: llama-server never does
+                need(call.kind == "lora_load" or not attached >> call.n & 1, f"{where}: adapter {call.n} is attached to the context")
+                loaded ^= {call.n}
+            elif call.kind == "lora_set":
+                need(call.n >= 0 and all(call.n >> i & 1 == 0 or i in loaded for i in range(max(call.n.bit_length(), 1))),
+                     f"{where}: attaches adapters that are not loaded (mask {call.n}, loaded {sorted(loaded)})")
+                attached = call.n
+            if call.kind == "decode":
+                need(bool(call.parts), f"{where}: a batch needs at least one part")
+                seqs = [p.seq for p in call.parts]
+                need(len(set(seqs)) == len(seqs), f"{where}: a sequence appears twice in one batch")
+                for p in call.parts:
+                    need(0 <= p.seq < c.n_seq_max, f"{where}: sequence id {p.seq} >= n_seq_max {c.n_seq_max}")
+                    need(p.n_tokens >= 1 and p.outputs in OUTPUTS, f"{where}: part {p} out of range")
+                    need(p.n_outputs() <= c.outputs_max_per_seq(), f"{where}: {p.n_outputs()} outputs for seq {p.seq} > n_outputs_max_per_seq {c.outputs_max_per_seq()}")
+                need(call.n_tokens() <= c.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {c.n_batch}")
+                need(causal or call.n_tokens() <= c.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
+                need(call.n_outputs() <= c.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {c.outputs_max()}")
+
+    def describe(self) -> str:
+        m, c, dv = self.model, self.ctx, self.devices
+        return (
+            f"model {m.describe()}; devices: {dv.n_rpc} RPC, n_gpu_layers {dv.n_gpu_layers}"
+            + (f", tensor_split {list(dv.tensor_split)}" if dv.tensor_split else "")
+            + f"; ctx: n_ctx {c.n_ctx}, n_batch {c.n_batch}, n_ubatch {c.n_ubatch}, n_seq_max {c.n_seq_max}, "
+            f"flash_attn {c.flash_attn}, op_offload {c.op_offload}, kv {c.type_k}/{c.type_v}{' unified' if c.kv_unified else ''}"
+            + (f", embeddings pooling {c.pooling}" if c.embeddings else "")
+            + (f", n_outputs_max {c.n_outputs_max}/{c.n_outputs_max_per_seq}" if c.n_outputs_max or c.n_outputs_max_per_seq else "")
+            + (f", backend samplers ({c.sampler_chain})" if c.backend_samplers else "")
+            + ("; loras: " + ", ".join(f"rank {a.rank} on {'/'.join(a.targets)}" for a in self.loras) if self.loras else "")
+        )
+
+
+def _call_json(c: Call) -> dict[str, Any]:
+    """A call without its default fields: corpus files stay readable."""
+    d = asdict(c)
+    defaults = asdict(Call(c.kind))
+    out = {k: v for k, v in d.items() if k == "kind" or v != defaults[k]}
+    if "parts" in out:
+        out["parts"] = [asdict(p) for p in c.parts]
+    return out

@@ -1,0 +1,577 @@
+"""Scenarios as plain data: graph specs, backend layouts and steps, with a versioned JSON form.
+
+A *graph spec* is a small op program that both the reference and the real engine materialize
+the same way: tensors in creation order (leafs: weights, KV cache, inputs; then ops), and the
+roots handed to ``ggml_build_forward_expand``. A *scenario* is a backend layout plus a list of
+steps over named graph specs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import Any
+
+from .shapes import OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
+
+FORMAT_VERSION = 1
+
+ROLES = ("weight", "cache", "input", "")
+BACKEND_KINDS = ("rpc", "gpu", "blas", "cpu")
+STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset")
+# explicit limits on what a scenario may ask of the engine (case files are checked against them)
+MAX_ELEMENTS = 2**26  # per tensor: 256 MiB of f32
+MAX_TENSORS = 100_000  # per graph
+MAX_NODES = 2**24  # a sched_new's max_nodes (ggml's hash set grows with it)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+
+@dataclass(frozen=True)
+class SchedParams:
+    """``llama_context::sched_params``: what a ``ggml_backend_sched_new`` call was given. Whether
+    a scheduler built with some params serves others is the reference's rule
+    (``reference.params.can_reuse``)."""
+
+    max_nodes: int
+    parallel: bool = False
+    op_offload: bool = True
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor: a leaf (``op == "none"``) or an op over earlier tensors (``args``).
+
+    ``device`` is the index, in the layout, of the backend whose buffer holds a weight or a
+    cache tensor. ``ne`` is filled in by shape inference and checked on load.
+    """
+
+    name: str
+    op: str = "none"
+    type: str = "f32"
+    ne: tuple[int, ...] = ()
+    args: tuple[str | None, ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()
+    role: str = ""
+    device: int | None = None
+    output: bool = False
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op == "none"
+
+    @property
+    def srcs(self) -> tuple[str | None, ...]:
+        """Names in ggml's ``src[]`` order (see ``shapes.ggml_srcs``)."""
+        return ggml_srcs(self.op, self.args) if not self.is_leaf else ()
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "op": self.op, "type": self.type, "ne": list(self.ne)}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.params:
+            out["params"] = {k: _thaw(v) for k, v in self.params}
+        if self.role:
+            out["role"] = self.role
+        if self.device is not None:
+            out["device"] = self.device
+        if self.output:
+            out["output"] = True
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> TensorSpec:
+        return TensorSpec(
+            name=d["name"],
+            op=d.get("op", "none"),
+            type=d.get("type", "f32"),
+            ne=tuple(d.get("ne", ())),
+            args=tuple(d.get("args", ())),
+            params=tuple(sorted((k, _freeze(v)) for k, v in d.get("params", {}).items())),
+            role=d.get("role", ""),
+            device=d.get("device"),
+            output=bool(d.get("output", False)),
+        )
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A compute graph as an op program; ``forced`` are user assignments (tensor, backend)."""
+
+    tensors: tuple[TensorSpec, ...]
+    roots: tuple[str, ...]
+    forced: tuple[tuple[str, int], ...] = ()
+    label: str = ""
+
+    @cached_property
+    def by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.tensors}
+
+    @cached_property
+    def geometry(self) -> dict[str, Geometry]:
+        """Every tensor's type, ne, nb and view source, from ``shapes.infer``."""
+        geo: dict[str, Geometry] = {}
+        for t in self.tensors:
+            if t.is_leaf:
+                geo[t.name] = new_tensor(t.type, t.ne)
+                continue
+            args = [geo[a] if a is not None else None for a in t.args]
+            geo[t.name] = infer(t.op, args, t.args, dict(t.params))
+        return geo
+
+    def validate(self, n_backends: int | None = None) -> None:
+        """Raise ``SpecError`` naming the first problem: names, ops, order, shapes, devices."""
+        seen: set[str] = set()
+        for t in self.tensors:
+            if not t.name or len(t.name) >= 64:
+                raise SpecError(f"tensor name {t.name!r} must have 1 to 63 characters")
+            if t.name in seen:
+                raise SpecError(f"tensor {t.name!r} is defined twice")
+            if not t.is_leaf and t.op not in OPS:
+                raise SpecError(f"tensor {t.name!r}: unknown op {t.op!r}")
+            if t.role not in ROLES:
+                raise SpecError(f"tensor {t.name!r}: unknown role {t.role!r}")
+            for a in t.args:
+                if a is not None and a not in seen:
+                    # sources must be defined earlier: this also rules out cycles
+                    raise SpecError(f"tensor {t.name!r}: source {a!r} is not defined before it (or forms a cycle)")
+            if t.role in ("weight", "cache"):
+                if not t.is_leaf or t.device is None:
+                    raise SpecError(f"tensor {t.name!r}: a {t.role} must be a leaf with a device")
+                if n_backends is not None and not 0 <= t.device < n_backends:
+                    raise SpecError(f"tensor {t.name!r}: device {t.device} is not in the layout ({n_backends} backends)")
+            if t.is_leaf and t.role == "":
+                raise SpecError(f"leaf {t.name!r} needs a role (weight, cache or input)")
+            seen.add(t.name)
+        for r in self.roots:
+            if r not in seen:
+                raise SpecError(f"root {r!r} is not a tensor of the graph")
+        for name, backend in self.forced:
+            if name not in seen:
+                raise SpecError(f"forced assignment names unknown tensor {name!r}")
+            if n_backends is not None and not 0 <= backend < n_backends:
+                raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
+        for t in self.tensors:
+            if t.is_leaf and any(n < 1 for n in t.ne):
+                raise SpecError(f"tensor {t.name!r}: shape {list(t.ne)} has a dimension below 1")
+        geo = self.geometry
+        for t in self.tensors:
+            if t.ne and tuple(geo[t.name].ne[: len(t.ne)]) != tuple(t.ne) or any(n != 1 for n in geo[t.name].ne[len(t.ne):]):
+                raise SpecError(f"tensor {t.name!r}: stored shape {list(t.ne)} but ops give {list(geo[t.name].ne)}")
+            if nelements(geo[t.name]) > MAX_ELEMENTS:
+                raise SpecError(f"tensor {t.name!r}: {nelements(geo[t.name]):,} elements, over the limit of {MAX_ELEMENTS:,} (2**26) per tensor")
+        if len(self.tensors) > MAX_TENSORS:
+            raise SpecError(f"{len(self.tensors):,} tensors, over the limit of {MAX_TENSORS:,} per graph")
+
+    @property
+    def n_ops(self) -> int:
+        return sum(1 for t in self.tensors if not t.is_leaf)
+
+    def __repr__(self) -> str:
+        return f"GraphSpec({self.label or 'graph'}: {self.n_ops} ops, {len(self.tensors) - self.n_ops} leafs)"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tensors": [t.to_json() for t in self.tensors], "roots": list(self.roots)}
+        if self.forced:
+            out["forced"] = [list(f) for f in self.forced]
+        if self.label:
+            out["label"] = self.label
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> GraphSpec:
+        return GraphSpec(
+            tensors=tuple(TensorSpec.from_json(t) for t in d["tensors"]),
+            roots=tuple(d["roots"]),
+            forced=tuple((str(n), int(b)) for n, b in d.get("forced", ())),
+            label=d.get("label", ""),
+        )
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend given to ``ggml_backend_sched_new``.
+
+    ``rpc`` devices each have their own buffer type; ``blas`` and ``cpu`` share the host buffer
+    type. ``gpu`` is schedfuzz's GPU-like device (``ggml/fake_gpu.c``), with the fields below:
+
+    * ``offload_min_batch``: its ``offload_op`` accepts ops whose batch (``ne[1]``) is at least this;
+    * ``max_size``: the maximum size of a buffer of its buffer type (ggml-alloc splits larger
+      compute buffers into chunks; the device refuses a larger allocation);
+    * ``alignment`` of its buffers; ``unsupported``: ops (as ``ggml_op_name`` names them) its
+      ``supports_op`` refuses;
+    * ``host_buffer``: it has a host (pinned) buffer type, which the scheduler then uses for the
+      CPU backend, as llama.cpp does;
+    * ``shared_buft``: it uses the CPU's buffer type instead of one of its own (an accelerator,
+      like BLAS);
+    * ``graph_optimize``: it reorders the nodes of each split (a stable sort by dependency depth);
+    * ``asynchronous``: it computes and copies on a thread of its own, after ``delay_us``.
+    """
+
+    kind: str
+    offload_min_batch: int | None = None
+    max_size: int | None = None
+    alignment: int = 128
+    unsupported: tuple[str, ...] = ()
+    host_buffer: bool = False
+    shared_buft: bool = False
+    graph_optimize: bool = False
+    asynchronous: bool = False
+    delay_us: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in BACKEND_KINDS:
+            raise SpecError(f"unknown backend kind {self.kind!r} (one of {', '.join(BACKEND_KINDS)})")
+        if self.kind != "gpu" and any(getattr(self, f.name) != f.default for f in fields(self)[1:]):
+            raise SpecError(f"backend {self.kind!r}: only a gpu backend takes device settings ({self.to_json()})")
+        if self.offload_min_batch is not None and self.offload_min_batch < 1:
+            raise SpecError(f"offload_min_batch {self.offload_min_batch}: must be at least 1")
+        if self.max_size is not None and self.max_size < 1024:
+            raise SpecError(f"max_size {self.max_size}: must be at least 1024 bytes")
+        if self.alignment < 1 or self.alignment & (self.alignment - 1) or self.alignment > 4096:
+            raise SpecError(f"alignment {self.alignment}: must be a power of two up to 4096")
+        if self.host_buffer and self.shared_buft:
+            raise SpecError("a gpu backend with shared_buft uses host memory already: no host_buffer")
+        if not 0 <= self.delay_us <= 100_000 or (self.delay_us and not self.asynchronous):
+            raise SpecError(f"delay_us {self.delay_us}: 0..100000, and only for an asynchronous gpu")
+        if len(",".join(self.unsupported)) >= 500:
+            raise SpecError("unsupported: too many op names")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in fields(self)[1:]:
+            value = getattr(self, f.name)
+            if value != f.default:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> BackendSpec:
+        known = {f.name for f in fields(BackendSpec)}
+        unknown = set(d) - known
+        if unknown:
+            raise SpecError(f"backend: unknown field(s) {', '.join(sorted(unknown))}")
+        kw = dict(d)
+        if "unsupported" in kw:
+            kw["unsupported"] = tuple(kw["unsupported"])
+        return BackendSpec(**kw)
+
+
+@dataclass(frozen=True)
+class BackendLayout:
+    """The ordered backends (highest priority first, CPU last)."""
+
+    backends: tuple[BackendSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not self.backends or self.backends[-1].kind != "cpu":
+            raise SpecError("a layout must end with the CPU backend")
+        if sum(b.kind == "cpu" for b in self.backends) != 1:
+            raise SpecError("a layout has exactly one CPU backend")
+
+    @staticmethod
+    def of(*kinds: str) -> BackendLayout:
+        return BackendLayout(tuple(BackendSpec(k) for k in kinds))
+
+    @property
+    def n(self) -> int:
+        return len(self.backends)
+
+    @property
+    def n_rpc(self) -> int:
+        return sum(b.kind == "rpc" for b in self.backends)
+
+    @property
+    def host_buffer_of(self) -> int | None:
+        """The gpu whose host buffer type the CPU backend uses (the first that has one)."""
+        return next((i for i, b in enumerate(self.backends) if b.host_buffer), None)
+
+    def buffer_buft(self, i: int) -> str:
+        """The buffer type of backend ``i``'s own buffers (its weights): each RPC device and each
+        gpu its own, host memory (``CPU``) for BLAS, the CPU and a gpu with ``shared_buft``."""
+        b = self.backends[i]
+        if b.kind in ("rpc", "gpu") and not b.shared_buft:
+            return self.name(i)
+        return "CPU"
+
+    def buft(self, i: int) -> str:
+        """The buffer type the scheduler allocates backend ``i``'s compute buffer in (the
+        ``bufts`` given to ``ggml_backend_sched_new``): the CPU's is a gpu's host buffer type
+        when one has it, every other backend's its own."""
+        host = self.host_buffer_of
+        if self.backends[i].kind == "cpu" and host is not None:
+            return f"{self.name(host)}_Host"
+        return self.buffer_buft(i)
+
+    @staticmethod
+    def is_host_buft(buft: str) -> bool:
+        """``ggml_backend_buft_is_host``: the CPU buffer type and every host buffer type."""
+        return buft == "CPU" or buft.endswith("_Host")
+
+    def name(self, i: int) -> str:
+        kind = self.backends[i].kind
+        if kind in ("rpc", "gpu"):
+            return f"{kind.upper()}{sum(b.kind == kind for b in self.backends[:i])}"
+        return kind.upper()
+
+    def is_host(self, i: int) -> bool:
+        """Whether backend ``i``'s own buffers are host memory."""
+        return self.is_host_buft(self.buffer_buft(i))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [b.to_json() for b in self.backends]
+
+    @staticmethod
+    def from_json(d: Sequence[Mapping[str, Any]]) -> BackendLayout:
+        return BackendLayout(tuple(BackendSpec.from_json(b) for b in d))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call on the scheduler. ``sched_new`` carries the params and the reuse decision."""
+
+    kind: str
+    graph: str | None = None
+    params: SchedParams | None = None
+    reuse: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.graph is not None:
+            out["graph"] = self.graph
+        if self.params is not None:
+            p = self.params
+            out["params"] = {"max_nodes": p.max_nodes, "parallel": p.parallel, "op_offload": p.op_offload}
+        if self.reuse:
+            out["reuse"] = True
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Step:
+        p = d.get("params")
+        return Step(
+            kind=d["kind"],
+            graph=d.get("graph"),
+            params=SchedParams(int(p["max_nodes"]), bool(p["parallel"]), bool(p["op_offload"])) if p else None,
+            reuse=bool(d.get("reuse", False)),
+        )
+
+    def describe(self) -> str:
+        if self.kind == "sched_new":
+            p = self.params
+            assert p is not None
+            verb = "reuse" if self.reuse else "sched_new"
+            return f"{verb}(max_nodes={p.max_nodes}, parallel={p.parallel}, op_offload={p.op_offload})"
+        return f"{self.kind}({self.graph})" if self.graph else self.kind
+
+
+@dataclass(frozen=True)
+class Scenario:
+    layout: BackendLayout
+    graphs: tuple[tuple[str, GraphSpec], ...]
+    steps: tuple[Step, ...]
+
+    @cached_property
+    def graph_map(self) -> dict[str, GraphSpec]:
+        return dict(self.graphs)
+
+    def graph(self, name: str) -> GraphSpec:
+        return self.graph_map[name]
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(b.kind for b in self.layout.backends)
+        graphs = ", ".join(f"{n}: {g!r}" for n, g in self.graphs)
+        steps = "; ".join(s.describe() for s in self.steps)
+        return f"Scenario([{kinds}], {{{graphs}}}, [{steps}])"
+
+    def validate(self) -> None:
+        for name, g in self.graphs:
+            try:
+                g.validate(self.layout.n)
+            except SpecError as e:
+                raise SpecError(f"graph {name!r}: {e}") from None
+        if self.steps and self.steps[0].kind != "sched_new":
+            raise SpecError("the first step must be sched_new")
+        for i, s in enumerate(self.steps):
+            if s.kind not in STEP_KINDS:
+                raise SpecError(f"step {i}: unknown kind {s.kind!r}")
+            if s.kind == "sched_new" and s.params is None:
+                raise SpecError(f"step {i}: sched_new needs params")
+            if s.kind == "sched_new" and s.params is not None and not 1 <= s.params.max_nodes <= MAX_NODES:
+                raise SpecError(f"step {i}: max_nodes {s.params.max_nodes} is outside 1 .. {MAX_NODES:,} (2**24)")
+            if s.kind in ("reserve", "alloc", "compute") and s.graph not in self.graph_map:
+                raise SpecError(f"step {i}: unknown graph {s.graph!r}")
+            if s.kind == "sched_new" and s.reuse and i == 0:
+                raise SpecError("step 0: nothing to reuse")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "layout": self.layout.to_json(),
+            "graphs": {name: g.to_json() for name, g in self.graphs},
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Scenario:
+        version = d.get("version")
+        if version != FORMAT_VERSION:
+            raise SpecError(f"scenario format version {version!r} is not supported (this schedfuzz reads {FORMAT_VERSION})")
+        try:
+            sc = Scenario(
+                layout=BackendLayout.from_json(d["layout"]),
+                graphs=tuple((str(k), GraphSpec.from_json(v)) for k, v in d["graphs"].items()),
+                steps=tuple(Step.from_json(s) for s in d["steps"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, SpecError):
+                raise
+            raise SpecError(f"malformed scenario: {type(e).__name__}: {e}") from None
+        sc.validate()
+        return sc
+
+
+@dataclass
+class GraphBuilder:
+    """Builds a ``GraphSpec`` the way one writes a ggml graph, e.g.::
+
+        b = GraphBuilder()
+        w = b.weight("w", (64, 64), device=0)
+        x = b.input("x", (64, 8))
+        y = b.op("mul_mat", w, x, name="y")
+        spec = b.build(y)
+    """
+
+    tensors: list[TensorSpec] = field(default_factory=list)
+    forced: list[tuple[str, int]] = field(default_factory=list)
+    _geo: dict[str, Geometry] = field(default_factory=dict)
+
+    def _add(self, t: TensorSpec, geo: Geometry) -> str:
+        if t.name in self._geo:
+            raise SpecError(f"tensor {t.name!r} is defined twice")
+        self._geo[t.name] = geo
+        self.tensors.append(TensorSpec(**{**t.__dict__, "ne": tuple(geo.ne)}))
+        return t.name
+
+    def leaf(self, name: str, ne: Sequence[int], type: str = "f32", role: str = "input", device: int | None = None) -> str:
+        return self._add(TensorSpec(name, type=type, role=role, device=device), new_tensor(type, ne))
+
+    def weight(self, name: str, ne: Sequence[int], device: int, type: str = "f32") -> str:
+        return self.leaf(name, ne, type, "weight", device)
+
+    def cache(self, name: str, ne: Sequence[int], device: int, type: str = "f32") -> str:
+        return self.leaf(name, ne, type, "cache", device)
+
+    def input(self, name: str, ne: Sequence[int], type: str = "f32") -> str:
+        return self.leaf(name, ne, type, "input")
+
+    def op(self, op: str, *args: str | None, name: str, output: bool = False, **params: Any) -> str:
+        geo = infer(op, [self._geo[a] if a is not None else None for a in args], args, params)
+        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
+        return self._add(TensorSpec(name, op, geo.type, (), tuple(args), frozen, output=output), geo)
+
+    def by_name(self, name: str) -> str | None:
+        """``name`` if a tensor of that name was already added."""
+        return name if name in self._geo else None
+
+    def force(self, name: str, backend: int) -> None:
+        self.forced.append((name, backend))
+
+    def shape(self, name: str) -> tuple[int, int, int, int]:
+        return self._geo[name].ne
+
+    def build(self, *roots: str, label: str = "") -> GraphSpec:
+        return GraphSpec(tuple(self.tensors), tuple(roots), tuple(self.forced), label)
+
+
+def reshaped(spec: GraphSpec, leaf: str, dim: int) -> GraphSpec | None:
+    """``spec`` with dimension ``dim`` of ``leaf`` halved and every op's shape inferred again;
+    None where an op no longer accepts its sources (views keep their explicit shapes, so
+    graphs built on them rarely shrink this way)."""
+    t = spec.by_name.get(leaf)
+    if t is None or not t.is_leaf or t.ne[dim] < 2:
+        return None
+    ne = list(t.ne)
+    ne[dim] //= 2
+    if dim == 0 and ne[0] % TYPES[t.type][0]:
+        return None
+    geo: dict[str, Geometry] = {}
+    tensors = []
+    try:
+        for u in spec.tensors:
+            if u.is_leaf:
+                g = new_tensor(u.type, ne if u.name == leaf else u.ne)
+            else:
+                g = infer(u.op, [geo[a] if a else None for a in u.args], u.args, dict(u.params))
+            geo[u.name] = g
+            tensors.append(replace(u, ne=g.ne))
+    except SpecError:
+        return None
+    return replace(spec, tensors=tuple(tensors))
+
+
+def leaf_merged(spec: GraphSpec) -> GraphSpec | None:
+    """``spec`` with one input leaf fewer: the first input that has an earlier input of the same
+    type and shape is replaced by that one in every op reading it (the same ops, one leaf
+    fewer: ggml then re-plans for "different number of leafs"). None if there is no such pair."""
+    seen: dict[tuple[str, tuple[int, ...]], str] = {}
+    for t in spec.tensors:
+        if t.role != "input":
+            continue
+        key = (t.type, tuple(t.ne))
+        if key in seen:
+            keep, drop = seen[key], t.name
+            tensors = tuple(replace(u, args=tuple(keep if a == drop else a for a in u.args)) for u in spec.tensors if u.name != drop)
+            try:
+                merged = replace(spec, tensors=tensors)
+                merged.validate()
+            except SpecError:
+                return None
+            return merged
+        seen[key] = t.name
+    return None
+
+
+def leaf_split(spec: GraphSpec) -> GraphSpec | None:
+    """``spec`` with one input leaf more: the last op reading an input that is read more than
+    once reads a new input of the same type and shape instead (the same ops, one leaf more).
+    None if no input is read twice."""
+    reads: dict[str, list[int]] = {}
+    for i, t in enumerate(spec.tensors):
+        for a in t.args:
+            if a is not None and spec.by_name[a].role == "input":
+                reads.setdefault(a, []).append(i)
+    name = next((n for n, rs in reads.items() if len(rs) > 1), None)
+    if name is None:
+        return None
+    src, last = spec.by_name[name], reads[name][-1]
+    fresh = replace(src, name=f"{name}_b"[:63])
+    if fresh.name in spec.by_name:
+        return None
+    tensors = list(spec.tensors)
+    tensors[last] = replace(tensors[last], args=tuple(fresh.name if a == name else a for a in tensors[last].args))
+    tensors.insert(tensors.index(src) + 1, fresh)
+    variant = replace(spec, tensors=tuple(tensors))
+    try:
+        variant.validate()
+    except SpecError:
+        return None
+    return variant

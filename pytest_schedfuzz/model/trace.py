@@ -1,0 +1,140 @@
+"""What a scheduler did, step by step: the common currency of the engines and the reference.
+
+A target (the real ggml engine) produces a ``Trace``; the reference produces a ``Prediction``
+of the same shape; properties compare them. Everything is plain data with a JSON form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Split:
+    """A run of nodes on one backend; ``inputs`` are the names of tensors copied in."""
+
+    backend: int
+    i_start: int
+    i_end: int
+    inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReallocEvent:
+    """An alloc that found its plan invalid and re-reserved.
+
+    ``via`` is ``"sched"`` when ``ggml_backend_sched_alloc_splits`` re-reserved (several
+    buffers), ``"gallocr"`` when ``ggml_gallocr_alloc_graph`` re-reserved by itself (a single
+    buffer: the CPU-only layout). ``reason`` is ggml's: ``backend ids changed``, ``different
+    number of nodes``, ``different number of leafs``, ``node NAME is not valid`` or
+    ``src J (NAME) of node NAME is not valid``.
+    """
+
+    step: int
+    via: str
+    backend_ids_changed: bool
+    graph_size: int
+    prev_graph_size: int
+    n_nodes: int
+    n_splits: int
+    reason: str = ""
+    # ggml's own decision, from its realloc callback (None: a ggml without it, or ggml-alloc re-planning by itself)
+    ggml_size_changed: bool | None = None
+
+    @property
+    def observed(self) -> bool:
+        return self.ggml_size_changed is not None
+
+    @property
+    def same_size(self) -> bool:
+        """As ggml says it where it can (its realloc callback), else derived: ggml's graph-size
+        formula (``reference.versions``) on the graph, as its ``GGML_SCHED_DEBUG_REALLOC`` check."""
+        if self.ggml_size_changed is not None:
+            return not self.backend_ids_changed and not self.ggml_size_changed
+        return not self.backend_ids_changed and self.graph_size == self.prev_graph_size
+
+    def describe(self) -> str:
+        size = "same size" if self.same_size else "changed size"
+        return (
+            f"graph reallocation at step {self.step} ({size}, via {self.via}): nodes = {self.n_nodes}, "
+            f"splits = {self.n_splits}, backend_ids_changed = {int(self.backend_ids_changed)}, "
+            f"graph_size = {self.graph_size} (prev {self.prev_graph_size}); reason: {self.reason or '?'}"
+        )
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """The observable result of one step. Assignment fields are empty for steps without a graph.
+
+    ``node_backends``/``leaf_backends`` are backend indices per node/leaf of the graph in
+    ggml's order (``-1``: unassigned); ``n_nodes``/``n_leafs`` are the scheduled graph copy's
+    (as in ggml's own realloc message; the engine derives them from the splits and inputs it
+    observes). ``buffer_sizes`` is ``ggml_backend_sched_get_buffer_size`` of each backend after
+    the step, and ``ok`` whether the step's reserve or alloc succeeded.
+    """
+
+    index: int
+    kind: str
+    node_names: tuple[str, ...] = ()
+    node_backends: tuple[int, ...] = ()
+    leaf_names: tuple[str, ...] = ()
+    leaf_backends: tuple[int, ...] = ()
+    splits: tuple[Split, ...] = ()
+    n_copies: int = 1
+    graph_size: int = 0
+    n_nodes: int = 0
+    n_leafs: int = 0
+    buffer_sizes: tuple[int, ...] = ()
+    events: tuple[ReallocEvent, ...] = ()
+    reused: bool = False
+    ok: bool = True
+    seconds: float = 0.0  # wall time of the bare ggml calls of the step (reset, reserve/alloc)
+    # compute steps: the first root, output or cache whose values differ from the same graph
+    # computed on the CPU alone ("": none), and how many tensors were compared
+    values: str = ""
+    values_checked: int = 0
+
+    @property
+    def n_splits(self) -> int:
+        return len(self.splits)
+
+
+@dataclass(frozen=True)
+class Abort:
+    """ggml aborted (``GGML_ABORT``/``GGML_ASSERT``), crashed, or a step hung."""
+
+    step: int
+    kind: str  # "abort" | "crash" | "timeout"
+    message: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    records: tuple[StepRecord, ...]
+    abort: Abort | None = None
+    engine: Mapping[str, str] = field(default_factory=dict)  # name, lib path, ggml version
+
+    @property
+    def events(self) -> list[ReallocEvent]:
+        return [e for r in self.records for e in r.events]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Trace:
+        records = tuple(
+            StepRecord(
+                **{
+                    **r,
+                    **{k: tuple(r[k]) for k in ("node_names", "node_backends", "leaf_names", "leaf_backends", "buffer_sizes")},
+                    "splits": tuple(Split(s["backend"], s["i_start"], s["i_end"], tuple(s["inputs"])) for s in r["splits"]),
+                    "events": tuple(ReallocEvent(**e) for e in r["events"]),
+                }
+            )
+            for r in d["records"]
+        )
+        abort = Abort(**d["abort"]) if d.get("abort") else None
+        return Trace(records, abort, dict(d.get("engine", {})))

@@ -1,0 +1,267 @@
+"""Properties of the real llama.cpp: pure functions from (workload, trace) to violations.
+
+* ``llama-no-same-size-realloc``: after the context's own worst-case reservation
+  (``llama_context::sched_reserve``), no call makes the scheduler re-plan at the same graph size
+  with the same backend ids (ggml 0.25.3's ``GGML_SCHED_DEBUG_REALLOC`` condition). Each
+  violation is explained in llama.cpp's terms: which call re-planned, which node the allocator
+  found invalid, which graph the plan in force had been made for, and which earlier call
+  replaced the worst-case reservation's plan (a topology switch) if one did.
+* ``llama-reuse-sound``: when llama.cpp keeps its scheduler across a re-reservation, the new
+  parameters satisfy ``can_reuse`` (llama.cpp 0.3.36 never does: it builds a new one each time).
+* ``llama-no-abort``: no ggml abort, crash or hang, and no ``llama_decode`` failure below -1
+  (-2/-3: the graph could not be allocated or computed).
+* ``llama-counters-agree``: where the build has the seeds' system, ggml's realloc callback and
+  the harness's derived graph size agree, and llama.cpp's same/changed counters equal the
+  harness's count after every reallocation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from reference.params import can_reuse
+
+from ..model.llama import LlamaWorkload
+from ..model.llama_trace import LlamaTrace, SchedCall
+from ..model.scenario import SchedParams
+from . import LLAMA_PROPERTY_IDS, Violation, at_site, reason_kind, role, with_c_stack
+
+
+def _call_name(w: LlamaWorkload, index: int) -> str:
+    if index < 0:
+        return "llama_init_from_model"
+    if index >= len(w.calls):
+        return "llama_free"
+    return f"call {index} {w.calls[index].describe()}"
+
+
+def _what_grew(plan: SchedCall, now: SchedCall) -> str:
+    grew = [f"{k} {list(plan.inputs[k])} -> {list(v)}" for k, v in sorted(now.inputs.items()) if k in plan.inputs and tuple(v) != tuple(plan.inputs[k])]
+    return "; ".join(grew) or "no input shape changed"
+
+
+_ENDPOINT = re.compile(r"\[[^\]]*\]")
+# the per-request switches a server makes (memory calls change sizes, not the kind of graph)
+SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler")
+
+
+def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
+    """The call that re-planned, with the last switch made since ``after`` (the reservation)."""
+    if call < 0 or call >= len(w.calls):
+        return _call_name(w, call).split(" ")[0]
+    kind = w.calls[call].kind
+    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
+    if not switches:
+        return kind
+    last = switches[-1]
+    return f"{kind} after {last.kind}({str(last.flag).lower()})"
+
+
+def _replan_reason(x: SchedCall) -> str:
+    """ggml's reason for a re-plan in the terms that separate causes: the invalid tensor, or for a
+    backend change the node that moved and between which backends (RPC endpoints left out)."""
+    if x.kind == "reserve_size":
+        return "reserve_size"
+    reason = reason_kind(x.realloc_reason)
+    if x.backend_ids_changed and x.moved:
+        if x.moved.startswith("no node"):
+            return f"{reason} (no tensor at a common position)"
+        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the scheduler's backend positions and kinds, no endpoints
+        name, _, move = x.moved.partition(": ")
+        return f"{reason} ({role(name)}: {_ENDPOINT.sub('', move)})"
+    return reason
+
+
+def _graph_kind(r: SchedCall, x: SchedCall) -> str:
+    """Input leafs the re-planned graph has and the reservation's has not (``+``), or the other
+    way round (``-``): another kind of graph (embeddings, pooling, samplers), not another size."""
+    added = sorted({role(n) for n in set(x.inputs) - set(r.inputs)})
+    gone = sorted({role(n) for n in set(r.inputs) - set(x.inputs)})
+    return " ".join([f"+{n}" for n in added] + [f"-{n}" for n in gone])
+
+
+def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    out: list[Violation] = []
+    reserved: dict[int, tuple[int, SchedCall]] = {}  # sched -> its worst-case reservation (the last reserve)
+    plan: dict[int, tuple[int, SchedCall]] = {}  # sched -> the graph its plan in force was made for
+    replaced: dict[int, tuple[int, SchedCall]] = {}  # sched -> the first realloc that replaced the reservation's plan
+    for call, s in trace.sched_calls():
+        if s.kind == "reserve" and s.ok:
+            reserved[s.sched] = plan[s.sched] = (call, s)
+            replaced.pop(s.sched, None)
+            continue
+        if s.kind == "reserve_size":  # ggml_gallocr_reserve_n_size makes a plan too (for its sizes only)
+            plan[s.sched] = (call, s)
+            if s.sched in reserved:
+                replaced.setdefault(s.sched, (call, s))
+            continue
+        if s.kind != "alloc" or not s.realloc:
+            continue
+        if s.same_size and s.sched in reserved:
+            p_call, p = plan.get(s.sched, reserved[s.sched])
+            r_call, r = reserved[s.sched]
+            invalid = reason_kind(s.realloc_reason)
+            head = (f"same-size graph reallocation in {_call_name(w, call)}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
+                    f"graph_size = {s.graph_size} (prev {s.prev_graph_size}), backend_ids_changed = 0; "
+                    f"ggml_gallocr_needs_realloc: {s.realloc_reason or '?'}")
+            if s.sched in replaced:
+                x_call, x = replaced[s.sched]
+                how = "lost"
+                switched = (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs)
+                switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}"
+                          if switched else f"same topology, {_what_grew(r, x)}")
+                why = (f"the worst-case reservation ({r.shape()}) had been replaced in {_call_name(w, x_call)}, which re-planned because "
+                       f"{x.realloc_reason or ('it made a plan for sizes only' if x.kind == 'reserve_size' else '?')}"
+                       f"{' (' + x.moved + ')' if x.moved else ''} ({switch}); "
+                       f"the plan in force was made in {_call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {_what_grew(p, s)}")
+                # the root cause is the re-plan that lost the reservation: which call made it
+                # (after which switch), for which kind of graph, why, and whether the topology switched;
+                # which tensor then shows invalid depends on the model (it is in the message)
+                facts = {"explained": how, "lost_by": f"{_trigger(w, r_call, x_call)}: {_replan_reason(x)}",
+                         "topology": "switch" if switched else "same"}
+                graph = _graph_kind(r, x)
+                if graph:
+                    facts["graph"] = graph
+            else:
+                how = "not-dominating"
+                switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]
+                changed = (f"; the graph was changed without a new reservation by {', '.join(_call_name(w, i) for i in switches)}"
+                           if switches else "")
+                why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
+                       f"({_what_grew(r, s)}){changed}")
+                facts = {"explained": how, "invalid": invalid, "lost_by": "-"}
+            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts))
+        plan[s.sched] = (call, s)
+        if s.sched in reserved:
+            replaced.setdefault(s.sched, (call, s))
+    return out
+
+
+def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedParams]]:
+    """(call, the kept scheduler's creation, the parameters llama.cpp asked for) for every
+    worst-case re-reservation (``llama_context::sched_reserve``) that kept the scheduler it had
+    instead of building a new one: the reuse that ``sched_params::can_reuse`` must allow.
+
+    On the seeds' llama.cpp every field is observed: its ``sched_new`` logs the parameters it is
+    asked for and that it reuses. Elsewhere a reuse is a ``sched_reserve`` followed by a reserve
+    without a new scheduler, asked for the ``max_nodes`` it logged and the kept ``parallel`` (a
+    build that does not say what it asks for: only ``max_nodes`` is observed)."""
+    out = []
+    current: SchedCall | None = None
+    pending: tuple[int, SchedCall] | None = None
+    asked: SchedCall | None = None
+    for call, s in trace.sched_calls():
+        if s.kind == "sched_params":
+            asked = s
+        elif s.kind == "reuse" and current is not None and asked is not None:
+            out.append((call, current, SchedParams(max_nodes=asked.max_nodes, parallel=asked.parallel, op_offload=asked.op_offload)))
+            pending = None
+        elif s.kind == "sched_reserve":
+            pending = (call, s)
+        elif s.kind == "new":
+            current, pending, asked = s, None, None
+        elif s.kind == "reserve" and pending is not None and current is not None:
+            if asked is None:  # a build that logs no parameters: only max_nodes is observed
+                out.append((pending[0], current, SchedParams(max_nodes=pending[1].max_nodes, parallel=current.parallel, op_offload=current.op_offload)))
+            pending = None
+    return out
+
+
+def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    out = []
+    for call, kept, new in scheduler_reuses(trace):
+        cur = SchedParams(max_nodes=kept.max_nodes, parallel=kept.parallel, op_offload=kept.op_offload)
+        if not can_reuse(new, cur):
+            why = [f for f in ("max_nodes", "parallel", "op_offload") if getattr(new, f) != getattr(cur, f) and (f != "max_nodes" or new.max_nodes > cur.max_nodes)]
+            out.append(Violation("llama-reuse-sound", max(call, 0),
+                                 f"{_call_name(w, call)} kept scheduler #{kept.sched} (max_nodes {cur.max_nodes}, parallel {cur.parallel}, "
+                                 f"op_offload {cur.op_offload}) for max_nodes {new.max_nodes}, parallel {new.parallel}, op_offload {new.op_offload}: "
+                                 f"can_reuse is false ({', '.join(why)})", {"why": ",".join(why) or "params"}))
+    return out
+
+
+def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    """Two oracles of each re-reservation, where the build has them (the seeds' system):
+
+    * ggml's realloc callback says whether the graph size changed; the harness derives the same
+      from ggml's graph-size formula (``reference.versions``): they must agree;
+    * llama.cpp counts the reallocations it did not expect (``n_same``/``n_diff``, traced after
+      each one): its counts must equal the harness's count of the same events, every time."""
+    out: list[Violation] = []
+    counting = {s.sched for _, s in trace.sched_calls() if s.kind == "new" and s.owner_counts}
+    same = diff = 0
+    for call, s in trace.sched_calls():
+        if s.kind != "alloc" or not s.realloc:
+            continue
+        if s.observed and s.derived_same_size != s.same_size:
+            out.append(Violation("llama-counters-agree", max(call, 0),
+                                 f"{_call_name(w, call)}: ggml's realloc callback says graph_size_changed = {int(bool(s.ggml_size_changed))}, "
+                                 f"backend_ids_changed = {int(bool(s.ggml_ids_changed))}; the harness derives graph_size {s.graph_size} "
+                                 f"(prev {s.prev_graph_size}) from ggml's formula for this graph", {"what": "graph-size"}))
+            return out
+        if s.sched not in counting or (s.ggml_ids_changed if s.observed else s.backend_ids_changed):
+            continue  # llama.cpp ignores a reallocation after a change of the backend assignments
+        same, diff = same + s.same_size, diff + (not s.same_size)
+        if (s.llama_n_same, s.llama_n_diff) != (same, diff):
+            said = "traced nothing" if s.llama_n_same is None else f"counts n_same = {s.llama_n_same}, n_diff = {s.llama_n_diff}"
+            out.append(Violation("llama-counters-agree", max(call, 0),
+                                 f"{_call_name(w, call)}: after this reallocation ({'same' if s.same_size else 'changed'} size, ggml says) "
+                                 f"llama.cpp {said}; the harness counts n_same = {same}, n_diff = {diff}", {"what": "counters"}))
+            return out
+    return out
+
+
+def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    a = trace.abort
+    if a is not None:
+        lines = a.message.strip().splitlines() or [a.kind]
+        # a crash's first line is the signal; the C assert that raised it (if any) is what separates causes
+        at = next((k for k, x in enumerate(lines) if re.search(r"Assertion `|GGML_ASSERT|GGML_ABORT", x)), 0)
+        cause = re.sub(r"^\S*: (?=\S*\.(?:c|cpp|h):\d+)", "", lines[at])  # the "python: " program prefix
+        cause = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", cause)
+        head = lines[0] if at else ""
+        if not at:  # no assert: the top of the C stack tells one crash from another
+            cause = with_c_stack(cause, a.message)
+        kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
+        text = f"{head}: {cause}" if head else cause
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}{at_site(a.message)}", {"kind": a.kind, "message": kind})]
+    for c in trace.calls:
+        if c.kind == "init" and c.rc != 0:
+            said = " / ".join(c.error) or "nothing"
+            # the workload's parameters are valid (LlamaWorkload.validate): the context must come up
+            message = re.sub(r"\d+(\.\d+)?", "N", said.split(" / ")[-1])[:160]
+            return [Violation("llama-no-abort", 0, f"llama_init_from_model failed for valid parameters ({w.describe()}); llama.cpp said: {said}",
+                              {"kind": "init", "message": message})]
+        if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
+            return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed)", {"kind": "decode", "rc": c.rc})]
+    return []
+
+
+def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
+    """What the harness meant to do and could not: a call llama.cpp refused although the workload
+    is valid, or a context whose scheduler calls were never seen. Not a verdict of pass: the
+    fuzzer stops on it as a harness error (its generator or its observation is broken)."""
+    if trace.abort is not None:
+        return []
+    out = []
+    for c in trace.calls:
+        name = _call_name(w, c.index)
+        if c.kind == "init":
+            if c.rc == 0 and not any(s.kind == "reserve" for s in c.sched):
+                out.append("llama_init_from_model reserved nothing the scheduler hook saw: the observation is broken")
+        elif c.kind == "decode":
+            if c.rc in (-1, 2):  # -1: an invalid batch, 2: aborted; the generator makes neither
+                out.append(f"{name} returned {c.rc}")
+        elif c.rc != 0:
+            out.append(f"{name} could not be made (returned {c.rc!r})")
+    return out
+
+
+LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {
+    "llama-no-same-size-realloc": llama_no_same_size_realloc,
+    "llama-reuse-sound": llama_reuse_sound,
+    "llama-no-abort": llama_no_abort,
+    "llama-counters-agree": llama_counters_agree,
+}
+assert tuple(LLAMA_CHECKS) == LLAMA_PROPERTY_IDS

@@ -1,0 +1,49 @@
+"""Where the check that aborted ggml is: the file and line ggml printed, and the function read
+from the build's source at that line (a figure ggml does not print: derived here, on the judging
+side, from the source the engine was built from)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..files import cache_dir
+
+_SITE = re.compile(r"(\S*?)([\w.-]+\.(?:c|cpp|h)):(\d+): ")
+# a function definition's first line in ggml's and llama.cpp's style: at column 0, a name and "("
+_DEFINITION = re.compile(r"^(?![#/ \t}{])[^;=]*?\b([A-Za-z_]\w*(?:::~?\w+)*)\s*\(")
+
+
+def check_site(message: str) -> str:
+    """Where the check that aborted is: ``file:line, in function`` from the ``file:line:``
+    ggml's ``ggml_abort`` prints (the function read from that file at that line, where the
+    source is on disk: the build's own path, or the cached source distribution of a built-in
+    whose build folder pip has deleted); "" when ggml printed no site."""
+    m = _SITE.search(message)
+    if m is None:
+        return ""
+    folder, name, line = m.group(1), m.group(2), int(m.group(3))
+    site = f"{name}:{line}"
+    source = _source_file(folder + name)
+    if source is None:
+        return site
+    lines = source.read_text(errors="replace").splitlines()[:line]
+    for text in reversed(lines):
+        d = _DEFINITION.match(text)
+        if d and d.group(1) not in ("if", "for", "while", "switch", "return", "sizeof"):
+            return f"{site}, in {d.group(1)}"
+    return site
+
+
+def _source_file(path: str) -> Path | None:
+    """``path`` if it exists, else the same file in the cached source distribution whose name
+    pip's build folder carries (``/tmp/pip-install-*/ggml-python_<hash>/vendor/...``)."""
+    if Path(path).is_file():
+        return Path(path)
+    m = re.search(r"/([A-Za-z][\w-]*?)_[0-9a-f]{16,}/(.+)$", path)
+    if m is None:
+        return None
+    for root in sorted((cache_dir() / "src").glob(f"{m.group(1)}-*")):
+        if (root / m.group(2)).is_file():
+            return root / m.group(2)
+    return None

@@ -1,0 +1,321 @@
+"""Hypothesis strategies for scheduler scenarios, small and composable.
+
+``layouts()`` -> ``BackendLayout``; ``graphs(layout)`` -> random op DAGs over every op the
+scheduler treats specially; ``models(layout)`` / ``llama_graphs(layout)`` -> llama-like layered
+graphs; ``param_sequences()`` -> ``SchedParams`` changes; ``workloads()`` -> driver workloads;
+``scenarios()`` -> layouts, graphs and step sequences for comparing engine and reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from ..model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step, leaf_merged, leaf_split, reshaped
+from ..model.shapes import nbytes
+from ..sim.driver import Reconfigure, Ubatch, Workload
+from ..sim.models import ModelShape, llama_graph
+
+DIMS = (8, 16, 32)
+
+
+# ops a gpu may be drawn to refuse (ggml_op_name's names): the scheduler then runs them elsewhere; not
+# SET_ROWS and CPY, which write into caches in its own memory (ggml aborts: a real device runs them)
+GPU_REFUSABLE = ("UNARY", "ROPE", "SOFT_MAX", "FLASH_ATTN_EXT", "GET_ROWS", "CONCAT", "MUL_MAT_ID", "RMS_NORM", "MUL_MAT")
+
+
+@st.composite
+def gpus(draw: st.DrawFn) -> BackendSpec:
+    """A GPU-like device (``ggml/fake_gpu.c``): offloading large batches or not, refusing a
+    few ops, with or without a host buffer type, sharing the CPU's buffer type now and then, a
+    maximum buffer size (in bytes, raised by ``fit_max_size`` to the largest tensor), an
+    alignment, reordering splits, and asynchronous with a delay."""
+    shared = draw(st.integers(0, 4)) == 4  # the simplest draw (0) is a device with its own buffer type
+    asynchronous = draw(st.booleans())
+    return BackendSpec(
+        "gpu",
+        offload_min_batch=draw(st.sampled_from((None, 8, 32))),
+        max_size=draw(st.sampled_from((None, 16384, 65536, 1 << 20))),
+        alignment=draw(st.sampled_from((32, 128, 512))),
+        unsupported=tuple(draw(st.lists(st.sampled_from(GPU_REFUSABLE), max_size=2, unique=True))),
+        host_buffer=not shared and draw(st.booleans()),
+        shared_buft=shared,
+        graph_optimize=draw(st.booleans()),
+        asynchronous=asynchronous,
+        delay_us=draw(st.sampled_from((0, 200, 1000))) if asynchronous else 0,
+    )
+
+
+def fit_max_size(layout: BackendLayout, specs: list[GraphSpec]) -> BackendLayout:
+    """``layout`` with each gpu's ``max_size`` at least the largest tensor of ``specs``: a device
+    cannot hold a tensor over its maximum buffer size (ggml refuses the weights, and a compute
+    chunk that size fails to allocate), which is a property of the test, not a scheduler bug."""
+    biggest = max((nbytes(g.geometry[t.name]) for g in specs for t in g.tensors), default=0)
+    return BackendLayout(tuple(replace(b, max_size=max(b.max_size, biggest)) if b.max_size else b for b in layout.backends))
+
+
+@st.composite
+def layouts(draw: st.DrawFn, min_rpc: int = 0, max_rpc: int = 2, blas: bool = False, max_gpu: int = 0) -> BackendLayout:
+    """0..``max_gpu`` GPU-like devices, 0..``max_rpc`` RPC devices (each its own buffer type),
+    optionally BLAS, then the CPU."""
+    backends = [draw(gpus()) for _ in range(draw(st.integers(0, max_gpu)))] if max_gpu else []
+    backends += [BackendSpec("rpc")] * draw(st.integers(min_rpc, max_rpc))
+    if blas and draw(st.booleans()):
+        backends.append(BackendSpec("blas"))
+    return BackendLayout((*backends, BackendSpec("cpu")))
+
+
+@st.composite
+def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSpec:
+    """A random DAG of activations ``[d, T]`` grown one op at a time from earlier tensors,
+    with weights, KV-cache stores and views placed on random devices of ``layout``."""
+    b = GraphBuilder()
+    n_tokens = draw(st.sampled_from((1, 2, 4, 8, 32, 40)))  # 32 and more: BLAS's min batch
+    device = st.integers(0, layout.n - 1)
+    pool = [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))]
+    roots: list[str] = []
+    n_ops = draw(st.integers(1, max_ops))
+    for k in range(n_ops):
+        a = draw(st.sampled_from(pool))
+        d = b.shape(a)[0]
+        kind = draw(st.sampled_from(("mul_mat", "binary", "unary", "transpose", "concat", "get_rows", "soft_max",
+                                     "set_rows", "rope", "flash_attn", "mul_mat_id", "cpy", "view_leaf")))
+        if kind == "mul_mat":
+            # q8_0 (blocks of 32) where the row allows it: RPC then asks its server for the size
+            types = ("f32", "f16", "q8_0") if d % 32 == 0 else ("f32", "f16")
+            w = b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(device), draw(st.sampled_from(types)))
+            pool.append(b.op("mul_mat", w, a, name=f"mm{k}"))
+        elif kind == "binary":
+            same = [t for t in pool if b.shape(t) == b.shape(a)]
+            other = draw(st.sampled_from(same)) if draw(st.booleans()) else b.weight(f"w{k}", (d,), draw(device))
+            pool.append(b.op(draw(st.sampled_from(("add", "mul"))), a, other, name=f"bin{k}"))
+        elif kind == "unary":
+            op = draw(st.sampled_from(("silu", "scale", "rms_norm")))
+            pool.append(b.op(op, a, name=f"{op}{k}", **({"scale": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
+        elif kind == "transpose":
+            t = b.op("cont", b.op("transpose", a, name=f"tr{k}"), name=f"trc{k}")
+            pool.append(b.op("cont", b.op("permute", t, name=f"pm{k}", axes=[1, 0, 2, 3]), name=f"pmc{k}"))
+        elif kind == "concat":
+            other = draw(st.sampled_from(pool))
+            pool.append(b.op("concat", a, other, name=f"cat{k}", dim=0))
+        elif kind == "get_rows":
+            table = b.weight(f"tok{k}", (d, 64), draw(device))
+            pool.append(b.op("get_rows", table, b.input(f"ids{k}", (n_tokens,), "i32"), name=f"rows{k}"))
+        elif kind == "soft_max":
+            mask = b.input(f"mask{k}", (d, n_tokens)) if draw(st.booleans()) else None
+            pool.append(b.op("soft_max_ext", a, mask, name=f"sm{k}", scale=1.0))
+        elif kind == "set_rows":
+            cache = b.cache(f"cache{k}", (d, 64), draw(device))  # room for every batch size drawn
+            roots.append(b.op("set_rows", cache, a, b.input(f"kvi{k}", (n_tokens,), "i64"), name=f"store{k}"))
+            pool.append(b.op("view", cache, name=f"kv{k}", ne=[d, n_tokens], nb=[d * 4]))
+        elif kind == "rope":
+            r = b.op("reshape", a, name=f"r3{k}", ne=[d, 1, n_tokens])
+            freqs = b.weight(f"freqs{k}", (d // 2,), draw(device)) if draw(st.booleans()) else None
+            r = b.op("rope", r, b.input(f"pos{k}", (n_tokens,), "i32"), freqs, name=f"rope{k}", n_dims=d)
+            pool.append(b.op("reshape", r, name=f"r2{k}", ne=[d, n_tokens]))
+        elif kind == "flash_attn":
+            q = b.op("permute", b.op("reshape", a, name=f"q3{k}", ne=[d, 1, n_tokens]), name=f"q{k}", axes=[0, 2, 1, 3])
+            kv_dev = draw(device)
+            kc = b.cache(f"kc{k}", (d, 16), kv_dev)
+            vc = b.cache(f"vc{k}", (d, 16), kv_dev)
+            kk = b.op("view", kc, name=f"kview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
+            vv = b.op("view", vc, name=f"vview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
+            mask = b.input(f"fmask{k}", (16, n_tokens), "f16") if draw(st.booleans()) else None
+            att = b.op("flash_attn_ext", q, kk, vv, mask, name=f"fa{k}", scale=1.0)
+            pool.append(b.op("reshape", att, name=f"fa2{k}", ne=[d, n_tokens]))
+        elif kind == "mul_mat_id":
+            n_exp, n_used, d_out = 4, 2, draw(st.sampled_from(DIMS))
+            experts = b.weight(f"exps{k}", (d, d_out, n_exp), draw(device))
+            ids = b.input(f"eids{k}", (n_used, n_tokens), "i32")
+            out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, n_tokens]), ids, name=f"moe{k}")
+            first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, n_tokens], nb=[d_out * 4 * n_used])
+            pool.append(b.op("cont", first, name=f"moe_c{k}"))
+        elif kind == "view_leaf":
+            # ggml_view_tensor of a computed tensor is a leaf (op NONE, no src): pass 4 gives it
+            # its view source's backend, and ggml-alloc does not see it as a child. The source is
+            # computed first (an earlier root) and kept (an output); an add with a weight on a
+            # device of its own reads the view
+            src = b.op("scale", a, name=f"vs{k}", output=True, scale=1.0)
+            roots.append(src)
+            pool.append(b.op("add", b.op("view_tensor", src, name=f"vt{k}"), b.weight(f"w{k}", (d,), draw(device)), name=f"vta{k}"))
+        else:  # cpy into a pre-allocated buffer (a root, like the KV stores) or into an input
+            if draw(st.booleans()):
+                dst = b.cache(f"dst{k}", (d, n_tokens), draw(device))
+            else:
+                dst = b.input(f"dst{k}", (d, n_tokens))
+            roots.append(b.op("cpy", a, dst, name=f"cpy{k}"))
+    last = pool[-1]
+    if len(pool) == 1:
+        last = b.op("scale", last, name="out", scale=1.0)
+    ops = [t.name for t in b.tensors if t.op != "none"]
+    for _ in range(draw(st.integers(0, 2))):
+        if draw(st.integers(0, 3)) == 0:
+            name = draw(st.sampled_from(ops))
+            # a write into a pre-allocated tensor is forced onto that tensor's device only: forced
+            # elsewhere, the CPU writes through an RPC buffer's address (the starter corpus's
+            # 01b07046ee), and where that does not crash at once it corrupts the worker's memory
+            # and makes later scenarios fail at random
+            target = _written(b, name)
+            b.force(name, target if target is not None else draw(device))
+    return b.build(*roots, last)
+
+
+@st.composite
+def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extra_ops: int = 0) -> ModelShape:
+    """A llama-like model: layers split over the devices in blocks (``--tensor-split``),
+    optionally FFN weights overridden to another device (``-ot``), FA or not, MoE or dense;
+    up to ``max_extra_ops`` elementwise ops per layer scale it to thousands of nodes."""
+    n_layer = draw(st.integers(1, max_layers))
+    cuts = sorted(draw(st.lists(st.integers(0, n_layer), min_size=layout.n - 1, max_size=layout.n - 1)))
+    layer_devices = tuple(sum(c <= il for c in cuts) for il in range(n_layer))
+    ffn = tuple(draw(st.integers(0, layout.n - 1)) for _ in range(n_layer)) if draw(st.booleans()) else ()
+    moe = draw(st.booleans())
+    return ModelShape(
+        layer_devices=layer_devices,
+        output_device=draw(st.sampled_from((layer_devices[-1], layout.n - 1))),
+        cpu_device=layout.n - 1,
+        n_embd=32,
+        n_head=4,
+        n_head_kv=draw(st.sampled_from((1, 2, 4))),
+        n_ff=48,
+        n_vocab=64,
+        kv_size=64,
+        flash_attn=draw(st.booleans()),
+        n_expert=4 if moe else 0,
+        n_expert_used=2,
+        ffn_devices=ffn,
+        extra_ops=draw(st.integers(0, max_extra_ops)),
+    )
+
+
+@st.composite
+def llama_graphs(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extra_ops: int = 0) -> GraphSpec:
+    m = draw(models(layout, max_layers, max_extra_ops))
+    n_tokens = draw(st.one_of(st.integers(1, 16), st.sampled_from((32, 48, 64))))
+    n_kv = draw(st.integers(min(n_tokens, m.kv_size), m.kv_size))
+    return llama_graph(m, n_tokens, n_kv, draw(st.integers(1, n_tokens)))
+
+
+@st.composite
+def param_sequences(draw: st.DrawFn, min_size: int = 1, max_size: int = 4, min_nodes: int = 1024) -> list[SchedParams]:
+    """Sequences of scheduler parameters as ``llama_context`` changes them: each after the
+    first changes one field (a new max_nodes for a bigger model graph, pipeline parallelism
+    switched off after a failed reservation, op offload toggled). ``max_nodes`` is 1, 2, 4 or
+    8 times ``min_nodes`` (llama.cpp's ``graph_max_nodes`` for the model)."""
+    max_nodes = st.sampled_from(tuple(min_nodes * k for k in (1, 2, 4, 8)))
+    seq = [SchedParams(draw(max_nodes), draw(st.booleans()), draw(st.booleans()))]
+    for _ in range(draw(st.integers(min_size, max_size)) - 1):
+        p = seq[-1]
+        field = draw(st.sampled_from(("max_nodes", "max_nodes", "parallel", "op_offload")))
+        if field == "max_nodes":
+            seq.append(SchedParams(draw(max_nodes), p.parallel, p.op_offload))
+        elif field == "parallel":
+            seq.append(SchedParams(p.max_nodes, not p.parallel, p.op_offload))
+        else:
+            seq.append(SchedParams(p.max_nodes, p.parallel, not p.op_offload))
+    return seq
+
+
+@st.composite
+def workloads(
+    draw: st.DrawFn,
+    layout: BackendLayout | None = None,
+    max_ubatches: int = 6,
+    min_reconfigures: int = 0,
+    max_layers: int = 2,
+    max_extra_ops: int = 0,
+    max_gpu: int = 0,
+) -> Workload:
+    """A first configuration, then ubatches (prompt chunks and single tokens, with all or some
+    outputs) interleaved with at least ``min_reconfigures`` reconfigurations."""
+    layout = layout or draw(layouts(max_rpc=1, max_gpu=max_gpu))
+    m = draw(models(layout, max_layers, max_extra_ops))
+    n_ubatch = draw(st.sampled_from((8, 16, 32)))
+    layout = fit_max_size(layout, [llama_graph(m, n_ubatch, m.kv_size, n_ubatch)])
+    # like llama_context::graph_max_nodes: at least 1024, and room for the largest graph
+    need = len(llama_graph(m, n_ubatch, m.kv_size, n_ubatch).tensors)
+    min_nodes = max(1024, 1024 * -(-2 * need // 1024))
+    first, *rest = draw(param_sequences(min_size=1 + min_reconfigures, max_size=4 + min_reconfigures, min_nodes=min_nodes))
+
+    def reconfigure(p: SchedParams) -> Reconfigure:
+        # now and then the pipeline-parallel reservation does not fit: the fallback path
+        return Reconfigure(p, p.parallel and draw(st.integers(0, 3)) == 0)
+
+    events: list[Ubatch | Reconfigure] = [reconfigure(first)]
+    for _ in range(draw(st.integers(1, max_ubatches))):
+        if rest and draw(st.integers(0, 3)) == 0:
+            events.append(reconfigure(rest.pop(0)))
+            continue
+        n_tokens = draw(st.integers(1, n_ubatch))
+        n_outputs = draw(st.sampled_from((n_tokens, 1, max(1, n_tokens // 2))))
+        n_kv = draw(st.integers(n_tokens, m.kv_size))
+        events.append(Ubatch(n_tokens, n_outputs, n_kv))
+    while sum(isinstance(e, Reconfigure) for e in events) < 1 + min_reconfigures:
+        events.insert(draw(st.integers(1, len(events))), reconfigure(rest.pop(0)))
+        events.append(Ubatch(1, 1, 1))
+    return Workload(layout, m, n_ubatch, tuple(events))
+
+
+def _written(b: GraphBuilder, name: str) -> int | None:
+    """The device of the pre-allocated tensor op ``name`` writes into (set_rows, cpy), if any."""
+    t = next(t for t in b.tensors if t.name == name)
+    dst = {"set_rows": 0, "cpy": 1}.get(t.op)
+    if dst is None or t.args[dst] is None:
+        return None
+    target = next(u for u in b.tensors if u.name == t.args[dst])
+    return target.device if target.role in ("weight", "cache") else None
+
+
+@st.composite
+def graph_family(draw: st.DrawFn, base: GraphSpec) -> list[GraphSpec]:
+    """``base`` and up to two variants of it with the same ops: an input's dimension halved
+    (same topology, smaller tensors: ggml finds a node or src "not valid" when the bigger one
+    comes after), two same-shaped inputs merged into one (one leaf fewer) or an input read twice
+    split in two (one leaf more): ggml re-plans for "different number of leafs"."""
+    family = [base]
+    inputs = [t.name for t in base.tensors if t.role == "input"]
+    for _ in range(draw(st.integers(1, 2))):
+        how = draw(st.sampled_from(("shape", "fewer leafs", "more leafs")))
+        if how == "shape" and inputs:
+            variant = reshaped(base, draw(st.sampled_from(inputs)), draw(st.integers(0, 1)))
+        else:
+            variant = leaf_merged(base) if how == "fewer leafs" else leaf_split(base)
+        if variant is not None and variant not in family:
+            family.append(variant)
+    return family
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    max_rpc: int = 2,
+    max_steps: int = 6,
+    compute: bool = False,
+    max_layers: int = 4,
+    max_extra_ops: int = 0,
+    blas: bool = False,
+    max_gpu: int = 0,
+) -> Scenario:
+    """A layout, up to three graphs (random or llama-like, or a ``graph_family``) and a step
+    sequence over them."""
+    layout = draw(layouts(max_rpc=max_rpc, blas=blas, max_gpu=max_gpu))
+    specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout, max_layers, max_extra_ops)), min_size=1, max_size=3))
+    if draw(st.booleans()):
+        specs = draw(graph_family(specs[0]))
+    names = [f"g{i}" for i in range(len(specs))]
+    biggest = max(len(s.tensors) for s in specs)
+    params = st.builds(
+        SchedParams, max_nodes=st.integers(2 * biggest + 16, max(4096, 4 * biggest)), parallel=st.booleans(), op_offload=st.booleans()
+    )
+    kinds = ("reserve", "alloc", "alloc", "reset") + (("compute",) if compute else ())
+    steps = [Step("sched_new", params=draw(params))]
+    for _ in range(draw(st.integers(1, max_steps))):
+        kind = draw(st.sampled_from(kinds + ("sched_new",)))
+        if kind == "sched_new":
+            steps.append(Step("sched_new", params=draw(params)))
+        elif kind == "reset":
+            steps.append(Step("reset"))
+        else:
+            steps.append(Step(kind, draw(st.sampled_from(names))))
+    return Scenario(fit_max_size(layout, specs), tuple(zip(names, specs)), tuple(steps))

@@ -1,0 +1,245 @@
+"""Hypothesis strategies for server-like llama.cpp workloads (``model.llama.LlamaWorkload``): a
+tiny model, its devices, a context and a server's calls on it, each a small composable function."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from ..model.llama import (
+    FLASH_ATTN,
+    KV_TYPES,
+    MAX_LORAS,
+    MAX_RPC,
+    MAX_SEQ,
+    OUTPUTS,
+    POOLING,
+    SAMPLER_CHAINS,
+    Call,
+    ContextParams,
+    Devices,
+    LlamaWorkload,
+    Part,
+)
+from ..model.llama_model import LORA_TARGETS, MAX_WEIGHT_BYTES, LoraSpec, ModelSpec
+
+
+@st.composite
+def model_specs(draw: st.DrawFn, max_layers: int = 3) -> ModelSpec:
+    """A tiny dense or mixture-of-experts llama (sizes within ``ModelSpec``'s bounds)."""
+    n_head_kv = draw(st.sampled_from((1, 2, 4)))
+    n_head = n_head_kv * draw(st.sampled_from((1, 2)))
+    head_dim = draw(st.sampled_from((16, 32) if n_head == 1 else (8, 16, 32) if n_head <= 4 else (8, 16)))
+    moe = draw(st.booleans())
+    spec = ModelSpec(
+        kind="moe" if moe else "dense",
+        n_layer=draw(st.integers(1, max_layers)),
+        n_embd=n_head * head_dim,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=draw(st.sampled_from((16, 32) if moe else (32, 64, 128))),
+        n_expert=draw(st.sampled_from((4, 8))) if moe else 0,
+        n_expert_used=2 if moe else 0,
+        seed=draw(st.integers(0, 3)),
+    )
+    # deep models of wide layers (the nightly's max_layers): as many layers as the weights hold
+    while spec.n_layer > 1 and 4 * spec.n_params > MAX_WEIGHT_BYTES:
+        spec = replace(spec, n_layer=spec.n_layer - 1)
+    return spec
+
+
+@st.composite
+def context_params(draw: st.DrawFn, head_dim: int = 32) -> ContextParams:
+    """Context parameters; a quantized (q8_0) KV cache only where rows hold whole blocks of 32
+    (``head_dim % 32 == 0``: ggml asserts on partial blocks)."""
+    n_ubatch = draw(st.sampled_from((8, 16, 32, 64)))
+    n_batch = n_ubatch * draw(st.sampled_from((1, 2)))
+    n_seq_max = draw(st.integers(1, MAX_SEQ))
+    flash = draw(st.sampled_from(FLASH_ATTN))
+    kv_types = KV_TYPES if head_dim % 32 == 0 else ("f16", "f32")
+    type_k = draw(st.sampled_from(kv_types))
+    type_v = draw(st.sampled_from(kv_types if flash == "on" else ("f16", "f32")))
+    embeddings = draw(st.integers(0, 5)) == 0
+    pooling = draw(st.sampled_from(POOLING)) if embeddings else "none"
+    # the limits llama-server sets: n_parallel * (1 + n_draft) outputs, capped at n_batch
+    n_draft = draw(st.sampled_from((0, 0, 1, 3)))
+    # with embeddings on and no pooling llama.cpp outputs every token: llama-server then sets no limit
+    limited = draw(st.booleans()) and not embeddings
+    per_seq = min(n_batch, 1 + n_draft) if limited else 0
+    total = min(n_batch, n_seq_max * (1 + n_draft)) if limited else 0
+    return ContextParams(
+        n_ctx=draw(st.sampled_from((256, 512, 1024))),
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        n_seq_max=n_seq_max,
+        flash_attn=flash,
+        op_offload=draw(st.booleans()),
+        offload_kqv=draw(st.sampled_from((True, True, False))),
+        type_k=type_k,
+        type_v=type_v,
+        kv_unified=draw(st.booleans()),
+        embeddings=embeddings,
+        pooling=pooling,
+        n_outputs_max=total,
+        n_outputs_max_per_seq=per_seq,
+        backend_samplers=draw(st.integers(0, 4)) == 0 and not embeddings,
+        sampler_chain=draw(st.sampled_from(tuple(SAMPLER_CHAINS))),
+    )
+
+
+@st.composite
+def devices(draw: st.DrawFn, n_layer: int, max_rpc: int = MAX_RPC) -> Devices:
+    n_rpc = draw(st.integers(1, max_rpc))
+    all_layers = draw(st.integers(0, 3)) > 0
+    split = tuple(draw(st.sampled_from((1.0, 2.0, 3.0))) for _ in range(n_rpc)) if n_rpc > 1 and draw(st.booleans()) else ()
+    return Devices(n_rpc=n_rpc, n_gpu_layers=99 if all_layers else draw(st.integers(0, n_layer)), tensor_split=split)
+
+
+def _outputs(draw: st.DrawFn, n_tokens: int, room: int) -> str:
+    options = [o for o in OUTPUTS if {"last": 1, "all": n_tokens, "none": 0}[o] <= room]
+    return draw(st.sampled_from(options))
+
+
+@st.composite
+def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0) -> tuple[Call, ...]:
+    """What a server does between requests: prompts chunked to ``n_batch``, single-token decode
+    of all active slots in one batch, speculative drafts verified and rolled back, slot reuse,
+    ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with ``n_loras``
+    adapters their loading at start (as ``--lora`` does), per-request sets and run-time loads and
+    frees. Outputs per batch and per sequence stay within the context's limits."""
+    calls: list[Call] = []
+    active: set[int] = set()
+    loaded: set[int] = set(range(draw(st.integers(0, n_loras)))) if n_loras else set()
+    attached = 0
+    calls += [Call("lora_load", n=k) for k in sorted(loaded)]
+    per_seq, total = ctx.outputs_max_per_seq(), ctx.outputs_max()
+    n_steps = draw(st.integers(1, max_calls))
+    for _ in range(n_steps):
+        if len(calls) >= max_calls:
+            break
+        what = draw(st.sampled_from(("prompt", "prompt", "generate", "generate", "generate", "draft", "mixed", "reuse", "copy", "keep", "shift", "switch")
+                                    + (("adapters", "adapters") if n_loras else ())))
+        seqs = list(range(ctx.n_seq_max))
+        if what == "prompt" or not active:
+            seq = draw(st.sampled_from(seqs))
+            length = draw(st.integers(1, 3 * ctx.n_batch))
+            last_out = draw(st.sampled_from(("last", "last", "all", "none")))
+            while length > 0 and len(calls) < max_calls:
+                n = min(length, ctx.n_batch)
+                length -= n
+                out = last_out if length == 0 else "none"
+                if out == "all" and n > min(per_seq, total):
+                    out = "last"
+                calls.append(Call("decode", (Part(seq, n, out),)))
+            active.add(seq)
+        elif what == "generate":
+            chosen = sorted(draw(st.sets(st.sampled_from(sorted(active)), min_size=1)))
+            chosen = chosen[: min(len(chosen), ctx.n_batch, total)]
+            calls.append(Call("decode", tuple(Part(s, 1, "last") for s in chosen)))
+        elif what == "draft":
+            # speculative decoding: verify 1 + n_draft tokens (all output), then roll back the rejected
+            seq = draw(st.sampled_from(sorted(active)))
+            n = draw(st.integers(2, max(2, min(per_seq, total, ctx.n_batch))))
+            out = "all" if n <= min(per_seq, total) else "last"
+            calls.append(Call("decode", (Part(seq, n, out),)))
+            rejected = draw(st.integers(0, n - 1))
+            if rejected:
+                calls.append(Call("seq_rm", seq=seq, n=rejected))
+        elif what == "mixed":
+            # continuous batching: one slot's prompt chunk next to other slots' next tokens
+            seq = draw(st.sampled_from(seqs))
+            others = [s for s in sorted(active) if s != seq][: max(0, min(total, ctx.n_batch) - 1)]
+            room = ctx.n_batch - len(others)
+            n = draw(st.integers(1, max(1, room)))
+            parts = [Part(seq, n, _outputs(draw, n, min(per_seq, total - len(others))))] + [Part(s, 1, "last") for s in others]
+            calls.append(Call("decode", tuple(parts)))
+            active.add(seq)
+        elif what == "reuse":
+            seq = draw(st.sampled_from(sorted(active)))
+            keep_prefix = draw(st.booleans())
+            calls.append(Call("seq_rm", seq=seq, n=draw(st.integers(1, 16)) if keep_prefix else -1))
+        elif what == "copy" and ctx.n_seq_max > 1:
+            src = draw(st.sampled_from(sorted(active)))
+            dst = draw(st.sampled_from([s for s in seqs if s != src]))
+            # as llama-server does: the destination slot is emptied first
+            calls += [Call("seq_rm", seq=dst, n=-1), Call("seq_cp", seq=src, dst=dst)]
+            active.add(dst)
+        elif what == "keep":
+            seq = draw(st.sampled_from(sorted(active)))
+            calls.append(Call("seq_keep", seq=seq))
+            active = {seq}
+        elif what == "shift":
+            seq = draw(st.sampled_from(sorted(active)))
+            calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
+        elif what == "adapters" and n_loras:
+            # a request with other LoRA adapters (llama-server sets them per request), or one loaded or freed at run time
+            op = draw(st.sampled_from(("set", "set", "set", "load", "free")))
+            if op == "load" and len(loaded) < n_loras:
+                k = draw(st.sampled_from(sorted(set(range(n_loras)) - loaded)))
+                calls.append(Call("lora_load", n=k))
+                loaded.add(k)
+            elif op == "free" and loaded:
+                k = draw(st.sampled_from(sorted(loaded)))
+                if attached >> k & 1:
+                    attached &= ~(1 << k)
+                    calls.append(Call("lora_set", n=attached))
+                calls.append(Call("lora_free", n=k))
+                loaded.discard(k)
+            else:
+                attached = sum(1 << k for k in draw(st.sets(st.sampled_from(sorted(loaded)))) ) if loaded else 0
+                calls.append(Call("lora_set", n=attached))
+        else:
+            # a server with backend samplers sets each request's chain: the most frequent switch there
+            kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+                                        + (("set_sampler", "set_sampler") if ctx.backend_samplers else ())))
+            if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
+                kind = "set_warmup"
+            flag = draw(st.booleans())
+            chain = draw(st.sampled_from(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
+            calls.append(Call(kind, seq=draw(st.sampled_from(seqs)), flag=flag, chain=chain))
+            if kind == "clear":
+                active = set()
+    return _within_ubatch_when_non_causal(calls[:max_calls], ctx.n_ubatch)
+
+
+def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Call, ...]:
+    """llama.cpp requires ``n_tokens <= n_ubatch`` while causal attention is off: trim such batches."""
+    out, causal = [], True
+    for c in calls:
+        if c.kind == "set_causal_attn":
+            causal = c.flag
+        elif c.kind == "decode" and not causal and c.n_tokens() > n_ubatch:
+            parts, room = [], n_ubatch
+            for p in c.parts:
+                if room > 0:
+                    n = min(p.n_tokens, room)
+                    parts.append(replace(p, n_tokens=n, outputs="last" if p.outputs == "all" and n < p.n_tokens else p.outputs))
+                    room -= n
+            c = replace(c, parts=tuple(parts))
+        out.append(c)
+    return tuple(out)
+
+
+@st.composite
+def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24) -> LlamaWorkload:
+    """A tiny model on 1..``max_rpc`` RPC devices, a context, and a server's calls on it."""
+    model = draw(model_specs(max_layers))
+    ctx = draw(context_params(model.head_dim))
+    adapters = draw(loras(model))
+    calls = draw(server_calls(ctx, max_calls, len(adapters)))
+    return LlamaWorkload(model, draw(devices(model.n_layer, max_rpc)), ctx, calls, adapters)
+
+
+@st.composite
+def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
+    """0..``MAX_LORAS`` tiny LoRA adapters for ``model`` (a quarter of the workloads have some)."""
+    if draw(st.integers(0, 3)):
+        return ()
+    targets = [t for t in LORA_TARGETS if model.kind == "dense" or not t.startswith("ffn_")]
+    return tuple(LoraSpec(rank=draw(st.sampled_from((1, 2, 4, 8))), targets=tuple(sorted(draw(st.sets(st.sampled_from(targets), min_size=1)))),
+                          alpha=draw(st.sampled_from((1.0, 4.0, 16.0))), seed=draw(st.integers(0, 3)))
+                 for _ in range(draw(st.integers(1, MAX_LORAS))))
+
+
+__all__ = ["context_params", "devices", "llama_workloads", "loras", "model_specs", "server_calls"]

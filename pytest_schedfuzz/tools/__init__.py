@@ -1,0 +1,1 @@
+"""Tools around the harness: the pre-merge gate, mutation testing and benchmarks."""

@@ -1,0 +1,329 @@
+"""``schedfuzz bench``: speed figures measured side by side in one run, reported as ratios.
+
+1. reference ÷ engine, scheduling the same llama-like graph (reserve + alloc) at about 1k,
+   2k, 4k and 8k nodes, against the Debug engine the harness runs and, when given or built, a
+   Release build of the same ggml; per-node cost from 1k to 8k for each;
+2. harness overhead: a full fuzzing step ÷ the bare engine calls it contains;
+3. examples per second of each property under the dev and ci profiles;
+4. time to the first failure of each planted fault of the plugin's tests (median of seeds);
+5. examples per second with pytest-xdist ``-n 1`` against ``-n 2`` (500 examples per property
+   by default: each worker starts its own engine and RPC servers, which short runs do not
+   amortize).
+
+The engine is timed inside its worker (``StepRecord.seconds``: the ggml calls alone), with
+``GGML_SCHED_DEBUG`` off. Flash attention stays off the RPC devices: each FA node there costs
+an RPC round trip per allocation-size query, which has nothing to do with scheduling.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reference.graph import CGraph
+from reference.predict import predict
+from reference.sched import Scheduler
+
+from ..campaign.fuzz import FuzzConfig, Fuzzer
+from ..ggml.target import GgmlTarget
+from ..model.scenario import BackendLayout, Scenario, SchedParams, Step
+from ..properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS
+from ..sim.models import ModelShape, llama_graph
+
+LAYERS = (4, 8, 16, 32)  # about 1k, 2k, 4k and 8k nodes
+PLANTED = {
+    "policy ignores op_offload": ({"policy": "planted:ignore_op_offload"}, "reuse-sound"),
+    "policy never reuses": ({"policy": "planted:never"}, "reuse-complete"),
+    "policy ignores max_nodes": ({"policy": "planted:ignore_max_nodes"}, "reuse-sound"),
+    "driver without re-reservation": ({"rereserve": False}, "no-same-size-realloc"),
+    "reference without pass 2": ({"reference": "planted:predict_without_pass2"}, "matches-reference"),
+}
+
+
+def scaling_scenario(n_layer: int) -> Scenario:
+    """A llama-like graph of ``n_layer`` layers: attention weights on two RPC devices (half the
+    layers each), FFN weights on the CPU (two splits per layer, like ``-ncmoe``), 215 extra
+    elementwise ops per layer: 32 layers give about 8,000 nodes and 66 splits."""
+    layers = tuple(0 if i < n_layer // 2 else 1 for i in range(n_layer))
+    m = ModelShape(layer_devices=layers, output_device=1, cpu_device=2, ffn_devices=(2,) * n_layer, extra_ops=215)
+    g = llama_graph(m, 32, 256)
+    steps = (Step("sched_new", params=SchedParams(65536)), Step("reserve", "g"), Step("alloc", "g"))
+    return Scenario(BackendLayout.of("rpc", "rpc", "cpu"), (("g", g),), steps)
+
+
+def _median(f: Callable[[], float], repeats: int) -> float:
+    return statistics.median(f() for _ in range(repeats))
+
+
+def _engine_seconds(target: GgmlTarget, sc: Scenario) -> float:
+    trace = target.run(sc)
+    if trace.abort:
+        raise RuntimeError(f"the engine aborted while benchmarking: {trace.abort.message}")
+    return sum(r.seconds for r in trace.records)
+
+
+def _reference_seconds(sc: Scenario) -> float:
+    """``predict`` of the whole scenario: building the graph, then reserve and alloc."""
+    t = time.perf_counter()
+    predict(sc)
+    return time.perf_counter() - t
+
+
+def _reference_schedule_seconds(sc: Scenario) -> float:
+    """The reference's reserve + alloc of an already built graph: what the engine is timed on
+    (its graph is built before the timer starts too)."""
+    g = CGraph.build(sc.graph("g"))
+    step = sc.steps[0]
+    assert step.params is not None
+    was_enabled = gc.isenabled()
+    gc.disable()  # as predict does
+    try:
+        t = time.perf_counter()
+        sched = Scheduler(sc.layout, step.params)
+        sched.reserve(g)
+        sched.alloc_graph(g, 2)
+        return time.perf_counter() - t
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def build_release(dest: Path) -> Path:
+    """Build ggml-python 0.0.45 (same ggml) as a Release library into ``dest``; its lib dir."""
+    lib = dest / "ggml" / "lib"
+    if not (lib / "libggml-base.so").exists():
+        subprocess.run(
+            # --no-cache-dir: pip would reuse a cached wheel of another build type
+            [sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--no-binary", "ggml-python", "--target", str(dest),
+             "ggml-python==0.0.45", "--config-settings=cmake.build-type=Release", "--config-settings=cmake.define.GGML_RPC=ON"],
+            check=True,
+        )
+    return lib
+
+
+def scaling(repeats: int, release_lib: str | None) -> dict[str, Any]:
+    # the Release build is ggml-python's (0.15.3): time it against the same ggml in Debug
+    engines = {"debug": GgmlTarget(lib="ggml-0.15.3" if release_lib else None, bare=True)}
+    if release_lib:
+        engines["release"] = GgmlTarget(lib=release_lib, bare=True)
+    rows = []
+    try:
+        for n_layer in LAYERS:
+            sc = scaling_scenario(n_layer)
+            g = sc.graph("g")
+            full = _median(lambda sc=sc: _reference_seconds(sc), repeats)
+            ref = _median(lambda sc=sc: _reference_schedule_seconds(sc), repeats)
+            row: dict[str, Any] = {"layers": n_layer, "nodes": g.n_ops, "reference_s": ref, "reference_predict_s": full}
+            pred = predict(sc).records[1]
+            row["splits"] = pred.n_splits
+            for name, target in engines.items():
+                _engine_seconds(target, sc)  # warm up: servers, worker, persistent tensors
+                eng = _median(lambda target=target, sc=sc: _engine_seconds(target, sc), repeats)
+                row[f"{name}_s"] = eng
+                row[f"ratio_{name}"] = ref / eng
+            rows.append(row)
+    finally:
+        for t in engines.values():
+            t.close()
+    out: dict[str, Any] = {"rows": rows, "release": release_lib}
+    first, last = rows[0], rows[-1]
+    for name in ["reference", *engines]:
+        key = f"{name}_s"
+        out[f"per_node_growth_{name}"] = (last[key] / last["nodes"]) / (first[key] / first["nodes"])
+    return out
+
+
+def overhead(repeats: int) -> dict[str, Any]:
+    """A full fuzzing step (engine with observation + reference + properties, in the pytest
+    process) against the bare engine calls of the same scenario."""
+    m = ModelShape(layer_devices=(0, 0, 1, 1), output_device=1, cpu_device=1)
+    graphs = tuple((f"T{t}", llama_graph(m, t, 64)) for t in (32, 8, 1))
+    steps = (Step("sched_new", params=SchedParams(4096)), Step("reserve", "T32"), Step("alloc", "T8"), Step("alloc", "T1"), Step("alloc", "T32"))
+    sc = Scenario(BackendLayout.of("rpc", "cpu"), graphs, steps)
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    bare = GgmlTarget(bare=True)
+    try:
+        fuzzer.check("matches-reference", sc)
+        _engine_seconds(bare, sc)
+
+        def full() -> float:
+            t = time.perf_counter()
+            fuzzer.check("matches-reference", sc)
+            return time.perf_counter() - t
+
+        step = _median(full, repeats)
+        engine = _median(lambda: _engine_seconds(bare, sc), repeats)
+    finally:
+        fuzzer.close()
+        bare.close()
+    return {"step_s": step, "engine_s": engine, "ratio": step / engine, "nodes": sum(g.n_ops for _, g in graphs)}
+
+
+def examples_per_second(examples: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for profile in ("dev", "ci"):
+        fuzzer = Fuzzer(FuzzConfig(profile=profile, database=None, budget=1e9))
+        # as under pytest: known engine bugs of the corpus are counted, not shrunk again
+        fuzzer.learn_known_bugs(Path(__file__).resolve().parents[2] / "corpus")
+        row = {}
+        try:
+            for prop in PROPERTY_IDS:
+                before = fuzzer.stats.examples
+                t = time.perf_counter()
+                fuzzer.fuzz(prop, examples)
+                row[prop] = (fuzzer.stats.examples - before) / (time.perf_counter() - t)
+        finally:
+            fuzzer.close()
+        out[profile] = row
+    return out
+
+
+def time_to_failure(seeds: int) -> dict[str, dict[str, Any]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    out = {}
+    for name, (kw, prop) in PLANTED.items():
+        times = []
+        for s in range(1, seeds + 1):
+            fuzzer = Fuzzer(FuzzConfig(seed=s, database=None, examples=500, **kw))
+            try:
+                finding = fuzzer.fuzz(prop)
+            finally:
+                fuzzer.close()
+            times.append(fuzzer.first_failure if finding is not None and fuzzer.first_failure is not None else float("inf"))
+        out[name] = {"property": prop, "median_s": statistics.median(times), "found": sum(t != float("inf") for t in times), "seeds": seeds}
+    return out
+
+
+def llama(examples: int, seeds: int) -> dict[str, Any]:
+    """The llama.cpp properties: workloads and decodes per second with the corpus's known bugs
+    (as under pytest), and the time to the first same-size finding from nothing known."""
+    fuzzer = Fuzzer(FuzzConfig(profile="ci", database=None, budget=1e9))
+    fuzzer.learn_known_bugs(Path(__file__).resolve().parents[2] / "corpus")
+    rates: dict[str, dict[str, float]] = {}
+    try:
+        for prop in LLAMA_PROPERTY_IDS:
+            before = fuzzer.stats.as_dict()
+            t = time.perf_counter()
+            fuzzer.fuzz(prop, examples)
+            wall = time.perf_counter() - t
+            d = fuzzer.stats.delta(before)
+            rates[prop] = {"workloads_per_s": d["llama_workloads"] / wall, "decodes_per_s": d["llama_decodes"] / wall}
+    finally:
+        fuzzer.close()
+    times = []
+    for seed in range(1, seeds + 1):
+        fuzzer = Fuzzer(FuzzConfig(profile="ci", seed=seed, database=None, budget=1e9, examples=1000))
+        try:
+            finding = fuzzer.fuzz("llama-no-same-size-realloc")
+        finally:
+            fuzzer.close()
+        times.append(fuzzer.first_failure if finding is not None and fuzzer.first_failure is not None else float("inf"))
+    return {"rates": rates, "first_same_size_median_s": statistics.median(times), "found": sum(t != float("inf") for t in times), "seeds": seeds}
+
+
+def xdist(examples: int) -> dict[str, Any]:
+    # no-abort is left out: it finds the known RPC server crash, and shrinking that (one worker
+    # restart per abort) would dominate the figure
+    props = "matches-reference,no-same-size-realloc,reuse-equivalent"
+    out: dict[str, Any] = {}
+    for n in (1, 2):
+        with tempfile.TemporaryDirectory() as d:
+            t = time.perf_counter()
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", "--schedfuzz", "-p", "no:cacheprovider", "-n", str(n), "-q", "--schedfuzz-seed", "5",
+                 "--schedfuzz-examples", str(examples), "--schedfuzz-properties", props, "--schedfuzz-corpus", "corpus"],
+                cwd=d, capture_output=True, text=True,
+            )
+            wall = time.perf_counter() - t
+            m = re.search(r"examples = (\d+)", run.stdout)
+            done = int(m.group(1)) if m else 0
+            out[f"n{n}"] = {"examples": done, "wall_s": wall, "examples_per_s": done / wall}
+    out["speedup"] = out["n2"]["examples_per_s"] / out["n1"]["examples_per_s"]
+    return out
+
+
+SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama")
+
+
+def run(
+    repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500
+) -> dict[str, Any]:
+    chosen = set(sections.split(",")) if sections != "all" else set(SECTIONS)
+    unknown = chosen - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"--sections: unknown {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
+    results: dict[str, Any] = {}
+    if "llama" in chosen:
+        results["llama"] = llama(max(examples, 100), seeds)
+    if "scaling" in chosen:
+        results["scaling"] = scaling(repeats, release_lib)
+    if "overhead" in chosen:
+        results["overhead"] = overhead(repeats)
+    if "examples" in chosen:
+        results["examples_per_s"] = examples_per_second(examples)
+    if "failure" in chosen:
+        results["time_to_first_failure"] = time_to_failure(seeds)
+    if "xdist" in chosen:
+        results["xdist"] = xdist(xdist_examples)
+    return results
+
+
+def report(r: dict[str, Any]) -> str:
+    lines = []
+    if "scaling" in r:
+        s = r["scaling"]
+        lines.append("reference / engine, reserve + alloc of a built llama-like graph (median; predict = build + reserve + alloc):")
+        lines.append(f"  {'layers':>6} {'nodes':>6} {'splits':>6} {'predict':>9} {'reference':>10} {'debug':>9} {'ref/debug':>9}" + (f" {'release':>9} {'ref/rel':>8}" if s["release"] else ""))
+        for row in s["rows"]:
+            line = (f"  {row['layers']:>6} {row['nodes']:>6} {row['splits']:>6} {row['reference_predict_s'] * 1e3:>7.1f}ms {row['reference_s'] * 1e3:>8.1f}ms "
+                    f"{row['debug_s'] * 1e3:>7.1f}ms {row['ratio_debug']:>8.1f}x")
+            if s["release"]:
+                line += f" {row['release_s'] * 1e3:>7.1f}ms {row['ratio_release']:>7.1f}x"
+            lines.append(line)
+        growth = ", ".join(f"{k.removeprefix('per_node_growth_')} {v:.2f}x" for k, v in s.items() if k.startswith("per_node_growth_"))
+        lines.append(f"  per-node cost, {LAYERS[-1]} layers vs {LAYERS[0]}: {growth}")
+    if "overhead" in r:
+        o = r["overhead"]
+        lines.append(f"harness overhead: full step {o['step_s'] * 1e3:.1f} ms / bare engine calls {o['engine_s'] * 1e3:.1f} ms = {o['ratio']:.1f}x ({o['nodes']} nodes)")
+    if "examples_per_s" in r:
+        lines.append("examples per second:")
+        for profile, row in r["examples_per_s"].items():
+            lines.append(f"  {profile:>4}: " + ", ".join(f"{p} {v:.1f}" for p, v in row.items()))
+    if "time_to_first_failure" in r:
+        lines.append("time to first failure (median over seeds):")
+        for name, v in r["time_to_first_failure"].items():
+            lines.append(f"  {name:<32} {v['property']:<22} {v['median_s']:.2f} s ({v['found']}/{v['seeds']} seeds)")
+    if "llama" in r:
+        ll = r["llama"]
+        lines.append("llama.cpp properties (ci profile, known bugs of the corpus loaded):")
+        for prop, v in ll["rates"].items():
+            lines.append(f"  {prop:<28} {v['workloads_per_s']:.1f} workloads/s, {v['decodes_per_s']:.1f} decodes/s")
+        lines.append(f"  first same-size finding, nothing known: median {ll['first_same_size_median_s']:.2f} s ({ll['found']}/{ll['seeds']} seeds)")
+    if "xdist" in r:
+        x = r["xdist"]
+        lines.append(f"xdist: -n 1 {x['n1']['examples_per_s']:.1f} ex/s, -n 2 {x['n2']['examples_per_s']:.1f} ex/s: {x['speedup']:.2f}x")
+    return "\n".join(lines)
+
+
+def main(args: Any) -> int:
+    release = args.release_lib
+    if args.build_release:
+        release = str(build_release(Path(args.build_release)))
+    try:
+        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples)
+    except ValueError as e:
+        print(f"schedfuzz bench: {e}", file=sys.stderr)
+        return 2
+    print(report(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
