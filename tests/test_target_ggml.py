@@ -328,3 +328,33 @@ def test_a_worker_killed_from_outside_is_restarted_and_the_scenario_run_again(mo
         monkeypatch.setattr(t, "_collect", kill_the_worker_first)
         trace = t.run(clean)
         assert trace.abort is None and trace.records[-1].ok and not kills
+
+
+def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_patience():
+    """A machine loaded by other work (pytest-xdist inside pytest-xdist) can stall a step past
+    its timeout: the confirmation run gets five times the step timeout, so a slow step passes
+    and a hang is still a finding; the step timeout is restored after."""
+    from pytest_schedfuzz.campaign.fuzz import CONFIRM_TIMEOUT_FACTOR, FuzzConfig, Fuzzer
+    from pytest_schedfuzz.model.trace import Abort, Trace
+
+    class Slow:
+        """Times out under the usual timeout, finishes under a longer one."""
+
+        def __init__(self, hangs: bool) -> None:
+            self.step_timeout, self.hangs, self.seen = 60.0, hangs, []
+
+        def run(self, scenario: Scenario) -> Trace:
+            self.seen.append(self.step_timeout)
+            if self.hangs or self.step_timeout < 60.0 * CONFIRM_TIMEOUT_FACTOR:
+                return Trace((), Abort(0, "timeout", f"step 0 did not finish within {self.step_timeout:g} s"))
+            return Trace(())
+
+        def close(self) -> None:
+            pass
+
+    for hangs in (False, True):
+        fuzzer = Fuzzer(FuzzConfig(database=None))
+        fuzzer._target = slow = Slow(hangs)  # type: ignore[assignment]
+        trace = fuzzer.confirmed(Scenario(RPC_CPU, (), ()), fuzzer.run_engine(Scenario(RPC_CPU, (), ())))
+        assert (trace.abort is not None) == hangs and slow.seen == [60.0, 300.0] and slow.step_timeout == 60.0
+        assert fuzzer.stats.unconfirmed == (0 if hangs else 1)

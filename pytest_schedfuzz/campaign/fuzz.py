@@ -343,6 +343,7 @@ COUNTERS = (
     "llama_realloc_observed", "llama_realloc_derived", "llama_counted",
 )
 DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
+CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
 DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
 
 
@@ -524,11 +525,20 @@ class Fuzzer:
         memory, and a machine loaded by other work (pytest-xdist) can stall a step past its
         timeout. One that does not come back is counted (``unconfirmed crashes``) and its
         scenario kept in ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is
-        judged instead."""
+        judged instead. A timeout is run again with five times the step timeout: a step that
+        a loaded machine only slowed finishes then, a hang does not."""
         if trace.abort is None or trace.abort.kind not in ("crash", "timeout") or not hasattr(self.target, "close"):
             return trace
         self.target.close()  # the next run starts a fresh worker and fresh servers
-        again = self.run_engine(scenario)
+        patient = trace.abort.kind == "timeout" and hasattr(self.target, "step_timeout")
+        if patient:
+            usual = self.target.step_timeout  # type: ignore[attr-defined]
+            self.target.step_timeout = usual * CONFIRM_TIMEOUT_FACTOR  # type: ignore[attr-defined]
+        try:
+            again = self.run_engine(scenario)
+        finally:
+            if patient:
+                self.target.step_timeout = usual  # type: ignore[attr-defined]
         if again.abort is not None and again.abort.kind == trace.abort.kind:
             return again
         self.stats.unconfirmed += 1
