@@ -1,0 +1,51 @@
+"""The layout's rules (``../shared/DESIGN.md`` §12), read from the sources: the data package
+imports nothing of the project's, the oracle imports only the data package, and no private name
+is imported from another package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "pytest_schedfuzz"
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(absolute module, names) of every ``from X import`` in ``path``."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts[:-1])  # the package the module is in (for __init__: the package itself)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = parts[: len(parts) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            out.append((module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+    return out
+
+
+def _ours(module: str) -> bool:
+    return module == "pytest_schedfuzz" or module.startswith(("pytest_schedfuzz.", "reference"))
+
+
+def test_the_data_package_imports_nothing_of_the_project_but_itself() -> None:
+    for path in (PACKAGE / "model").glob("*.py"):
+        for module, _ in _imports(path):
+            assert not _ours(module) or module.startswith("pytest_schedfuzz.model"), f"{path.name} imports {module}"
+
+
+def test_the_reference_imports_only_the_data_package() -> None:
+    for path in (ROOT / "reference").glob("*.py"):
+        for module, _ in _imports(path):
+            assert not _ours(module) or module.startswith(("reference", "pytest_schedfuzz.model")), f"reference/{path.name} imports {module}"
+
+
+def test_no_private_name_is_imported_from_another_package() -> None:
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]:
+        own = ".".join(path.relative_to(ROOT).parts[:-1])
+        for module, names in _imports(path):
+            if _ours(module) and not module.startswith(own + ".") and module != own:
+                private = [n for n in names if n.startswith("_")]
+                assert not private, f"{path.relative_to(ROOT)} imports {private} from {module}"
