@@ -22,10 +22,20 @@ def test_every_mutant_applies_once() -> None:
 
 
 def test_a_mutant_the_properties_see_is_killed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["mutate", "--mutants", "cpu-expands-down", "--budget", "30", "--corpus", str(CORPUS), "--logs", str(tmp_path)]) == 0
+    assert main(["mutate", "--mutants", "cpu-expands-down", "--budget", "90", "--corpus", str(CORPUS), "--logs", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "cpu-expands-down" in out and "KILLED" in out and "kill score: 1/1 = 100%" in out
     assert "matches-reference" in (tmp_path / "cpu-expands-down.log").read_text()
+
+
+def test_a_corpus_case_the_mutant_changes_is_a_kill() -> None:
+    """The corpus replays first: a known bug that no longer reproduces on the mutant (strict
+    XPASS, listed without a message) is the ci run seeing it, as a property's finding is."""
+    from pytest_schedfuzz.tools.mutants import _FINDING
+
+    assert _FINDING.match("schedfuzz::corpus/no-abort-after-failed-allocation-plan-kept-5a2e452570")
+    assert _FINDING.match("schedfuzz::matches-reference - [matches-reference] step 1: reserve(g0): ...")
+    assert not _FINDING.match("tests/test_x.py::test_y - AssertionError")
 
 
 def test_an_unknown_mutant_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -109,7 +109,9 @@ class Outcome:
 
 
 # a failed item that is a finding: a property's report, or a corpus case that changed
-_FINDING = re.compile(r"^\S+ - (\[|\d+ distinct findings|\S+\.json)")
+# a property's finding, or a corpus case the mutant changed (a guard failing, or a known bug that
+# no longer reproduces: strict XPASS): either way the ci run saw the mutant
+_FINDING = re.compile(r"^(schedfuzz::corpus/\S+|\S+ - (\[|\d+ distinct findings|\S+\.json))")
 
 
 def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None = None, size_oracle: bool = False) -> Outcome:
