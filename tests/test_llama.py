@@ -455,3 +455,17 @@ def test_a_lora_adapter_written_with_gguf_loads_and_raises_max_nodes_by_six_per_
         asked = [s.max_nodes for _, s in trace.sched_calls() if s.kind == "sched_reserve"]
         assert asked == [1024, 1024 + 6 * lora.n_weights(w.model), 1024]
         assert all(check(w, trace) == [] for check in LLAMA_CHECKS.values())
+
+
+def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_changed_before() -> None:
+    """The RPC client says the same for every server failure; a server that died says how, and
+    one that refused a command is told apart by the last call that changed the devices' contents
+    (a LoRA adapter freed, a sampler set...), so two causes never share a signature."""
+    rpc = "ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed response"
+    w = replace(LORA_W, calls=(decode((0, 1, "last")), Call("lora_load", n=0), decode((0, 1, "last")), Call("lora_free", n=0), decode((0, 1, "last"))))
+    (refused,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc)))
+    assert refused.facts["server"] == "refused after lora_free"
+    (died,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc + "\nRPC server 127.0.0.1:1 was killed by SIGSEGV")))
+    assert died.facts["server"] == "was killed by SIGSEGV" and died.signature() != refused.signature()
+    (first,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(0, "abort", rpc)))
+    assert first.facts["server"] == "refused after -"

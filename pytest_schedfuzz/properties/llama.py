@@ -212,6 +212,16 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
     return out
 
 
+RPC_FAILED = "Remote RPC server crashed or returned malformed response"
+# calls that change what the model's devices hold or what the graph reads (not decodes)
+CHANGES = ("lora_load", "lora_free", "lora_set", "set_sampler", "seq_rm", "seq_cp", "seq_keep", "shift", "clear")
+
+
+def _last_change(w: LlamaWorkload, call: int) -> str:
+    """The kind of the last call before ``call`` that changed the devices' contents ("-": none)."""
+    return next((w.calls[i].kind for i in range(min(call, len(w.calls)) - 1, -1, -1) if w.calls[i].kind in CHANGES), "-")
+
+
 def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     a = trace.abort
     if a is not None:
@@ -225,7 +235,14 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             cause = with_c_stack(cause, a.message)
         kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
         text = f"{head}: {cause}" if head else cause
-        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}{at_site(a.message)}", {"kind": a.kind, "message": kind})]
+        facts: dict[str, object] = {"kind": a.kind, "message": kind}
+        if RPC_FAILED in a.message:
+            # the RPC client reports every server failure alike: a server that died says how;
+            # one that refused a command (and closed the connection) does not, so the call that
+            # changed what the model's devices hold before the failing call separates causes
+            died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)
+            facts["server"] = died.group(1) if died else f"refused after {_last_change(w, a.call)}"
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}{at_site(a.message)}", facts)]
     for c in trace.calls:
         if c.kind == "init" and c.rc != 0:
             said = " / ".join(c.error) or "nothing"
