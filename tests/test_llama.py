@@ -469,3 +469,28 @@ def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_
     assert died.facts["server"] == "was killed by SIGSEGV" and died.signature() != refused.signature()
     (first,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(0, "abort", rpc)))
     assert first.facts["server"] == "refused after -"
+
+
+def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_again() -> None:
+    """As for the graph engine: a timeout is run again with five times the call timeout (a
+    loaded machine passes, a hang does not), a crash again on a fresh worker; what does not come
+    back is counted as unconfirmed and the fresh run is what is judged."""
+    from pytest_schedfuzz.campaign.fuzz import CONFIRM_TIMEOUT_FACTOR, FuzzConfig, Fuzzer
+
+    class Flaky:
+        def __init__(self, kind: str, comes_back: bool) -> None:
+            self.call_timeout, self.kind, self.comes_back, self.seen = 60.0, kind, comes_back, []
+
+        def run(self, w: LlamaWorkload) -> LlamaTrace:
+            self.seen.append(self.call_timeout)
+            if len(self.seen) == 1 or self.comes_back:
+                return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),), LlamaAbort(0, self.kind, "gone"))
+            return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", 0, ())))
+
+    for kind in ("timeout", "crash"):
+        for comes_back in (False, True):
+            fuzzer = Fuzzer(FuzzConfig(database=None))
+            fuzzer._llama = flaky = Flaky(kind, comes_back)
+            found = fuzzer.check_llama("llama-no-abort", replace(STEADY, calls=STEADY.calls[:1]))
+            assert bool(found) == comes_back and fuzzer.stats.unconfirmed == (not comes_back)
+            assert flaky.seen == [60.0, 60.0 * (CONFIRM_TIMEOUT_FACTOR if kind == "timeout" else 1)] and flaky.call_timeout == 60.0

@@ -511,13 +511,31 @@ class Fuzzer:
         llama.cpp aborts on some configurations at once, and that one bug must not stop the
         search for reallocations. A call the harness could not make is a ``TargetError``, never
         a pass (``unmade_calls``)."""
-        trace = self.llama_target.run(workload)
+        trace = self.llama_confirmed(workload, self.llama_target.run(workload))
         self.stats.add_llama(workload, trace)
         unmade = unmade_calls(workload, trace)
         if unmade:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
         judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
         return [v for p in judged for v in LLAMA_CHECKS[p](workload, trace)]
+
+    def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace) -> LlamaTrace:
+        """As ``confirmed``, for llama.cpp: a crash or a timeout counts only if it comes back on
+        a fresh worker (the target starts one after every abort), a timeout with five times the
+        call timeout; one that does not is counted as unconfirmed and the fresh run is judged."""
+        if trace.abort is None or trace.abort.kind not in ("crash", "timeout"):
+            return trace
+        target = self.llama_target
+        usual = target.call_timeout
+        if trace.abort.kind == "timeout":
+            target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
+        try:
+            again = target.run(workload)
+        finally:
+            target.call_timeout = usual
+        if again.abort is None or again.abort.kind != trace.abort.kind:
+            self.stats.unconfirmed += 1
+        return again
 
     def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
         """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh
