@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.ggml.build import PATCHES, SEED_GGML, SEED_LLAMA, BuildError, Patch, build_llama_seed, seed_patch_files, source_tree
+from pytest_schedfuzz.ggml.build import (
+    PATCHES,
+    SEED_GGML,
+    SEED_LLAMA,
+    BuildError,
+    Patch,
+    build_llama_seed,
+    patch_command,
+    seed_patch_files,
+    source_tree,
+)
 
 # a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
 CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
@@ -43,11 +53,9 @@ def _patched_copy(tmp_path: Path) -> Path:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / f, tmp_path / f)
     for p in seed_patch_files():
-        proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--dry-run", "-i", str(p)], cwd=tmp_path,
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stdout + proc.stderr  # exactly, in order
-        subprocess.run(["patch", "-p1", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(p)], cwd=tmp_path, check=True,
-                       capture_output=True)
+        # exactly, in order, as the build applies them
+        proc = subprocess.run([*patch_command(), str(p)], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     return tmp_path
 
 
@@ -240,3 +248,13 @@ def test_the_graph_engine_on_the_seed_ggml_reads_every_scheduler_realloc_from_th
     events = [e for e in trace.events if e.via == "sched"]
     assert events and all(e.observed for e in events) and any(e.same_size for e in events)
     assert matches_reference(scenario, trace, predict(scenario)) == []
+
+
+def test_git_apply_takes_the_patch_set_where_patch_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI image without patch(1): the build falls back on git's applier, which takes the same
+    files exactly."""
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "patch" else "/usr/bin/" + name)
+    assert patch_command()[:2] == ["git", "apply"]
+    tree = _patched_copy(tmp_path)
+    assert CALLBACK in (tree / "ggml/include/ggml-backend.h").read_text()
+    assert "params.can_reuse(sched_params_cur)" in (tree / "src/llama-context.cpp").read_text()

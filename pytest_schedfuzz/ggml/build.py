@@ -160,6 +160,16 @@ def seed_patch_files() -> tuple[Path, ...]:
     return files
 
 
+def patch_command() -> list[str]:
+    """The command that applies one patch file (its path appended) in the current folder, exactly
+    (no fuzz): patch(1), or git's own applier where patch is not installed."""
+    if shutil.which("patch"):
+        return ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i"]
+    if shutil.which("git"):
+        return ["git", "apply", "-p1", "--whitespace=nowarn"]
+    raise BuildError("neither patch nor git is installed (one is needed to apply the seeds' patch set: install patch)")
+
+
 def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -> Path:
     """The library folder of ``llama.cpp-0.3.36-seed``: the llama.cpp (and ggml) vendored in
     llama-cpp-python 0.3.36 with ``seed_patch_files()`` applied in order (``patch -p1``, exactly:
@@ -184,8 +194,7 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent caller waits here for the same build
         if (lib / "BUILT").exists():
             return lib
-        if shutil.which("patch") is None:
-            raise BuildError("patch: no such program (needed to apply the seeds' patch set: install patch)")
+        applier = patch_command()
         src = source_tree(SEED_BASE)
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.monotonic()
@@ -194,7 +203,7 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
             shutil.copytree(src, work, symlinks=True,
                             ignore=lambda d, names: [n for n in names if Path(d) == src and n in _UNUSED_SOURCE])
             for p in patches:
-                _run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-i", str(p)], cwd=work)
+                _run([*applier, str(p)], cwd=work)
             _replace(work, extra)
             _run(["cmake", "-S", str(work), "-B", str(build), *flags])
             _run(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
