@@ -306,15 +306,22 @@ def _corpus_copy(tmp_path: Path, pattern: str) -> Path:
     return path
 
 
-def test_minimize_shrinks_a_driver_workload_case_by_its_model_sizes(tmp_path: Path):
-    """A driver case (a simulated llama_context workload) with its events already minimal
-    still shrinks: the model's sizes halve while the signature holds."""
-    path = _corpus_copy(tmp_path, "no-same-size-realloc-*-06a0cc7a62.json")
-    before = load_case(path)
+def _minimized(tmp_path: Path, pattern: str) -> tuple[Case, Case, subprocess.CompletedProcess[str]]:
+    """A starter-corpus case minimized alone in ``tmp_path``: (before, after, the run); the
+    smaller case keeps the signature."""
+    before = load_case(_corpus_copy(tmp_path, pattern))
     run = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     (small,) = [load_case(p) for p in case_files(tmp_path)]
-    assert small.signature == before.signature and small.workload is not None
+    assert small.signature == before.signature
+    return before, small, run
+
+
+def test_minimize_shrinks_a_driver_workload_case_by_its_model_sizes(tmp_path: Path):
+    """A driver case (a simulated llama_context workload) with its events already minimal
+    still shrinks: the model's sizes halve while the signature holds."""
+    before, small, run = _minimized(tmp_path, "no-same-size-realloc-*-06a0cc7a62.json")
+    assert small.workload is not None
     assert small.size()[3] < before.size()[3] // 4  # elements
     assert small.workload.model.n_embd < before.workload.model.n_embd  # type: ignore[union-attr]
     assert re.search(r"\(\d+ replays of \d+ smaller candidates; \d+ ruled out by the reference", run.stdout), run.stdout
@@ -322,12 +329,8 @@ def test_minimize_shrinks_a_driver_workload_case_by_its_model_sizes(tmp_path: Pa
 
 @pytest.mark.engine
 def test_minimize_shrinks_a_llama_case_and_counts_it_in_calls_and_tokens(tmp_path: Path):
-    path = _corpus_copy(tmp_path, "llama-no-same-size-realloc-*-7c476aeac4.json")
-    before = load_case(path)
-    run = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    (small,) = [load_case(p) for p in case_files(tmp_path)]
-    assert small.signature == before.signature and small.llama is not None
+    before, small, run = _minimized(tmp_path, "llama-no-same-size-realloc-*-7c476aeac4.json")
+    assert small.llama is not None
     assert small.size()[1] < before.size()[1]  # batch tokens
     assert "2 calls, 9 batch tokens, 1 layers" in run.stdout and " nodes" not in run.stdout
 

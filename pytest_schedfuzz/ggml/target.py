@@ -152,6 +152,15 @@ class WorkerTarget(ABC):
             self._worker = self._start_worker()
         return self.engine
 
+    def _live_worker(self) -> Worker:
+        """The worker, a new one if there is none or it died while idle (killed from outside)."""
+        if self._worker is not None and self._worker.proc.poll() is not None:
+            self._worker.close()
+            self._worker = None
+        if self._worker is None:
+            self._worker = self._start_worker()
+        return self._worker
+
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
@@ -222,12 +231,7 @@ class GgmlTarget(WorkerTarget):
     def _run_once(self, scenario: Scenario) -> tuple[Trace, str | None]:
         for attempt in range(2):
             endpoints = self.servers.ensure(scenario.layout.n_rpc)
-            if self._worker is not None and self._worker.proc.poll() is not None:
-                self._worker.close()  # died while idle (killed from outside)
-                self._worker = None
-            if self._worker is None:
-                self._worker = self._start_worker()
-            worker = self._worker
+            worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
                 worker.send({"scenario": scenario.to_json(), "endpoints": endpoints})

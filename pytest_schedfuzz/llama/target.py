@@ -98,12 +98,7 @@ class LlamaTarget(WorkerTarget):
         lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
         for attempt in range(2):
             endpoints = self.servers.ensure(workload.devices.n_rpc)
-            if self._worker is not None and self._worker.proc.poll() is not None:
-                self._worker.close()
-                self._worker = None
-            if self._worker is None:
-                self._worker = self._start_worker()
-            worker = self._worker
+            worker = self._live_worker()
             calls: list[dict[str, Any]] = []
             try:
                 worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths})

@@ -121,6 +121,7 @@ class Llama:
         self.outer: str | None = None  # the scheduler call a split_graph happens in
         self.split: dict[str, Any] | None = None  # what the last split_graph did
         self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
+        self.observing: set[int] = set()  # sched ids whose realloc decisions ggml reports (its callback)
         self.llama_said: dict[str, int] | None = None  # llama.cpp's trace of that reallocation (the seeds' build)
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self._hook = HOOK_T(self._on_sched)
@@ -178,6 +179,8 @@ class Llama:
             self.backends[sid] = self._backends(sched)
             self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b & 1), "op_offload": bool(c),
                                       "observes_realloc": bool(b & 2)})
+            if b & 2:
+                self.observing.add(sid)
         elif phase == HOOK_SCHED_FREE:
             self.sched_events.append({"kind": "free", "sched": self.scheds.get(sched, -1)})
         elif phase in OUTER:
@@ -209,8 +212,8 @@ class Llama:
                 rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
                 if r.backend_ids_changed:
                     rec["realloc"]["moved"] = self.split["moved"]
-            observed = any(e["kind"] == "new" and e["sched"] == rec["sched"] and e["observes_realloc"] for e in self.sched_events)
-            if observed and "realloc" in rec and self.said is None:
+            # a scheduler of an earlier call too: its creation is not among this call's events
+            if rec["sched"] in self.observing and "realloc" in rec and self.said is None:
                 raise RuntimeError(f"ggml logged a reallocation in {kind} (call {self.call}) that its realloc callback did not report")
             if self.said is not None:
                 if "realloc" not in rec:
