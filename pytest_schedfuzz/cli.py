@@ -105,7 +105,7 @@ def print_llama_run(fuzzer: Fuzzer, case: Case) -> LlamaTrace:
     assert case.llama is not None
     w = case.llama
     print(f"  {w.describe()}")
-    trace: LlamaTrace = fuzzer.llama_target.run(w)
+    trace: LlamaTrace = fuzzer.run_llama(w)
     names = {-1: "llama_init_from_model"} | {i: c.describe() for i, c in enumerate(w.calls)}
     for c in trace.calls:
         print(f"  {c.index:2d}: {names.get(c.index, c.kind):<60} rc={c.rc}")

@@ -536,7 +536,7 @@ class Scheduler:
         copy = result.copy
         changed = self.node_ids_changed(len(copy.nodes)) or self.leaf_ids_changed(len(copy.leafs))
         event = lambda via, reason: ReallocEvent(
-            step, via, changed, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes), len(result.splits), reason
+            step, via, changed, len(result.splits), reason, self.debug_graph_size, self.debug_prev_graph_size, len(copy.nodes)
         )
         events: list[ReallocEvent] = []
         if changed:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import Scenario
 from pytest_schedfuzz.properties import matches_reference, no_abort
+from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import Driver
 from pytest_schedfuzz.strategies import scenarios, workloads
 from reference.predict import predict
@@ -62,7 +63,7 @@ def test_engine_and_reference_agree_on_300_scenarios_with_every_kind_of_realloc(
     ))
     def agree(scenario: Scenario) -> None:
         nonlocal parallel
-        trace, prediction = engine.run(scenario), predict(scenario, rules=rules)
+        trace, prediction = graph_trace(engine.run(scenario)), predict(scenario, rules=rules)
         found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
         assert not found, str(found[0])
         seen[scenario.layout.n_rpc] += 1
@@ -92,7 +93,7 @@ def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine
         @given(workloads(max_ubatches=6))
         def agree(w) -> None:
             scenario = driver.scenario(w)
-            observed, checked = engine.run(scenario), oracle.run(scenario)
+            observed, checked = graph_trace(engine.run(scenario)), oracle.run(scenario)
             first = next((e.step for e in observed.events if e.same_size and e.via == "sched"), None)
             if first is None:
                 assert checked.abort is None
@@ -133,7 +134,7 @@ def test_engine_and_reference_agree_with_a_blas_backend():
             steps = (Step("sched_new", params=SchedParams(4096)), Step("reserve", graphs[0][0]),
                      *(Step("alloc", f"T{t}") for t in tokens))
             scenario = Scenario(layout, graphs, steps)
-            trace, prediction = target.run(scenario), predict(scenario, rules=engine_rules(target))
+            trace, prediction = graph_trace(target.run(scenario)), predict(scenario, rules=engine_rules(target))
             found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
             assert not found, str(found[0])
             blas = layout.backends.index(next(b for b in layout.backends if b.kind == "blas"))

@@ -49,3 +49,12 @@ def test_no_private_name_is_imported_from_another_package() -> None:
             if _ours(module) and not module.startswith(own + ".") and module != own:
                 private = [n for n in names if n.startswith("_")]
                 assert not private, f"{path.relative_to(ROOT)} imports {private} from {module}"
+
+
+def test_no_engine_module_imports_the_reference() -> None:
+    """The engines report raw observations; what is derived from them is computed on the judging
+    side (``properties.derived``)."""
+    for engine in ("ggml", "llama"):
+        for path in (PACKAGE / engine).glob("*.py"):
+            for module, _ in _imports(path):
+                assert not module.startswith("reference"), f"{engine}/{path.name} imports {module}"

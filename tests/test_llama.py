@@ -15,6 +15,7 @@ from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
 from pytest_schedfuzz.strategies.llama import llama_workloads
 
@@ -141,7 +142,7 @@ def test_graph_size_is_the_one_ggml_computes(target) -> None:
     from pytest_schedfuzz.llama.target import LlamaTarget
 
     for w in (WARMUP, replace(WARMUP, devices=Devices(n_rpc=2, n_gpu_layers=99))):
-        ours = next(s for _, s in target.run(w).sched_calls() if s.realloc)
+        ours = next(s for _, s in llama_trace(target.run(w)).sched_calls() if s.realloc)
         with LlamaTarget(debug_realloc=2) as t:
             trace = t.run(w)
         assert trace.abort is not None
@@ -346,7 +347,7 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
     from pytest_schedfuzz.llama.target import LlamaTarget
 
     auto = replace(STEADY, ctx=replace(STEADY.ctx, flash_attn="auto"))
-    trace = target.run(auto)
+    trace = llama_trace(target.run(auto))
     init = trace.calls[0].sched
     assert [s.kind for s in init if s.kind in ("split", "reserve")][:1] == ["split"]  # a probe, before the reservations
     last: dict[int, int] = {}
@@ -357,7 +358,7 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
     cases = [load_case(p).llama for p in sorted((Path(__file__).parent.parent / "corpus").glob("llama-no-same-size-realloc-*.json"))]
     with LlamaTarget(debug_realloc=1) as strict:
         for w in cases:
-            ours = [c.index for c in target.run(w).calls for s in c.sched if s.same_size]
+            ours = [c.index for c in llama_trace(target.run(w)).calls for s in c.sched if s.same_size]
             assert ours[:1] == [strict.run(w).abort.call]
 
 

@@ -28,6 +28,7 @@ from pytest_schedfuzz.ggml.build import (
     seed_patch_files,
     source_tree,
 )
+from pytest_schedfuzz.properties.derived import graph_trace
 
 # a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
 CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
@@ -244,7 +245,7 @@ def test_the_graph_engine_on_the_seed_ggml_reads_every_scheduler_realloc_from_th
     scenario = topology_switch_case(2).scenario
     with GgmlTarget(lib=SEED_GGML) as target:
         assert target.start()["realloc_callback"] == "observed"
-        trace = target.run(scenario)
+        trace = graph_trace(target.run(scenario))
     events = [e for e in trace.events if e.via == "sched"]
     assert events and all(e.observed for e in events) and any(e.same_size for e in events)
     assert matches_reference(scenario, trace, predict(scenario)) == []

@@ -18,6 +18,7 @@ from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.ggml.worker import GeometryMismatch, check_geometry
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
+from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from reference.versions import rules_for
 
@@ -45,7 +46,7 @@ def target() -> Iterator[GgmlTarget]:
 def test_llama_on_rpc_and_cpu(target: GgmlTarget) -> None:
     spec = llama_graph(TWO_LAYERS, n_tokens=8, n_kv=32)
     sc = scenario(RPC_CPU, {"A": spec}, sched_new(), Step("reserve", "A"), Step("alloc", "A"), Step("compute", "A"))
-    trace = target.run(sc)
+    trace = graph_trace(target.run(sc))
     assert trace.abort is None
     assert trace.engine["name"] == "ggml" and ".so" in Path(trace.engine["lib"]).name
     rules, _ = rules_for(trace.engine["ggml_version"])
@@ -100,7 +101,7 @@ def test_topology_switch_reallocates_at_same_size(target: GgmlTarget) -> None:
         "A2": llama_graph(TWO_LAYERS, n_tokens=2, n_kv=64, n_outputs=2),
     }
     steps = (sched_new(), Step("reserve", "A32"), Step("alloc", "B"), Step("alloc", "A2"), Step("alloc", "A32"))
-    trace = target.run(scenario(RPC_CPU, graphs, *steps))
+    trace = graph_trace(target.run(scenario(RPC_CPU, graphs, *steps)))
     assert trace.abort is None
     reserve, alloc_b, alloc_a2, alloc_a32 = trace.records[1:]
     assert not reserve.events
@@ -133,7 +134,7 @@ def test_single_buffer_reallocates_by_itself(target: GgmlTarget) -> None:
     cpu = ModelShape(layer_devices=(0, 0), output_device=0, cpu_device=0)
     graphs = {"A32": llama_graph(cpu, 32, 64), "A2": llama_graph(cpu, 2, 64)}
     steps = (sched_new(), Step("reserve", "A2"), Step("alloc", "A32"), Step("alloc", "A2"))
-    trace = target.run(scenario(BackendLayout.of("cpu"), graphs, *steps))
+    trace = graph_trace(target.run(scenario(BackendLayout.of("cpu"), graphs, *steps)))
     assert trace.abort is None
     assert [[(e.via, e.reason, e.same_size) for e in r.events] for r in trace.records[2:]] == [
         [("gallocr", "node inp_embd is not valid", True)],

@@ -15,6 +15,7 @@ from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import matches_reference, no_abort
+from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
 from reference.predict import predict
 from reference.versions import RULES, Rules, rules_for
@@ -147,7 +148,7 @@ def test_each_version_does_what_its_reference_predicts(engine: tuple[GgmlTarget,
     target, rules = engine
     build, observe, old, new, _ = CASES[case]
     sc = build()
-    trace, prediction = target.run(sc), predict(sc, rules=rules)
+    trace, prediction = graph_trace(target.run(sc)), predict(sc, rules=rules)
     assert observe(trace) == (old if rules is OLD else new)
     assert not matches_reference(sc, trace, prediction)
     if not prediction.abort:
@@ -163,7 +164,7 @@ def test_graph_size_is_the_one_ggml_prints(engine: tuple[GgmlTarget, Rules]) -> 
     with GgmlTarget(lib=f"ggml-{rules.version}", debug_realloc=2) as oracle:
         for build in (two_vs_one_graph_inputs, split_meets_31st_input, flash_attn_with_a_weight, input_read_only_on_rpc):
             sc = build()
-            trace, aborted = target.run(sc), oracle.run(sc)
+            trace, aborted = graph_trace(target.run(sc)), oracle.run(sc)
             assert aborted.abort is not None and "unexpected graph reallocation" in aborted.abort.message
             rec = trace.records[aborted.abort.step]
             assert f"graph size = {rec.graph_size}, nodes = {rec.n_nodes}, leafs = {rec.n_leafs})" in aborted.abort.message

@@ -33,6 +33,7 @@ from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
+from ..properties import derived
 from ..properties.llama import LLAMA_CHECKS, scheduler_reuses, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
@@ -501,9 +502,14 @@ class Fuzzer:
     # ----------------------------------------------------------------- one case
 
     def run_engine(self, scenario: Scenario) -> Trace:
-        trace = self.target.run(scenario)
+        """The engine's trace, with the figures ggml does not tell derived (``properties.derived``)."""
+        trace = derived.graph_trace(self.target.run(scenario))
         self.stats.add_trace(trace)
         return trace
+
+    def run_llama(self, workload: LlamaWorkload) -> LlamaTrace:
+        """llama.cpp's trace of ``workload``, its graph sizes derived (``properties.derived``)."""
+        return derived.llama_trace(self.llama_target.run(workload))
 
     def check_llama(self, prop: str, workload: LlamaWorkload) -> list[props.Violation]:
         """Every violation of ``prop`` (``LLAMA_GROUP``: of every property in ``llama_judged``)
@@ -511,7 +517,7 @@ class Fuzzer:
         llama.cpp aborts on some configurations at once, and that one bug must not stop the
         search for reallocations. A call the harness could not make is a ``TargetError``, never
         a pass (``unmade_calls``)."""
-        trace = self.llama_confirmed(workload, self.llama_target.run(workload))
+        trace = self.llama_confirmed(workload, self.run_llama(workload))
         self.stats.add_llama(workload, trace)
         unmade = unmade_calls(workload, trace)
         if unmade:
@@ -530,7 +536,7 @@ class Fuzzer:
         if trace.abort.kind == "timeout":
             target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
         try:
-            again = target.run(workload)
+            again = self.run_llama(workload)
         finally:
             target.call_timeout = usual
         if again.abort is None or again.abort.kind != trace.abort.kind:

@@ -37,12 +37,10 @@ from dataclasses import asdict, dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from reference.versions import rules_for
-
 from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step, TensorSpec
 from ..model.shapes import Geometry
-from ..model.trace import ReallocEvent, Split, StepRecord
+from ..model.trace import ReallocEvent, SizeCounts, Split, StepRecord
 from . import values
 from .build import BuildError, build_fake_gpu, ggml_source_location
 from .lib import die_with_parent, import_ggml, loaded_library_path
@@ -167,7 +165,6 @@ class Ggml:
         self.types = {name: getattr(self.g, f"GGML_TYPE_{name.upper()}") for name in TYPE_NAMES}
         self.type_names = {v: k for k, v in self.types.items()}
         self.ggml_version = self.version()
-        self.rules = rules_for(self.ggml_version)[0]  # the reference's, for debug_graph_size
         self.bindings = ""  # check_bindings()
         self._fake_gpu: ctypes.CDLL | None = None
         # the seeds' ggml (and ggml master) tell each re-reservation's decision through a callback:
@@ -286,16 +283,13 @@ class Ggml:
         value of the bindings is trusted."""
         return str(self.g.ggml_op_name(t.contents.op).decode())
 
-    def graph_inputs(self, built: Built) -> int:
-        """How many graph inputs ``ggml_backend_sched_split_graph`` collects with ``n_copies > 1``:
-        0.15.3 takes the input tensors its pass 5 meets as srcs of non-view nodes, 0.25.3's pass 6
-        every input leaf."""
+    def input_leafs(self, built: Built) -> tuple[int, int]:
+        """The graph's input leafs, and how many of them a non-view node reads (the graph inputs
+        0.15.3's pass 5 collects with ``n_copies > 1``; 0.25.3's pass 6 takes every input leaf)."""
         flag = self.g.GGML_TENSOR_FLAG_INPUT
-        if not self.ggml_version.startswith("0.15."):
-            return sum(1 for t in built.leafs if t.contents.flags & flag)
         inputs = {ctypes.addressof(t.contents) for t in built.leafs if t.contents.flags & flag}
-        seen = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(node) not in VIEW_OP_NAMES for src in srcs if src in inputs}
-        return len(seen)
+        read = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(node) not in VIEW_OP_NAMES for src in srcs if src in inputs}
+        return len(inputs), len(read)
 
     def name_of(self, t: Ptr) -> str:
         return bytes(t.contents.name).split(b"\0", 1)[0].decode(errors="replace")
@@ -421,7 +415,7 @@ class ScenarioRun:
         self.backends: list[int] = []
         self.rpc_endpoints: list[str] = []
         self.sched: int | None = None
-        self.graph_size = 0  # of the last ggml_backend_sched_split_graph on this scheduler
+        self.counts: SizeCounts | None = None  # of the last ggml_backend_sched_split_graph on this scheduler
         self.built: list[Built] = []
         self.persistent = _Persistent()
         # the values oracle: the seed of every leaf's contents, and what each weight and cache
@@ -650,7 +644,7 @@ class ScenarioRun:
             raise TargetError("ggml_backend_sched_new returned NULL")
         if self.eng.set_realloc_callback is not None:
             self.eng.set_realloc_callback(self.sched, self.eng._realloc_cb, None)
-        self.graph_size = 0
+        self.counts = None
 
     def _bufts(self) -> Any:
         """``NULL`` (every backend's default buffer type), or, when a gpu has a host buffer type,
@@ -758,17 +752,9 @@ class ScenarioRun:
         n_splits = g.ggml_backend_sched_get_n_splits(self.sched)
         n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
         splits = self._splits(index, n_nodes, n_splits) if OBSERVE_SPLITS else ()
-        split_inputs = sum(len(s.inputs) for s in splits)
-        graph_inputs = self.eng.graph_inputs(built) if n_copies > 1 else 0
-        size = self.eng.rules.graph_size(n_nodes, n_leafs, n_splits, split_inputs + graph_inputs, n_copies)
-        prev, self.graph_size = self.graph_size, size
-        # the scheduler's graph copy: each split input adds two nodes (its source's view and its
-        # copy); with n_copies > 1 the copies of the graph and split inputs also become leafs
-        copy_nodes = n_nodes + 2 * split_inputs
-        copy_leafs = n_leafs + (n_copies * (graph_inputs + split_inputs) if n_copies > 1 else 0)
-        events = tuple(
-            ReallocEvent(index, r.via, r.backend_ids_changed, size, prev, copy_nodes, n_splits, r.reason) for r in log.reallocs
-        )
+        counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built), n_copies)
+        prev, self.counts = self.counts, counts
+        events = tuple(ReallocEvent(index, r.via, r.backend_ids_changed, n_splits, r.reason) for r in log.reallocs)
         if self.eng.set_realloc_callback is not None:
             events = self._with_ggml_decisions(index, events)
         return StepRecord(
@@ -780,9 +766,8 @@ class ScenarioRun:
             leaf_backends=snap.leafs,
             splits=splits,
             n_copies=n_copies,
-            graph_size=size,
-            n_nodes=copy_nodes,
-            n_leafs=copy_leafs,
+            counts=counts,
+            prev_counts=prev,
             buffer_sizes=self._sizes(),
             events=events,
             ok=ok,

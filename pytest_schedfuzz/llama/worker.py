@@ -33,11 +33,9 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from reference.versions import rules_for
-
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
-from ..ggml.worker import Channel, Ggml, no_realloc_fix, probe_scenario, run_scenario
+from ..ggml.worker import VIEW_OP_NAMES, Channel, Ggml, no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
@@ -95,6 +93,7 @@ class Llama:
         glib.ggml_backend_sched_get_buffer_type.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         glib.ggml_backend_name.restype = ctypes.c_char_p
         glib.ggml_backend_name.argtypes = [ctypes.c_void_p]
+        glib.ggml_op_name.argtypes, glib.ggml_op_name.restype = [ctypes.c_int], ctypes.c_char_p
         self.glib = glib
         self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
         self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -115,7 +114,8 @@ class Llama:
         self.sched_events: list[dict[str, Any]] = []
         self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
         self.n_scheds = 0
-        self.last_size: dict[int, int] = {}  # sched id -> graph_size of its last split_graph
+        self.op_names: dict[int, str] = {}  # ggml_op_name, as the loaded library names its ops
+        self.last_counts: dict[int, dict[str, int]] = {}  # sched id -> SizeCounts of its last split_graph
         self.last_backends: dict[tuple[int, str], list[int]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
         self.outer: str | None = None  # the scheduler call a split_graph happens in
@@ -175,7 +175,6 @@ class Llama:
             # ids by creation: a new scheduler may get a freed one's address
             sid = self.scheds[sched] = self.n_scheds
             self.n_scheds += 1
-            self.last_size[sid] = 0  # ggml_backend_sched_new callocs: debug_graph_size starts at 0
             self.backends[sid] = self._backends(sched)
             self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b & 1), "op_offload": bool(c),
                                       "observes_realloc": bool(b & 2)})
@@ -264,13 +263,12 @@ class Llama:
                         break
         if not moved:
             moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
-        split_inputs = sum(len(x.inputs) for x in self.log.splits)
-        graph_inputs = len(g["inputs"]) if n_copies > 1 else 0
-        size = rules_for(self.version)[0].graph_size(g["n_nodes"], g["n_leafs"], n_splits, split_inputs + graph_inputs, n_copies)
-        prev_size, self.last_size[sid] = self.last_size.get(sid, 0), size
+        counts = {"n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "split_inputs": sum(len(x.inputs) for x in self.log.splits),
+                  "input_leafs": len(g["inputs"]), "input_leafs_read": g["inputs_read"], "n_copies": n_copies}
+        prev, self.last_counts[sid] = self.last_counts.get(sid), counts  # none since ggml_backend_sched_new: its debug_graph_size is 0
         return {
             "sched": sid, "n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "n_copies": n_copies,
-            "split_inputs": split_inputs, "graph_size": size, "prev_graph_size": prev_size, "inputs": g["inputs"],
+            "counts": counts, "prev_counts": prev, "inputs": g["inputs"],
             "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
         }
 
@@ -278,16 +276,30 @@ class Llama:
         return bytes(ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents.name).split(b"\0", 1)[0].decode(errors="replace")
 
     def _read_graph(self, graph: int) -> dict[str, Any]:
-        """Node and leaf counts of the graph handed to the scheduler, and its input leafs' shapes
-        (they say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...)."""
+        """Node and leaf counts of the graph handed to the scheduler, its input leafs' shapes (they
+        say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...) and how
+        many of them a non-view node reads (0.15.3's graph inputs with ``n_copies > 1``)."""
         head = CGraphHead.from_address(graph)
         leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
         inputs: dict[str, list[int]] = {}
+        addresses = set()
         for i in range(head.n_leafs):
             t = ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents
             if t.flags & TENSOR_FLAG_INPUT:
-                    inputs[self._name(leafs[i])] = [int(x) for x in t.ne]
-        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs}
+                inputs[self._name(leafs[i])] = [int(x) for x in t.ne]
+                addresses.add(leafs[i])
+        nodes = ctypes.cast(head.nodes, ctypes.POINTER(ctypes.c_void_p))
+        read = set()
+        for i in range(head.n_nodes if addresses else 0):
+            t = ctypes.cast(nodes[i], ctypes.POINTER(self.g.ggml_tensor)).contents
+            if self._op_name(t.op) not in VIEW_OP_NAMES:
+                read.update(a for a in (ctypes.cast(x, ctypes.c_void_p).value for x in t.src) if a in addresses)
+        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs, "inputs_read": len(read)}
+
+    def _op_name(self, op: int) -> str:
+        if op not in self.op_names:
+            self.op_names[op] = self.glib.ggml_op_name(op).decode()
+        return self.op_names[op]
 
     # ------------------------------------------------------------------ running a workload
 

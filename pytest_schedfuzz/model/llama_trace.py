@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .trace import SizeCounts
+
 
 @dataclass(frozen=True)
 class SchedCall:
@@ -30,7 +32,9 @@ class SchedCall:
     n_leafs: int = 0
     n_splits: int = 0
     n_copies: int = 1
-    graph_size: int = 0
+    counts: SizeCounts | None = None  # what this split_graph was given and made (split and alloc calls)
+    prev_counts: SizeCounts | None = None  # the previous split_graph's on this scheduler (None: none since it was built)
+    graph_size: int = 0  # derived from counts (properties.derived), as prev_graph_size from prev_counts
     prev_graph_size: int = 0
     inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     realloc: bool = False
@@ -57,7 +61,7 @@ class SchedCall:
 
     @property
     def derived_same_size(self) -> bool:
-        """The harness's derivation: ggml's graph-size formula (``reference.versions``) applied to
+        """The harness's derivation (``properties.derived``): ggml's graph-size formula applied to
         the graph the hook read, as ggml's ``GGML_SCHED_DEBUG_REALLOC`` check compares it."""
         return self.realloc and not self.backend_ids_changed and self.graph_size == self.prev_graph_size
 
@@ -87,7 +91,8 @@ class SchedCall:
         return SchedCall(
             kind=d["kind"], sched=int(d["sched"]), ok=bool(d.get("ok", True)),
             n_nodes=int(d.get("n_nodes", 0)), n_leafs=int(d.get("n_leafs", 0)), n_splits=int(d.get("n_splits", 0)),
-            n_copies=int(d.get("n_copies", 1)), graph_size=int(d.get("graph_size", 0)), prev_graph_size=int(d.get("prev_graph_size", 0)),
+            n_copies=int(d.get("n_copies", 1)),
+            counts=SizeCounts(**d["counts"]) if d.get("counts") else None, prev_counts=SizeCounts(**d["prev_counts"]) if d.get("prev_counts") else None,
             inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()},
             realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
             ggml_ids_changed=bool(said["backend_ids_changed"]) if said else None, ggml_size_changed=bool(said["graph_size_changed"]) if said else None,

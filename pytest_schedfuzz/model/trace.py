@@ -22,6 +22,23 @@ class Split:
 
 
 @dataclass(frozen=True)
+class SizeCounts:
+    """What one ``ggml_backend_sched_split_graph`` was given and made, as the engine observed it:
+    the graph's nodes and leafs, the splits and their inputs, its input leafs (and how many a
+    non-view node reads), and ``n_copies``. The figures ggml keeps but does not tell (its
+    ``debug_graph_size``, the graph copy's counts) are derived from these on the judging side
+    (``properties.derived``)."""
+
+    n_nodes: int = 0
+    n_leafs: int = 0
+    n_splits: int = 0
+    split_inputs: int = 0
+    input_leafs: int = 0
+    input_leafs_read: int = 0
+    n_copies: int = 1
+
+
+@dataclass(frozen=True)
 class ReallocEvent:
     """An alloc that found its plan invalid and re-reserved.
 
@@ -35,11 +52,12 @@ class ReallocEvent:
     step: int
     via: str
     backend_ids_changed: bool
-    graph_size: int
-    prev_graph_size: int
-    n_nodes: int
     n_splits: int
     reason: str = ""
+    # derived (``properties.derived``) from the step's ``SizeCounts`` and the previous split_graph's
+    graph_size: int = 0
+    prev_graph_size: int = 0
+    n_nodes: int = 0
     # ggml's own decision, from its realloc callback (None: a ggml without it, or ggml-alloc re-planning by itself)
     ggml_size_changed: bool | None = None
 
@@ -49,8 +67,8 @@ class ReallocEvent:
 
     @property
     def same_size(self) -> bool:
-        """As ggml says it where it can (its realloc callback), else derived: ggml's graph-size
-        formula (``reference.versions``) on the graph, as its ``GGML_SCHED_DEBUG_REALLOC`` check."""
+        """As ggml says it where it can (its realloc callback), else derived (``properties.derived``):
+        ggml's graph-size formula on the graph, as its ``GGML_SCHED_DEBUG_REALLOC`` check."""
         if self.ggml_size_changed is not None:
             return not self.backend_ids_changed and not self.ggml_size_changed
         return not self.backend_ids_changed and self.graph_size == self.prev_graph_size
@@ -69,9 +87,11 @@ class StepRecord:
     """The observable result of one step. Assignment fields are empty for steps without a graph.
 
     ``node_backends``/``leaf_backends`` are backend indices per node/leaf of the graph in
-    ggml's order (``-1``: unassigned); ``n_nodes``/``n_leafs`` are the scheduled graph copy's
-    (as in ggml's own realloc message; the engine derives them from the splits and inputs it
-    observes). ``buffer_sizes`` is ``ggml_backend_sched_get_buffer_size`` of each backend after
+    ggml's order (``-1``: unassigned); ``counts`` what the step's split_graph was given and made,
+    ``prev_counts`` the previous split_graph's on the same scheduler (``None``: none since
+    ``ggml_backend_sched_new``). ``graph_size`` and ``n_nodes``/``n_leafs`` (the scheduled graph
+    copy's, as in ggml's own realloc message) are derived from them (``properties.derived``).
+    ``buffer_sizes`` is ``ggml_backend_sched_get_buffer_size`` of each backend after
     the step, and ``ok`` whether the step's reserve or alloc succeeded.
     """
 
@@ -83,6 +103,8 @@ class StepRecord:
     leaf_backends: tuple[int, ...] = ()
     splits: tuple[Split, ...] = ()
     n_copies: int = 1
+    counts: SizeCounts | None = None
+    prev_counts: SizeCounts | None = None
     graph_size: int = 0
     n_nodes: int = 0
     n_leafs: int = 0
@@ -132,6 +154,7 @@ class Trace:
                     **{k: tuple(r[k]) for k in ("node_names", "node_backends", "leaf_names", "leaf_backends", "buffer_sizes")},
                     "splits": tuple(Split(s["backend"], s["i_start"], s["i_end"], tuple(s["inputs"])) for s in r["splits"]),
                     "events": tuple(ReallocEvent(**e) for e in r["events"]),
+                    **{k: SizeCounts(**r[k]) if r.get(k) else None for k in ("counts", "prev_counts")},
                 }
             )
             for r in d["records"]
