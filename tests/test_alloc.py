@@ -16,6 +16,7 @@ from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import matches_reference
+from pytest_schedfuzz.properties.derived import graph_trace
 from reference import alloc, sched
 from reference.predict import predict
 from reference.versions import rules_for
@@ -96,7 +97,7 @@ def test_compute_buffer_sizes_match_the_engine_and_each_rule_is_load_bearing(eng
     for parallel in (False, True):
         for host in (False, True):
             sc = chain(parallel, host)
-            trace = engine.run(sc)
+            trace = graph_trace(engine.run(sc))
             assert trace.abort is None and not matches_reference(sc, trace, predict(sc, rules=rules))
             sizes[parallel, host] = trace.records[-1].buffer_sizes
     assert sizes[True, False][0] > MAX_SIZE  # several chunks on the device
@@ -119,7 +120,7 @@ def test_a_refused_buffer_is_predicted_and_so_is_the_crash_after_it(engine: Ggml
     first, *_, last = case.scenario.steps
     variants = [case.scenario] + ([replace(case.scenario, steps=(first, last))] if rules.version == "0.15.3" else [])
     for sc in variants:
-        trace, prediction = engine.run(sc), predict(sc, rules=rules)
+        trace, prediction = graph_trace(engine.run(sc)), predict(sc, rules=rules)
         assert prediction.abort is not None and prediction.abort.kind == "crash" and "ggml_vbuffer_tensor_alloc" in prediction.abort.message
         assert trace.abort is not None and trace.abort.step == prediction.abort.step == len(sc.steps) - 1
         assert [r.ok for r in trace.records] == [r.ok for r in prediction.records]

@@ -33,6 +33,7 @@ from pytest_schedfuzz.properties import (
     synchronous_variant,
     unforced_views_variant,
 )
+from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload
 from pytest_schedfuzz.sim.models import ModelShape
 from pytest_schedfuzz.strategies import scenarios, workloads
@@ -88,7 +89,7 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
         layout = scenario.layout.backends
         if old:
             scenario = synchronous_variant(scenario)
-        trace = engine.run(scenario)
+        trace = graph_trace(engine.run(scenario))
         prediction = predict(scenario, rules=rules)
         if trace.abort is not None and any(v.signature() in known for v in no_abort(scenario, trace, prediction)):
             seen["known bugs"] += 1
@@ -96,7 +97,7 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
         wrong = no_abort(scenario, trace, prediction) + same_values(scenario, trace, prediction)
         if wrong and forced_views(scenario):
             variant = unforced_views_variant(scenario)
-            right = engine.run(variant)
+            right = graph_trace(engine.run(variant))
             if not no_abort(variant, right, prediction) + same_values(variant, right, prediction):
                 seen["known bugs"] += 1  # the starter corpus's forced view (test_a_view_forced_to_another_backend_reads_garbage)
                 return
@@ -139,12 +140,12 @@ def test_a_policy_ignoring_op_offload_is_caught_by_reuse_equivalent(engine: Ggml
     w = offload_workload()
     reused = Driver(policy=planted.ignore_op_offload).scenario(w)
     assert any(s.reuse for s in reused.steps)
-    found = reuse_equivalent(reused, engine.run(reused), engine.run(fresh_variant(reused)))
+    found = reuse_equivalent(reused, graph_trace(engine.run(reused)), graph_trace(engine.run(fresh_variant(reused))))
     assert found and found[0].facts == {"what": "assignment"}, found
     # the real policy rebuilds the scheduler: nothing to find
     honest = Driver().scenario(w)
     assert not any(s.reuse for s in honest.steps)
-    assert not reuse_equivalent(honest, engine.run(honest), engine.run(fresh_variant(honest)))
+    assert not reuse_equivalent(honest, graph_trace(engine.run(honest)), graph_trace(engine.run(fresh_variant(honest))))
 
 
 def square_matmuls() -> Scenario:
@@ -165,7 +166,7 @@ def test_same_values_catches_an_allocator_computing_a_matmul_in_place():
     which the reference's ggml-alloc (``reference/alloc.py``) predicts."""
     scenario = square_matmuls()
     with GgmlTarget(lib=str(build_ggml_base("ggml-0.25.3", (mutant("alloc-inplace-any-op").patch,)))) as planted_engine:
-        trace = planted_engine.run(scenario)
+        trace = graph_trace(planted_engine.run(scenario))
         rules = rules_for(planted_engine.start()["ggml_version"])[0]
     prediction = predict(scenario, rules=rules)
     assert not no_abort(scenario, trace, prediction)
@@ -179,7 +180,7 @@ def test_same_values_catches_an_allocator_computing_a_matmul_in_place():
 
 def test_same_values_passes_on_the_real_build(engine: GgmlTarget):
     scenario = square_matmuls()
-    trace = engine.run(scenario)
+    trace = graph_trace(engine.run(scenario))
     assert not same_values(scenario, trace, trace)
     assert trace.records[-1].values_checked == 1
 
@@ -216,9 +217,9 @@ def test_0_15_3_races_with_an_asynchronous_device(engine: GgmlTarget):
     completed"), and computes them right. The fuzzer signs every symptom alike."""
     scenario = racy()
     old = engine_rules(engine).version.startswith("0.15.")
-    trace = engine.run(scenario)
+    trace = graph_trace(engine.run(scenario))
     assert bool(same_values(scenario, trace, Trace(())) + no_abort(scenario, trace, Trace(()))) == old
-    assert not same_values(scenario, engine.run(synchronous_variant(scenario)), Trace(()))
+    assert not same_values(scenario, graph_trace(engine.run(synchronous_variant(scenario))), Trace(()))
     assert race_found(engine.lib_dir or "ggml-0.15.3") == (["same-values[race=asynchronous]"] if old else [])
 
 
@@ -243,11 +244,11 @@ def test_a_view_forced_to_another_backend_reads_garbage(engine: GgmlTarget, kind
     before its source (a node of that split) is computed; without the assignment the values
     are right. The fuzzer signs it by that cause, whatever tensor shows it."""
     scenario = forced_view(kind)
-    trace = engine.run(scenario)
+    trace = graph_trace(engine.run(scenario))
     assert trace.records[-1].splits[0].inputs == ("x", "v")
     (v,) = same_values(scenario, trace, Trace(()))
     assert v.facts == {"what": "output", "op": "add"}
-    assert not same_values(scenario, engine.run(unforced_views_variant(scenario)), Trace(()))
+    assert not same_values(scenario, graph_trace(engine.run(unforced_views_variant(scenario))), Trace(()))
     fuzzer = Fuzzer(FuzzConfig(lib=engine.lib_dir or "ggml-0.15.3", database=None))
     try:
         (signed,) = fuzzer.check("same-values", scenario)

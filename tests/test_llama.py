@@ -113,7 +113,7 @@ def target():
 
 @pytest.mark.engine
 def test_traffic_within_the_reservation_passes(target) -> None:
-    trace = target.run(STEADY)
+    trace = llama_trace(target.run(STEADY))
     assert trace.abort is None
     allocs = [s for _, s in trace.sched_calls() if s.kind == "alloc"]
     assert len(allocs) >= 5 and all(not s.realloc for s in allocs)
@@ -124,14 +124,14 @@ def test_traffic_within_the_reservation_passes(target) -> None:
 
 @pytest.mark.engine
 def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
-    trace = target.run(WARMUP)
+    trace = llama_trace(target.run(WARMUP))
     (v,) = llama_no_same_size_realloc(WARMUP, trace)
     assert v.step == 3 and v.facts["invalid"] == "node ffn_moe_weights-N" and v.facts["explained"] == "not-dominating"
     # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) aborts at the same call
     from pytest_schedfuzz.llama.target import LlamaTarget
 
     with LlamaTarget(debug_realloc=1) as strict:
-        confirmed = strict.run(WARMUP)
+        confirmed = llama_trace(strict.run(WARMUP))
     assert confirmed.abort is not None and confirmed.abort.call == 3
     assert "unexpected graph reallocation" in confirmed.abort.message
 
@@ -154,10 +154,10 @@ def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
     # llama.cpp 0.3.36 asserts in output_reserve when embeddings without pooling output every
     # token past a limit of one output (llama-server sets no limit with embeddings)
     bad = replace(STEADY, ctx=replace(STEADY.ctx, embeddings=True, n_outputs_max=1, n_outputs_max_per_seq=1), calls=(decode((0, 2, "last")),))
-    trace = target.run(bad)
+    trace = llama_trace(target.run(bad))
     (v,) = LLAMA_CHECKS["llama-no-abort"](bad, trace)
     assert v.step == 0 and "n_outputs_max" in v.message
-    assert target.run(STEADY).abort is None
+    assert llama_trace(target.run(STEADY)).abort is None
     pids = target.servers.pids
     target.close()
     for pid in pids:
@@ -199,7 +199,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads())
     def run(w: LlamaWorkload) -> None:
-        trace = target.run(w)
+        trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
         assert unmade_calls(w, trace) == [], w.describe()
         if LLAMA_CHECKS["llama-no-abort"](w, trace):
@@ -359,7 +359,7 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
     with LlamaTarget(debug_realloc=1) as strict:
         for w in cases:
             ours = [c.index for c in llama_trace(target.run(w)).calls for s in c.sched if s.same_size]
-            assert ours[:1] == [strict.run(w).abort.call]
+            assert ours[:1] == [llama_trace(strict.run(w)).abort.call]
 
 
 def _observed(size: int, prev: int, ggml_size_changed: bool, n_same: int | None, n_diff: int | None, ids: bool = False) -> SchedCall:
@@ -451,7 +451,7 @@ def test_a_lora_adapter_written_with_gguf_loads_and_raises_max_nodes_by_six_per_
     lora = LoraSpec(rank=2, targets=("attn_q", "ffn_up"))
     w = replace(LORA_W, loras=(lora,))
     for _ in range(2):
-        trace = target.run(w)
+        trace = llama_trace(target.run(w))
         assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
         asked = [s.max_nodes for _, s in trace.sched_calls() if s.kind == "sched_reserve"]
         assert asked == [1024, 1024 + 6 * lora.n_weights(w.model), 1024]

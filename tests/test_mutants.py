@@ -9,6 +9,7 @@ import pytest
 
 from pytest_schedfuzz.cli import main
 from pytest_schedfuzz.ggml.build import source_tree
+from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"
@@ -65,4 +66,4 @@ def test_pass3_ignoring_unreadable_srcs_is_caught_where_the_graph_has_it() -> No
     for lib, found in (("ggml-0.25.3", []), (str(build_ggml_base("ggml-0.25.3", (mutant("pass3-ignores-srcs").patch,))),
                                              ["[matches-reference] step 1: compute(g): node #1 z: engine GPU0, reference CPU"])):
         with GgmlTarget(lib=lib) as engine:
-            assert [str(v) for v in matches_reference(sc, engine.run(sc), prediction)] == found
+            assert [str(v) for v in matches_reference(sc, graph_trace(engine.run(sc)), prediction)] == found

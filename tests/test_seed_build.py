@@ -28,7 +28,7 @@ from pytest_schedfuzz.ggml.build import (
     seed_patch_files,
     source_tree,
 )
-from pytest_schedfuzz.properties.derived import graph_trace
+from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 
 # a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
 CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
@@ -187,7 +187,7 @@ def _run(lib: Path | str, workload):
 
     target = LlamaTarget(lib_dir=str(lib))
     try:
-        return target.run(workload)
+        return llama_trace(target.run(workload))
     finally:
         target.close()
 
@@ -279,7 +279,7 @@ def test_generated_workloads_reach_scheduler_reuses_on_the_seed_build(seed_lib: 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads())
     def run(w: LlamaWorkload) -> None:
-        trace = target.run(w)
+        trace = llama_trace(target.run(w))
         reuses.extend(scheduler_reuses(trace))
         assert llama_reuse_sound(w, trace) == []
 

@@ -345,7 +345,6 @@ COUNTERS = (
 )
 DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
 CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
-DRIVER_PROPERTIES = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc")
 
 
 @dataclass(frozen=True)
@@ -629,25 +628,22 @@ class Fuzzer:
         return self.engine_info().get("gpu_device", "available")
 
     def strategy(self, prop: str) -> st.SearchStrategy[Workload | Scenario | LlamaWorkload]:
-        """Driver properties fuzz workloads (played by the driver), llama properties server-like
-        workloads (run on llama.cpp); the others raw scenarios, and matches-reference both raw
-        scenarios and driver workloads. Layouts have GPU-like devices only where this ggml can."""
+        """What draws ``prop``'s examples: server-like workloads (run on llama.cpp) for the llama
+        properties, else what the property's registry entry says it ``draws``, sized by the
+        profile. Layouts have GPU-like devices only where this ggml can."""
         p = self.profile
-        if not props.is_llama(prop) and self.gpu_device() != "available":
-            p = replace(p, max_gpu=0)
         if props.is_llama(prop):
             return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls)
-        if prop in DRIVER_PROPERTIES:
-            max_ubatches = 8 if prop == "no-same-size-realloc" else 4
-            reconf = 0 if prop == "no-same-size-realloc" else 1
-            return workloads(max_ubatches=max_ubatches, min_reconfigures=reconf, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops,
-                             max_gpu=p.max_gpu)
-        raw = scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu)
-        if prop == "matches-reference":
-            # driver workloads too: same-topology growth and re-plans within a reservation happen there
-            return st.one_of(raw, workloads(max_ubatches=8, min_reconfigures=0, max_layers=max(2, p.max_layers // 4), max_extra_ops=p.max_extra_ops,
-                                            max_gpu=p.max_gpu))
-        return raw
+        if self.gpu_device() != "available":
+            p = replace(p, max_gpu=0)
+        d = props.PROPERTIES[prop].draws
+        drawn = []
+        if d.kind in ("scenarios", "both"):
+            drawn.append(scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu))
+        if d.kind in ("workloads", "both"):
+            drawn.append(workloads(max_ubatches=d.max_ubatches, min_reconfigures=d.min_reconfigures, max_layers=max(2, p.max_layers // 4),
+                                   max_extra_ops=p.max_extra_ops, max_gpu=p.max_gpu))
+        return drawn[0] if len(drawn) == 1 else st.one_of(*drawn)
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case

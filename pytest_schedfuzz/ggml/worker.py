@@ -434,6 +434,31 @@ class ScenarioRun:
             self.close()
             raise
 
+    # one constructor per device kind (``model.scenario.BACKEND_KINDS``): name, spec, RPC endpoint
+    def _new_rpc(self, name: str, b: BackendSpec, endpoint: str) -> int:
+        # ggml_backend_rpc_init does not check the server (it crashes on a dead one), and
+        # 0.25.3 aborts in any RPC call that cannot connect: try a TCP connection first
+        if not tcp_reachable(endpoint):
+            raise RpcUnreachable(endpoint)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        self.g.ggml_backend_rpc_get_device_memory(endpoint.encode(), 0, ctypes.byref(free), ctypes.byref(total))
+        if total.value == 0:
+            raise RpcUnreachable(endpoint)
+        return self.g.ggml_backend_rpc_init(endpoint.encode(), 0)
+
+    def _new_gpu(self, name: str, b: BackendSpec, endpoint: str) -> int:
+        return self.eng.new_fake_gpu(name, b)
+
+    def _new_blas(self, name: str, b: BackendSpec, endpoint: str) -> int:
+        if not self.g.GGML_USE_BLAS:
+            raise Unsupported("this ggml was built without the BLAS backend (GGML_BLAS=OFF)")
+        return self.g.ggml_backend_blas_init()
+
+    def _new_cpu(self, name: str, b: BackendSpec, endpoint: str) -> int:
+        backend = self.g.ggml_backend_cpu_init()
+        self.g.ggml_backend_cpu_set_n_threads(backend, CPU_THREADS)
+        return backend
+
     def _init_backends(self, layout: BackendLayout, endpoints: Sequence[str]) -> None:
         if layout.n_rpc > len(endpoints):
             raise TargetError(f"the layout has {layout.n_rpc} RPC backends but {len(endpoints)} endpoints were given")
@@ -448,26 +473,7 @@ class ScenarioRun:
             if key in pool:
                 self.backends.append(pool[key])
                 continue
-            if b.kind == "rpc":
-                endpoint = key[1].encode()
-                # ggml_backend_rpc_init does not check the server (it crashes on a dead one), and
-                # 0.25.3 aborts in any RPC call that cannot connect: try a TCP connection first
-                if not tcp_reachable(key[1]):
-                    raise RpcUnreachable(key[1])
-                free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-                self.g.ggml_backend_rpc_get_device_memory(endpoint, 0, ctypes.byref(free), ctypes.byref(total))
-                if total.value == 0:
-                    raise RpcUnreachable(endpoint.decode())
-                backend = self.g.ggml_backend_rpc_init(endpoint, 0)
-            elif b.kind == "gpu":
-                backend = self.eng.new_fake_gpu(layout.name(i), b)
-            elif b.kind == "blas":
-                if not self.g.GGML_USE_BLAS:
-                    raise Unsupported("this ggml was built without the BLAS backend (GGML_BLAS=OFF)")
-                backend = self.g.ggml_backend_blas_init()
-            else:
-                backend = self.g.ggml_backend_cpu_init()
-                self.g.ggml_backend_cpu_set_n_threads(backend, CPU_THREADS)
+            backend = getattr(self, f"_new_{b.kind}")(layout.name(i), b, key[1])
             if not backend:
                 raise TargetError(f"could not initialize the {b.kind} backend")
             pool[key] = backend

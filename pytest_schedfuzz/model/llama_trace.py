@@ -34,8 +34,8 @@ class SchedCall:
     n_copies: int = 1
     counts: SizeCounts | None = None  # what this split_graph was given and made (split and alloc calls)
     prev_counts: SizeCounts | None = None  # the previous split_graph's on this scheduler (None: none since it was built)
-    graph_size: int = 0  # derived from counts (properties.derived), as prev_graph_size from prev_counts
-    prev_graph_size: int = 0
+    graph_size: int | None = None  # derived from counts (properties.derived), as prev_graph_size from prev_counts
+    prev_graph_size: int | None = None
     inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     realloc: bool = False
     backend_ids_changed: bool = False
@@ -63,6 +63,8 @@ class SchedCall:
     def derived_same_size(self) -> bool:
         """The harness's derivation (``properties.derived``): ggml's graph-size formula applied to
         the graph the hook read, as ggml's ``GGML_SCHED_DEBUG_REALLOC`` check compares it."""
+        if self.realloc and self.graph_size is None:
+            raise ValueError(f"a {self.kind} of scheduler {self.sched}: its graph sizes were never derived (properties.derived.llama_trace)")
         return self.realloc and not self.backend_ids_changed and self.graph_size == self.prev_graph_size
 
     @property

@@ -54,9 +54,10 @@ class ReallocEvent:
     backend_ids_changed: bool
     n_splits: int
     reason: str = ""
-    # derived (``properties.derived``) from the step's ``SizeCounts`` and the previous split_graph's
-    graph_size: int = 0
-    prev_graph_size: int = 0
+    # derived (``properties.derived``) from the step's ``SizeCounts`` and the previous split_graph's;
+    # None until derived
+    graph_size: int | None = None
+    prev_graph_size: int | None = None
     n_nodes: int = 0
     # ggml's own decision, from its realloc callback (None: a ggml without it, or ggml-alloc re-planning by itself)
     ggml_size_changed: bool | None = None
@@ -71,6 +72,8 @@ class ReallocEvent:
         ggml's graph-size formula on the graph, as its ``GGML_SCHED_DEBUG_REALLOC`` check."""
         if self.ggml_size_changed is not None:
             return not self.backend_ids_changed and not self.ggml_size_changed
+        if self.graph_size is None:
+            raise ValueError(f"step {self.step}: the reallocation's graph sizes were never derived (properties.derived.graph_trace)")
         return not self.backend_ids_changed and self.graph_size == self.prev_graph_size
 
     def describe(self) -> str:
