@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -34,7 +34,7 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..properties import derived
-from ..properties.llama import LLAMA_CHECKS, scheduler_reuses, unmade_calls
+from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, scheduler_reuses, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.llama import llama_workloads
@@ -163,6 +163,9 @@ class Stats:
     llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
     llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
+    llama_out_of_memory: int = 0  # contexts llama.cpp could not make on GPU-like devices left little free memory (not judged)
+    llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
+    llama_logit_rows: int = 0  # ... output rows compared
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
     llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
     llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
@@ -171,7 +174,7 @@ class Stats:
         self.llama_workloads += 1
         decoded = any(c.kind == "decode" and c.rc == 0 for c in trace.calls)
         made = {c.index for c in trace.calls if c.rc == 0}
-        for f in llama_features(workload):
+        for f in llama_features(workload) + llama_observed(trace):
             self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
             self.llama_decoded[f] = self.llama_decoded.get(f, 0) + decoded
         for kind in {c.kind for c in workload.calls}:
@@ -266,7 +269,9 @@ class Stats:
         if self.llama_workloads:
             rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
             lines += [
-                f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs})",
+                f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs}); "
+                f"contexts that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
+                f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
                 f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
@@ -326,6 +331,16 @@ def llama_features(w: LlamaWorkload) -> list[str]:
     checks = {
         "partial offload": dv.n_gpu_layers < m.n_layer,
         "tensor_split": bool(dv.tensor_split),
+        f"{len(dv.gpus)} GPU-like": bool(dv.gpus),
+        "GPU-like asynchronous": any(g.asynchronous for g in dv.gpus),
+        "GPU-like host buffer": any(g.host_buffer for g in dv.gpus),
+        "GPU-like unsupported ops": any(g.unsupported for g in dv.gpus),
+        "GPU-like max_size": any(g.max_size for g in dv.gpus),
+        "GPU-like graph_optimize": any(g.graph_optimize for g in dv.gpus),
+        "GPU-like offload_op, op_offload on": any(g.offload_min_batch for g in dv.gpus) and c.op_offload,
+        "GPU-like little free memory": bool(dv.gpu_free),
+        f"split_mode {dv.split_mode}": dv.split_mode != "layer",
+        "tensor overrides": bool(dv.overrides),
         "lora adapters": bool(w.loras),
         "op_offload off": not c.op_offload,
         "offload_kqv off": not c.offload_kqv,
@@ -338,10 +353,23 @@ def llama_features(w: LlamaWorkload) -> list[str]:
     return out + [k for k, v in checks.items() if v]
 
 
+def llama_observed(trace: LlamaTrace) -> list[str]:
+    """What llama.cpp's scheduler was seen doing in a run (as ggml reports it), for the same line:
+    pipeline parallelism, its fallback, op offload, a split for an op a device refused."""
+    init = [s for c in trace.calls if c.kind == "init" for s in c.sched if s.kind == "new"]
+    calls = [s for _, s in trace.sched_calls()]
+    checks = {
+        "observed: n_copies > 1": any(s.n_copies > 1 for s in calls),
+        "observed: pipeline parallelism dropped (compute buffers did not fit)": len(init) > 1 and init[0].parallel and not init[-1].parallel,
+        "observed: op offloaded to a device": any(s.offloaded for s in calls),
+    }
+    return [k for k, v in checks.items() if v]
+
+
 COUNTERS = (
     "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "realloc_by_gallocr", "splits", "known", "llama_workloads", "llama_decodes",
     "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
-    "llama_realloc_observed", "llama_realloc_derived", "llama_counted",
+    "llama_realloc_observed", "llama_realloc_derived", "llama_counted", "llama_out_of_memory", "llama_logits_compared", "llama_logit_rows",
 )
 DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
 CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
@@ -506,9 +534,9 @@ class Fuzzer:
         self.stats.add_trace(trace)
         return trace
 
-    def run_llama(self, workload: LlamaWorkload) -> LlamaTrace:
+    def run_llama(self, workload: LlamaWorkload, logits: bool = False) -> LlamaTrace:
         """llama.cpp's trace of ``workload``, its graph sizes derived (``properties.derived``)."""
-        return derived.llama_trace(self.llama_target.run(workload))
+        return derived.llama_trace(self.llama_target.run(workload, logits) if logits else self.llama_target.run(workload))
 
     def check_llama(self, prop: str, workload: LlamaWorkload) -> list[props.Violation]:
         """Every violation of ``prop`` (``LLAMA_GROUP``: of every property in ``llama_judged``)
@@ -516,15 +544,26 @@ class Fuzzer:
         llama.cpp aborts on some configurations at once, and that one bug must not stop the
         search for reallocations. A call the harness could not make is a ``TargetError``, never
         a pass (``unmade_calls``)."""
-        trace = self.llama_confirmed(workload, self.run_llama(workload))
+        judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
+        logits = "llama-same-logits" in judged and compares_logits(workload)
+        trace = self.llama_confirmed(workload, self.run_llama(workload, logits), logits)
         self.stats.add_llama(workload, trace)
+        refused = out_of_memory(workload, trace)
+        if refused:
+            self.stats.llama_out_of_memory += 1
+            raise Unsupported(f"llama.cpp could not make the context on devices this full: {refused}")
         unmade = unmade_calls(workload, trace)
         if unmade:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
-        judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
-        return [v for p in judged for v in LLAMA_CHECKS[p](workload, trace)]
+        found = [v for p in judged if p in LLAMA_CHECKS for v in LLAMA_CHECKS[p](workload, trace)]
+        if logits and trace.abort is None:
+            cpu = self.run_llama(cpu_only(workload), True)
+            self.stats.llama_logits_compared += 1
+            self.stats.llama_logit_rows += sum(len(c.logits) for c in trace.calls)
+            found += llama_same_logits(workload, trace, cpu)
+        return found
 
-    def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace) -> LlamaTrace:
+    def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace, logits: bool = False) -> LlamaTrace:
         """As ``confirmed``, for llama.cpp: a crash or a timeout counts only if it comes back on
         a fresh worker (the target starts one after every abort), a timeout with five times the
         call timeout; one that does not is counted as unconfirmed and the fresh run is judged."""
@@ -535,7 +574,7 @@ class Fuzzer:
         if trace.abort.kind == "timeout":
             target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
         try:
-            again = self.run_llama(workload)
+            again = self.run_llama(workload, logits)
         finally:
             target.call_timeout = usual
         if again.abort is None or again.abort.kind != trace.abort.kind:
@@ -735,7 +774,8 @@ class Fuzzer:
             try:
                 found = self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
             except Unsupported:
-                return
+                reject()  # the case tests nothing here (counted in the stats where it is the engine's answer): not a pass
+
             # a known engine bug (an expect-fail case of the corpus) found again is not news
             known_set = self.known(props.is_llama(prop)) | self.campaign_known
             known = [v for v in found if v.signature() in known_set]
@@ -834,5 +874,8 @@ class Fuzzer:
         """Check one saved case (no Hypothesis). A case with a workload is played again by
         this run's driver, so that it judges the current policy, not the recorded decisions."""
         if case.llama is not None:
-            return self.check_llama(case.property, case.llama)
+            try:
+                return self.check_llama(case.property, case.llama)
+            except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
+                return []
         return self.check(case.property, self.scenario_for(case))

@@ -11,7 +11,13 @@
  *   - optionally graph_optimize, which reorders each split it computes (a stable sort by depth,
  *     see fake_gpu_graph_optimize), as GPU backends reorder for concurrency;
  *   - events always; optionally asynchronous execution: compute and async copies run in order on
- *     a thread of the device's own, each after a delay, so missing synchronisation changes results.
+ *     a thread of the device's own, each after a delay, so missing synchronisation changes results;
+ *   - a memory size: it reports its free memory (what it has not allocated of it) and refuses an
+ *     allocation beyond it, as a device out of memory does;
+ *   - for llama.cpp, a backend registry of its own (schedfuzz_fake_gpu_register): llama.cpp makes
+ *     the device's backends itself (init_backend), each computing through a CPU backend it owns,
+ *     at submission (see dev_init_backend);
+ *   - for tests only, a planted fault: one op's results come back wrong (corrupt_op).
  *
  * Built against the ggml under test (its public headers and src/ggml-backend-impl.h, ggml-impl.h),
  * by pytest_schedfuzz.build.build_fake_gpu. The interface structs are the same in ggml 0.15.3 and
@@ -38,6 +44,8 @@ struct fake_gpu_config {
     int     async;
     int     delay_us;            /* before each asynchronous task */
     char    unsupported[512];    /* op names refused by supports_op, comma separated */
+    size_t  memory;              /* 0: 16 GiB */
+    char    corrupt_op[32];      /* a planted fault: 1 is added to the first element of each result of this op */
 };
 
 /* ------------------------------------------------------------------ asynchronous queue */
@@ -67,6 +75,11 @@ struct fake_gpu {
     char name[32];
     char host_name[40];
     ggml_backend_t cpu;
+    int owns_cpu;              /* a backend llama.cpp made (init_backend): its CPU backend is its own */
+    ggml_backend_dev_t cpu_dev; /* a registered device: where its backends get their CPU backend */
+    size_t allocated;          /* bytes of the device's own buffer type in use */
+    size_t limit;              /* what it may allocate in all (its memory, or what set_free left) */
+    struct ggml_backend_reg reg;
     struct ggml_backend_buffer_type buft;
     struct ggml_backend_buffer_type host_buft;
     struct ggml_backend_device device;
@@ -101,12 +114,24 @@ static uint64_t event_last(struct fake_gpu_event * ev, int next) {
     return seq;
 }
 
+static void corrupt(struct fake_gpu * gpu, struct ggml_cgraph * graph) {
+    for (int i = 0; i < graph->n_nodes; i++) {
+        struct ggml_tensor * t = graph->nodes[i];
+        if (t->type == GGML_TYPE_F32 && t->data != NULL && strcmp(ggml_op_name(t->op), gpu->cfg.corrupt_op) == 0) {
+            ((float *) t->data)[0] += 1.0f;
+        }
+    }
+}
+
 static void run_task(struct fake_gpu * gpu, struct task * t) {
     switch (t->kind) {
         case TASK_COMPUTE: {
             enum ggml_status st = ggml_backend_graph_compute(gpu->cpu, &t->graph);
             if (st != GGML_STATUS_SUCCESS && gpu->status == GGML_STATUS_SUCCESS) {
                 gpu->status = st;
+            }
+            if (gpu->cfg.corrupt_op[0]) {
+                corrupt(gpu, &t->graph);
             }
             break;
         }
@@ -175,6 +200,10 @@ static void drain(struct fake_gpu * gpu) {
 /* ------------------------------------------------------------------ buffers */
 
 static void buffer_free(ggml_backend_buffer_t buffer) {
+    struct fake_gpu * gpu = buffer->buft->context;
+    if (buffer->buft == &gpu->buft) {
+        gpu->allocated -= buffer->size;
+    }
     free(buffer->context);
 }
 
@@ -234,10 +263,17 @@ static ggml_backend_buffer_t buft_alloc_buffer(ggml_backend_buffer_type_t buft, 
         GGML_LOG_ERROR("%s: %zu bytes requested, over the maximum buffer size %zu\n", gpu->name, size, gpu->cfg.max_size);
         return NULL;
     }
+    if (buft == &gpu->buft && gpu->allocated + size > gpu->limit) {
+        GGML_LOG_ERROR("%s: out of memory: %zu bytes requested, %zu of %zu free\n", gpu->name, size, gpu->limit - gpu->allocated, gpu->limit);
+        return NULL;
+    }
     size_t align = gpu->cfg.alignment < 64 ? 64 : gpu->cfg.alignment;
     void * data = aligned_alloc(align, ((size ? size : 1) + align - 1) / align * align);
     if (data == NULL) {
         return NULL;
+    }
+    if (buft == &gpu->buft) {
+        gpu->allocated += size;
     }
     return ggml_backend_buffer_init(buft, fake_buffer_i, data, size);
 }
@@ -287,6 +323,9 @@ static void backend_free(ggml_backend_t backend) {
         pthread_join(gpu->thread, NULL);
     }
     free(gpu->tasks);
+    if (gpu->owns_cpu) {
+        ggml_backend_free(gpu->cpu);
+    }
     free(gpu);
     free(backend);
 }
@@ -421,9 +460,9 @@ static const char * dev_get_description(ggml_backend_dev_t dev) {
 }
 
 static void dev_get_memory(ggml_backend_dev_t dev, size_t * free_mem, size_t * total) {
-    GGML_UNUSED(dev);
-    *free_mem = (size_t) 1 << 34;
-    *total = (size_t) 1 << 34;
+    struct fake_gpu * gpu = gpu_of_dev(dev);
+    *free_mem = gpu->limit > gpu->allocated ? gpu->limit - gpu->allocated : 0;
+    *total = gpu->cfg.memory;
 }
 
 static enum ggml_backend_dev_type dev_get_type(ggml_backend_dev_t dev) {
@@ -501,13 +540,15 @@ static void dev_event_synchronize(ggml_backend_dev_t dev, ggml_backend_event_t e
     event_block(ev, event_last(ev, 0));
 }
 
+static ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char * params);
+
 static const struct ggml_backend_device_i fake_device_i = {
     .get_name             = dev_get_name,
     .get_description      = dev_get_description,
     .get_memory           = dev_get_memory,
     .get_type             = dev_get_type,
     .get_props            = dev_get_props,
-    .init_backend         = NULL,
+    .init_backend         = dev_init_backend,
     .get_buffer_type      = dev_get_buffer_type,
     .get_host_buffer_type = dev_get_host_buffer_type,
     .buffer_from_host_ptr = NULL,
@@ -533,32 +574,136 @@ size_t schedfuzz_fake_gpu_config_size(void) {
 
 /* A new device and its backend, named ``name``, computing through ``cpu`` (which it does not
  * own). The caller frees it with ggml_backend_free. */
-ggml_backend_t schedfuzz_fake_gpu_init(const char * name, ggml_backend_t cpu, const struct fake_gpu_config * cfg) {
+static struct fake_gpu * new_gpu(const char * name, const struct fake_gpu_config * cfg) {
     struct fake_gpu * gpu = calloc(1, sizeof(*gpu));
-    ggml_backend_t backend = calloc(1, sizeof(*backend));
-    if (gpu == NULL || backend == NULL || cfg->alignment == 0 || (cfg->alignment & (cfg->alignment - 1)) != 0) {
+    if (gpu == NULL || cfg->alignment == 0 || (cfg->alignment & (cfg->alignment - 1)) != 0) {
         free(gpu);
-        free(backend);
         return NULL;
     }
     gpu->cfg = *cfg;
     gpu->cfg.unsupported[sizeof(gpu->cfg.unsupported) - 1] = '\0';
+    gpu->cfg.corrupt_op[sizeof(gpu->cfg.corrupt_op) - 1] = '\0';
+    if (gpu->cfg.memory == 0) {
+        gpu->cfg.memory = (size_t) 1 << 34;
+    }
+    gpu->limit = gpu->cfg.memory;
     snprintf(gpu->name, sizeof(gpu->name), "%s", name);
     snprintf(gpu->host_name, sizeof(gpu->host_name), "%s_Host", name);
-    gpu->cpu = cpu;
     gpu->status = GGML_STATUS_SUCCESS;
     gpu->device = (struct ggml_backend_device) { .iface = fake_device_i, .reg = NULL, .context = gpu };
     gpu->buft = (struct ggml_backend_buffer_type) { .iface = fake_buft_i, .device = &gpu->device, .context = gpu };
     gpu->host_buft = (struct ggml_backend_buffer_type) { .iface = fake_buft_i, .device = &gpu->device, .context = gpu };
-    *backend = (struct ggml_backend) { .guid = fake_gpu_guid(), .iface = fake_backend_i, .device = &gpu->device, .context = gpu };
-    if (cfg->async) {
+    return gpu;
+}
+
+/* A backend of ``dev`` computing through ``cpu``; ``gpu`` holds its queue (and, for a device the
+ * graph engine makes, the device itself). */
+static ggml_backend_t new_backend(struct fake_gpu * gpu, ggml_backend_dev_t dev, ggml_backend_t cpu) {
+    ggml_backend_t backend = calloc(1, sizeof(*backend));
+    if (backend == NULL) {
+        return NULL;
+    }
+    gpu->cpu = cpu;
+    *backend = (struct ggml_backend) { .guid = fake_gpu_guid(), .iface = fake_backend_i, .device = dev, .context = gpu };
+    if (gpu->cfg.async) {
         pthread_mutex_init(&gpu->mu, NULL);
         pthread_cond_init(&gpu->cv, NULL);
         if (pthread_create(&gpu->thread, NULL, queue_main, gpu) != 0) {
-            free(gpu);
             free(backend);
             return NULL;
         }
     }
     return backend;
+}
+
+/* A new device and its backend, named ``name``, computing through ``cpu`` (which it does not
+ * own). The caller frees it with ggml_backend_free. */
+ggml_backend_t schedfuzz_fake_gpu_init(const char * name, ggml_backend_t cpu, const struct fake_gpu_config * cfg) {
+    struct fake_gpu * gpu = new_gpu(name, cfg);
+    ggml_backend_t backend = gpu ? new_backend(gpu, &gpu->device, cpu) : NULL;
+    if (backend == NULL) {
+        free(gpu);
+    }
+    return backend;
+}
+
+/* ------------------------------------------------------------------ a registry, for llama.cpp */
+
+static const char * reg_get_name(ggml_backend_reg_t reg) {
+    GGML_UNUSED(reg);
+    return "SchedfuzzGPU";
+}
+
+static size_t reg_get_device_count(ggml_backend_reg_t reg) {
+    GGML_UNUSED(reg);
+    return 1;
+}
+
+static ggml_backend_dev_t reg_get_device(ggml_backend_reg_t reg, size_t index) {
+    GGML_ASSERT(index == 0);
+    return &((struct fake_gpu *) reg->context)->device;
+}
+
+static void * reg_get_proc_address(ggml_backend_reg_t reg, const char * name) {
+    GGML_UNUSED(reg);
+    GGML_UNUSED(name);
+    return NULL;  /* no split buffer type (split mode row places whole tensors), no extra buffer types */
+}
+
+static const struct ggml_backend_reg_i fake_reg_i = {
+    .get_name         = reg_get_name,
+    .get_device_count = reg_get_device_count,
+    .get_device       = reg_get_device,
+    .get_proc_address = reg_get_proc_address,
+};
+
+/* What llama.cpp calls for each context on the device: a backend with a queue and a CPU backend
+ * (from ``cpu_dev``) of its own, that allocates from the device's buffer types. */
+static ggml_backend_t dev_init_backend(ggml_backend_dev_t dev, const char * params) {
+    GGML_UNUSED(params);
+    struct fake_gpu * owner = gpu_of_dev(dev);
+    if (owner->cpu_dev == NULL) {
+        return NULL;  /* a device of the graph engine's: it made its only backend itself */
+    }
+    struct fake_gpu * gpu = new_gpu(owner->name, &owner->cfg);
+    if (gpu) {
+        /* llama.cpp builds each ubatch's graph in memory it reuses while the previous one may
+         * still run, as a GPU backend allows: it consumes a graph when it is submitted. So these
+         * backends compute at submission, in order; the device still reports asynchronous
+         * compute (llama.cpp pipelines only then). */
+        gpu->cfg.async = 0;
+        gpu->cfg.delay_us = 0;
+    }
+    ggml_backend_t cpu = ggml_backend_dev_init(owner->cpu_dev, NULL);
+    ggml_backend_t backend = gpu && cpu ? new_backend(gpu, dev, cpu) : NULL;
+    if (backend == NULL) {
+        if (cpu) {
+            ggml_backend_free(cpu);
+        }
+        free(gpu);
+        return NULL;
+    }
+    gpu->owns_cpu = 1;
+    return backend;
+}
+
+/* A device named ``name`` in a backend registry of its own, for the caller to hand to
+ * ggml_backend_register; its backends compute through backends of ``cpu_dev``. It lives as long
+ * as the process (ggml's registry keeps it). */
+ggml_backend_reg_t schedfuzz_fake_gpu_register(const char * name, ggml_backend_dev_t cpu_dev, const struct fake_gpu_config * cfg) {
+    struct fake_gpu * gpu = new_gpu(name, cfg);
+    if (gpu == NULL) {
+        return NULL;
+    }
+    gpu->cpu_dev = cpu_dev;
+    gpu->reg = (struct ggml_backend_reg) { .api_version = GGML_BACKEND_API_VERSION, .iface = fake_reg_i, .context = gpu };
+    gpu->device.reg = &gpu->reg;
+    return &gpu->reg;
+}
+
+/* Let the device allocate ``bytes`` more than it holds now (its free memory, as llama.cpp sees it:
+ * a GPU whose memory the weights and other programs mostly fill); SIZE_MAX: all of its memory. */
+void schedfuzz_fake_gpu_set_free(ggml_backend_dev_t dev, size_t bytes) {
+    struct fake_gpu * gpu = gpu_of_dev(dev);
+    gpu->limit = bytes == SIZE_MAX || bytes > gpu->cfg.memory - gpu->allocated ? gpu->cfg.memory : gpu->allocated + bytes;
 }

@@ -88,12 +88,31 @@ class FakeGpuConfig(ctypes.Structure):
         ("asynchronous", ctypes.c_int),
         ("delay_us", ctypes.c_int),
         ("unsupported", ctypes.c_char * 512),
+        ("memory", ctypes.c_size_t),
+        ("corrupt_op", ctypes.c_char * 32),
     ]
 
     @staticmethod
     def of(b: BackendSpec) -> FakeGpuConfig:
         return FakeGpuConfig(b.offload_min_batch or 0, b.max_size or 0, b.alignment, b.host_buffer, b.shared_buft, b.graph_optimize,
-                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode())
+                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode(), b.memory or 0, b.corrupt_op.encode())
+
+
+def load_fake_gpu() -> ctypes.CDLL:
+    """``libschedfuzz-fake-gpu.so``, built against the loaded ggml's headers (cached on disk)."""
+    try:
+        lib = ctypes.CDLL(str(build_fake_gpu(loaded_library_path("libggml-base"))))
+    except BuildError as e:
+        raise TargetError(f"the GPU-like device cannot be built for this ggml: {e}") from None
+    lib.schedfuzz_fake_gpu_config_size.restype = ctypes.c_size_t
+    if lib.schedfuzz_fake_gpu_config_size() != ctypes.sizeof(FakeGpuConfig):
+        raise TargetError("fake_gpu.c's struct fake_gpu_config and worker.FakeGpuConfig differ")
+    lib.schedfuzz_fake_gpu_init.restype = ctypes.c_void_p
+    lib.schedfuzz_fake_gpu_init.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
+    lib.schedfuzz_fake_gpu_register.restype = ctypes.c_void_p
+    lib.schedfuzz_fake_gpu_register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
+    lib.schedfuzz_fake_gpu_set_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return lib
 
 
 class GeometryMismatch(TargetError):
@@ -249,16 +268,7 @@ class Ggml:
     def fake_gpu(self) -> ctypes.CDLL:
         """``libschedfuzz-fake-gpu.so``, built against this ggml's headers on first use (cached)."""
         if self._fake_gpu is None:
-            try:
-                lib = ctypes.CDLL(str(build_fake_gpu(loaded_library_path("libggml-base"))))
-            except BuildError as e:
-                raise TargetError(f"the GPU-like device cannot be built for this ggml: {e}") from None
-            lib.schedfuzz_fake_gpu_config_size.restype = ctypes.c_size_t
-            if lib.schedfuzz_fake_gpu_config_size() != ctypes.sizeof(FakeGpuConfig):
-                raise TargetError("fake_gpu.c's struct fake_gpu_config and worker.FakeGpuConfig differ")
-            lib.schedfuzz_fake_gpu_init.restype = ctypes.c_void_p
-            lib.schedfuzz_fake_gpu_init.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
-            self._fake_gpu = lib
+            self._fake_gpu = load_fake_gpu()
         return self._fake_gpu
 
     def new_fake_gpu(self, name: str, b: BackendSpec) -> int:

@@ -93,7 +93,9 @@ class LlamaTarget(WorkerTarget):
         worker, self.engine = Worker.start(env, "pytest_schedfuzz.llama.worker", self.start_timeout, "llama.cpp")
         return worker
 
-    def run(self, workload: LlamaWorkload) -> LlamaTrace:
+    def run(self, workload: LlamaWorkload, logits: bool = False) -> LlamaTrace:
+        """Run ``workload`` on llama.cpp; with ``logits``, each decode's record also carries the
+        logits of its first and last output (``CallRecord.logits``)."""
         model_path = write_model(workload.model, self.models)
         lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
         for attempt in range(2):
@@ -101,7 +103,8 @@ class LlamaTarget(WorkerTarget):
             worker = self._live_worker()
             calls: list[dict[str, Any]] = []
             try:
-                worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths})
+                worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths,
+                             "logits": logits})
                 result = self._collect(worker, calls)
             except BaseException:
                 self._worker = None

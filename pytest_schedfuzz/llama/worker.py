@@ -30,13 +30,15 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
-from ..ggml.worker import VIEW_OP_NAMES, Channel, Ggml, no_realloc_fix, probe_scenario, run_scenario
-from ..model.llama import SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
+from ..ggml.worker import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu, no_realloc_fix, probe_scenario, run_scenario
+from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
+from ..model.scenario import BackendSpec
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER) = range(12)  # sched_hook.c
@@ -52,10 +54,21 @@ TENSOR_FLAG_INPUT = 1
 KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
 FLASH = {"off": 0, "on": 1, "auto": -1}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
+BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
+# llama.cpp's lines on where the model and the context went (llama_model_load, llama_context)
+PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
+                       r"retrying without pipeline parallelism")
 
 
 class HarnessError(RuntimeError):
     """The harness failed inside a callback (or could not read ggml's log): the call cannot be judged."""
+
+
+class TensorBuftOverride(ctypes.Structure):
+    """``struct llama_model_tensor_buft_override`` (llama.h), which llama-cpp-python does not bind."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
 class CGraphHead(ctypes.Structure):
@@ -94,6 +107,8 @@ class Llama:
         glib.ggml_backend_name.restype = ctypes.c_char_p
         glib.ggml_backend_name.argtypes = [ctypes.c_void_p]
         glib.ggml_op_name.argtypes, glib.ggml_op_name.restype = [ctypes.c_int], ctypes.c_char_p
+        glib.ggml_backend_buffer_get_usage.argtypes, glib.ggml_backend_buffer_get_usage.restype = [ctypes.c_void_p], ctypes.c_int
+        glib.ggml_backend_buffer_is_host.argtypes, glib.ggml_backend_buffer_is_host.restype = [ctypes.c_void_p], ctypes.c_bool
         self.glib = glib
         self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
         self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -115,6 +130,11 @@ class Llama:
         self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
         self.n_scheds = 0
         self.op_names: dict[int, str] = {}  # ggml_op_name, as the loaded library names its ops
+        self.inputs_read = 0  # of the graph being split (HOOK_SPLIT_BEGIN)
+        self.placement: list[str] = []  # PLACEMENT lines since the model was loaded
+        self.n_model_lines = 0  # ... of which the model's loading wrote
+        self.want_logits = False  # record each decode's logits (llama-same-logits)
+        self.logits: list[list[float]] = []  # of the call being made
         self.last_counts: dict[int, dict[str, int]] = {}  # sched id -> SizeCounts of its last split_graph
         self.last_backends: dict[tuple[int, str], list[int]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
@@ -132,6 +152,15 @@ class Llama:
         self.g.ggml_set_abort_callback(self._abort_cb)
         L.llama_backend_init()
         self.devices: dict[str, int] = {}  # endpoint -> ggml_backend_dev_t
+        self.gpus: dict[str, int] = {}  # GPU-like device (index, settings) -> ggml_backend_dev_t
+        self.fake: ctypes.CDLL | None = None
+        # libggml (the registry: ggml_backend_register, ggml_backend_dev_by_type)
+        self.ggml = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml.so"))
+        self.ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+        self.ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+        self.ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+        self.ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+        self.ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
         self.model: Any = None
         self.model_key: tuple[Any, ...] | None = None
 
@@ -154,6 +183,8 @@ class Llama:
                 # the seeds' sched_new kept the scheduler it had (sched_params::can_reuse)
                 self.sched_events.append({"kind": "reuse", "sched": self.n_scheds - 1, "max_nodes": int(m["max_nodes"]),
                                           "current_max_nodes": int(m["current"])})
+            if PLACEMENT.search(line):
+                self.placement.append(line.strip())
             self.log.feed(line)
         except Exception:  # an exception must not unwind into C
             self.errors.append(f"the log callback failed in call {self.call}: " + traceback.format_exc())
@@ -195,6 +226,7 @@ class Llama:
         elif phase == HOOK_SPLIT_BEGIN:
             if self.outer is None:  # called by llama.cpp itself (the flash-attention probe)
                 self.log.begin()
+            self.inputs_read = self._inputs_read(graph)
         elif phase == HOOK_SPLIT_END:
             self.split = self._read_split(sched, graph)
             if self.outer is None:
@@ -264,11 +296,13 @@ class Llama:
         if not moved:
             moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
         counts = {"n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "split_inputs": sum(len(x.inputs) for x in self.log.splits),
-                  "input_leafs": len(g["inputs"]), "input_leafs_read": g["inputs_read"], "n_copies": n_copies}
+                  "input_leafs": len(g["inputs"]), "input_leafs_read": self.inputs_read, "n_copies": n_copies}
         prev, self.last_counts[sid] = self.last_counts.get(sid), counts  # none since ggml_backend_sched_new: its debug_graph_size is 0
         return {
             "sched": sid, "n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "n_copies": n_copies,
             "counts": counts, "prev_counts": prev, "inputs": g["inputs"],
+            # ggml's op offload copies a weight in host memory to the device that runs the op: an input of a device's split
+            "offloaded": sum(x in g["host_weights"] for split in self.log.splits if split.backend_name != names[-1][0] for x in split.inputs),
             "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
         }
 
@@ -277,24 +311,33 @@ class Llama:
 
     def _read_graph(self, graph: int) -> dict[str, Any]:
         """Node and leaf counts of the graph handed to the scheduler, its input leafs' shapes (they
-        say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...) and how
-        many of them a non-view node reads (0.15.3's graph inputs with ``n_copies > 1``)."""
+        say which batch the graph is for: ``inp_tokens`` n_tokens, ``kq_mask`` n_kv, ...), and the
+        weights in host memory."""
         head = CGraphHead.from_address(graph)
         leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
         inputs: dict[str, list[int]] = {}
-        addresses = set()
+        host_weights = set()
         for i in range(head.n_leafs):
             t = ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents
             if t.flags & TENSOR_FLAG_INPUT:
                 inputs[self._name(leafs[i])] = [int(x) for x in t.ne]
-                addresses.add(leafs[i])
+            elif t.buffer and self.glib.ggml_backend_buffer_get_usage(t.buffer) == BUFFER_USAGE_WEIGHTS and self.glib.ggml_backend_buffer_is_host(t.buffer):
+                host_weights.add(self._name(leafs[i]))
+        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs, "host_weights": host_weights}
+
+    def _inputs_read(self, graph: int) -> int:
+        """How many input leafs a non-view node of ``graph`` reads, before ggml's split_graph
+        replaces the sources it copies in (its pass 5 rewrites ``src``)."""
+        head = CGraphHead.from_address(graph)
+        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
+        inputs = {leafs[i] for i in range(head.n_leafs) if ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents.flags & TENSOR_FLAG_INPUT}
         nodes = ctypes.cast(head.nodes, ctypes.POINTER(ctypes.c_void_p))
         read = set()
-        for i in range(head.n_nodes if addresses else 0):
+        for i in range(head.n_nodes if inputs else 0):
             t = ctypes.cast(nodes[i], ctypes.POINTER(self.g.ggml_tensor)).contents
             if self._op_name(t.op) not in VIEW_OP_NAMES:
-                read.update(a for a in (ctypes.cast(x, ctypes.c_void_p).value for x in t.src) if a in addresses)
-        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs, "inputs_read": len(read)}
+                read.update(a for a in (ctypes.cast(x, ctypes.c_void_p).value for x in t.src) if a in inputs)
+        return len(read)
 
     def _op_name(self, op: int) -> str:
         if op not in self.op_names:
@@ -324,25 +367,60 @@ class Llama:
             self.devices[endpoint] = self.glib.ggml_backend_reg_dev_get(reg, 0)
         return self.devices[endpoint]
 
+    def gpu_device(self, index: int, spec: BackendSpec) -> int:
+        """GPU-like device ``GPU<index>`` with ``spec``'s settings (``ggml/fake_gpu.c``), registered
+        with ggml's backend registry on first use (``ggml_backend_register``) and kept: ggml's
+        registry cannot drop a device, so one per distinct setting lives as long as the worker, and
+        the model is given its devices explicitly (``llama_model_params.devices``)."""
+        key = json.dumps([index, spec.to_json()], sort_keys=True)
+        if key not in self.gpus:
+            if self.fake is None:
+                self.fake = load_fake_gpu()
+            cpu = self.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+            reg = self.fake.schedfuzz_fake_gpu_register(f"GPU{index}".encode(), cpu, ctypes.byref(FakeGpuConfig.of(spec)))
+            if not reg or not cpu:
+                raise RuntimeError(f"schedfuzz_fake_gpu_register refused {spec.to_json()}")
+            self.ggml.ggml_backend_register(ctypes.c_void_p(reg))
+            self.gpus[key] = self.glib.ggml_backend_reg_dev_get(reg, 0)
+        return self.gpus[key]
+
     def load_model(self, path: str, dv: Devices, endpoints: Sequence[str]) -> Any:
-        key = (path, tuple(endpoints[: dv.n_rpc]), dv.n_gpu_layers, dv.tensor_split)
-        if key == self.model_key:
-            return self.model
-        self.free_model()
+        """The model on ``dv``'s devices (kept while the next workload's placement is the same),
+        each GPU-like device then left with ``dv.gpu_free`` bytes free for the contexts."""
+        key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()))
+        gpus = [self.gpu_device(k, g) for k, g in enumerate(dv.gpus)]
+        if key != self.model_key:
+            self.free_model()
+            self.placement = []
+            for dev in gpus:
+                self.fake.schedfuzz_fake_gpu_set_free(dev, ctypes.c_size_t(-1).value)  # all of its memory, for the weights
+            self.model = self._load(path, dv, [self.rpc_device(e) for e in endpoints[: dv.n_rpc]] + gpus)
+            self.model_key, self.n_model_lines = key, len(self.placement)
+        for dev, free in zip(gpus, dv.gpu_free or [0] * len(gpus)):
+            self.fake.schedfuzz_fake_gpu_set_free(dev, free or ctypes.c_size_t(-1).value)
+        return self.model
+
+    def _load(self, path: str, dv: Devices, devs: list[int]) -> Any:
         L = self.L
-        devs = [self.rpc_device(e) for e in endpoints[: dv.n_rpc]]
         self._devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
         mp = L.llama_model_default_params()
         mp.devices = ctypes.cast(self._devs, ctypes.c_void_p)
         mp.n_gpu_layers = dv.n_gpu_layers
+        mp.split_mode = SPLIT_MODE[dv.split_mode]
+        mp.main_gpu = dv.main_gpu
         mp.use_mmap = False
         if dv.tensor_split:
             self._tensor_split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
             mp.tensor_split = self._tensor_split
+        if dv.overrides:
+            cpu = self.ggml.ggml_backend_dev_by_type(0)
+            bufts = [self.ggml.ggml_backend_dev_buffer_type(ctypes.c_void_p(cpu if d == CPU_DEVICE else devs[d])) for _, d in dv.overrides]
+            self._patterns = [p.encode() for p, _ in dv.overrides]
+            self._overrides = (TensorBuftOverride * (len(bufts) + 1))(*[TensorBuftOverride(p, b) for p, b in zip(self._patterns, bufts)])
+            mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         model = L.llama_model_load_from_file(path.encode(), mp)
         if not model:
             raise RuntimeError(f"llama_model_load_from_file({path}) failed: {self.log.tail and list(self.log.tail)[-3:]}")
-        self.model, self.model_key = model, key
         return model
 
     def free_model(self) -> None:
@@ -393,14 +471,17 @@ class Llama:
         self._samplers = []
         self.model_for_loras, self.lora_paths = model, list(lora_paths)
         self.adapters: dict[int, Any] = {}  # workload adapter index -> llama_adapter_lora loaded on the model
+        # logits are compared only where the context computes them: not while it outputs embeddings, nor
+        # with backend samplers (the graph samples; the logits it keeps are the samplers')
+        self.embeddings, self.backend_samplers, self.logits = w.ctx.embeddings, w.ctx.backend_samplers, []
         ctx = None
         try:
             self.begin(-1)
             ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
             if not ctx:
                 # not a pass: what llama.cpp said is the finding's message
-                said = [x for x in self.log.tail if "error" in x.lower() or "failed" in x.lower()] or list(self.log.tail)
-                self.end(-1, "init", -1, error=said[-3:])
+                said = [x for x in self.log.tail if re.search(r"error|failed|out of memory", x, re.I)] or list(self.log.tail)
+                self.end(-1, "init", -1, error=said[-12:])
                 return {"perf": {}}
             self.end(-1, "init", 0)
             mem = L.llama_get_memory(ctx)
@@ -435,6 +516,10 @@ class Llama:
         rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
         if error:
             rec["error"] = error
+        if kind == "init":
+            rec["log"], self.placement = self.placement, self.placement[: self.n_model_lines]
+        if self.logits:
+            rec["logits"], self.logits = self.logits, []
         self.chan.send({"call": rec})
 
     def do(self, ctx: Any, mem: Any, call: Call) -> int | str:
@@ -458,6 +543,11 @@ class Llama:
                 batch.n_tokens = n
                 rc = int(L.llama_decode(ctx, batch))
                 L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
+                outputs = [i for i in range(n) if batch.logits[i]]
+                if rc == 0 and self.want_logits and outputs and not self.embeddings and not self.backend_samplers:
+                    for i in dict.fromkeys((outputs[0], outputs[-1])):
+                        row = L.llama_get_logits_ith(ctx, i)
+                        self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
                 return rc
             finally:
                 L.llama_batch_free(batch)
@@ -500,6 +590,8 @@ class Llama:
             arr = (L.llama_adapter_lora_p_ctypes * max(1, len(chosen)))(*chosen)
             scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
             return int(L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
+        if k == "set_embeddings":
+            self.embeddings = call.flag
         getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
         return 0
 
@@ -523,6 +615,7 @@ def main() -> None:
         req = json.loads(line)
         try:
             w = LlamaWorkload.from_json(req["workload"])
+            eng.want_logits = bool(req.get("logits"))
             done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
             chan.send({"done": done})
         except ConnectionError as e:

@@ -1,7 +1,8 @@
 """Server-like workloads for the real llama.cpp: what a server does to one ``llama_context``.
 
 A ``LlamaWorkload`` is plain data (JSON round-trippable): a tiny model (``gguf_models.ModelSpec``),
-where its layers go (``Devices``: RPC devices on loopback, ``n_gpu_layers``), the context
+where its layers go (``Devices``: RPC devices on loopback, schedfuzz's GPU-like devices,
+``n_gpu_layers``, split mode, tensor overrides), the context
 parameters (``ContextParams``) and a list of ``Call``s: ``llama_decode`` of a batch mixing
 sequences, the memory calls a server makes (``seq_rm`` for speculative rollback and slot reuse,
 ``seq_cp``, ``seq_keep``, context shift = ``seq_rm`` + ``seq_add``) and the per-request switches
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .llama_model import LoraSpec, ModelSpec
+from .scenario import BackendSpec, SpecError
 
 FLASH_ATTN = ("off", "on", "auto")
 KV_TYPES = ("f16", "f32", "q8_0")
@@ -40,6 +42,9 @@ CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
+MAX_GPU = 2
+SPLIT_MODES = ("none", "layer")  # row needs a split buffer type, which neither RPC nor the GPU-like device has: llama.cpp refuses the model
+CPU_DEVICE = -1  # a tensor override's device: the CPU (else an index into the model's devices)
 MAX_CALLS = 64
 MAX_CTX = 4096
 MAX_SEQ = 8
@@ -52,12 +57,84 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True)
 class Devices:
-    """Where the model lives: ``n_rpc`` ggml RPC servers (devices in this order, highest priority
-    first, the CPU last) and how many layers are offloaded to them (``llama_model_params``)."""
+    """Where the model lives (``llama_model_params``): its devices, in the order llama.cpp ranks
+    them when it picks them itself (``n_rpc`` ggml RPC servers first, then the GPU-like devices
+    ``gpus``; the CPU last), and how the layers and tensors go to them.
+
+    * ``n_gpu_layers``: layers offloaded; more than the model has: all (pipeline parallelism needs it);
+    * ``tensor_split``: a share per device; ``()`` = llama.cpp's default (by free memory);
+    * ``gpus``: schedfuzz's GPU-like devices (``BackendSpec`` of kind ``gpu``, with ``memory``,
+      the free memory llama.cpp sees when it loads the model), registered with ggml's backend
+      registry; ``gpu_free``: per GPU-like device, the bytes it has free once the model is
+      loaded (``0``: the rest of its memory), as a GPU the weights mostly fill;
+    * ``split_mode`` (``none``: only ``main_gpu``), ``main_gpu``;
+    * ``overrides``: ``tensor_buft_overrides`` (the API of ``-ot``): a tensor-name regex and the
+      device whose buffer type holds the matching weights (``CPU_DEVICE`` or a device index).
+    """
 
     n_rpc: int = 1
-    n_gpu_layers: int = 99  # > n_layer: everything offloaded (pipeline parallelism needs it)
-    tensor_split: tuple[float, ...] = ()  # per RPC device; () = llama.cpp's default (by free memory)
+    n_gpu_layers: int = 99
+    tensor_split: tuple[float, ...] = ()
+    gpus: tuple[BackendSpec, ...] = ()
+    gpu_free: tuple[int, ...] = ()
+    split_mode: str = "layer"
+    main_gpu: int = 0
+    overrides: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def n_devices(self) -> int:
+        return self.n_rpc + len(self.gpus)
+
+    def device_name(self, i: int) -> str:
+        """The device as ggml names its backend: ``RPC0[host:port]``-like for RPC, ``GPU<k>``."""
+        return "CPU" if i == CPU_DEVICE else f"RPC{i}" if i < self.n_rpc else f"GPU{i - self.n_rpc}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"n_rpc": self.n_rpc, "n_gpu_layers": self.n_gpu_layers}
+        if self.tensor_split:
+            out["tensor_split"] = list(self.tensor_split)
+        if self.gpus:
+            out["gpus"] = [g.to_json() for g in self.gpus]
+        if self.gpu_free:
+            out["gpu_free"] = list(self.gpu_free)
+        if self.split_mode != "layer" or self.main_gpu:
+            out |= {"split_mode": self.split_mode, "main_gpu": self.main_gpu}
+        if self.overrides:
+            out["overrides"] = [list(o) for o in self.overrides]
+        return out
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Devices:
+        dv = dict(d)
+        dv["tensor_split"] = tuple(float(x) for x in dv.get("tensor_split", ()))
+        dv["gpus"] = tuple(BackendSpec.from_json(g) for g in dv.get("gpus", ()))
+        dv["gpu_free"] = tuple(int(x) for x in dv.get("gpu_free", ()))
+        dv["overrides"] = tuple((str(p), int(i)) for p, i in dv.get("overrides", ()))
+        return Devices(**dv)
+
+    def validate(self, need: Any) -> None:
+        """Each problem through ``need(ok, message)``, naming the field."""
+        need(0 <= self.n_rpc <= MAX_RPC, f"devices.n_rpc {self.n_rpc}: must be 0..{MAX_RPC}")
+        need(len(self.gpus) <= MAX_GPU, f"devices.gpus: {len(self.gpus)} GPU-like devices, at most {MAX_GPU}")
+        for k, g in enumerate(self.gpus):
+            # llama.cpp makes every registered ACCEL device a backend of every context: a shared-buffer one would outlive its workload
+            need(g.kind == "gpu" and not g.shared_buft, f"devices.gpus[{k}]: a GPU-like device (kind gpu, no shared_buft), not {g.to_json()}")
+        need(0 <= self.n_gpu_layers <= 999, f"devices.n_gpu_layers {self.n_gpu_layers}: must be 0..999")
+        need(not self.tensor_split or (len(self.tensor_split) == self.n_devices and all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0),
+             f"devices.tensor_split {list(self.tensor_split)}: one non-negative share per device ({self.n_devices}), not all zero")
+        need(not self.gpu_free or (len(self.gpu_free) == len(self.gpus) and all(x >= 0 for x in self.gpu_free)),
+             f"devices.gpu_free {list(self.gpu_free)}: one byte count (>= 0) per GPU-like device")
+        need(self.split_mode in SPLIT_MODES, f"devices.split_mode {self.split_mode!r}: one of {', '.join(SPLIT_MODES)}")
+        need(0 <= self.main_gpu < max(self.n_devices, 1), f"devices.main_gpu {self.main_gpu}: must name one of the {self.n_devices} devices")
+        for k, (pattern, dev) in enumerate(self.overrides):
+            need(bool(pattern) and CPU_DEVICE <= dev < self.n_devices, f"devices.overrides[{k}] {pattern!r} -> {dev}: a pattern and CPU_DEVICE or a device index")
+
+    def describe(self) -> str:
+        gpus = f", {len(self.gpus)} GPU-like" if self.gpus else ""
+        return (f"devices: {self.n_rpc} RPC{gpus}, n_gpu_layers {self.n_gpu_layers}"
+                + (f", tensor_split {list(self.tensor_split)}" if self.tensor_split else "")
+                + (f", split_mode {self.split_mode} (main_gpu {self.main_gpu})" if self.split_mode != "layer" else "")
+                + (", overrides " + ", ".join(f"{p}={self.device_name(d)}" for p, d in self.overrides) if self.overrides else ""))
 
 
 @dataclass(frozen=True)
@@ -155,7 +232,7 @@ class LlamaWorkload:
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model.to_json(),
-            "devices": asdict(self.devices),
+            "devices": self.devices.to_json(),
             "ctx": asdict(self.ctx),
             "calls": [_call_json(c) for c in self.calls],
         } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {})
@@ -168,15 +245,13 @@ class LlamaWorkload:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise WorkloadError(f"model: {e}") from None
         try:
-            dv = dict(d.get("devices", {}))
-            dv["tensor_split"] = tuple(float(x) for x in dv.get("tensor_split", ()))
-            devices = Devices(**dv)
+            devices = Devices.from_json(d.get("devices", {}))
             ctx = ContextParams(**d.get("ctx", {}))
             calls = tuple(
                 Call(**{**c, "parts": tuple(Part(**p) for p in c.get("parts", ()))}) for c in d.get("calls", ())
             )
             loras = tuple(LoraSpec.from_json(a) for a in d.get("loras", ()))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, SpecError) as e:
             raise WorkloadError(f"malformed llama workload: {type(e).__name__}: {e}") from None
         w = LlamaWorkload(model, devices, ctx, calls, loras)
         w.validate()
@@ -193,10 +268,7 @@ class LlamaWorkload:
             if not ok:
                 raise WorkloadError(what)
 
-        need(0 <= dv.n_rpc <= MAX_RPC, f"devices.n_rpc {dv.n_rpc}: must be 0..{MAX_RPC}")
-        need(0 <= dv.n_gpu_layers <= 999, f"devices.n_gpu_layers {dv.n_gpu_layers}: must be 0..999")
-        need(not dv.tensor_split or (len(dv.tensor_split) == dv.n_rpc and all(x >= 0 for x in dv.tensor_split) and sum(dv.tensor_split) > 0),
-             f"devices.tensor_split {list(dv.tensor_split)}: one non-negative share per RPC device, not all zero")
+        dv.validate(need)
         need(16 <= c.n_ctx <= MAX_CTX, f"ctx.n_ctx {c.n_ctx}: must be 16..{MAX_CTX}")
         need(1 <= c.n_ubatch <= c.n_batch <= c.n_ctx, f"ctx.n_ubatch {c.n_ubatch} / n_batch {c.n_batch}: need 1 <= n_ubatch <= n_batch <= n_ctx")
         need(1 <= c.n_seq_max <= MAX_SEQ, f"ctx.n_seq_max {c.n_seq_max}: must be 1..{MAX_SEQ}")
@@ -250,8 +322,7 @@ class LlamaWorkload:
     def describe(self) -> str:
         m, c, dv = self.model, self.ctx, self.devices
         return (
-            f"model {m.describe()}; devices: {dv.n_rpc} RPC, n_gpu_layers {dv.n_gpu_layers}"
-            + (f", tensor_split {list(dv.tensor_split)}" if dv.tensor_split else "")
+            f"model {m.describe()}; {dv.describe()}"
             + f"; ctx: n_ctx {c.n_ctx}, n_batch {c.n_batch}, n_ubatch {c.n_ubatch}, n_seq_max {c.n_seq_max}, "
             f"flash_attn {c.flash_attn}, op_offload {c.op_offload}, kv {c.type_k}/{c.type_v}{' unified' if c.kv_unified else ''}"
             + (f", embeddings pooling {c.pooling}" if c.embeddings else "")

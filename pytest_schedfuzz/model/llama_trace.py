@@ -41,6 +41,8 @@ class SchedCall:
     backend_ids_changed: bool = False
     realloc_reason: str = ""
     moved: str = ""  # backend ids changed: the first node whose backend did, "name: A -> B"
+    offloaded: int = 0  # weights in host memory copied to a device's split (ggml's op offload)
+    splits: tuple[tuple[str, int], ...] = ()  # split_graph: each split's backend (as ggml names it) and its number of inputs
     # ggml's own realloc decision, from its realloc callback (None: this ggml has none)
     ggml_ids_changed: bool | None = None
     ggml_size_changed: bool | None = None
@@ -95,7 +97,8 @@ class SchedCall:
             n_nodes=int(d.get("n_nodes", 0)), n_leafs=int(d.get("n_leafs", 0)), n_splits=int(d.get("n_splits", 0)),
             n_copies=int(d.get("n_copies", 1)),
             counts=SizeCounts(**d["counts"]) if d.get("counts") else None, prev_counts=SizeCounts(**d["prev_counts"]) if d.get("prev_counts") else None,
-            inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()},
+            inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()}, offloaded=int(d.get("offloaded", 0)),
+            splits=tuple((str(b), int(n)) for b, n in d.get("splits", ())),
             realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
             ggml_ids_changed=bool(said["backend_ids_changed"]) if said else None, ggml_size_changed=bool(said["graph_size_changed"]) if said else None,
             max_nodes=int(d.get("max_nodes", 0)), parallel=bool(d.get("parallel", False)), op_offload=bool(d.get("op_offload", False)),
@@ -112,6 +115,11 @@ class CallRecord:
     rc: int | str
     sched: tuple[SchedCall, ...] = ()
     error: tuple[str, ...] = ()  # what llama.cpp logged when the call failed (a context that did not initialize)
+    # init: llama.cpp's lines on where the model went (its devices, layers offloaded, tensor
+    # overrides: from loading it) and the context (pipeline parallelism, and its fallback)
+    log: tuple[str, ...] = ()
+    # decode, when asked for (llama-same-logits): the logits of its first and last output
+    logits: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,7 @@ class LlamaTrace:
 
     @staticmethod
     def from_messages(calls: list[Mapping[str, Any]], abort: LlamaAbort | None, engine: Mapping[str, str], perf: Mapping[str, int]) -> LlamaTrace:
-        records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"]), tuple(c.get("error", ())))
+        records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"]), tuple(c.get("error", ())),
+                                   tuple(c.get("log", ())), tuple(tuple(r) for r in c.get("logits", ())))
                         for c in calls)
         return LlamaTrace(records, abort, dict(engine), dict(perf))

@@ -220,7 +220,10 @@ class BackendSpec:
     * ``shared_buft``: it uses the CPU's buffer type instead of one of its own (an accelerator,
       like BLAS);
     * ``graph_optimize``: it reorders the nodes of each split (a stable sort by dependency depth);
-    * ``asynchronous``: it computes and copies on a thread of its own, after ``delay_us``.
+    * ``asynchronous``: it computes and copies on a thread of its own, after ``delay_us``;
+    * ``memory``: its memory (None: 16 GiB); it refuses to allocate beyond it;
+    * ``corrupt_op``: a planted fault, for tests of the values properties only: the first element
+      of each result of this op (``ggml_op_name``) comes back off by one.
     """
 
     kind: str
@@ -233,6 +236,8 @@ class BackendSpec:
     graph_optimize: bool = False
     asynchronous: bool = False
     delay_us: int = 0
+    memory: int | None = None
+    corrupt_op: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -251,6 +256,10 @@ class BackendSpec:
             raise SpecError(f"delay_us {self.delay_us}: 0..100000, and only for an asynchronous gpu")
         if len(",".join(self.unsupported)) >= 500:
             raise SpecError("unsupported: too many op names")
+        if self.memory is not None and self.memory < 1 << 20:
+            raise SpecError(f"memory {self.memory}: at least 1 MiB")
+        if len(self.corrupt_op) >= 32:
+            raise SpecError(f"corrupt_op {self.corrupt_op!r}: not an op name")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}

@@ -25,7 +25,7 @@ from .sites import check_site
 
 GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "same-values", "no-abort")
 # properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
-LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort", "llama-counters-agree")
+LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort", "llama-counters-agree", "llama-same-logits")
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
 # the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
 LLAMA_GROUP = "llama.cpp"

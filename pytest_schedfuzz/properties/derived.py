@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from reference.versions import Rules, rules_for
 
-from ..model.llama_trace import CallRecord, LlamaTrace
+from ..model.llama_trace import LlamaTrace
 from ..model.trace import SizeCounts, Trace
 
 
@@ -79,9 +79,9 @@ def llama_trace(trace: LlamaTrace) -> LlamaTrace:
     """``trace`` with every split_graph's graph size (and the previous one's) derived."""
     rules, note = rules_of(trace.engine)
     calls = tuple(
-        CallRecord(c.index, c.kind, c.rc, tuple(
+        replace(c, sched=tuple(
             replace(s, graph_size=graph_size(s.counts, rules), prev_graph_size=graph_size(s.prev_counts, rules)) if s.counts else s for s in c.sched
-        ), c.error)
+        ))
         for c in trace.calls
     )
     return replace(trace, calls=calls, engine=_noted(trace.engine, rules, note))

@@ -13,6 +13,9 @@
 * ``llama-counters-agree``: where the build has the seeds' system, ggml's realloc callback and
   the harness's derived graph size agree, and llama.cpp's same/changed counters equal the
   harness's count after every reallocation.
+* ``llama-same-logits``: a workload on GPU-like devices decodes the logits the same workload
+  decodes on the CPU alone (``cpu_only``), within ``LOGITS_TOLERANCE``: the devices compute with
+  the CPU's kernels, so a difference is a wrong assignment, copy or synchronisation.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 from reference.params import can_reuse
 
-from ..model.llama import LlamaWorkload
+from ..model.llama import Devices, LlamaWorkload
 from ..model.llama_trace import LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
 from . import LLAMA_PROPERTY_IDS, Violation, at_site, reason_kind, role, with_c_stack
@@ -222,6 +225,19 @@ def _last_change(w: LlamaWorkload, call: int) -> str:
     return next((w.calls[i].kind for i in range(min(call, len(w.calls)) - 1, -1, -1) if w.calls[i].kind in CHANGES), "-")
 
 
+def out_of_memory(w: LlamaWorkload, trace: LlamaTrace) -> str:
+    """What refused the context, when a GPU-like device the workload left little free memory
+    (``Devices.gpu_free``) ran out of it while llama.cpp made the context: llama.cpp rightly
+    fails then (after retrying without pipeline parallelism), so the workload tests nothing. ""
+    otherwise."""
+    if not w.devices.gpu_free:
+        return ""
+    for c in trace.calls:
+        if c.kind == "init" and c.rc != 0:
+            return next((x for x in c.error if re.search(r"GPU\d+: out of memory", x)), "")
+    return ""
+
+
 def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     a = trace.abort
     if a is not None:
@@ -244,7 +260,7 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             facts["server"] = died.group(1) if died else f"refused after {_last_change(w, a.call)}"
         return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}{at_site(a.message)}", facts)]
     for c in trace.calls:
-        if c.kind == "init" and c.rc != 0:
+        if c.kind == "init" and c.rc != 0 and not out_of_memory(w, trace):
             said = " / ".join(c.error) or "nothing"
             # the workload's parameters are valid (LlamaWorkload.validate): the context must come up
             message = re.sub(r"\d+(\.\d+)?", "N", said.split(" / ")[-1])[:160]
@@ -252,6 +268,44 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
                               {"kind": "init", "message": message})]
         if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
             return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed)", {"kind": "decode", "rc": c.rc})]
+    return []
+
+
+# the GPU-like device computes with the CPU backend's kernels: the same workload gives the same
+# logits to the last bit on every layout measured (RPC, GPU-like, overrides, pipeline parallelism);
+# the margin covers a kernel choice that a device's support changes (flash attention "auto")
+LOGITS_TOLERANCE = 1e-3
+
+
+def compares_logits(w: LlamaWorkload) -> bool:
+    """Whether llama-same-logits judges ``w``: it has GPU-like devices, and logits to compare."""
+    return bool(w.devices.gpus) and not w.ctx.backend_samplers and any(c.kind == "decode" for c in w.calls)
+
+
+def cpu_only(w: LlamaWorkload) -> LlamaWorkload:
+    """``w`` with every weight, cache and op on the CPU (no device at all)."""
+    return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), w.ctx, w.calls, w.loras)
+
+
+def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> list[Violation]:
+    """Each decode's recorded logits (first and last output) against the CPU-only run's. Runs
+    that aborted are not compared (llama-no-abort reports them)."""
+    if trace.abort is not None or cpu.abort is not None:
+        return []
+    on = {c.index: c for c in cpu.calls if c.kind == "decode"}
+    for c in trace.calls:
+        ref = on.get(c.index)
+        if c.kind != "decode" or ref is None or c.rc != 0 or ref.rc != 0:
+            continue
+        for k, (got, want) in enumerate(zip(c.logits, ref.logits)):
+            worst = max(range(len(want)), key=lambda v: abs(got[v] - want[v]), default=0)
+            diff = abs(got[worst] - want[worst]) if want else 0.0
+            if diff > LOGITS_TOLERANCE * max(1.0, abs(want[worst])):
+                devices = ", ".join(["RPC"] * bool(w.devices.n_rpc) + ["GPU-like"])
+                return [Violation("llama-same-logits", c.index,
+                                  f"{_call_name(w, c.index)}: the logits of its {'first' if k == 0 else 'last'} output differ from the CPU-only run's: "
+                                  f"token {worst}: {got[worst]:.5f}, on the CPU alone {want[worst]:.5f} (|diff| {diff:.5f} > {LOGITS_TOLERANCE}); "
+                                  f"{w.devices.describe()}", {"on": devices})]
     return []
 
 
@@ -275,10 +329,11 @@ def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
     return out
 
 
+# the llama.cpp properties judged on one run of a workload; llama-same-logits also needs the CPU-only run
 LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {
     "llama-no-same-size-realloc": llama_no_same_size_realloc,
     "llama-reuse-sound": llama_reuse_sound,
     "llama-no-abort": llama_no_abort,
     "llama-counters-agree": llama_counters_agree,
 }
-assert tuple(LLAMA_CHECKS) == LLAMA_PROPERTY_IDS
+assert (*LLAMA_CHECKS, "llama-same-logits") == LLAMA_PROPERTY_IDS

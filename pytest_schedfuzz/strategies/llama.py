@@ -8,8 +8,10 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from ..model.llama import (
+    CPU_DEVICE,
     FLASH_ATTN,
     KV_TYPES,
+    MAX_GPU,
     MAX_LORAS,
     MAX_RPC,
     MAX_SEQ,
@@ -23,6 +25,8 @@ from ..model.llama import (
     Part,
 )
 from ..model.llama_model import LORA_TARGETS, MAX_WEIGHT_BYTES, LoraSpec, ModelSpec
+from ..model.scenario import BackendSpec
+from . import gpus
 
 
 @st.composite
@@ -89,11 +93,62 @@ def context_params(draw: st.DrawFn, head_dim: int = 32) -> ContextParams:
 
 
 @st.composite
-def devices(draw: st.DrawFn, n_layer: int, max_rpc: int = MAX_RPC) -> Devices:
-    n_rpc = draw(st.integers(1, max_rpc))
+def llama_gpus(draw: st.DrawFn, asynchronous: bool | None = None) -> BackendSpec:
+    """A GPU-like device as llama.cpp gets it (``strategies.gpus``): never sharing the CPU's
+    buffer type (llama.cpp would make every context a backend of such an ACCEL device), a maximum
+    buffer size no smaller than a tiny model's weights, a short delay, and a memory size that
+    llama.cpp's default split follows."""
+    g = draw(gpus())
+    is_async = g.asynchronous if asynchronous is None else asynchronous
+    return replace(g, shared_buft=False, max_size=g.max_size and max(g.max_size, MAX_WEIGHT_BYTES), asynchronous=is_async,
+                   delay_us=min(g.delay_us, 200) if is_async else 0, memory=draw(st.sampled_from((None, 2 << 30, 6 << 30))))
+
+
+# free memory left once the weights are in (Devices.gpu_free): a quarter-octave ladder over the
+# compute buffers of tiny models, so that some fit with pipeline parallelism, some only without it
+TIGHT_FREE = tuple(int(2 ** (18 + i / 4)) for i in range(17))  # 256 KiB .. 4 MiB
+
+
+def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tuple[str, int], ...]:
+    """``-ot`` as users write it: experts, the embeddings, the output, a layer or attention on a
+    device of the model's or the CPU."""
+    patterns = ["token_embd", "^output\\.", "blk\\.0\\.", "attn_(q|k|v)"] + (["_exps"] if model.kind == "moe" else ["ffn_(up|down|gate)"])
+    chosen = draw(st.lists(st.sampled_from(patterns), min_size=1, max_size=2, unique=True))
+    return tuple((p, draw(st.sampled_from([CPU_DEVICE, *usable]))) for p in chosen)
+
+
+@st.composite
+def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: int = MAX_GPU) -> Devices:
+    """Where the model goes: 0..``max_rpc`` RPC and 0..``max_gpu`` GPU-like devices (at least one
+    device), all or some layers, llama.cpp's split by free memory or a ``tensor_split``, split mode
+    layer or none (``main_gpu``), tensor overrides in a quarter of the workloads, and in a quarter
+    of those with GPU-like devices little free memory. One workload in six is set up for pipeline
+    parallelism (two asynchronous GPU-like devices holding every layer, no overrides), which
+    llama.cpp enables only there."""
+    if max_gpu >= 2 and draw(st.integers(0, 5)) == 0:
+        gpus_ = (draw(llama_gpus(True)), draw(llama_gpus(True)))
+        free = tuple(draw(st.sampled_from((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
+        return Devices(n_rpc=0, n_gpu_layers=99, gpus=gpus_, gpu_free=free)
+    n_gpu = draw(st.integers(0, max_gpu))
+    n_rpc = draw(st.integers(0 if n_gpu else 1, max_rpc))
+    gpus_ = tuple(draw(llama_gpus()) for _ in range(n_gpu))
+    n = n_rpc + n_gpu
     all_layers = draw(st.integers(0, 3)) > 0
-    split = tuple(draw(st.sampled_from((1.0, 2.0, 3.0))) for _ in range(n_rpc)) if n_rpc > 1 and draw(st.booleans()) else ()
-    return Devices(n_rpc=n_rpc, n_gpu_layers=99 if all_layers else draw(st.integers(0, n_layer)), tensor_split=split)
+    split = tuple(draw(st.sampled_from((1.0, 2.0, 3.0))) for _ in range(n)) if n > 1 and draw(st.booleans()) else ()
+    mode = draw(st.sampled_from(("layer", "layer", "none"))) if n > 1 else "layer"
+    main_gpu = draw(st.integers(0, n - 1)) if mode == "none" else 0
+    free = tuple(draw(st.sampled_from((0, *TIGHT_FREE))) for _ in gpus_) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
+    usable = [main_gpu] if mode == "none" else list(range(n))  # a device the model does not use has no backend in the context
+    overrides = _overrides(draw, model, usable) if draw(st.integers(0, 3)) == 0 else ()
+    return Devices(n_rpc=n_rpc, n_gpu_layers=99 if all_layers else draw(st.integers(0, model.n_layer)), tensor_split=split, gpus=gpus_,
+                   gpu_free=free, split_mode=mode, main_gpu=main_gpu, overrides=overrides)
+
+
+def pipeline_ready(dv: Devices) -> bool:
+    """Whether llama.cpp would enable pipeline parallelism for these devices (with ``offload_kqv``):
+    several devices, every layer offloaded, split by layer, no overrides, all asynchronous."""
+    return (dv.n_devices > 1 and dv.n_rpc == 0 and dv.n_gpu_layers >= 99 and dv.split_mode == "layer" and not dv.overrides
+            and all(g.asynchronous for g in dv.gpus))
 
 
 def _outputs(draw: st.DrawFn, n_tokens: int, room: int) -> str:
@@ -222,13 +277,16 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
 
 
 @st.composite
-def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24) -> LlamaWorkload:
-    """A tiny model on 1..``max_rpc`` RPC devices, a context, and a server's calls on it."""
+def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU) -> LlamaWorkload:
+    """A tiny model on RPC and GPU-like devices (``devices``), a context, and a server's calls on it."""
     model = draw(model_specs(max_layers))
     ctx = draw(context_params(model.head_dim))
     adapters = draw(loras(model))
     calls = draw(server_calls(ctx, max_calls, len(adapters)))
-    return LlamaWorkload(model, draw(devices(model.n_layer, max_rpc)), ctx, calls, adapters)
+    dv = draw(devices(model, max_rpc, max_gpu))
+    if pipeline_ready(dv):
+        ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
+    return LlamaWorkload(model, dv, ctx, calls, adapters)
 
 
 @st.composite
@@ -242,4 +300,4 @@ def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
                  for _ in range(draw(st.integers(1, MAX_LORAS))))
 
 
-__all__ = ["context_params", "devices", "llama_workloads", "loras", "model_specs", "server_calls"]
+__all__ = ["context_params", "devices", "llama_gpus", "llama_workloads", "loras", "model_specs", "pipeline_ready", "server_calls"]

@@ -1,0 +1,139 @@
+"""llama.cpp on schedfuzz's GPU-like devices (``ggml/fake_gpu.c``, registered with ggml's backend
+registry in the llama worker): placement as users set it, op offload, pipeline parallelism and its
+fallback, splits for an op a device refuses, and llama-same-logits against the CPU alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.scenario import BackendSpec
+from pytest_schedfuzz.properties.derived import llama_trace
+from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_only, llama_same_logits, out_of_memory
+
+GPU = BackendSpec("gpu")
+ASYNC = BackendSpec("gpu", asynchronous=True)
+
+
+def decode(*parts: tuple[int, int, str]) -> Call:
+    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
+
+
+# a prompt of 32 tokens (all outputs), then generation, a rejected draft rolled back, and a 2-token draft
+TRAFFIC = (decode((0, 32, "all")), decode((0, 7, "last")), decode((0, 1, "last")), Call("seq_rm", seq=0, n=3), decode((0, 2, "all")))
+
+
+def workload(devices: Devices, **ctx: object) -> LlamaWorkload:
+    w = LlamaWorkload(ModelSpec(n_layer=2), devices, ContextParams(n_seq_max=1, **ctx), TRAFFIC)  # type: ignore[arg-type]
+    w.validate()
+    return w
+
+
+@pytest.fixture(scope="module")
+def target():
+    from pytest_schedfuzz.llama.target import LlamaTarget
+
+    t = LlamaTarget()
+    yield t
+    t.close()
+
+
+def _judged_clean(w: LlamaWorkload, trace, but: tuple[str, ...] = ()) -> None:
+    assert trace.abort is None and all(c.rc == 0 for c in trace.calls), trace.calls
+    assert [v for p, check in LLAMA_CHECKS.items() if p not in but for v in check(w, trace)] == []
+
+
+def test_devices_round_trip_and_bad_placements_are_refused() -> None:
+    dv = Devices(n_rpc=1, gpus=(GPU, ASYNC), gpu_free=(0, 1 << 20), split_mode="none", main_gpu=2, tensor_split=(1.0, 2.0, 1.0),
+                 overrides=(("_exps", 1), ("token_embd", CPU_DEVICE)))
+    w = workload(dv)
+    assert LlamaWorkload.from_json(w.to_json()) == w
+    for bad, field in ((replace(dv, main_gpu=3), "main_gpu"), (replace(dv, tensor_split=(1.0,)), "tensor_split"),
+                       (replace(dv, overrides=(("x", 3),)), "overrides"), (replace(dv, gpus=(BackendSpec("gpu", shared_buft=True),), gpu_free=()), "gpus"),
+                       (replace(dv, split_mode="row"), "split_mode"), (replace(dv, gpu_free=(1,)), "gpu_free")):
+        with pytest.raises(WorkloadError, match=field):
+            replace(w, devices=bad).validate()
+
+
+@pytest.mark.engine
+def test_llama_places_layers_on_a_gpu_like_device_and_honours_a_tensor_override(target) -> None:
+    """llama.cpp enumerates the registered device as a GPU, offloads every layer to it and keeps
+    the FFN weights the override sends to the CPU there; the scheduler then runs splits on it, and
+    ggml's op offload copies the CPU-resident weights of a 32-token batch to it."""
+    w = workload(Devices(n_rpc=0, gpus=(BackendSpec("gpu", offload_min_batch=16),), overrides=(("ffn_(up|down|gate)", CPU_DEVICE),)))
+    trace = llama_trace(target.run(w))
+    # op offload moves the token embeddings' get_rows between GPU0 and the CPU with the batch size:
+    # the worst-case plan is replaced, and a later batch re-plans at the same size (a known finding)
+    _judged_clean(w, trace, but=("llama-no-same-size-realloc",))
+    log = trace.calls[0].log
+    assert any(x.startswith("llama_prepare_model_devices: using device GPU0 (schedfuzz GPU-like device") for x in log), log
+    assert "load_tensors: offloaded 3/3 layers to GPU" in log
+    overridden = [x for x in log if "buffer type overridden to CPU" in x]
+    assert len(overridden) == 6 and all("ffn_" in x for x in overridden)  # up, down, gate of both layers
+    allocs = [s for _, s in trace.sched_calls() if s.kind == "alloc"]
+    # the 32-token prompt: every op on GPU0, the CPU-resident weights copied in (op offload): the
+    # FFN's 6, and the token embeddings, which llama.cpp always keeps on the CPU
+    assert {b for b, _ in allocs[0].splits} == {"GPU0"} and allocs[0].offloaded == 7
+    # 7, 1 and 2 tokens: under offload_min_batch, the FFNs run on the CPU beside their weights
+    assert all({b for b, _ in s.splits} == {"GPU0", "CPU"} and s.offloaded == 0 for s in allocs[1:])
+
+
+@pytest.mark.engine
+def test_pipeline_parallelism_on_two_asynchronous_gpu_like_devices(target) -> None:
+    w = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC)))
+    trace = llama_trace(target.run(w))
+    _judged_clean(w, trace)
+    assert "llama_context: pipeline parallelism enabled" in trace.calls[0].log
+    new = [s for _, s in trace.sched_calls() if s.kind == "new"]
+    assert len(new) == 1 and new[0].parallel
+    assert all(s.n_copies == 4 for _, s in trace.sched_calls() if s.kind in ("reserve", "alloc"))  # GGML_SCHED_MAX_COPIES
+    # synchronous devices: no pipeline parallelism
+    sync = llama_trace(target.run(workload(Devices(n_rpc=0, gpus=(ASYNC, GPU)))))
+    assert not any(s.parallel for _, s in sync.sched_calls() if s.kind == "new")
+
+
+@pytest.mark.engine
+def test_compute_buffers_that_do_not_fit_make_llama_drop_pipeline_parallelism(target) -> None:
+    """Free memory for one copy of the compute buffers but not for four: llama.cpp's first
+    reservation fails, and it builds a scheduler without pipeline parallelism that fits."""
+    w = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC), gpu_free=(600_000, 600_000)))
+    trace = llama_trace(target.run(w))
+    _judged_clean(w, trace)
+    assert "sched_reserve: compute buffer allocation failed, retrying without pipeline parallelism" in trace.calls[0].log
+    init = trace.calls[0].sched
+    new = [s for s in init if s.kind == "new"]
+    assert [s.parallel for s in new] == [True, False]
+    assert [s.ok for s in init if s.kind == "reserve"][0] is False
+    assert all(s.n_copies == 1 for c in trace.calls[1:] for s in c.sched if s.kind == "alloc")
+    # too little for even one copy: llama.cpp refuses the context, which is not a finding
+    full = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC), gpu_free=(300_000, 300_000)))
+    refused = llama_trace(target.run(full))
+    assert refused.calls[0].rc != 0 and out_of_memory(full, refused) and LLAMA_CHECKS["llama-no-abort"](full, refused) == []
+
+
+@pytest.mark.engine
+def test_an_op_the_device_refuses_splits_the_graph_around_it(target) -> None:
+    plain = llama_trace(target.run(workload(Devices(n_rpc=0, gpus=(GPU,)))))
+    refusing = llama_trace(target.run(workload(Devices(n_rpc=0, gpus=(BackendSpec("gpu", unsupported=("SOFT_MAX",)),)))))
+    alloc = next(s for _, s in refusing.sched_calls() if s.kind == "alloc")
+    backends = [b for b, _ in alloc.splits]
+    # every layer's attention goes to the CPU for its softmax and comes back
+    assert backends.count("CPU") >= 2 and backends.count("GPU0") >= 3
+    assert alloc.n_splits > next(s for _, s in plain.sched_calls() if s.kind == "alloc").n_splits
+
+
+@pytest.mark.engine
+def test_same_logits_holds_on_real_layouts_and_catches_a_device_that_corrupts_an_op(target) -> None:
+    layouts = (Devices(n_rpc=0, gpus=(ASYNC, ASYNC)), Devices(n_rpc=1, gpus=(BackendSpec("gpu", offload_min_batch=8),), overrides=(("ffn_up", CPU_DEVICE),)),
+               Devices(n_rpc=0, gpus=(BackendSpec("gpu", unsupported=("SOFT_MAX",), graph_optimize=True),)))
+    cpu = llama_trace(target.run(cpu_only(workload(layouts[0])), logits=True))
+    assert sum(len(c.logits) for c in cpu.calls) == 6  # first and last output of each decode (one row for a single output)
+    for dv in layouts:
+        w = workload(dv)
+        assert llama_same_logits(w, llama_trace(target.run(w, logits=True)), cpu) == []
+    planted = workload(Devices(n_rpc=0, gpus=(ASYNC, replace(ASYNC, corrupt_op="MUL_MAT"))))
+    (v,) = llama_same_logits(planted, llama_trace(target.run(planted, logits=True)), cpu)
+    assert v.step == 0 and v.facts == {"on": "GPU-like"} and "differ from the CPU-only run's" in v.message
