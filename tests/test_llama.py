@@ -191,21 +191,19 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     from hypothesis import Phase, seed
 
     from pytest_schedfuzz.campaign.fuzz import Stats, llama_features
-    from pytest_schedfuzz.properties.llama import out_of_memory, unmade_calls
+    from pytest_schedfuzz.properties.llama import unmade_calls
 
-    stats, dead, found, full = Stats(), [], set(), []
+    stats, dead, found = Stats(), [], set()
 
     @seed(37)  # one whose 200 draws have each asserted dimension at least six times
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads())
+    @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/test_llama_gpu.py
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
         assert unmade_calls(w, trace) == [], w.describe()
         if LLAMA_CHECKS["llama-no-abort"](w, trace):
             found.update(llama_features(w))
-        elif out_of_memory(w, trace):
-            full.append(w)  # a GPU-like device left too little memory for the context: llama.cpp rightly refuses
         else:
             init = trace.calls[0]
             if not (init.rc == 0 and any(c.kind == "decode" and c.rc == 0 for c in trace.calls)):
@@ -213,11 +211,6 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
 
     run()
     assert stats.llama_workloads == 200 and dead == []
-    assert len(full) < 20 and all(w.devices.gpu_free for w in full)
-    # what llama.cpp does on GPU-like devices is reached, in workloads that decoded
-    for shown in ("1 GPU-like", "2 GPU-like", "GPU-like offload_op, op_offload on", "tensor overrides", "split_mode none", "GPU-like little free memory",
-                  "observed: n_copies > 1", "observed: op offloaded to a device"):
-        assert stats.llama_decoded.get(shown, 0) >= 3, (shown, stats.llama_explored.get(shown))
     # a dimension drawn only in workloads that were findings (a crash on a rare draw) is alive
     never = sorted(f for f, n in stats.llama_explored.items() if stats.llama_decoded.get(f, 0) == 0 and f not in found)
     assert never == [], f"dimensions drawn that never decoded: {never}"

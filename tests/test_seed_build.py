@@ -288,3 +288,24 @@ def test_generated_workloads_reach_scheduler_reuses_on_the_seed_build(seed_lib: 
     finally:
         target.close()
     assert len(reuses) >= 3, reuses
+
+
+@pytest.mark.engine
+def test_the_fallback_without_pipeline_parallelism_gets_a_new_scheduler_on_the_seed(seed_lib: Path) -> None:
+    """Two asynchronous GPU-like devices with room for one copy of the compute buffers, not four:
+    the seed's sched_new is asked for parallel = 0 after the failed reservation, and can_reuse
+    (parallel differs) must not keep the pipelined scheduler; every property holds."""
+    from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
+    from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, scheduler_reuses
+
+    gpu = BackendSpec("gpu", asynchronous=True)
+    w = LlamaWorkload(ModelSpec(n_layer=2), Devices(n_rpc=0, gpus=(gpu, gpu), gpu_free=(600_000, 600_000)), ContextParams(n_seq_max=1),
+                      (_decode((0, 32, "all")), _decode((0, 1, "last"))))
+    trace = _run(seed_lib, w)
+    assert "sched_reserve: compute buffer allocation failed, retrying without pipeline parallelism" in trace.calls[0].log
+    asked = [s for s in trace.calls[0].sched if s.kind == "sched_params"]
+    assert [s.parallel for s in asked] == [True, False]
+    assert [s.parallel for s in trace.calls[0].sched if s.kind == "new"] == [True, False] and scheduler_reuses(trace) == []
+    assert all(check(w, trace) == [] for check in LLAMA_CHECKS.values())

@@ -120,26 +120,27 @@ def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tu
 @st.composite
 def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: int = MAX_GPU) -> Devices:
     """Where the model goes: 0..``max_rpc`` RPC and 0..``max_gpu`` GPU-like devices (at least one
-    device), all or some layers, llama.cpp's split by free memory or a ``tensor_split``, split mode
-    layer or none (``main_gpu``), tensor overrides in a quarter of the workloads, and in a quarter
-    of those with GPU-like devices little free memory. One workload in six is set up for pipeline
+    device), all or some layers, llama.cpp's split by free memory or a ``tensor_split``; with
+    GPU-like devices also split mode layer or none (``main_gpu``), and in a quarter of those
+    workloads each tensor overrides and little free memory. One workload in six is set up for pipeline
     parallelism (two asynchronous GPU-like devices holding every layer, no overrides), which
     llama.cpp enables only there."""
     if max_gpu >= 2 and draw(st.integers(0, 5)) == 0:
         gpus_ = (draw(llama_gpus(True)), draw(llama_gpus(True)))
         free = tuple(draw(st.sampled_from((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
         return Devices(n_rpc=0, n_gpu_layers=99, gpus=gpus_, gpu_free=free)
-    n_gpu = draw(st.integers(0, max_gpu))
+    n_gpu = draw(st.integers(0, max_gpu)) if max_gpu else 0
     n_rpc = draw(st.integers(0 if n_gpu else 1, max_rpc))
     gpus_ = tuple(draw(llama_gpus()) for _ in range(n_gpu))
     n = n_rpc + n_gpu
     all_layers = draw(st.integers(0, 3)) > 0
     split = tuple(draw(st.sampled_from((1.0, 2.0, 3.0))) for _ in range(n)) if n > 1 and draw(st.booleans()) else ()
-    mode = draw(st.sampled_from(("layer", "layer", "none"))) if n > 1 else "layer"
+    # placement as users set it for GPUs (drawn only with GPU-like devices: RPC-only draws stay as they were)
+    mode = draw(st.sampled_from(("layer", "layer", "none"))) if n > 1 and gpus_ else "layer"
     main_gpu = draw(st.integers(0, n - 1)) if mode == "none" else 0
     free = tuple(draw(st.sampled_from((0, *TIGHT_FREE))) for _ in gpus_) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
     usable = [main_gpu] if mode == "none" else list(range(n))  # a device the model does not use has no backend in the context
-    overrides = _overrides(draw, model, usable) if draw(st.integers(0, 3)) == 0 else ()
+    overrides = _overrides(draw, model, usable) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
     return Devices(n_rpc=n_rpc, n_gpu_layers=99 if all_layers else draw(st.integers(0, model.n_layer)), tensor_split=split, gpus=gpus_,
                    gpu_free=free, split_mode=mode, main_gpu=main_gpu, overrides=overrides)
 
