@@ -70,10 +70,10 @@ def _replan_reason(x: SchedCall) -> str:
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
-        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the scheduler's backend positions and kinds, no
-        # endpoints; the CPU without its position (always the last: it moves with the number of devices)
+        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the backends as ggml names them, without
+        # endpoints or their positions in the scheduler (which move with the number of devices)
         name, _, move = x.moved.partition(": ")
-        return f"{reason} ({role(name)}: {re.sub(r'#[0-9]+ CPU', 'CPU', _ENDPOINT.sub('', move))})"
+        return f"{reason} ({role(name)}: {re.sub(r'#[0-9]+ ', '', _ENDPOINT.sub('', move))})"
     return reason
 
 
