@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.cases.corpus", "pytest_schedfuzz.properties"]
+MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.cases.corpus", "pytest_schedfuzz.properties.base",
+           "pytest_schedfuzz.properties.aborts"]
 
 
 @pytest.mark.parametrize("name", MODULES)

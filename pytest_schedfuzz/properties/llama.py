@@ -28,7 +28,8 @@ from reference.params import can_reuse
 from ..model.llama import Devices, LlamaWorkload
 from ..model.llama_trace import LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
-from . import LLAMA_PROPERTY_IDS, Violation, at_site, reason_kind, role, with_c_stack
+from .aborts import at_site, with_c_stack
+from .base import LLAMA_PROPERTY_IDS, Violation, reason_kind, role
 
 
 def _call_name(w: LlamaWorkload, index: int) -> str:

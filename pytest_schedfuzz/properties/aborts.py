@@ -1,0 +1,85 @@
+"""no-abort: no ggml abort, crash or hang the reference does not predict, signed by its check (an
+assert's site) or, for a crash without one, by the top frames of its C stack."""
+
+from __future__ import annotations
+
+import re
+
+from reference.alloc import KEPT_PLAN
+
+from ..model.scenario import Scenario, Step
+from ..model.trace import Trace
+from .base import Violation
+from .sites import check_site
+
+
+def with_c_stack(cause: str, message: str, depth: int = 3) -> str:
+    """A signal's cause with the top ``depth`` functions of the C stack the worker printed
+    (``ggml/crash.py``): two segfaults in different functions are two findings. A function's
+    type- or implementation-specialized variants are one function (ggml 0.15.3's
+    ``ggml_compute_forward_set_rows_f32`` is 0.25.3's ``..._set_rows_impl``), so one bug keeps
+    one signature across ggml versions.
+
+    >>> with_c_stack("SIGSEGV", "C stack: ggml_cpu_fp32_to_fp32 < ggml_compute_forward_set_rows_f32 < ggml_compute_forward_set_rows < ggml_compute_forward")
+    'SIGSEGV in ggml_cpu_fp32_to_fp32 < ggml_compute_forward_set_rows < ggml_compute_forward'
+    """
+    m = re.search(r"^C stack: (.+)$", message, re.MULTILINE)
+    if not m:
+        return cause
+    frames: list[str] = []
+    for f in m.group(1).split(" < "):
+        f = re.sub(r"_(impl|f32|f16|bf16|q\d_[\dK]|[a-z]?\d+)$", "", f)
+        if not frames or frames[-1] != f:
+            frames.append(f)
+    return f"{cause} in {' < '.join(frames[:depth])}"
+
+
+def without_c_stack(signature: str) -> str:
+    """A signature with a crash's C stack left out: the same case crashing in functions of
+    other names (another build of the same bug) compares equal."""
+    return re.sub(r"(killed by SIG\w+) in [^,\]]+", r"\1", signature)
+
+
+def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """Valid scenarios never abort the engine."""
+    a = trace.abort
+    if a is None:
+        return []
+    step: Step = scenario.steps[a.step] if a.step < len(scenario.steps) else Step("?")
+    predicted = " (the reference predicts it: " + prediction.abort.message + ")" if prediction.abort else ""
+    first = a.message.strip().splitlines()[0] if a.message.strip() else a.kind
+    # ggml prefixes its source path (a build directory): keep the file name, drop line numbers
+    first = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", first)
+    kind = re.sub(r"\d+", "N", first)[:100]
+    if a.kind == "crash":
+        first = with_c_stack(first, a.message)
+        kind = with_c_stack(kind, a.message)
+    facts = {"kind": a.kind, "message": kind}
+    # the RPC client reports every server failure alike: a server that died (and how) is what
+    # separates a crash in the server from a graph it rejected
+    died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)
+    if died:
+        facts["server"] = died.group(1)
+    if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
+        facts["during"] = step.kind
+    # the reference's ggml-alloc explains it: a failed reservation kept its new plan, and its
+    # buffers (NULL, or older and smaller) cannot hold it. Whether that shows as a crash or an
+    # assert depends on which buffer the first misplaced tensor is in
+    kept = prediction.abort is not None and prediction.abort.step == a.step and KEPT_PLAN in prediction.abort.message
+    if kept or "failed to allocate" in a.message or any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
+        # ggml could not allocate a buffer (it logged so, said no to an earlier step, or the
+        # reference says so) and went on: a different story, whichever step then fails
+        facts["after"] = "failed allocation"
+        facts.pop("during", None)
+        if kept:
+            facts = {"after": "failed allocation", "plan": "kept"}
+    # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
+    tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
+    detail = f"\nlast output:\n{tail}" if tail and tail != first else ""
+    return [Violation("no-abort", a.step, f"ggml {a.kind} during {step.describe()}: {first}{at_site(a.message)}{predicted}{detail}", facts)]
+
+
+def at_site(message: str) -> str:
+    """`` (check: file:line, in function)`` for an abort whose site ggml printed, else ""."""
+    site = check_site(message)
+    return f" (check: {site})" if site else ""

@@ -1,0 +1,128 @@
+"""What every property is made of: the ids, ``Violation`` (a finding and its signature), what a
+graph property needs observed (``Observed``) and which strategy draws its examples (``Draws``),
+and the helpers that name tensors and reasons by role in signatures."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..model.scenario import Scenario
+from ..model.trace import Trace
+
+GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "same-values", "no-abort")
+
+
+# properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
+LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort", "llama-counters-agree", "llama-same-logits")
+
+
+PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
+
+
+# the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
+LLAMA_GROUP = "llama.cpp"
+
+
+def is_llama(prop: str) -> bool:
+    return prop == LLAMA_GROUP or prop in LLAMA_PROPERTY_IDS
+
+
+def fuzz_units(properties: Sequence[str]) -> list[tuple[str, int]]:
+    """What to fuzz for ``properties``, each with its weight in a shared time budget: every graph
+    property alone, and the llama.cpp properties as one ``LLAMA_GROUP`` worth as many shares as
+    it judges properties."""
+    graph = [(p, 1) for p in properties if not is_llama(p)]
+    n_llama = sum(1 for p in properties if p in LLAMA_PROPERTY_IDS)
+    return graph + ([(LLAMA_GROUP, n_llama)] if n_llama else [])
+
+
+@dataclass(frozen=True)
+class Violation:
+    property: str
+    step: int
+    message: str
+    facts: Mapping[str, object] = field(default_factory=dict)
+
+    def signature(self) -> str:
+        """Property id plus the minimal distinguishing facts: what a corpus case must keep."""
+        keys = ",".join(f"{k}={self.facts[k]}" for k in sorted(self.facts))
+        return f"{self.property}[{keys}]"
+
+    def __str__(self) -> str:
+        return f"[{self.property}] step {self.step}: {self.message}"
+
+
+ENGINE, REFERENCE, FRESH = "engine", "reference", "fresh"  # what a property needs observed
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a property judges; a part its ``needs`` did not ask for is an empty trace."""
+
+    trace: Trace = Trace(())  # the engine's run of the scenario
+    prediction: Trace = Trace(())  # the reference's prediction for it
+    fresh: Trace = Trace(())  # the engine's run of ``fresh_variant(scenario)``
+
+
+@dataclass(frozen=True)
+class Draws:
+    """Which strategy draws a property's examples (``campaign.fuzz.Fuzzer.strategy`` builds it
+    with the profile's sizes): raw ``scenarios``, driver ``workloads`` (played by the simulated
+    ``llama_context``, with at most ``max_ubatches`` ubatches and at least ``min_reconfigures``
+    reconfigurations), or ``both``."""
+
+    kind: str  # scenarios | workloads | both
+    max_ubatches: int = 4
+    min_reconfigures: int = 1
+
+
+SCENARIOS = Draws("scenarios")
+
+
+@dataclass(frozen=True)
+class Property:
+    """A graph property: its id, what it needs observed, the strategy that draws its examples,
+    and its judgement."""
+
+    id: str
+    needs: frozenset[str]
+    draws: Draws
+    judge: Callable[[Scenario, Observed], list[Violation]]
+
+
+def role(name: str) -> str:
+    """A tensor's name without its layer or copy numbers, and without the backend that holds a
+    scheduler's input copy (engine and reference name backends differently):
+    ``ffn_moe_gate-1`` -> ``ffn_moe_gate-N``, ``RPC0[127.0.0.1:5]#kv1#2`` -> ``copy of kvN``."""
+    m = re.match(r".*#(.+)#\d+$", name)
+    if m:
+        return f"copy of {role(m.group(1))}"
+    return re.sub(r"\d+", "N", name)
+
+
+def reason_kind(reason: str) -> str:
+    """ggml's reallocation reason reduced to what separates root causes.
+
+    >>> reason_kind("src 1 (CPU#inp_pos#0) of node rope-3 is not valid")
+    'src copy of inp_pos of rope-N'
+    """
+    if reason in ("different number of nodes", "different number of leafs", "backend ids changed"):
+        return reason.split()[-1]
+    m = re.match(r"node (.+) is not valid$", reason)
+    if m:
+        return f"node {role(m.group(1))}"
+    m = re.match(r"src (\d+) \((.+)\) of node (.+) is not valid$", reason)
+    if m:
+        return f"src {role(m.group(2))} of {role(m.group(3))}"
+    return reason or "unknown"
+
+
+_COPY = re.compile(r"[^\s(#]+#([^#\s]+)#(\d+)")
+
+
+def normalize_reason(reason: str) -> str:
+    """Input copies are named ``BACKEND#src#copy``; backend names differ between the engine
+    (``RPC[host:port]``) and the reference, so compare them without the backend."""
+    return _COPY.sub(r"*#\1#\2", reason)

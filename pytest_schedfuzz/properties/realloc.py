@@ -1,0 +1,66 @@
+"""no-same-size-realloc: after a sufficient reservation, no reallocation at the same graph size
+with the same backend ids (ggml 0.25.3's ``GGML_SCHED_DEBUG_REALLOC`` condition), each explained."""
+
+from __future__ import annotations
+
+from ..model.scenario import Scenario
+from ..model.trace import Trace
+from ..sim.driver import topology
+from .base import Violation, normalize_reason, reason_kind
+
+
+def _last_claim(scenario: Scenario, step: int) -> int | None:
+    """The driver's last reservation for the current scheduler before ``step``."""
+    for i in range(step - 1, -1, -1):
+        s = scenario.steps[i]
+        if s.kind == "reserve":
+            return i
+        if s.kind == "sched_new" and not s.reuse:
+            return None
+    return None
+
+
+def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
+    """After the driver's reservation for the current configuration, no alloc causes a
+    same-size realloc. Each violation is explained by the reference: ``engine`` where the
+    reference predicts no event, or another event, at that step; ``lost`` where a re-plan
+    between the reservation and this step replaced the reserved plan; ``not-dominating`` where
+    the reservation's graph did not cover this one. The signature adds, for ``lost``, the step
+    kind and reason of the re-plan that lost it, and otherwise the invalid tensor."""
+    out = []
+    predicted = {e.step: e for e in prediction.events}
+    for ev in trace.events:
+        if not ev.same_size or scenario.steps[ev.step].kind == "reserve":
+            continue
+        claim = _last_claim(scenario, ev.step)
+        if claim is None:
+            continue
+        graph = scenario.steps[ev.step].graph
+        claimed = scenario.steps[claim].graph
+        head = f"same-size realloc on {scenario.steps[ev.step].kind}({graph}): nodes = {ev.n_nodes}, splits = {ev.n_splits}, graph_size = {ev.graph_size}; reason: {ev.reason}"
+        replans = [e for e in prediction.events if claim < e.step < ev.step]
+        p = predicted.get(ev.step)
+        lost_by = "-"
+        if p is None:
+            why, kind = "the engine re-planned although the reference says the plan was still valid (engine bug)", "engine"
+        elif (normalize_reason(p.reason), p.same_size) != (normalize_reason(ev.reason), ev.same_size):
+            why, kind = f"engine and reference disagree about this step's event (engine bug): the reference predicts {p.describe()}", "engine"
+        elif replans:
+            k = replans[0].step
+            # the same op program with other assignments (op offload by batch size), or another graph
+            same = topology(scenario.graph(scenario.steps[k].graph or "")) == topology(scenario.graph(claimed or ""))
+            switch = "an assignment change" if same else "a topology switch"
+            why = (f"the reservation of step {claim} ({claimed}) was lost: step {k} re-planned for "
+                   f"{scenario.steps[k].graph} ({replans[0].reason}), {switch}")
+            kind = "lost"
+            lost_by = f"{scenario.steps[k].kind} {reason_kind(replans[0].reason)}"
+        else:
+            why = f"the reservation of step {claim} ({claimed}) does not dominate {graph}: {p.reason}"
+            kind = "not-dominating"
+        facts = {"explained": kind, "invalid": reason_kind(ev.reason), "lost_by": lost_by}
+        if kind == "lost":
+            # the re-plan that lost the reservation is the cause; which tensor then shows it
+            # invalid depends on the graphs (kept in the message)
+            del facts["invalid"]
+        out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}", facts))
+    return out
