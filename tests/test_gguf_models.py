@@ -1,5 +1,7 @@
 """Tiny GGUF models: specs round-trip and reject bad fields by name; files are deterministic,
-cached, atomic and small; llama.cpp loads a dense and a MoE model and decodes with them."""
+cached, atomic and small; llama.cpp loads a dense, a MoE, a Mamba-2 and a hybrid (granitehybrid)
+model and decodes with them; the dense and MoE files are the bytes and names they were before the
+recurrent kinds came."""
 
 from __future__ import annotations
 
@@ -16,21 +18,71 @@ from typing import Any
 import gguf
 import pytest
 
-from pytest_schedfuzz.llama.gguf_models import write_model
-from pytest_schedfuzz.model.llama_model import BOS_ID, MAX_WEIGHT_BYTES, TOKENS, ModelSpec
+from pytest_schedfuzz.llama.gguf_models import write_lora, write_model
+from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
+from pytest_schedfuzz.model.llama_model import BOS_ID, MAX_WEIGHT_BYTES, TOKENS, LoraSpec, ModelSpec
 
 DENSE = ModelSpec()
 MOE = ModelSpec(kind="moe", n_expert=4, n_expert_used=2)
 # near MAX_WEIGHT_BYTES: the largest files a valid spec makes
 LARGE_DENSE = ModelSpec(n_layer=8, n_embd=128, n_head=8, n_head_kv=2, n_ff=176, seed=7)
 LARGE_MOE = ModelSpec(kind="moe", n_layer=2, n_embd=128, n_head=8, n_head_kv=4, n_ff=64, n_expert=16, n_expert_used=2, seed=9)
+# the recurrent kinds: pure Mamba-2, and attention in layer 1 of 3 among Mamba-2 layers
+MAMBA2 = ModelSpec(arch="mamba2", kind="mamba2")
+HYBRID = ModelSpec(arch="granitehybrid", kind="hybrid", n_layer=3, attn_layers=(1,))
+LARGE_MAMBA2 = ModelSpec(arch="mamba2", kind="mamba2", n_layer=8, n_embd=128, ssm_state=32, ssm_groups=2, ssm_head_dim=32, seed=5)
+LARGE_HYBRID = ModelSpec(arch="granitehybrid", kind="hybrid", n_layer=6, n_embd=128, n_head=8, n_head_kv=2, n_ff=144, ssm_groups=2, ssm_head_dim=32,
+                         attn_layers=(2, 5), seed=11)
+ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID]
+IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid"]
+
+# computed before the recurrent kinds were added: their fields must not change a dense or moe
+# spec's JSON, file name (cache key) or bytes (else FORMAT_VERSION must be bumped)
+PINNED_NAMES = {
+    "dense": ("llama-dense-a9ffb5ae47a384a1.gguf", "c24dec598716d218"),
+    "moe": ("llama-moe-14098c523be5da51.gguf", "1bb659e4be968b77"),
+    "large-dense": ("llama-dense-ed8d7ae79c0d9d52.gguf", "101dcc4021feee68"),
+}
+PINNED_LORA = ("lora-llama-db7899759365f2d7.gguf", "9c84f7a0410b7041")  # LoraSpec() on DENSE
 
 
-@pytest.mark.parametrize("spec", [DENSE, MOE, LARGE_DENSE, LARGE_MOE])
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
 def test_json_round_trip(spec: ModelSpec):
     spec.validate()
     d = json.loads(json.dumps(spec.to_json()))
     assert d == spec.to_json() and ModelSpec.from_json(d) == spec
+
+
+def test_dense_and_moe_names_and_bytes_are_unchanged(tmp_path: Path):
+    """The recurrent kinds' fields stay out of a dense or moe spec's JSON: its file name, bytes and
+    the LoRA adapter's are those written before they existed."""
+    import hashlib
+
+    for spec, name in [(DENSE, "dense"), (MOE, "moe"), (LARGE_DENSE, "large-dense")]:
+        assert list(spec.to_json()) == ["arch", "kind", "n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_expert", "n_expert_used", "n_ctx_train", "seed"]
+        path = write_model(spec, tmp_path)
+        assert (path.name, hashlib.sha256(path.read_bytes()).hexdigest()[:16]) == PINNED_NAMES[name]
+    lora = write_lora(DENSE, LoraSpec(), tmp_path)
+    assert (lora.name, hashlib.sha256(lora.read_bytes()).hexdigest()[:16]) == PINNED_LORA
+
+
+def test_corpus_models_read_back_as_written():
+    """Every llama workload in the corpus (written before the recurrent kinds) parses, and its
+    model serializes to the same JSON: the same cache key and file."""
+    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    models = [json.loads(f.read_text())["llama"]["model"] for f in sorted(corpus.glob("*.json")) if "llama" in json.loads(f.read_text())]
+    assert models
+    for d in models:
+        assert ModelSpec.from_json(d).to_json() == d
+
+
+def test_recurrent_fields_are_optional_in_json():
+    d = HYBRID.to_json()
+    assert d["attn_layers"] == [1] and not {"ssm_state", "ssm_conv", "ssm_groups", "ssm_head_dim"} & set(d)
+    assert LARGE_MAMBA2.to_json()["ssm_state"] == 32 and "attn_layers" not in LARGE_MAMBA2.to_json()
+    assert ModelSpec.from_json(MAMBA2.to_json() | {"ssm_state": 16}) == MAMBA2  # a default may also be spelled out
+    assert MAMBA2.file_name().startswith("mamba2-mamba2-") and HYBRID.file_name().startswith("granitehybrid-hybrid-")
+    assert len({s.file_name() for s in ALL}) == len(ALL)
 
 
 def test_from_json_rejects_unknown_and_missing_keys():
@@ -65,10 +117,45 @@ def test_from_json_rejects_unknown_and_missing_keys():
         ({"kind": "moe", "n_expert": 4, "n_expert_used": 0}, "n_expert_used"),
         ({"kind": "moe", "n_expert": 4, "n_expert_used": 5}, "n_expert_used"),
         ({"n_layer": 8, "n_embd": 256, "n_head": 8, "n_ff": 512}, "n_params"),  # each field in bounds, too large together
+        ({"kind": "mamba2"}, "arch"),  # a mamba2 model is of arch mamba2
+        ({"arch": "mamba2"}, "arch"),  # and a dense one of arch llama
+        ({"ssm_state": 32}, "ssm_state"),  # the Mamba-2 sizes only for the recurrent kinds
+        ({"attn_layers": (0,)}, "attn_layers"),
     ],
 )
 def test_validate_names_the_field(changes: dict[str, Any], field: str):
     spec = dataclasses.replace(DENSE, **changes)
+    with pytest.raises(ValueError, match=rf"^{field}: ") as e:
+        spec.validate()
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "base, changes, field",
+    [
+        (MAMBA2, {"n_expert": 4, "n_expert_used": 2}, "n_expert"),
+        (MAMBA2, {"ssm_state": 0}, "ssm_state"),
+        (MAMBA2, {"ssm_state": 65}, "ssm_state"),
+        (MAMBA2, {"ssm_conv": 1}, "ssm_conv"),
+        (MAMBA2, {"ssm_groups": 0}, "ssm_groups"),
+        (MAMBA2, {"ssm_groups": 3}, "ssm_groups"),  # does not divide the 8 heads
+        (MAMBA2, {"ssm_head_dim": 48}, "ssm_head_dim"),  # does not divide the inner size 128
+        (MAMBA2, {"ssm_head_dim": True}, "ssm_head_dim"),
+        (MAMBA2, {"attn_layers": (1,)}, "attn_layers"),  # attention layers only in a hybrid
+        (MAMBA2, {"n_layer": 8, "n_embd": 256}, "n_params"),
+        (HYBRID, {"attn_layers": ()}, "attn_layers"),  # at least one attention layer
+        (HYBRID, {"attn_layers": (0, 1, 2)}, "attn_layers"),  # and at least one recurrent layer
+        (HYBRID, {"attn_layers": (3,)}, "attn_layers"),  # out of range
+        (HYBRID, {"attn_layers": (2, 1)}, "attn_layers"),  # not increasing
+        (HYBRID, {"attn_layers": (1, 1)}, "attn_layers"),
+        (HYBRID, {"attn_layers": [1]}, "attn_layers"),  # a tuple (from_json converts a list)
+        (HYBRID, {"arch": "llama"}, "arch"),
+        (HYBRID, {"n_head_kv": 3}, "n_head_kv"),  # the attention layers' bounds as for dense
+        (HYBRID, {"n_expert": 4, "n_expert_used": 2}, "n_expert"),
+    ],
+)
+def test_validate_names_the_recurrent_field(base: ModelSpec, changes: dict[str, Any], field: str):
+    spec = dataclasses.replace(base, **changes)
     with pytest.raises(ValueError, match=rf"^{field}: ") as e:
         spec.validate()
     assert "\n" not in str(e.value)
@@ -103,7 +190,14 @@ def test_concurrent_writers_leave_one_whole_file(tmp_path: Path):
     assert len(gguf.GGUFReader(paths.pop()).tensors) == 3 + 2 * 10
 
 
-@pytest.mark.parametrize("spec", [LARGE_DENSE, LARGE_MOE])
+def test_lora_adapters_are_for_llama_models_only():
+    """The adapters' targets are the llama layer weights: a Mamba-2 layer has none of them."""
+    for spec in (MAMBA2, HYBRID):
+        with pytest.raises(ValueError, match="^lora: adapters only for a llama model"):
+            LoraSpec().validate(spec)
+
+
+@pytest.mark.parametrize("spec", [LARGE_DENSE, LARGE_MOE, LARGE_MAMBA2, LARGE_HYBRID])
 def test_largest_files_stay_small(tmp_path: Path, spec: ModelSpec):
     assert 4 * spec.n_params > 0.85 * MAX_WEIGHT_BYTES
     assert write_model(spec, tmp_path).stat().st_size < 5_000_000
@@ -122,6 +216,48 @@ def test_tensor_layout(tmp_path: Path):
     assert sum(math.prod(s) for s in shapes.values()) == MOE.n_params
     assert r.fields["llama.expert_count"].contents() == 4 and r.fields["llama.expert_used_count"].contents() == 2
     assert r.fields["tokenizer.ggml.tokens"].contents() == list(TOKENS)
+
+
+def _layout(path: Path) -> tuple[dict[str, list[int]], gguf.GGUFReader]:
+    r = gguf.GGUFReader(path)
+    return {t.name: [int(n) for n in t.shape] for t in r.tensors}, r
+
+
+def test_mamba2_tensor_layout(tmp_path: Path):
+    """The names, ggml shapes and keys of ``llama_model_mamba2::load_arch_tensors``/``load_arch_hparams``
+    (src/models/mamba2.cpp): no attention, no FFN, no head counts."""
+    spec = dataclasses.replace(MAMBA2, ssm_groups=2, ssm_state=8)
+    shapes, r = _layout(write_model(spec, tmp_path))
+    e, inner, heads, conv_dim = spec.n_embd, 2 * spec.n_embd, 2 * spec.n_embd // 16, 2 * spec.n_embd + 2 * 2 * 8
+    assert shapes["blk.1.ssm_in.weight"] == [e, inner + conv_dim + heads]
+    assert shapes["blk.1.ssm_conv1d.weight"] == [4, conv_dim] and shapes["blk.1.ssm_conv1d.bias"] == [conv_dim]
+    assert shapes["blk.1.ssm_dt.bias"] == [heads] and shapes["blk.1.ssm_a"] == shapes["blk.1.ssm_d"] == [1, heads]
+    assert shapes["blk.1.ssm_norm.weight"] == [inner // 2, 2] and shapes["blk.1.ssm_out.weight"] == [inner, e]
+    assert sorted(n for n in shapes if n.startswith("blk.0.")) == sorted(f"blk.0.{n}" for n in (
+        "attn_norm.weight", "ssm_in.weight", "ssm_conv1d.weight", "ssm_conv1d.bias", "ssm_dt.bias", "ssm_a", "ssm_d", "ssm_norm.weight", "ssm_out.weight"))
+    assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
+    f = {k: v.contents() for k, v in r.fields.items() if k.startswith("mamba2.")}
+    assert f == {"mamba2.context_length": 4096, "mamba2.embedding_length": e, "mamba2.block_count": 2, "mamba2.attention.layer_norm_rms_epsilon": pytest.approx(1e-5),
+                 "mamba2.ssm.conv_kernel": 4, "mamba2.ssm.inner_size": inner, "mamba2.ssm.state_size": 8, "mamba2.ssm.time_step_rank": heads, "mamba2.ssm.group_count": 2}
+    # values that keep the scan finite: A < 0, softplus(dt bias) a small step
+    t = {x.name: x.data for x in r.tensors}
+    assert (t["blk.0.ssm_a"] < 0).all() and (t["blk.0.ssm_d"] == 1).all()
+    step = [math.log1p(math.exp(float(b))) for b in t["blk.0.ssm_dt.bias"]]
+    assert all(1e-3 <= s <= 0.1 + 1e-6 for s in step)
+
+
+def test_hybrid_tensor_layout(tmp_path: Path):
+    """granitehybrid (src/models/granite-hybrid.cpp): head_count_kv per layer, 0 marking a
+    Mamba-2 layer; attention layers as llama's; an FFN after every layer."""
+    spec = dataclasses.replace(HYBRID, n_layer=4, attn_layers=(0, 3))
+    shapes, r = _layout(write_model(spec, tmp_path))
+    assert r.fields["granitehybrid.attention.head_count_kv"].contents() == [2, 0, 0, 2]
+    assert r.fields["granitehybrid.attention.head_count"].contents() == 4
+    for il in range(4):
+        assert (f"blk.{il}.attn_q.weight" in shapes) == (il in (0, 3)) != (f"blk.{il}.ssm_in.weight" in shapes)
+        assert shapes[f"blk.{il}.ffn_down.weight"] == [spec.n_ff, spec.n_embd]
+    assert shapes["blk.3.attn_k.weight"] == [spec.n_embd, spec.head_dim * spec.n_head_kv]
+    assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
 
 
 # Run in a child process, so that an abort in llama.cpp fails the test instead of killing pytest.
@@ -183,11 +319,11 @@ L.llama_backend_free()
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("spec", [DENSE, MOE, LARGE_DENSE, LARGE_MOE], ids=["dense", "moe", "large-dense", "large-moe"])
+@pytest.mark.parametrize("spec", ALL, ids=IDS)
 def test_llama_cpp_loads_and_decodes(tmp_path: Path, spec: ModelSpec):
     path = write_model(spec, tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-c", LOAD_AND_DECODE, str(path)], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", LOAD_AND_DECODE, str(path)], check=False, capture_output=True, text=True, timeout=120,
         env=os.environ | {"GGML_NO_BACKTRACE": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -201,3 +337,60 @@ def test_llama_cpp_loads_and_decodes(tmp_path: Path, spec: ModelSpec):
     assert out["rc"] == [0, 0]
     for logits in out["logits"]:
         assert len(logits) == spec.n_vocab and all(map(math.isfinite, logits)) and max(logits) > min(logits)
+
+
+@pytest.fixture(scope="module")
+def target():
+    from pytest_schedfuzz.llama.target import LlamaTarget
+
+    t = LlamaTarget()
+    yield t
+    t.close()
+
+
+def decode(*parts: tuple[int, int, str]) -> Call:
+    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
+
+
+# what a server does with a recurrent model, all of which llama.cpp 0.3.36 allows there: prompts
+# in chunks, continuous batching of 3 slots (uneven parts: equal splits), a slot copied to another
+# (emptied first), one kept, a slot reused from scratch, the context cleared
+SERVER_LIKE = (
+    decode((0, 40, "none")), decode((0, 9, "last")), decode((0, 1, "last"), (1, 13, "last")),
+    decode((0, 1, "last"), (1, 1, "last"), (2, 5, "all")),
+    Call("seq_rm", seq=2, n=-1), Call("seq_cp", seq=0, dst=2), decode((0, 1, "last"), (2, 1, "last")),
+    Call("seq_rm", seq=1, n=-1), decode((1, 6, "last"), (2, 1, "last")),
+    Call("seq_keep", seq=1), decode((1, 1, "last")), Call("clear"), decode((0, 3, "last")),
+)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("spec", [MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID], ids=["mamba2", "hybrid", "large-mamba2", "large-hybrid"])
+@pytest.mark.parametrize("devices", [Devices(n_rpc=1), Devices(n_rpc=0, n_gpu_layers=0)], ids=["rpc", "cpu"])
+def test_recurrent_models_decode_server_traffic(target, spec: ModelSpec, devices: Devices) -> None:
+    """Through the worker: every call returns 0, on an RPC device and on the CPU, with 3 sequences."""
+    w = LlamaWorkload(spec, devices, ContextParams(n_seq_max=3), SERVER_LIKE)
+    trace = target.run(w, logits=True)
+    assert trace.abort is None
+    assert [(c.kind, c.rc) for c in trace.calls] == [("init", 0)] + [(c.kind, 0) for c in SERVER_LIKE]
+    rows = [r for c in trace.calls for r in c.logits]
+    assert rows and all(len(r) == spec.n_vocab and all(map(math.isfinite, r)) and max(r) > min(r) for r in rows)
+
+
+@pytest.mark.engine
+def test_recurrent_memory_cannot_drop_the_last_tokens(target) -> None:
+    """llama.cpp 0.3.36 (src/llama-memory-recurrent.cpp, seq_rm): a recurrent state cannot lose its
+    last tokens (unless the context keeps rollback snapshots, n_rs_seq, which neither mamba2 nor
+    granitehybrid supports): ``seq_rm`` of the last n < all positions (a rejected draft) returns
+    false, the worker's rc 1, and so does a context shift whose discarded range reaches the end
+    (which llama-server's clamped n_discard never asks for); the state is left as it was, and
+    decoding goes on. A dense model's KV cache does both."""
+    calls = (decode((0, 6, "last")), decode((0, 4, "all")), Call("seq_rm", seq=0, n=3), decode((0, 1, "last")),
+             Call("shift", seq=0, n_keep=2, n=16), Call("shift", seq=0, n_keep=2, n=3), decode((0, 1, "last")), Call("seq_rm", seq=0, n=99))
+    rcs = {}
+    for spec in (DENSE, MAMBA2, HYBRID):
+        trace = target.run(LlamaWorkload(spec, Devices(), ContextParams(), calls))
+        assert trace.abort is None
+        rcs[spec.kind] = [c.rc for c in trace.calls[1:]]
+    assert rcs["dense"] == [0] * len(calls)
+    assert rcs["mamba2"] == rcs["hybrid"] == [0, 0, 1, 0, 1, 0, 0, 0]

@@ -306,9 +306,13 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     norm_other_port = _lost(changed("node norm-1: #0 RPC0[127.0.0.1:6001] -> #1 RPC0[127.0.0.1:6002]"))
     ffn = _lost(changed("node ffn_out-3: #1 RPC0[127.0.0.1:5002] -> #2 CPU"))
     after_warmup = _lost(changed("node norm-3: #0 RPC0[127.0.0.1:5001] -> #1 RPC0[127.0.0.1:5002]"), Call("set_warmup", flag=True))
+    # the same cause on a layout with one more device in front: the scheduler's positions left out
+    gpu = _lost(changed("node embd: #0 GPU0 -> #1 CPU"))
+    gpu_behind_rpc = _lost(changed("node embd: #1 GPU0 -> #3 CPU"))
     assert norm == norm_other_port  # the same cause: layer numbers and endpoints left out
-    assert len({norm, ffn, after_warmup}) == 3
-    assert "norm-N: #0 RPC0 -> #1 RPC0" in norm and "decode after set_warmup(true)" in after_warmup
+    assert gpu == gpu_behind_rpc and "embd: GPU0 -> CPU" in gpu
+    assert len({norm, ffn, after_warmup, gpu}) == 4
+    assert "norm-N: RPC0 -> RPC0" in norm and "decode after set_warmup(true)" in after_warmup
 
 
 def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None:

@@ -1,5 +1,5 @@
-"""GGUF files of the tiny models (``model.llama_model``), written with the ``gguf`` package's own
-writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
+"""GGUF files of the tiny models (``model.llama_model``: llama dense and MoE, mamba2,
+granitehybrid), written with the ``gguf`` package's own writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
 per spec, written atomically so that pytest-xdist workers can share the cache), and LoRA
 adapters for them."""
 
@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 
 from ..files import atomic_write
-from ..model.llama_model import BOS_ID, EOS_ID, TOKENS, UNK_ID, WORD_PIECES, LoraSpec, ModelSpec
+from ..model.llama_model import BOS_ID, EOS_ID, RECURRENT_KINDS, TOKENS, UNK_ID, WORD_PIECES, LoraSpec, ModelSpec
 
 
 def write_model(spec: ModelSpec, cache_dir: Path) -> Path:
@@ -29,21 +29,35 @@ def write_model(spec: ModelSpec, cache_dir: Path) -> Path:
 
 
 def _write_gguf(spec: ModelSpec, path: Path) -> None:
+    """The file llama.cpp 0.3.36 loads for ``spec``: its keys and tensors as the arch's loader
+    asks for them (``src/models/<arch>.cpp``: ``load_arch_hparams``, ``load_arch_tensors``), no
+    more (llama.cpp refuses a file with tensors it did not ask for)."""
     w = gguf.GGUFWriter(path, spec.arch)
     w.add_name(f"schedfuzz tiny {spec.kind}")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(spec.n_ctx_train)
     w.add_embedding_length(spec.n_embd)
     w.add_block_count(spec.n_layer)
-    w.add_feed_forward_length(spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_rope_dimension_count(spec.head_dim)  # llama.cpp's "llama" loader requires n_rot == head dim
-    w.add_rope_freq_base(10000.0)
+    if spec.kind != "mamba2":  # mamba2 has neither FFN nor attention: no feed_forward_length, head_count
+        w.add_feed_forward_length(spec.n_ff)
+        w.add_head_count(spec.n_head)
+        if spec.kind == "hybrid":
+            # granitehybrid: a layer is recurrent iff its head_count_kv is 0
+            w.add_head_count_kv([0 if spec.is_recurrent(il) else spec.n_head_kv for il in range(spec.n_layer)])
+        else:
+            w.add_head_count_kv(spec.n_head_kv)
+        w.add_rope_dimension_count(spec.head_dim)  # llama.cpp's "llama" loader requires n_rot == head dim
+        w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     if spec.kind == "moe":
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
+    if spec.kind in RECURRENT_KINDS:
+        w.add_ssm_conv_kernel(spec.ssm_conv)
+        w.add_ssm_inner_size(spec.ssm_inner)
+        w.add_ssm_state_size(spec.ssm_state)
+        w.add_ssm_time_step_rank(spec.ssm_heads)
+        w.add_ssm_group_count(spec.ssm_groups)
 
     w.add_tokenizer_model("llama")
     w.add_token_list(list(TOKENS))
@@ -69,10 +83,15 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm())
-        w.add_tensor(p + "attn_q.weight", weight(e, e))
-        w.add_tensor(p + "attn_k.weight", weight(kv, e))
-        w.add_tensor(p + "attn_v.weight", weight(kv, e))
-        w.add_tensor(p + "attn_output.weight", weight(e, e))
+        if spec.is_recurrent(il):
+            _add_mamba2_mixer(w, spec, p, weight, rng)
+            if spec.kind == "mamba2":
+                continue  # the residual adds the mixer's output: no FFN
+        else:
+            w.add_tensor(p + "attn_q.weight", weight(e, e))
+            w.add_tensor(p + "attn_k.weight", weight(kv, e))
+            w.add_tensor(p + "attn_v.weight", weight(kv, e))
+            w.add_tensor(p + "attn_output.weight", weight(e, e))
         w.add_tensor(p + "ffn_norm.weight", norm())
         if spec.kind == "moe":
             w.add_tensor(p + "ffn_gate_inp.weight", weight(x, e))
@@ -90,6 +109,24 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _add_mamba2_mixer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, rng: np.random.Generator) -> None:
+    """A Mamba-2 mixer's tensors (``llama_model_mamba2::load_arch_tensors``), with values as a
+    trained model has them, so that the state stays finite: A = -exp(A_log) (the converter
+    stores A itself) in -1..-16, dt's bias the inverse softplus of a step in 0.001..0.1, D = 1,
+    the grouped RMS norm's weight 1."""
+    e, inner, conv_dim, heads = spec.n_embd, spec.ssm_inner, spec.ssm_conv_dim, spec.ssm_heads
+    d_in_proj = inner + conv_dim + heads  # z, then x B C, then dt
+    w.add_tensor(p + "ssm_in.weight", weight(d_in_proj, e))
+    w.add_tensor(p + "ssm_conv1d.weight", weight(conv_dim, spec.ssm_conv) * np.float32(10))  # ne {d_conv, conv_dim}
+    w.add_tensor(p + "ssm_conv1d.bias", np.zeros(conv_dim, dtype=np.float32))
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), heads))
+    w.add_tensor(p + "ssm_dt.bias", (dt + np.log(-np.expm1(-dt))).astype(np.float32))
+    w.add_tensor(p + "ssm_a", (-rng.uniform(1.0, 16.0, (heads, 1))).astype(np.float32))  # ne {1, n_head}
+    w.add_tensor(p + "ssm_d", np.ones((heads, 1), dtype=np.float32))
+    w.add_tensor(p + "ssm_norm.weight", np.ones((spec.ssm_groups, inner // spec.ssm_groups), dtype=np.float32))  # ne {inner/groups, groups}
+    w.add_tensor(p + "ssm_out.weight", weight(e, inner))
 
 
 def _weight_shape(model: ModelSpec, name: str) -> tuple[int, int]:

@@ -1,5 +1,6 @@
 """The tiny models llama.cpp runs, as plain data: a ``ModelSpec`` names a model of llama.cpp's
-"llama" architecture, dense or Mixtral-style mixture of experts, with a self-made
+"llama" architecture (dense or Mixtral-style mixture of experts), a pure recurrent Mamba-2
+("mamba2") or a hybrid of attention and Mamba-2 layers ("granitehybrid"), with a self-made
 SentencePiece-style vocabulary (``TOKENS``); a ``LoraSpec`` a LoRA adapter for it. The files are
 written by ``llama.gguf_models``."""
 
@@ -33,17 +34,48 @@ WORD_PIECES = ("▁", *(f"▁{c}" for c in LETTERS), *LETTERS)
 TOKENS: tuple[str, ...] = (*SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), *WORD_PIECES)
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
+# each kind of model, with the llama.cpp architectures that make it
+KIND_ARCHS: dict[str, tuple[str, ...]] = {
+    "dense": ("llama",),
+    "moe": ("llama",),
+    "mamba2": ("mamba2",),  # pure recurrent: Mamba-2 layers only, no attention, no FFN
+    "hybrid": ("granitehybrid",),  # GraniteMoeHybrid: attention layers (attn_layers) among Mamba-2 layers, each with an FFN
+}
+RECURRENT_KINDS = ("mamba2", "hybrid")
+
+# the Mamba-2 sizes (fields of ModelSpec added with the recurrent kinds: to_json leaves them out
+# at their defaults, so the JSON, file name and bytes of a dense or moe spec are as before)
+_SSM_BOUNDS: dict[str, tuple[int, int]] = {
+    "ssm_state": (1, 64),
+    "ssm_conv": (2, 8),
+    "ssm_groups": (1, 8),
+    "ssm_head_dim": (1, 64),
+}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A tiny model of llama.cpp's "llama" architecture: ``kind`` "dense", or "moe" (Mixtral style:
-    ``n_expert`` experts per layer, ``n_expert_used`` of them routed per token).
+    """A tiny model: ``kind`` "dense" or "moe" (Mixtral style: ``n_expert`` experts per layer,
+    ``n_expert_used`` of them routed per token), both of llama.cpp's "llama" architecture;
+    "mamba2" (``arch`` "mamba2": Mamba-2 layers only, a recurrent state per sequence and no KV
+    cache); or "hybrid" (``arch`` "granitehybrid": the layers ``attn_layers`` are attention layers
+    with a KV cache, the others Mamba-2 layers, each followed by a dense SwiGLU FFN).
 
     Bounds (``validate``): n_layer 1..8, n_embd 16..256, n_head 1..16 dividing n_embd with an even
     head dimension (rope rotates pairs), n_head_kv dividing n_head, n_ff 16..512, n_ctx_train
     64..32768, seed >= 0; dense: n_expert = n_expert_used = 0; moe: n_expert 4..16 and
     n_expert_used 1..n_expert. Together the weights must fit ``MAX_WEIGHT_BYTES`` (4 MiB), so a
     large MoE needs fewer layers or a narrower FFN than the per-field bounds allow.
+
+    The Mamba-2 layers (kinds mamba2 and hybrid) have an inner size ``ssm_inner`` = 2 * n_embd
+    (the only expansion llama.cpp's granitehybrid accepts), ``ssm_heads`` = ssm_inner /
+    ``ssm_head_dim`` heads in ``ssm_groups`` groups (dividing the heads), a state of
+    ``ssm_state`` per head channel and a causal convolution of width ``ssm_conv``: ssm_state
+    1..64, ssm_conv 2..8, ssm_groups 1..8, ssm_head_dim 1..64 dividing ssm_inner. Other kinds
+    keep them at their defaults. mamba2 has no attention and no FFN: n_head, n_head_kv and n_ff
+    are unused there (still checked against their bounds). hybrid: ``attn_layers`` distinct
+    layer indices in increasing order, at least one, and at least one recurrent layer left
+    (so n_layer >= 2); it is ``()`` for every other kind. Neither recurrent kind has experts.
     """
 
     arch: str = "llama"
@@ -57,6 +89,12 @@ class ModelSpec:
     n_expert_used: int = 0
     n_ctx_train: int = 4096
     seed: int = 0
+    # the recurrent kinds' fields (left out of to_json at their defaults)
+    ssm_state: int = 16
+    ssm_conv: int = 4
+    ssm_groups: int = 1
+    ssm_head_dim: int = 16
+    attn_layers: tuple[int, ...] = ()
 
     @property
     def n_vocab(self) -> int:
@@ -68,26 +106,53 @@ class ModelSpec:
         return self.n_embd // self.n_head
 
     @property
+    def ssm_inner(self) -> int:
+        """A Mamba-2 layer's inner size (d_inner): twice the embedding."""
+        return 2 * self.n_embd
+
+    @property
+    def ssm_heads(self) -> int:
+        """A Mamba-2 layer's heads (llama.cpp's ssm_dt_rank)."""
+        return self.ssm_inner // self.ssm_head_dim
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the causal convolution: x, B and C."""
+        return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
+
+    def is_recurrent(self, il: int) -> bool:
+        """Whether layer ``il`` is a Mamba-2 layer."""
+        return self.kind == "mamba2" or (self.kind == "hybrid" and il not in self.attn_layers)
+
+    @property
     def n_params(self) -> int:
         """Number of weights (all f32 in the file)."""
+        e = self.n_embd
         kv = self.head_dim * self.n_head_kv
-        attn = 2 * self.n_embd + 2 * self.n_embd * self.n_embd + 2 * self.n_embd * kv
+        attn = 2 * e + 2 * e * e + 2 * e * kv  # with the attention and FFN norms
         if self.kind == "moe":
-            ffn = self.n_embd * self.n_expert + 3 * self.n_embd * self.n_ff * self.n_expert
+            ffn = e * self.n_expert + 3 * e * self.n_ff * self.n_expert
         else:
-            ffn = 3 * self.n_embd * self.n_ff
-        return 2 * self.n_vocab * self.n_embd + self.n_embd + self.n_layer * (attn + ffn)
+            ffn = 3 * e * self.n_ff
+        d_in_proj = self.ssm_inner + self.ssm_conv_dim + self.ssm_heads
+        # norm, in_proj, conv1d weight and bias, dt bias, A, D, grouped norm, out_proj
+        ssm = e + e * d_in_proj + (self.ssm_conv + 1) * self.ssm_conv_dim + 3 * self.ssm_heads + self.ssm_inner + self.ssm_inner * e
+        per_layer = [ssm if self.kind == "mamba2" else ssm + e + ffn if self.is_recurrent(il) else attn + ffn for il in range(self.n_layer)]
+        return 2 * self.n_vocab * e + e + sum(per_layer)
 
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first field out of range."""
         for name, value in dataclasses.asdict(self).items():
-            want = str if name in ("arch", "kind") else int
-            if type(value) is not want:
-                raise ValueError(f"{name}: expected {want.__name__}, got {value!r}")
-        if self.arch != "llama":
-            raise ValueError(f"arch: only 'llama' is supported, got {self.arch!r}")
-        if self.kind not in ("dense", "moe"):
-            raise ValueError(f"kind: must be 'dense' or 'moe', got {self.kind!r}")
+            want = str if name in ("arch", "kind") else tuple if name == "attn_layers" else int
+            if type(value) is not want or (want is tuple and any(type(i) is not int for i in value)):
+                raise ValueError(f"{name}: expected {want.__name__}{' of int' if want is tuple else ''}, got {value!r}")
+        archs = sorted({a for v in KIND_ARCHS.values() for a in v})
+        if self.arch not in archs:
+            raise ValueError(f"arch: one of {', '.join(archs)}, got {self.arch!r}")
+        if self.kind not in KIND_ARCHS:
+            raise ValueError(f"kind: one of {', '.join(KIND_ARCHS)}, got {self.kind!r}")
+        if self.arch not in KIND_ARCHS[self.kind]:
+            raise ValueError(f"arch: a {self.kind} model is of arch {' or '.join(KIND_ARCHS[self.kind])}, got {self.arch!r}")
         for name, (lo, hi) in _BOUNDS.items():
             if not lo <= getattr(self, name) <= hi:
                 raise ValueError(f"{name}: must be in {lo}..{hi}, got {getattr(self, name)}")
@@ -97,41 +162,77 @@ class ModelSpec:
             raise ValueError(f"n_head: head dimension n_embd/n_head={self.head_dim} must be even for rope")
         if not 1 <= self.n_head_kv <= self.n_head or self.n_head % self.n_head_kv:
             raise ValueError(f"n_head_kv: must divide n_head={self.n_head}, got {self.n_head_kv}")
-        if self.kind == "dense":
+        if self.kind != "moe":
             if self.n_expert or self.n_expert_used:
-                raise ValueError(f"n_expert: dense means n_expert = n_expert_used = 0, got {self.n_expert}, {self.n_expert_used}")
+                raise ValueError(f"n_expert: {self.kind} means n_expert = n_expert_used = 0, got {self.n_expert}, {self.n_expert_used}")
         else:
             if not 4 <= self.n_expert <= 16:
                 raise ValueError(f"n_expert: a moe model has 4..16 experts, got {self.n_expert}")
             if not 1 <= self.n_expert_used <= self.n_expert:
                 raise ValueError(f"n_expert_used: must be in 1..n_expert={self.n_expert}, got {self.n_expert_used}")
+        if self.kind in RECURRENT_KINDS:
+            for name, (lo, hi) in _SSM_BOUNDS.items():
+                if not lo <= getattr(self, name) <= hi:
+                    raise ValueError(f"{name}: must be in {lo}..{hi}, got {getattr(self, name)}")
+            if self.ssm_inner % self.ssm_head_dim:
+                raise ValueError(f"ssm_head_dim: must divide the inner size 2*n_embd={self.ssm_inner}, got {self.ssm_head_dim}")
+            if self.ssm_heads % self.ssm_groups:
+                raise ValueError(f"ssm_groups: must divide the {self.ssm_heads} heads (ggml's ssm_scan), got {self.ssm_groups}")
+        else:
+            for name in _SSM_BOUNDS:
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise ValueError(f"{name}: only for a recurrent model (kind {' or '.join(RECURRENT_KINDS)}); {self.kind} keeps {_DEFAULTS[name]}, got {getattr(self, name)}")
+        if self.kind == "hybrid":
+            a = self.attn_layers
+            if not a or list(a) != sorted(set(a)) or not 0 <= a[0] <= a[-1] < self.n_layer or len(a) == self.n_layer:
+                raise ValueError(f"attn_layers: increasing distinct layers of 0..{self.n_layer - 1}, at least one, and not all of them, got {list(a)}")
+        elif self.attn_layers:
+            raise ValueError(f"attn_layers: only for a hybrid model, got {list(self.attn_layers)}")
         if self.seed < 0:
             raise ValueError(f"seed: must be >= 0, got {self.seed}")
         if 4 * self.n_params > MAX_WEIGHT_BYTES:
             raise ValueError(f"n_params: {self.n_params} f32 weights take over {MAX_WEIGHT_BYTES} bytes")
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field of a dense or moe spec as before the recurrent kinds; the recurrent kinds'
+        fields only where they differ from their defaults (so old corpus files, file names and
+        cache keys stay as they were)."""
+        d = dataclasses.asdict(self)
+        out = {k: v for k, v in d.items() if k not in _OPTIONAL or v != _DEFAULTS[k]}
+        if "attn_layers" in out:
+            out["attn_layers"] = list(self.attn_layers)
+        return out
 
     def describe(self) -> str:
+        ssm = f"Mamba-2 state {self.ssm_state}, conv {self.ssm_conv}, {self.ssm_heads} heads of {self.ssm_head_dim} in {self.ssm_groups} groups"
+        if self.kind == "mamba2":
+            return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, {ssm}"
         experts = f", {self.n_expert} experts top-{self.n_expert_used}" if self.kind == "moe" else ""
-        return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv}, n_ff {self.n_ff}{experts}"
+        hybrid = f", attention in layers {list(self.attn_layers)}, the others {ssm}" if self.kind == "hybrid" else ""
+        return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv}, n_ff {self.n_ff}{experts}{hybrid}"
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ModelSpec:
-        """The inverse of ``to_json``; unknown or missing keys and invalid values raise ``ValueError``."""
+        """The inverse of ``to_json``; unknown or missing keys and invalid values raise ``ValueError``
+        (the recurrent kinds' fields may be missing: their defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        if set(d) != names:
-            raise ValueError(f"model spec: unknown keys {sorted(set(d) - names)}, missing keys {sorted(names - set(d))}")
+        if not set(d) <= names or not names - _OPTIONAL <= set(d):
+            raise ValueError(f"model spec: unknown keys {sorted(set(d) - names)}, missing keys {sorted(names - _OPTIONAL - set(d))}")
+        d = dict(d)
+        if isinstance(d.get("attn_layers"), list):
+            d["attn_layers"] = tuple(d["attn_layers"])
         spec = cls(**d)
         spec.validate()
         return spec
 
     def file_name(self) -> str:
-        """``llama-<kind>-<hash>.gguf``: the hash covers the spec and ``FORMAT_VERSION``."""
+        """``<arch>-<kind>-<hash>.gguf``: the hash covers the spec (``to_json``) and ``FORMAT_VERSION``."""
         key = json.dumps({"format_version": FORMAT_VERSION, "spec": self.to_json()}, sort_keys=True)
         return f"{self.arch}-{self.kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.gguf"
 
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+_OPTIONAL = frozenset((*_SSM_BOUNDS, "attn_layers"))
 
 # the weights a LoRA adapter can adapt, by their name in a layer, with their (rows, cols) in numpy
 # order (ggml's ne reversed); a dense model's FFN weights only
@@ -151,6 +252,8 @@ class LoraSpec:
     seed: int = 0
 
     def validate(self, model: ModelSpec) -> None:
+        if model.kind not in ("dense", "moe"):
+            raise ValueError(f"lora: adapters only for a llama model (dense or moe), not a {model.kind} model")
         if not 1 <= self.rank <= 8:
             raise ValueError(f"lora rank: must be in 1..8, got {self.rank}")
         bad = [t for t in self.targets if t not in LORA_TARGETS or (model.kind == "moe" and t.startswith("ffn_"))]
