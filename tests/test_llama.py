@@ -499,3 +499,46 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
             found = fuzzer.check_llama("llama-no-abort", replace(STEADY, calls=STEADY.calls[:1]))
             assert bool(found) == comes_back and fuzzer.stats.unconfirmed == (not comes_back)
             assert flaky.seen == [60.0, 60.0 * (CONFIRM_TIMEOUT_FACTOR if kind == "timeout" else 1)] and flaky.call_timeout == 60.0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(llama_workloads(families=("mamba2", "hybrid")))
+def test_recurrent_workloads_are_valid_round_trip_and_never_drop_positions(w: LlamaWorkload) -> None:
+    w.validate()
+    assert LlamaWorkload.from_json(w.to_json()) == w
+    if w.model.kind in ("mamba2", "hybrid"):
+        assert not any(c.kind == "shift" or (c.kind == "seq_rm" and c.n > 0) for c in w.calls) and not w.loras
+
+
+def test_a_partial_rollback_of_a_recurrent_model_is_refused_and_a_restore_needs_a_checkpoint() -> None:
+    mamba = ModelSpec(kind="mamba2", arch="mamba2", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=32)
+    for calls, field in (((decode((0, 4, "last")), Call("seq_rm", seq=0, n=2)), "cannot drop"), ((Call("shift", seq=0, n=2),), "cannot drop"),
+                         ((Call("restore", seq=0),), "no checkpoint")):
+        with pytest.raises(WorkloadError, match=field):
+            LlamaWorkload(mamba, Devices(n_rpc=1), ContextParams(), calls).validate()
+
+
+@pytest.mark.engine
+def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_back_by_its_checkpoint(target) -> None:
+    """Mamba-2 and the hybrid beside the dense and MoE llamas: 80 drawn workloads of every family
+    decode; a rejected draft on a recurrent model is restored from its checkpoint (the call
+    llama.cpp accepts) and its accepted tokens decoded again."""
+    from hypothesis import Phase, seed
+
+    from pytest_schedfuzz.campaign.fuzz import Stats
+    from pytest_schedfuzz.properties.llama import unmade_calls
+    from pytest_schedfuzz.strategies.llama import FAMILIES
+
+    stats = Stats()
+
+    @seed(6)
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
+    @given(llama_workloads(max_rpc=1, families=FAMILIES))
+    def run(w: LlamaWorkload) -> None:
+        trace = llama_trace(target.run(w))
+        stats.add_llama(w, trace)
+        assert unmade_calls(w, trace) == [], w.describe()
+
+    run()
+    for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "call checkpoint", "call restore"):
+        assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))

@@ -37,7 +37,7 @@ from ..properties import derived
 from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, scheduler_reuses, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
-from ..strategies.llama import llama_workloads
+from ..strategies.llama import FAMILIES, llama_workloads
 
 Predict = Callable[[Scenario], Trace]
 
@@ -672,7 +672,7 @@ class Fuzzer:
         profile. Layouts have GPU-like devices only where this ggml can."""
         p = self.profile
         if props.is_llama(prop):
-            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls)
+            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, families=FAMILIES)
         if self.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws

@@ -56,6 +56,7 @@ FLASH = {"off": 0, "on": 1, "auto": -1}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
 SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
 BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
+STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
 # llama.cpp's lines on where the model and the context went (llama_model_load, llama_context)
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
                        r"retrying without pipeline parallelism")
@@ -474,6 +475,7 @@ class Llama:
         # logits are compared only where the context computes them: not while it outputs embeddings, nor
         # with backend samplers (the graph samples; the logits it keeps are the samplers')
         self.embeddings, self.backend_samplers, self.logits = w.ctx.embeddings, w.ctx.backend_samplers, []
+        self.checkpoints: dict[int, tuple[Any, int]] = {}  # seq -> its saved state and last position
         ctx = None
         try:
             self.begin(-1)
@@ -551,6 +553,17 @@ class Llama:
                 return rc
             finally:
                 L.llama_batch_free(batch)
+        if k == "checkpoint":
+            size = L.llama_state_seq_get_size_ext(ctx, call.seq, STATE_PARTIAL_ONLY)
+            buf = (ctypes.c_uint8 * size)()
+            got = L.llama_state_seq_get_data_ext(ctx, buf, size, call.seq, STATE_PARTIAL_ONLY)
+            self.checkpoints[call.seq] = (buf, int(L.llama_memory_seq_pos_max(mem, call.seq)))
+            return int(got != size)
+        if k == "restore":
+            buf, pos = self.checkpoints[call.seq]
+            if not L.llama_state_seq_set_data_ext(ctx, buf, len(buf), call.seq, STATE_PARTIAL_ONLY):
+                return 1
+            return int(not L.llama_memory_seq_rm(mem, call.seq, pos + 1, -1))
         if k == "seq_rm":
             end = L.llama_memory_seq_pos_max(mem, call.seq) + 1
             p0 = 0 if call.n < 0 else max(0, end - call.n)

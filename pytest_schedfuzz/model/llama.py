@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .llama_model import LoraSpec, ModelSpec
+from .llama_model import RECURRENT_KINDS, LoraSpec, ModelSpec
 from .scenario import BackendSpec, SpecError
 
 FLASH_ATTN = ("off", "on", "auto")
@@ -38,7 +38,7 @@ SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
     "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
 }
 CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear",
-              "lora_load", "lora_set", "lora_free")
+              "lora_load", "lora_set", "lora_free", "checkpoint", "restore")
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
@@ -187,7 +187,10 @@ class Call:
     attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it; ``clear``:
     ``llama_memory_clear``; ``lora_load``/``lora_free``: load or free adapter ``n`` of the
     workload's ``loras`` on the model; ``lora_set``: attach the loaded adapters whose bits are set
-    in ``n`` (scale 1; 0 detaches all), as llama-server does per request."""
+    in ``n`` (scale 1; 0 detaches all), as llama-server does per request; ``checkpoint``: save
+    ``seq``'s recurrent state (``llama_state_seq_get_data_ext``, ``PARTIAL_ONLY``), and
+    ``restore``: set it back and drop what the attention cache holds after it, as llama-server
+    rolls back a rejected draft on a recurrent or hybrid model."""
 
     kind: str
     parts: tuple[Part, ...] = ()
@@ -212,6 +215,8 @@ class Call:
             "lora_load": f"llama_adapter_lora_init(lora {self.n})",
             "lora_free": f"llama_adapter_lora_free(lora {self.n})",
             "lora_set": f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if self.n >> i & 1)}])",
+            "checkpoint": f"llama_state_seq_get_data_ext(seq {self.seq}, PARTIAL_ONLY)",
+            "restore": f"llama_state_seq_set_data_ext(seq {self.seq}, PARTIAL_ONLY) + llama_memory_seq_rm(seq {self.seq}, after it)",
         }.get(self.kind, f"llama_{self.kind}({str(self.flag).lower()})")
 
     def n_tokens(self) -> int:
@@ -289,6 +294,8 @@ class LlamaWorkload:
         loaded: set[int] = set()
         attached = 0
         causal = True
+        saved: set[int] = set()  # sequences with a checkpoint
+        recurrent = self.model.kind in RECURRENT_KINDS
         for i, call in enumerate(self.calls):
             if call.kind == "set_causal_attn":
                 causal = call.flag
@@ -297,6 +304,13 @@ class LlamaWorkload:
             need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
             need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
             need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
+            if recurrent:
+                # llama.cpp cannot drop a recurrent state's last positions: llama_memory_seq_rm returns false
+                need(not (call.kind == "seq_rm" and call.n > 0) and call.kind != "shift",
+                     f"{where}: a {self.model.kind} model's recurrent state cannot drop its last positions (checkpoint and restore instead)")
+            if call.kind == "checkpoint":
+                saved.add(call.seq)
+            need(call.kind != "restore" or call.seq in saved, f"{where}: no checkpoint of sequence {call.seq} before it")
             if call.kind in ("lora_load", "lora_free"):
                 need(0 <= call.n < len(self.loras), f"{where}: adapter {call.n}: the workload has {len(self.loras)}")
                 need((call.n in loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.n} is {'not ' if call.kind == 'lora_free' else ''}loaded")

@@ -24,14 +24,18 @@ from ..model.llama import (
     LlamaWorkload,
     Part,
 )
-from ..model.llama_model import LORA_TARGETS, MAX_WEIGHT_BYTES, LoraSpec, ModelSpec
+from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, LoraSpec, ModelSpec
 from ..model.scenario import BackendSpec
 from . import gpus
 
+FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid
+
 
 @st.composite
-def model_specs(draw: st.DrawFn, max_layers: int = 3) -> ModelSpec:
-    """A tiny dense or mixture-of-experts llama (sizes within ``ModelSpec``'s bounds)."""
+def model_specs(draw: st.DrawFn, max_layers: int = 3, families: tuple[str, ...] = ("dense", "moe")) -> ModelSpec:
+    """A tiny dense or mixture-of-experts llama (sizes within ``ModelSpec``'s bounds), and with
+    ``families`` holding them, in a third of the draws a recurrent one: Mamba-2, or a hybrid of
+    attention and Mamba-2 layers (granitehybrid)."""
     n_head_kv = draw(st.sampled_from((1, 2, 4)))
     n_head = n_head_kv * draw(st.sampled_from((1, 2)))
     head_dim = draw(st.sampled_from((16, 32) if n_head == 1 else (8, 16, 32) if n_head <= 4 else (8, 16)))
@@ -47,10 +51,29 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3) -> ModelSpec:
         n_expert_used=2 if moe else 0,
         seed=draw(st.integers(0, 3)),
     )
+    recurrent = [f for f in families if f in RECURRENT_KINDS]
+    if recurrent and draw(st.integers(0, 2)) == 0:
+        spec = _recurrent(draw, spec, draw(st.sampled_from(recurrent)))
     # deep models of wide layers (the nightly's max_layers): as many layers as the weights hold
     while spec.n_layer > 1 and 4 * spec.n_params > MAX_WEIGHT_BYTES:
-        spec = replace(spec, n_layer=spec.n_layer - 1)
+        spec = replace(spec, n_layer=spec.n_layer - 1, attn_layers=tuple(a for a in spec.attn_layers if a < spec.n_layer - 1) or spec.attn_layers[:1])
     return spec
+
+
+def _recurrent(draw: st.DrawFn, spec: ModelSpec, kind: str) -> ModelSpec:
+    """``spec`` made a Mamba-2 or hybrid model of the same width: a head size dividing the
+    inner size (2 * n_embd), groups dividing the heads, and for the hybrid at least one layer of
+    each kind (so at least two layers)."""
+    inner = 2 * spec.n_embd
+    head_dim = draw(st.sampled_from([d for d in (8, 16, 32) if inner % d == 0]))
+    groups = draw(st.sampled_from([g for g in (1, 2) if (inner // head_dim) % g == 0]))
+    ssm = {"ssm_state": draw(st.sampled_from((16, 32))), "ssm_conv": draw(st.sampled_from((2, 4))), "ssm_groups": groups, "ssm_head_dim": head_dim}
+    if kind == "mamba2":
+        return replace(spec, kind="mamba2", arch="mamba2", n_expert=0, n_expert_used=0, **ssm)
+    n_layer = max(2, spec.n_layer)
+    attn = tuple(sorted(draw(st.sets(st.integers(0, n_layer - 1), min_size=1, max_size=n_layer - 1))))
+    return replace(spec, kind="hybrid", arch="granitehybrid", n_layer=n_layer, n_expert=0, n_expert_used=0,
+                   n_ff=spec.n_ff if spec.kind == "dense" else 32, attn_layers=attn, **ssm)
 
 
 @st.composite
@@ -113,6 +136,8 @@ def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tu
     """``-ot`` as users write it: experts, the embeddings, the output, a layer or attention on a
     device of the model's or the CPU."""
     patterns = ["token_embd", "^output\\.", "blk\\.0\\.", "attn_(q|k|v)"] + (["_exps"] if model.kind == "moe" else ["ffn_(up|down|gate)"])
+    if model.kind in RECURRENT_KINDS:
+        patterns.append("ssm_(in|out)")
     chosen = draw(st.lists(st.sampled_from(patterns), min_size=1, max_size=2, unique=True))
     return tuple((p, draw(st.sampled_from([CPU_DEVICE, *usable]))) for p in chosen)
 
@@ -158,7 +183,7 @@ def _outputs(draw: st.DrawFn, n_tokens: int, room: int) -> str:
 
 
 @st.composite
-def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0) -> tuple[Call, ...]:
+def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0, recurrent: bool = False) -> tuple[Call, ...]:
     """What a server does between requests: prompts chunked to ``n_batch``, single-token decode
     of all active slots in one batch, speculative drafts verified and rolled back, slot reuse,
     ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with ``n_loras``
@@ -198,6 +223,14 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_lor
             seq = draw(st.sampled_from(sorted(active)))
             n = draw(st.integers(2, max(2, min(per_seq, total, ctx.n_batch))))
             out = "all" if n <= min(per_seq, total) else "last"
+            if recurrent:
+                # a recurrent state cannot drop its last positions: llama-server checkpoints the
+                # slot before the draft, restores it on a rejection and decodes the accepted tokens again
+                calls += [Call("checkpoint", seq=seq), Call("decode", (Part(seq, n, out),))]
+                accepted = draw(st.integers(0, n - 1))
+                if accepted < n - 1:
+                    calls += [Call("restore", seq=seq), Call("decode", (Part(seq, accepted + 1, "last"),))]
+                continue
             calls.append(Call("decode", (Part(seq, n, out),)))
             rejected = draw(st.integers(0, n - 1))
             if rejected:
@@ -213,7 +246,7 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_lor
             active.add(seq)
         elif what == "reuse":
             seq = draw(st.sampled_from(sorted(active)))
-            keep_prefix = draw(st.booleans())
+            keep_prefix = draw(st.booleans()) and not recurrent  # a recurrent slot is reused whole
             calls.append(Call("seq_rm", seq=seq, n=draw(st.integers(1, 16)) if keep_prefix else -1))
         elif what == "copy" and ctx.n_seq_max > 1:
             src = draw(st.sampled_from(sorted(active)))
@@ -225,7 +258,7 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_lor
             seq = draw(st.sampled_from(sorted(active)))
             calls.append(Call("seq_keep", seq=seq))
             active = {seq}
-        elif what == "shift":
+        elif what == "shift" and not recurrent:  # a recurrent state cannot drop positions (llama.cpp refuses)
             seq = draw(st.sampled_from(sorted(active)))
             calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
         elif what == "adapters" and n_loras:
@@ -278,12 +311,14 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
 
 
 @st.composite
-def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU) -> LlamaWorkload:
-    """A tiny model on RPC and GPU-like devices (``devices``), a context, and a server's calls on it."""
-    model = draw(model_specs(max_layers))
+def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU,
+                    families: tuple[str, ...] = ("dense", "moe")) -> LlamaWorkload:
+    """A tiny model of ``families`` (``FAMILIES``: the recurrent ones too) on RPC and GPU-like
+    devices (``devices``), a context, and a server's calls on it."""
+    model = draw(model_specs(max_layers, families))
     ctx = draw(context_params(model.head_dim))
     adapters = draw(loras(model))
-    calls = draw(server_calls(ctx, max_calls, len(adapters)))
+    calls = draw(server_calls(ctx, max_calls, len(adapters), model.kind in RECURRENT_KINDS))
     dv = draw(devices(model, max_rpc, max_gpu))
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
@@ -292,8 +327,9 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
 
 @st.composite
 def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
-    """0..``MAX_LORAS`` tiny LoRA adapters for ``model`` (a quarter of the workloads have some)."""
-    if draw(st.integers(0, 3)):
+    """0..``MAX_LORAS`` tiny LoRA adapters for ``model`` (a quarter of the workloads have some;
+    none for a recurrent model, whose Mamba-2 layers have no attention or FFN to adapt)."""
+    if model.kind in RECURRENT_KINDS or draw(st.integers(0, 3)):
         return ()
     targets = [t for t in LORA_TARGETS if model.kind == "dense" or not t.startswith("ffn_")]
     return tuple(LoraSpec(rank=draw(st.sampled_from((1, 2, 4, 8))), targets=tuple(sorted(draw(st.sets(st.sampled_from(targets), min_size=1)))),
@@ -301,4 +337,4 @@ def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
                  for _ in range(draw(st.integers(1, MAX_LORAS))))
 
 
-__all__ = ["context_params", "devices", "llama_gpus", "llama_workloads", "loras", "model_specs", "pipeline_ready", "server_calls"]
+__all__ = ["FAMILIES", "context_params", "devices", "llama_gpus", "llama_workloads", "loras", "model_specs", "pipeline_ready", "server_calls"]
