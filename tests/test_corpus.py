@@ -446,3 +446,25 @@ def test_check_site_reads_the_function_from_the_source_on_disk(tmp_path: Path):
     assert check_site(f"{src}:7: GGML_ASSERT(x) failed") == "ggml-alloc.c:7, in ggml_gallocr_reserve_n"
     assert check_site("/gone/ggml-alloc.c:7: GGML_ASSERT(x) failed") == "ggml-alloc.c:7"
     assert check_site("Remote RPC server crashed") == ""
+
+
+def test_minimize_drops_the_gpu_like_devices_and_placement_a_llama_finding_does_not_need() -> None:
+    """Judged by a stand-in replay (the finding needs one device with offload_op): minimize removes
+    the second GPU-like device, the overrides, the memory limit and the device's other settings."""
+    from pytest_schedfuzz.cases.minimize import minimize_case
+    from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
+    from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.scenario import BackendSpec
+
+    busy = BackendSpec("gpu", offload_min_batch=8, asynchronous=True, host_buffer=True, unsupported=("ROPE",), graph_optimize=True)
+    dv = Devices(n_rpc=1, gpus=(busy, BackendSpec("gpu")), gpu_free=(1 << 20, 0), tensor_split=(1.0, 2.0, 1.0), overrides=(("token_embd", CPU_DEVICE),))
+    w = LlamaWorkload(ModelSpec(n_layer=2), dv, ContextParams(), (Call("decode", (Part(0, 8, "last"),)), Call("decode", (Part(0, 1, "last"),))))
+    case = Case("llama-no-same-size-realloc", "sig", None, llama=w)
+
+    def replay(c: Case) -> list[str]:
+        return ["sig"] if c.llama is not None and any(g.offload_min_batch for g in c.llama.devices.gpus) else []
+
+    small, _ = minimize_case(case, replay, lambda w: None, progress=False)  # type: ignore[arg-type, return-value]
+    assert small.llama is not None
+    assert small.llama.devices.gpus == (BackendSpec("gpu", offload_min_batch=8, asynchronous=True),)
+    assert not small.llama.devices.overrides and not small.llama.devices.gpu_free and not small.llama.devices.tensor_split

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 
 from ..model.llama import LlamaWorkload
-from ..model.scenario import BackendLayout, GraphSpec, Scenario, reshaped
+from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, reshaped
 from ..model.shapes import SpecError
 from ..sim.driver import Ubatch, Workload
 from .corpus import Case
@@ -232,8 +232,24 @@ def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
                 for n in (1, p.n_tokens // 2, p.n_tokens - 1):
                     q = replace(p, n_tokens=n)
                     cands.append(replace(w, calls=tuple(calls[:i] + [replace(c, parts=c.parts[:j] + (q,) + c.parts[j + 1 :])] + calls[i + 1 :])))
-    if w.devices.n_rpc > 1:
-        cands.append(replace(w, devices=replace(w.devices, n_rpc=1, tensor_split=())))
+    dv = w.devices
+    if dv.n_rpc > 1:
+        cands.append(replace(w, devices=replace(dv, n_rpc=1, tensor_split=(), main_gpu=0, overrides=())))
+    # the placement: fewer GPU-like devices, no overrides, no memory limit, plain device settings
+    for k in reversed(range(len(dv.gpus))):
+        gpus = dv.gpus[:k] + dv.gpus[k + 1 :]
+        cands.append(replace(w, devices=replace(dv, gpus=gpus, gpu_free=dv.gpu_free[:k] + dv.gpu_free[k + 1 :], tensor_split=(), main_gpu=0, overrides=(),
+                                                n_rpc=max(dv.n_rpc, 0 if gpus else 1))))
+    if dv.overrides:
+        cands.append(replace(w, devices=replace(dv, overrides=())))
+    if dv.gpu_free:
+        cands.append(replace(w, devices=replace(dv, gpu_free=())))
+    if dv.tensor_split:
+        cands.append(replace(w, devices=replace(dv, tensor_split=())))
+    for k, g in enumerate(dv.gpus):
+        plain = BackendSpec("gpu", asynchronous=g.asynchronous, offload_min_batch=g.offload_min_batch)
+        if g != plain:
+            cands.append(replace(w, devices=replace(dv, gpus=dv.gpus[:k] + (plain,) + dv.gpus[k + 1 :])))
     if w.model.n_layer > 1:
         cands.append(replace(w, model=replace(w.model, n_layer=1)))
     used = max((max((p.seq for p in c.parts), default=c.seq) for c in calls), default=0)
