@@ -103,7 +103,8 @@ class SchedfuzzSession:
     """Per-process state of a ``--schedfuzz`` run: the config, the fuzzer and the statistics."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from .campaign.fuzz import FuzzConfig, Fuzzer, Stats, new_seed
+        from .campaign.fuzz import FuzzConfig, Fuzzer, new_seed
+        from .campaign.stats import Stats
 
         def num(name: str, kind: type) -> Any:
             v = _opt(config, name)

@@ -190,7 +190,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     every generated dimension reaches a successful decode (the llama.cpp explored statistics)."""
     from hypothesis import Phase, seed
 
-    from pytest_schedfuzz.campaign.fuzz import Stats, llama_features
+    from pytest_schedfuzz.campaign.stats import Stats, llama_features
     from pytest_schedfuzz.properties.llama import unmade_calls
 
     stats, dead, found = Stats(), [], set()
@@ -275,7 +275,7 @@ def test_an_unknown_scheduler_line_is_an_error_not_a_pass() -> None:
 
 
 def test_the_reuse_note_needs_the_reuse_line() -> None:
-    from pytest_schedfuzz.campaign.fuzz import Stats
+    from pytest_schedfuzz.campaign.stats import Stats
 
     blind = Stats(llama_workloads=1)
     assert "not observable" in "".join(blind.summary_lines())
@@ -525,7 +525,7 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
     llama.cpp accepts) and its accepted tokens decoded again."""
     from hypothesis import Phase, seed
 
-    from pytest_schedfuzz.campaign.fuzz import Stats
+    from pytest_schedfuzz.campaign.stats import Stats
     from pytest_schedfuzz.properties.llama import unmade_calls
     from pytest_schedfuzz.strategies.llama import FAMILIES
 

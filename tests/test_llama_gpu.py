@@ -147,7 +147,7 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
     device left little free memory, and none is a finding."""
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from pytest_schedfuzz.campaign.fuzz import Stats
+    from pytest_schedfuzz.campaign.stats import Stats
     from pytest_schedfuzz.strategies.llama import llama_workloads
 
     stats, full = Stats(), []

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,11 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..properties import derived
-from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, scheduler_reuses, unmade_calls
+from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.llama import FAMILIES, llama_workloads
+from .stats import Stats
 
 Predict = Callable[[Scenario], Trace]
 
@@ -132,246 +133,6 @@ def _load(spec: str, what: str) -> Any:
         raise ValueError(f"{what} {spec!r}: {e}{hint}") from None
 
 
-@dataclass
-class Stats:
-    """The scheduler statistics llama.cpp users know, plus examples and findings."""
-
-    examples: int = 0
-    graphs_reused: int = 0
-    reallocs_same: int = 0
-    reallocs_changed: int = 0
-    realloc_observed: int = 0  # the scheduler's same-size decisions read from ggml's realloc callback (the seeds' ggml)
-    realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
-    realloc_by_gallocr: int = 0  # ggml-alloc re-planning a single buffer by itself: no scheduler decision to report (derived)
-    splits: int = 0
-    known: int = 0  # violations matching a known engine bug of the corpus
-    unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
-    findings: dict[str, int] = field(default_factory=dict)
-    signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
-    seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature
-    components: dict[str, str] = field(default_factory=dict)  # known signature -> where its bug is (``corpus.component``)
-    explored: dict[str, int] = field(default_factory=dict)  # examples that had each feature (``features``)
-    # the llama.cpp target, counted as llama_perf_context_print does
-    llama_workloads: int = 0
-    llama_decodes: int = 0
-    llama_graphs_reused: int = 0
-    llama_reallocs_same: int = 0
-    llama_reallocs_changed: int = 0
-    llama_scheds_built: int = 0
-    llama_sched_reuses: int = 0
-    llama_sched_reserves: int = 0  # llama.cpp's sched_reserve lines seen (reuse is observable only with them)
-    llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
-    llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
-    llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
-    llama_out_of_memory: int = 0  # contexts llama.cpp could not make on GPU-like devices left little free memory (not judged)
-    llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
-    llama_logit_rows: int = 0  # ... output rows compared
-    llama_decode_rc: dict[str, int] = field(default_factory=dict)
-    llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
-    llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
-
-    def add_llama(self, workload: LlamaWorkload, trace: LlamaTrace) -> None:
-        self.llama_workloads += 1
-        decoded = any(c.kind == "decode" and c.rc == 0 for c in trace.calls)
-        made = {c.index for c in trace.calls if c.rc == 0}
-        for f in llama_features(workload) + llama_observed(trace):
-            self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
-            self.llama_decoded[f] = self.llama_decoded.get(f, 0) + decoded
-        for kind in {c.kind for c in workload.calls}:
-            f = f"call {kind}"
-            self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
-            # a call kind counts as reached where one such call was made and llama.cpp accepted it
-            self.llama_decoded[f] = self.llama_decoded.get(f, 0) + any(i in made for i, c in enumerate(workload.calls) if c.kind == kind)
-        for c in trace.calls:
-            if c.kind == "decode":
-                self.llama_decodes += 1
-                self.llama_decode_rc[str(c.rc)] = self.llama_decode_rc.get(str(c.rc), 0) + 1
-            for s in c.sched:
-                self.llama_scheds_built += s.kind == "new"
-                self.llama_sched_reserves += s.kind == "sched_reserve"
-                if s.realloc:
-                    if s.same_size:
-                        self.llama_reallocs_same += 1
-                    else:
-                        self.llama_reallocs_changed += 1
-                    self.llama_realloc_observed += s.observed
-                    self.llama_realloc_derived += not s.observed
-                    self.llama_counted += s.llama_n_same is not None
-        self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
-        self.llama_sched_reuses += len(scheduler_reuses(trace))
-
-    def _by_component(self) -> str:
-        counts: dict[str, int] = {}
-        for sig, n in self.seen_again.items():
-            where = self.components.get(sig, "found by this run")
-            counts[where] = counts.get(where, 0) + n
-        return f"   ({', '.join(f'{where}: {n}' for where, n in sorted(counts.items()))})" if counts else ""
-
-    def _reuse_note(self) -> str:
-        if not self.llama_sched_reserves:
-            return "   (llama.cpp's sched_reserve line was never seen: whether it reuses its scheduler was not observable)"
-        if not self.llama_sched_reuses:
-            return (f"   (this llama.cpp built a new scheduler on each of its {self.llama_sched_reserves} reservations: "
-                    "llama-reuse-sound had nothing to check)")
-        return ""
-
-    def add_features(self, scenario: Scenario) -> None:
-        for f in features(scenario):
-            self.explored[f] = self.explored.get(f, 0) + 1
-
-    def add_trace(self, trace: Trace) -> None:
-        for r in trace.records:
-            self.graphs_reused += r.reused
-            if r.kind in ("alloc", "compute"):
-                self.splits += r.n_splits
-        for e in trace.events:
-            if e.same_size:
-                self.reallocs_same += 1
-            else:
-                self.reallocs_changed += 1
-            self.realloc_observed += e.observed
-            self.realloc_derived += not e.observed and e.via == "sched"
-            self.realloc_by_gallocr += e.via != "sched"
-
-    def merge(self, other: dict[str, Any]) -> None:
-        for k in COUNTERS:
-            setattr(self, k, getattr(self, k) + int(other.get(k, 0)))
-        for key in DICTS:
-            mine = getattr(self, key)
-            for p, n in other.get(key, {}).items():
-                mine[p] = mine.get(p, 0) + n
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in COUNTERS} | {k: dict(getattr(self, k)) for k in DICTS}
-
-    def delta(self, before: dict[str, Any]) -> dict[str, Any]:
-        """What was added since ``before`` (an ``as_dict``)."""
-        now = self.as_dict()
-        out: dict[str, Any] = {k: now[k] - before[k] for k in COUNTERS}
-        for key in DICTS:
-            out[key] = {p: n - before[key].get(p, 0) for p, n in now[key].items()}
-        return out
-
-    def summary_lines(self) -> list[str]:
-        lines = [
-            f"examples = {self.examples}   (cases run, over all properties, shrinking and replays included; llama.cpp workloads too)",
-            f"graphs reused = {self.graphs_reused}",
-            f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
-            f"scheduler realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = "
-            f"{self.realloc_derived}   (and {self.realloc_by_gallocr} re-plans of ggml-alloc by itself, a single buffer: derived)",
-            f"splits = {self.splits}",
-            f"known upstream bugs seen again = {self.known}" + self._by_component(),
-        ]
-        if self.unconfirmed:
-            lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
-        if self.explored:
-            lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
-        if self.llama_workloads:
-            rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
-            lines += [
-                f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs}); "
-                f"contexts that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
-                f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows",
-                f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
-                f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
-                f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
-                + (" (each checked against can_reuse)" if self.llama_sched_reuses else "") + self._reuse_note(),
-                f"llama.cpp: realloc decisions observed from ggml's realloc callback = {self.llama_realloc_observed}, "
-                f"derived from ggml's graph-size formula = {self.llama_realloc_derived}; counted by llama.cpp itself and checked = {self.llama_counted}",
-                "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "
-                + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),
-            ]
-        lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
-        if self.signatures:
-            lines.append(f"distinct signatures = {len(self.signatures)}")
-            lines += [f"  {sig}" for sig in sorted(self.signatures)]
-        if self.seen_again:
-            lines.append("known signatures seen again (violations, where the bug is):")
-            lines += [f"  {n:6d}  {sig}  [{self.components.get(sig, 'found by this run')}]" for sig, n in sorted(self.seen_again.items(), key=lambda kv: -kv[1])]
-        return lines
-
-
-def features(scenario: Scenario) -> list[str]:
-    """What a scenario exercises, for the "explored" statistics line: step kinds and scheduler
-    parameters, tensor types, batch sizes, devices, forced assignments."""
-    steps = scenario.steps
-    tensors = [t for _, g in scenario.graphs for t in g.tensors]
-    checks = {
-        "compute steps": any(s.kind == "compute" for s in steps),
-        "parallel": any(s.params is not None and s.params.parallel for s in steps),
-        "scheduler reuse": any(s.reuse for s in steps),
-        "f16 weights": any(t.role == "weight" and t.type == "f16" for t in tensors),
-        "q8_0 weights": any(t.role == "weight" and t.type == "q8_0" for t in tensors),
-        ">= 32 tokens": any(t.role == "input" and len(t.ne) > 1 and t.ne[1] >= 32 for t in tensors),
-        "2+ RPC devices": scenario.layout.n_rpc >= 2,
-        "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
-        "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
-        "gpu offload_op": any(b.offload_min_batch for b in scenario.layout.backends),
-        "gpu host buffer": scenario.layout.host_buffer_of is not None,
-        "gpu shared buffer type": any(b.shared_buft for b in scenario.layout.backends),
-        "gpu max_size (chunks)": any(b.max_size for b in scenario.layout.backends),
-        "gpu graph_optimize": any(b.graph_optimize for b in scenario.layout.backends),
-        "gpu asynchronous": any(b.asynchronous for b in scenario.layout.backends),
-        "forced assignments": any(g.forced for _, g in scenario.graphs),
-        "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
-        "several graphs": len(scenario.graphs) > 1,
-    }
-    return [k for k, v in checks.items() if v]
-
-
-def llama_features(w: LlamaWorkload) -> list[str]:
-    """What a llama.cpp workload exercises, for the llama.cpp "explored" line: every dimension
-    the generators draw (``llama.llama_workloads``), so that a dead one shows."""
-    c, dv, m = w.ctx, w.devices, w.model
-    out = [
-        f"model {m.kind}", f"{dv.n_rpc} RPC", f"flash_attn {c.flash_attn}", f"kv {c.type_k}/{c.type_v}",
-        "kv unified" if c.kv_unified else "kv per sequence", "n_seq_max > 1" if c.n_seq_max > 1 else "n_seq_max 1",
-        "n_ubatch < n_batch" if c.n_ubatch < c.n_batch else "n_ubatch = n_batch",
-    ]
-    checks = {
-        "partial offload": dv.n_gpu_layers < m.n_layer,
-        "tensor_split": bool(dv.tensor_split),
-        f"{len(dv.gpus)} GPU-like": bool(dv.gpus),
-        "GPU-like asynchronous": any(g.asynchronous for g in dv.gpus),
-        "GPU-like host buffer": any(g.host_buffer for g in dv.gpus),
-        "GPU-like unsupported ops": any(g.unsupported for g in dv.gpus),
-        "GPU-like max_size": any(g.max_size for g in dv.gpus),
-        "GPU-like graph_optimize": any(g.graph_optimize for g in dv.gpus),
-        "GPU-like offload_op, op_offload on": any(g.offload_min_batch for g in dv.gpus) and c.op_offload,
-        "GPU-like little free memory": bool(dv.gpu_free),
-        f"split_mode {dv.split_mode}": dv.split_mode != "layer",
-        "tensor overrides": bool(dv.overrides),
-        "lora adapters": bool(w.loras),
-        "op_offload off": not c.op_offload,
-        "offload_kqv off": not c.offload_kqv,
-        f"embeddings pooling {c.pooling}": c.embeddings,
-        f"backend samplers {c.sampler_chain}": c.backend_samplers,
-        "output limits": bool(c.n_outputs_max or c.n_outputs_max_per_seq),
-        "multi-sequence batch": any(len(x.parts) > 1 for x in w.calls if x.kind == "decode"),
-        "batch > n_ubatch": any(x.n_tokens() > c.n_ubatch for x in w.calls if x.kind == "decode"),
-    }
-    return out + [k for k, v in checks.items() if v]
-
-
-def llama_observed(trace: LlamaTrace) -> list[str]:
-    """What llama.cpp's scheduler was seen doing in a run (as ggml reports it), for the same line:
-    pipeline parallelism, its fallback, op offload, a split for an op a device refused."""
-    init = [s for c in trace.calls if c.kind == "init" for s in c.sched if s.kind == "new"]
-    calls = [s for _, s in trace.sched_calls()]
-    checks = {
-        "observed: n_copies > 1": any(s.n_copies > 1 for s in calls),
-        "observed: pipeline parallelism dropped (compute buffers did not fit)": len(init) > 1 and init[0].parallel and not init[-1].parallel,
-        "observed: op offloaded to a device": any(s.offloaded for s in calls),
-    }
-    return [k for k, v in checks.items() if v]
-
-
-COUNTERS = (
-    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "realloc_by_gallocr", "splits", "known", "llama_workloads", "llama_decodes",
-    "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
-    "llama_realloc_observed", "llama_realloc_derived", "llama_counted", "llama_out_of_memory", "llama_logits_compared", "llama_logit_rows",
-)
-DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
 CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
 
 
