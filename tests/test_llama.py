@@ -309,10 +309,11 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     # the same cause on a layout with one more device in front: the scheduler's positions left out
     gpu = _lost(changed("node embd: #0 GPU0 -> #1 CPU"))
     gpu_behind_rpc = _lost(changed("node embd: #1 GPU0 -> #3 CPU"))
+    second_gpu = _lost(changed("node embd: #1 GPU1 -> #2 CPU"))
     assert norm == norm_other_port  # the same cause: layer numbers and endpoints left out
-    assert gpu == gpu_behind_rpc and "embd: GPU0 -> CPU" in gpu
+    assert gpu == gpu_behind_rpc == second_gpu and "embd: GPU -> CPU" in gpu
     assert len({norm, ffn, after_warmup, gpu}) == 4
-    assert "norm-N: RPC0 -> RPC0" in norm and "decode after set_warmup(true)" in after_warmup
+    assert "norm-N: RPC -> RPC" in norm and "decode after set_warmup(true)" in after_warmup
 
 
 def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None:

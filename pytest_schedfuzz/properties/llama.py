@@ -71,10 +71,10 @@ def _replan_reason(x: SchedCall) -> str:
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
-        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the backends as ggml names them, without
-        # endpoints or their positions in the scheduler (which move with the number of devices)
+        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
+        # positions in the scheduler or device numbers (which move with the number of devices)
         name, _, move = x.moved.partition(": ")
-        return f"{reason} ({role(name)}: {re.sub(r'#[0-9]+ ', '', _ENDPOINT.sub('', move))})"
+        return f"{reason} ({role(name)}: {re.sub(r'#[0-9]+ |(?<=GPU|RPC)[0-9]+', '', _ENDPOINT.sub('', move))})"
     return reason
 
 
