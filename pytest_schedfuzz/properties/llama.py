@@ -62,15 +62,19 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
     return f"{kind} after {last.kind}({str(last.flag).lower()})"
 
 
-def _replan_reason(x: SchedCall) -> str:
-    """ggml's reason for a re-plan in the terms that separate causes: the invalid tensor, or for a
-    backend change the node that moved and between which backends (RPC endpoints left out)."""
+def _replan_reason(x: SchedCall, r: SchedCall) -> str:
+    """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
+    the invalid tensor, or for a backend change the node that moved and between which kinds of
+    backends, or that op offload moved it (the two graphs offload different host-resident
+    weights to devices: which device wants an op depends on the batch)."""
     if x.kind == "reserve_size":
         return "reserve_size"
     reason = reason_kind(x.realloc_reason)
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
+        if x.offloaded != r.offloaded:  # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU)
+            return f"{reason} (op offload)"
         # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
         # positions in the scheduler or device numbers (which move with the number of devices)
         name, _, move = x.moved.partition(": ")
@@ -123,7 +127,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 # the root cause is the re-plan that lost the reservation: which call made it
                 # (after which switch), for which kind of graph, why, and whether the topology switched;
                 # which tensor then shows invalid depends on the model (it is in the message)
-                facts = {"explained": how, "lost_by": f"{_trigger(w, r_call, x_call)}: {_replan_reason(x)}",
+                facts = {"explained": how, "lost_by": f"{_trigger(w, r_call, x_call)}: {_replan_reason(x, r)}",
                          "topology": "switch" if switched else "same"}
                 graph = _graph_kind(r, x)
                 if graph:
