@@ -315,7 +315,7 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     assert len({norm, ffn, after_warmup, gpu}) == 4
     # op offload: the reservation and the re-planned graph copy different host-resident weights to devices
     # (which device's offload_op wants an op depends on the batch): one cause, wherever the node went
-    offloaded = [_lost(replace(changed(f"node embd: {move}"), offloaded=1)) for move in ("#0 GPU0 -> #2 CPU", "#0 GPU0 -> #1 GPU1")]
+    offloaded = [_lost(replace(changed(f"node embd: {move}"), offloaded=("token_embd.weight@GPU1",))) for move in ("#0 GPU0 -> #2 CPU", "#0 GPU0 -> #1 GPU1")]
     assert offloaded[0] == offloaded[1] and "changed (op offload)" in offloaded[0]
     assert "norm-N: RPC -> RPC" in norm and "decode after set_warmup(true)" in after_warmup
 

@@ -76,9 +76,10 @@ def test_llama_places_layers_on_a_gpu_like_device_and_honours_a_tensor_override(
     allocs = [s for _, s in trace.sched_calls() if s.kind == "alloc"]
     # the 32-token prompt: every op on GPU0, the CPU-resident weights copied in (op offload): the
     # FFN's 6, and the token embeddings, which llama.cpp always keeps on the CPU
-    assert {b for b, _ in allocs[0].splits} == {"GPU0"} and allocs[0].offloaded == 7
+    assert {b for b, _ in allocs[0].splits} == {"GPU0"} and len(allocs[0].offloaded) == 7
+    assert "token_embd.weight@GPU0" in allocs[0].offloaded and "blk.1.ffn_up.weight@GPU0" in allocs[0].offloaded
     # 7, 1 and 2 tokens: under offload_min_batch, the FFNs run on the CPU beside their weights
-    assert all({b for b, _ in s.splits} == {"GPU0", "CPU"} and s.offloaded == 0 for s in allocs[1:])
+    assert all({b for b, _ in s.splits} == {"GPU0", "CPU"} and s.offloaded == () for s in allocs[1:])
 
 
 @pytest.mark.engine

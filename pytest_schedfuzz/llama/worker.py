@@ -303,7 +303,8 @@ class Llama:
             "sched": sid, "n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "n_copies": n_copies,
             "counts": counts, "prev_counts": prev, "inputs": g["inputs"],
             # ggml's op offload copies a weight in host memory to the device that runs the op: an input of a device's split
-            "offloaded": sum(x in g["host_weights"] for split in self.log.splits if split.backend_name != names[-1][0] for x in split.inputs),
+            "offloaded": sorted({f"{x}@{split.backend_name}" for split in self.log.splits if split.backend_name != names[-1][0]
+                                 for x in split.inputs if x in g["host_weights"]}),
             "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
         }
 

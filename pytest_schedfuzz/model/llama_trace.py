@@ -41,7 +41,7 @@ class SchedCall:
     backend_ids_changed: bool = False
     realloc_reason: str = ""
     moved: str = ""  # backend ids changed: the first node whose backend did, "name: A -> B"
-    offloaded: int = 0  # weights in host memory copied to a device's split (ggml's op offload)
+    offloaded: tuple[str, ...] = ()  # "weight@device": weights in host memory copied to a device's split (ggml's op offload)
     splits: tuple[tuple[str, int], ...] = ()  # split_graph: each split's backend (as ggml names it) and its number of inputs
     # ggml's own realloc decision, from its realloc callback (None: this ggml has none)
     ggml_ids_changed: bool | None = None
@@ -97,7 +97,7 @@ class SchedCall:
             n_nodes=int(d.get("n_nodes", 0)), n_leafs=int(d.get("n_leafs", 0)), n_splits=int(d.get("n_splits", 0)),
             n_copies=int(d.get("n_copies", 1)),
             counts=SizeCounts(**d["counts"]) if d.get("counts") else None, prev_counts=SizeCounts(**d["prev_counts"]) if d.get("prev_counts") else None,
-            inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()}, offloaded=int(d.get("offloaded", 0)),
+            inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()}, offloaded=tuple(d.get("offloaded", ())),
             splits=tuple((str(b), int(n)) for b, n in d.get("splits", ())),
             realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
             ggml_ids_changed=bool(said["backend_ids_changed"]) if said else None, ggml_size_changed=bool(said["graph_size_changed"]) if said else None,

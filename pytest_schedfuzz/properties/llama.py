@@ -65,8 +65,8 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
 def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
     the invalid tensor, or for a backend change the node that moved and between which kinds of
-    backends, or that op offload moved it (the two graphs offload different host-resident
-    weights to devices: which device wants an op depends on the batch)."""
+    backends, or that op offload moved it (the two graphs copy different host-resident weights,
+    or to different devices: which device's offload_op wants an op depends on the batch)."""
     if x.kind == "reserve_size":
         return "reserve_size"
     reason = reason_kind(x.realloc_reason)
