@@ -316,7 +316,8 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     # op offload: the reservation and the re-planned graph copy different host-resident weights to devices
     # (which device's offload_op wants an op depends on the batch): one cause, wherever the node went
     offloaded = [_lost(replace(changed(f"node embd: {move}"), offloaded=("token_embd.weight@GPU1",))) for move in ("#0 GPU0 -> #2 CPU", "#0 GPU0 -> #1 GPU1")]
-    assert offloaded[0] == offloaded[1] and "changed (op offload)" in offloaded[0]
+    after_warmup_offloaded = _lost(replace(changed("node embd: #0 GPU0 -> #2 CPU"), offloaded=("token_embd.weight@GPU1",)), Call("set_warmup", flag=True))
+    assert offloaded[0] == offloaded[1] == after_warmup_offloaded and "lost_by=decode: changed (op offload)" in offloaded[0]
     assert "norm-N: RPC -> RPC" in norm and "decode after set_warmup(true)" in after_warmup
 
 

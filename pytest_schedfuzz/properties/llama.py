@@ -127,7 +127,10 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 # the root cause is the re-plan that lost the reservation: which call made it
                 # (after which switch), for which kind of graph, why, and whether the topology switched;
                 # which tensor then shows invalid depends on the model (it is in the message)
-                facts = {"explained": how, "lost_by": f"{_trigger(w, r_call, x_call)}: {_replan_reason(x, r)}",
+                replan = _replan_reason(x, r)
+                # op offload depends on the batch only: a switch made before the call is beside the point
+                trigger = _trigger(w, x_call if replan.endswith("(op offload)") else r_call, x_call)
+                facts = {"explained": how, "lost_by": f"{trigger}: {replan}",
                          "topology": "switch" if switched else "same"}
                 graph = _graph_kind(r, x)
                 if graph:
