@@ -309,3 +309,22 @@ def test_the_fallback_without_pipeline_parallelism_gets_a_new_scheduler_on_the_s
     assert [s.parallel for s in asked] == [True, False]
     assert [s.parallel for s in trace.calls[0].sched if s.kind == "new"] == [True, False] and scheduler_reuses(trace) == []
     assert all(check(w, trace) == [] for check in LLAMA_CHECKS.values())
+
+
+@pytest.mark.engine
+def test_a_cpu_only_context_re_plans_without_a_scheduler_decision_on_the_seed(seed_lib: Path) -> None:
+    """With the CPU alone (llama-same-logits' reference run) the scheduler has one buffer, and
+    ggml-alloc re-plans it by itself: no realloc callback is due, and none is asked for."""
+    from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload
+    from pytest_schedfuzz.model.llama_model import ModelSpec
+
+    # a context shift's K-shift graph, then a decode (found by the seed's ci run)
+    w = LlamaWorkload(ModelSpec(n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=32), Devices(n_rpc=0, n_gpu_layers=0),
+                      ContextParams(n_ctx=256, n_batch=8, n_ubatch=8, n_seq_max=3, kv_unified=False, embeddings=True),
+                      (_decode((0, 1, "last")), _decode((0, 1, "last")), _decode((1, 2, "last")), _decode((0, 1, "last")), _decode((0, 1, "last")),
+                       Call("seq_keep", seq=0), Call("seq_rm", seq=1, n=-1), Call("seq_cp", seq=0, dst=1), Call("seq_keep", seq=0),
+                       Call("shift", seq=0, n=1), _decode((0, 1, "last"))))
+    trace = _run(seed_lib, w)
+    assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
+    reallocs = [s for _, s in trace.sched_calls() if s.realloc]
+    assert reallocs and all(not s.observed for s in reallocs)

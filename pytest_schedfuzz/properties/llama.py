@@ -46,8 +46,18 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
-# the per-request switches a server makes (memory calls change sizes, not the kind of graph)
-SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler")
+
+
+def _switched(w: LlamaWorkload) -> set[int]:
+    """The calls that changed a per-request switch (a set_warmup(false) outside a warmup is none)."""
+    state = {"set_embeddings": w.ctx.embeddings, "set_causal_attn": True, "set_warmup": False}
+    out = set()
+    for i, c in enumerate(w.calls):
+        if c.kind == "set_sampler" or (c.kind in state and state[c.kind] != c.flag):
+            out.add(i)
+        if c.kind in state:
+            state[c.kind] = c.flag
+    return out
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
@@ -55,7 +65,7 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
     if call < 0 or call >= len(w.calls):
         return _call_name(w, call).split(" ")[0]
     kind = w.calls[call].kind
-    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
+    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if i in _switched(w)]
     if not switches:
         return kind
     last = switches[-1]
@@ -95,6 +105,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
     reserved: dict[int, tuple[int, SchedCall]] = {}  # sched -> its worst-case reservation (the last reserve)
     plan: dict[int, tuple[int, SchedCall]] = {}  # sched -> the graph its plan in force was made for
     replaced: dict[int, tuple[int, SchedCall]] = {}  # sched -> the first realloc that replaced the reservation's plan
+    reported: set[int] = set()  # the same-size reallocs reported (by id)
     for call, s in trace.sched_calls():
         if s.kind == "reserve" and s.ok:
             reserved[s.sched] = plan[s.sched] = (call, s)
@@ -107,7 +118,9 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
             continue
         if s.kind != "alloc" or not s.realloc:
             continue
-        if s.same_size and s.sched in reserved:
+        # a reservation lost to a same-size realloc reported already: what follows is its consequence, not another cause
+        consequence = s.sched in replaced and id(replaced[s.sched][1]) in reported
+        if s.same_size and s.sched in reserved and not consequence:
             p_call, p = plan.get(s.sched, reserved[s.sched])
             r_call, r = reserved[s.sched]
             invalid = reason_kind(s.realloc_reason)
@@ -144,6 +157,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                        f"({_what_grew(r, s)}){changed}")
                 facts = {"explained": how, "invalid": invalid, "lost_by": "-"}
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts))
+            reported.add(id(s))
         plan[s.sched] = (call, s)
         if s.sched in reserved:
             replaced.setdefault(s.sched, (call, s))
