@@ -549,14 +549,3 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
     for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "call checkpoint", "call restore"):
         assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))
 
-
-def test_a_same_size_realloc_caused_by_a_reported_one_is_not_another_finding() -> None:
-    """A ubatch the reservation does not cover re-plans at the same size (not-dominating); the next
-    decode then finds the reservation lost to that re-plan: one cause, reported once."""
-    w = replace(STEADY, calls=(decode((0, 2, "last"), (1, 1, "last")), decode((0, 3, "last"))))
-    reserve = SchedCall("reserve", 0, n_nodes=10, graph_size=20, inputs={"inp_tokens": (9, 1, 1, 1)})
-    trace = LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("new", 0, max_nodes=1024), reserve)),
-                        CallRecord(0, "decode", 0, (_alloc(0, 20, 20, "node node_7 is not valid", tokens=2),)),
-                        CallRecord(1, "decode", 0, (_alloc(0, 20, 20, "node embd is not valid", tokens=3),))))
-    (v,) = llama_no_same_size_realloc(w, trace)
-    assert v.step == 0 and v.facts["explained"] == "not-dominating"

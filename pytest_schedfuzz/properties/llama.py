@@ -83,7 +83,7 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
-        if x.offloaded != r.offloaded:  # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU)
+        if x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs):  # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU)
             return f"{reason} (op offload)"
         # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
         # positions in the scheduler or device numbers (which move with the number of devices)
@@ -105,7 +105,6 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
     reserved: dict[int, tuple[int, SchedCall]] = {}  # sched -> its worst-case reservation (the last reserve)
     plan: dict[int, tuple[int, SchedCall]] = {}  # sched -> the graph its plan in force was made for
     replaced: dict[int, tuple[int, SchedCall]] = {}  # sched -> the first realloc that replaced the reservation's plan
-    reported: set[int] = set()  # the same-size reallocs reported (by id)
     for call, s in trace.sched_calls():
         if s.kind == "reserve" and s.ok:
             reserved[s.sched] = plan[s.sched] = (call, s)
@@ -118,9 +117,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
             continue
         if s.kind != "alloc" or not s.realloc:
             continue
-        # a reservation lost to a same-size realloc reported already: what follows is its consequence, not another cause
-        consequence = s.sched in replaced and id(replaced[s.sched][1]) in reported
-        if s.same_size and s.sched in reserved and not consequence:
+        if s.same_size and s.sched in reserved:
             p_call, p = plan.get(s.sched, reserved[s.sched])
             r_call, r = reserved[s.sched]
             invalid = reason_kind(s.realloc_reason)
@@ -157,7 +154,6 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                        f"({_what_grew(r, s)}){changed}")
                 facts = {"explained": how, "invalid": invalid, "lost_by": "-"}
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts))
-            reported.add(id(s))
         plan[s.sched] = (call, s)
         if s.sched in reserved:
             replaced.setdefault(s.sched, (call, s))
