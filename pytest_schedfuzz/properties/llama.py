@@ -48,16 +48,8 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
 
 
-def _switched(w: LlamaWorkload) -> set[int]:
-    """The calls that changed a per-request switch (a set_warmup(false) outside a warmup is none)."""
-    state = {"set_embeddings": w.ctx.embeddings, "set_causal_attn": True, "set_warmup": False}
-    out = set()
-    for i, c in enumerate(w.calls):
-        if c.kind == "set_sampler" or (c.kind in state and state[c.kind] != c.flag):
-            out.add(i)
-        if c.kind in state:
-            state[c.kind] = c.flag
-    return out
+# the per-request switches a server makes (memory calls change sizes, not the kind of graph)
+SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler")
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
@@ -65,7 +57,7 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
     if call < 0 or call >= len(w.calls):
         return _call_name(w, call).split(" ")[0]
     kind = w.calls[call].kind
-    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if i in _switched(w)]
+    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
     if not switches:
         return kind
     last = switches[-1]
