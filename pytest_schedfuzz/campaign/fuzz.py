@@ -297,7 +297,7 @@ class Fuzzer:
 
     def run_llama(self, workload: LlamaWorkload, logits: bool = False) -> LlamaTrace:
         """llama.cpp's trace of ``workload``, its graph sizes derived (``properties.derived``)."""
-        return derived.llama_trace(self.llama_target.run(workload, logits) if logits else self.llama_target.run(workload))
+        return derived.llama_trace(self.llama_target.run(workload, logits))
 
     def check_llama(self, prop: str, workload: LlamaWorkload) -> list[props.Violation]:
         """Every violation of ``prop`` (``LLAMA_GROUP``: of every property in ``llama_judged``)

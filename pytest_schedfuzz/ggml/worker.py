@@ -293,11 +293,14 @@ class Ggml:
         value of the bindings is trusted."""
         return str(self.g.ggml_op_name(t.contents.op).decode())
 
-    def input_leafs(self, built: Built) -> tuple[int, int]:
+    def input_leafs(self, built: Built, n_copies: int) -> tuple[int, int]:
         """The graph's input leafs, and how many of them a non-view node reads (the graph inputs
-        0.15.3's pass 5 collects with ``n_copies > 1``; 0.25.3's pass 6 takes every input leaf)."""
+        0.15.3's pass 5 collects with ``n_copies > 1``; 0.25.3's pass 6 takes every input leaf).
+        ggml collects graph inputs only with ``n_copies > 1``: the nodes are not walked otherwise."""
         flag = self.g.GGML_TENSOR_FLAG_INPUT
         inputs = {ctypes.addressof(t.contents) for t in built.leafs if t.contents.flags & flag}
+        if n_copies <= 1:
+            return len(inputs), 0
         read = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(node) not in VIEW_OP_NAMES for src in srcs if src in inputs}
         return len(inputs), len(read)
 
@@ -768,7 +771,7 @@ class ScenarioRun:
         n_splits = g.ggml_backend_sched_get_n_splits(self.sched)
         n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
         splits = self._splits(index, n_nodes, n_splits) if OBSERVE_SPLITS else ()
-        counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built), n_copies)
+        counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built, n_copies), n_copies)
         prev, self.counts = self.counts, counts
         events = tuple(ReallocEvent(index, r.via, r.backend_ids_changed, n_splits, r.reason) for r in log.reallocs)
         if self.eng.set_realloc_callback is not None:

@@ -56,6 +56,7 @@ FLASH = {"off": 0, "on": 1, "auto": -1}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
 SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
 BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
+ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
 # llama.cpp's lines on where the model and the context went (llama_model_load, llama_context)
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
@@ -162,6 +163,7 @@ class Llama:
         self.ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
         self.ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
         self.ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+        self.cpu_dev = self.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU: tensor overrides to the CPU, the GPU-like devices' kernels
         self.model: Any = None
         self.model_key: tuple[Any, ...] | None = None
 
@@ -227,7 +229,8 @@ class Llama:
         elif phase == HOOK_SPLIT_BEGIN:
             if self.outer is None:  # called by llama.cpp itself (the flash-attention probe)
                 self.log.begin()
-            self.inputs_read = self._inputs_read(graph)
+            # ggml collects graph inputs only with n_copies > 1: the nodes are not walked otherwise
+            self.inputs_read = self._inputs_read(graph) if self.glib.ggml_backend_sched_get_n_copies(ctypes.c_void_p(sched)) > 1 else 0
         elif phase == HOOK_SPLIT_END:
             self.split = self._read_split(sched, graph)
             if self.outer is None:
@@ -379,9 +382,8 @@ class Llama:
         if key not in self.gpus:
             if self.fake is None:
                 self.fake = load_fake_gpu()
-            cpu = self.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-            reg = self.fake.schedfuzz_fake_gpu_register(f"GPU{index}".encode(), cpu, ctypes.byref(FakeGpuConfig.of(spec)))
-            if not reg or not cpu:
+            reg = self.fake.schedfuzz_fake_gpu_register(f"GPU{index}".encode(), self.cpu_dev, ctypes.byref(FakeGpuConfig.of(spec)))
+            if not reg:
                 raise RuntimeError(f"schedfuzz_fake_gpu_register refused {spec.to_json()}")
             self.ggml.ggml_backend_register(ctypes.c_void_p(reg))
             self.gpus[key] = self.glib.ggml_backend_reg_dev_get(reg, 0)
@@ -396,11 +398,11 @@ class Llama:
             self.free_model()
             self.placement = []
             for dev in gpus:
-                self.fake.schedfuzz_fake_gpu_set_free(dev, ctypes.c_size_t(-1).value)  # all of its memory, for the weights
+                self.fake.schedfuzz_fake_gpu_set_free(dev, ALL_MEMORY)  # for the weights
             self.model = self._load(path, dv, [self.rpc_device(e) for e in endpoints[: dv.n_rpc]] + gpus)
             self.model_key, self.n_model_lines = key, len(self.placement)
         for dev, free in zip(gpus, dv.gpu_free or [0] * len(gpus)):
-            self.fake.schedfuzz_fake_gpu_set_free(dev, free or ctypes.c_size_t(-1).value)
+            self.fake.schedfuzz_fake_gpu_set_free(dev, free or ALL_MEMORY)
         return self.model
 
     def _load(self, path: str, dv: Devices, devs: list[int]) -> Any:
@@ -416,8 +418,7 @@ class Llama:
             self._tensor_split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
             mp.tensor_split = self._tensor_split
         if dv.overrides:
-            cpu = self.ggml.ggml_backend_dev_by_type(0)
-            bufts = [self.ggml.ggml_backend_dev_buffer_type(ctypes.c_void_p(cpu if d == CPU_DEVICE else devs[d])) for _, d in dv.overrides]
+            bufts = [self.ggml.ggml_backend_dev_buffer_type(ctypes.c_void_p(self.cpu_dev if d == CPU_DEVICE else devs[d])) for _, d in dv.overrides]
             self._patterns = [p.encode() for p, _ in dv.overrides]
             self._overrides = (TensorBuftOverride * (len(bufts) + 1))(*[TensorBuftOverride(p, b) for p, b in zip(self._patterns, bufts)])
             mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)

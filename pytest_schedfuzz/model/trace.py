@@ -24,8 +24,9 @@ class Split:
 @dataclass(frozen=True)
 class SizeCounts:
     """What one ``ggml_backend_sched_split_graph`` was given and made, as the engine observed it:
-    the graph's nodes and leafs, the splits and their inputs, its input leafs (and how many a
-    non-view node reads), and ``n_copies``. The figures ggml keeps but does not tell (its
+    the graph's nodes and leafs, the splits and their inputs, its input leafs (and, with
+    ``n_copies > 1``, where ggml collects graph inputs, how many of them a non-view node reads),
+    and ``n_copies``. The figures ggml keeps but does not tell (its
     ``debug_graph_size``, the graph copy's counts) are derived from these on the judging side
     (``properties.derived``)."""
 
