@@ -644,9 +644,23 @@ static ggml_backend_dev_t reg_get_device(ggml_backend_reg_t reg, size_t index) {
     return &((struct fake_gpu *) reg->context)->device;
 }
 
+/* llama.cpp sets each backend's threads through its registry: the device's own CPU backend then
+ * computes with the context's threads, as the CPU backend beside it does (the same kernels with the
+ * same work split, so the same results to the bit). */
+static void fake_set_n_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_t cpu = gpu_of(backend)->cpu;
+    ggml_backend_reg_t cpu_reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(cpu));
+    ggml_backend_set_n_threads_t fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(cpu_reg, "ggml_backend_set_n_threads");
+    if (fn != NULL) {
+        fn(cpu, n_threads);
+    }
+}
+
 static void * reg_get_proc_address(ggml_backend_reg_t reg, const char * name) {
     GGML_UNUSED(reg);
-    GGML_UNUSED(name);
+    if (strcmp(name, "ggml_backend_set_n_threads") == 0) {
+        return (void *) fake_set_n_threads;
+    }
     return NULL;  /* no split buffer type (split mode row places whole tensors), no extra buffer types */
 }
 
