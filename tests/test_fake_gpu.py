@@ -59,7 +59,7 @@ def engine_rules(target: GgmlTarget):  # type: ignore[no-untyped-def]
 def test_the_device_builds_against_each_built_in_ggml(name: str):
     """Compiled against the version's own headers; it loads beside that version's libggml-base
     (which it links by soname) and its config struct is the worker's."""
-    from pytest_schedfuzz.ggml.worker import FakeGpuConfig
+    from pytest_schedfuzz.ggml.engine import FakeGpuConfig
 
     device = build_fake_gpu(str(base_library(library_folder(name))))
     # in a process of its own: two ggml versions must not share one

@@ -15,7 +15,7 @@ from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_targe
 from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
 from pytest_schedfuzz.ggml.schedlog import SchedLog
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.ggml.worker import GeometryMismatch, check_geometry
+from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
 from pytest_schedfuzz.properties.derived import graph_trace

@@ -1,7 +1,7 @@
 """The process that runs server-like workloads on the real llama.cpp:
 ``python -m pytest_schedfuzz.llama.worker`` (started by ``llama_target.LlamaTarget``).
 
-Protocol: JSON lines, as ``worker.py``: replies go to the file descriptor that was stdout, and fd 1
+Protocol: JSON lines, as ``ggml.worker``: replies go to the file descriptor that was stdout, and fd 1
 is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
 
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
@@ -36,7 +36,8 @@ from typing import Any
 
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
-from ..ggml.worker import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu, no_realloc_fix, probe_scenario, run_scenario
+from ..ggml.engine import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
+from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 from ..model.scenario import BackendSpec
 

@@ -1,0 +1,91 @@
+"""The values check of compute steps: the same graph computed by ggml's CPU backend alone.
+
+What the scheduler computed is compared, byte for byte (``values.difference``), with what ggml's
+CPU backend computes for the same graph from the same leaf contents, every tensor in one buffer of
+its own: no scheduler, no allocator reuse, no copies. Both are the real ggml; this run only
+removes the scheduler from the computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine import TargetError
+from ..model.scenario import GraphSpec, Scenario, TensorSpec
+from . import values
+from .engine import Ggml, Ptr
+
+
+def tensor_key(t: TensorSpec) -> tuple[Any, ...]:
+    """A weight's or cache's identity across the graphs of a scenario."""
+    return (t.name, t.type, t.ne, t.role, t.device)
+
+
+class CpuOnly:
+    """The leaf contents of one scenario (from its seed) and what every weight and cache holds
+    in the CPU-only computation, carried from compute step to compute step."""
+
+    def __init__(self, eng: Ggml, scenario: Scenario) -> None:
+        self.eng = eng
+        self.scenario = scenario
+        self.seed = values.scenario_seed(scenario)
+        self.shadow: dict[tuple[Any, ...], bytes] = {}
+        self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
+        # rope frequency factors are ones (random ones could be 0: theta / 0 = inf, then NaN)
+        self.freq_factors = {s.args[2] for _, spec in scenario.graphs for s in spec.tensors if s.op == "rope" and s.args[2]}
+
+    def persistent_bytes(self, spec: GraphSpec, t: TensorSpec) -> bytes:
+        """What weight or cache ``t`` holds before the first step (kept for the CPU-only run)."""
+        key = tensor_key(t)
+        if key not in self.shadow:
+            self.shadow[key] = values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in self.freq_factors)
+        return self.shadow[key]
+
+    def inputs(self, index: int, spec: GraphSpec) -> dict[str, bytes]:
+        """What every input holds at compute step ``index`` (``values.leaf_bytes``)."""
+        ranges = values.index_ranges(spec)
+        return {t.name: values.leaf_bytes(self.seed, spec, t, index, ranges) for t in spec.tensors if t.role == "input"}
+
+    def compare(self, index: int, spec: GraphSpec, tensors: dict[str, Ptr], inputs: dict[str, bytes], cpu: int) -> str:
+        """The first of the step's roots, outputs and caches whose bytes differ from the same
+        graph computed on the CPU backend ``cpu`` alone (``solo``); "" if none."""
+        want = self.solo(index, spec, inputs, cpu)
+        geo = spec.geometry
+        tolerant = any(b.kind == "blas" for b in self.scenario.layout.backends)
+        for name in values.compared(spec):
+            diff = values.difference(name, geo[name], self.eng.read(tensors[name]), want[name], tolerant)
+            if diff:
+                return diff
+        return ""
+
+    def solo(self, index: int, spec: GraphSpec, inputs: dict[str, bytes], cpu: int) -> dict[str, bytes]:
+        """``spec`` computed on ``cpu`` alone, every tensor in one buffer of its own, from the same
+        leaf contents; the compared tensors' bytes. The caches it leaves are the next compute's."""
+        g, eng = self.eng.g, self.eng
+        size = len(spec.tensors) + 1
+        ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
+        buf = None
+        try:
+            tensors: dict[str, Ptr] = {}
+            for t in spec.tensors:
+                tensors[t.name] = eng.new_leaf(ctx, t) if t.is_leaf else eng.new_op(ctx, t, [tensors[a] if a is not None else None for a in t.args])
+            gf = g.ggml_new_graph_custom(ctx, size, False)
+            for root in spec.roots:
+                g.ggml_build_forward_expand(gf, tensors[root])
+            buf = g.ggml_backend_alloc_ctx_tensors(ctx, cpu)
+            if not buf:
+                raise TargetError(f"step {index}: could not allocate the CPU-only graph")
+            for t in spec.tensors:
+                if t.is_leaf:
+                    data = self.shadow[tensor_key(t)] if t.role in ("weight", "cache") else inputs[t.name]
+                    g.ggml_backend_tensor_set(tensors[t.name], data, 0, len(data))
+            if g.ggml_backend_graph_compute(cpu, gf) != g.GGML_STATUS_SUCCESS:
+                raise TargetError(f"step {index}: the CPU-only computation failed")
+            for t in spec.tensors:
+                if t.role == "cache":
+                    self.shadow[tensor_key(t)] = eng.read(tensors[t.name])
+            return {name: eng.read(tensors[name]) for name in values.compared(spec)}
+        finally:
+            if buf:
+                g.ggml_backend_buffer_free(buf)
+            g.ggml_free(ctx)

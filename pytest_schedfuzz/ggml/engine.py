@@ -1,0 +1,345 @@
+"""ggml as loaded in a worker process: its bindings checked, its log, abort and realloc callbacks
+installed, and the constructors that build a graph spec's tensors through ggml's own API.
+Shared by the graph engine's worker (``ggml.worker``) and the llama.cpp worker (``llama.worker``)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from ..engine import TargetError
+from ..model.scenario import BackendSpec, TensorSpec
+from ..model.shapes import Geometry
+from .build import BuildError, build_fake_gpu, ggml_source_location
+from .lib import import_ggml, loaded_library_path
+from .schedlog import SchedLog
+
+Ptr = Any  # a ctypes pointer to a ggml struct (ggml_tensor, ggml_cgraph...)
+
+TYPE_NAMES = ("f32", "f16", "i32", "i64", "q8_0")
+VIEW_OP_NAMES = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})  # ggml_is_view_op
+# SCHEDFUZZ_BARE=1 (benchmarks): no GGML_SCHED_DEBUG, so the scheduler runs at its own speed and
+# records carry no splits
+OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
+# threads of every CPU backend (the scheduler's and those the GPU-like devices compute with): one
+# count everywhere, so that a kernel splits its work, and rounds, the same way on each
+CPU_THREADS = 2
+# ggml_backend_sched_realloc_callback (the seeds' ggml): (sched, graph, backend_ids_changed, graph_size_changed, user_data)
+REALLOC_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool, ctypes.c_void_p)
+
+
+class FakeGpuConfig(ctypes.Structure):
+    """``struct fake_gpu_config`` of ``fake_gpu.c`` (its size is checked against the library's)."""
+
+    _fields_ = [
+        ("offload_min_batch", ctypes.c_int64),
+        ("max_size", ctypes.c_size_t),
+        ("alignment", ctypes.c_size_t),
+        ("host_buffer", ctypes.c_int),
+        ("shared_buft", ctypes.c_int),
+        ("graph_optimize", ctypes.c_int),
+        ("asynchronous", ctypes.c_int),
+        ("delay_us", ctypes.c_int),
+        ("unsupported", ctypes.c_char * 512),
+        ("memory", ctypes.c_size_t),
+        ("corrupt_op", ctypes.c_char * 32),
+    ]
+
+    @staticmethod
+    def of(b: BackendSpec) -> FakeGpuConfig:
+        return FakeGpuConfig(b.offload_min_batch or 0, b.max_size or 0, b.alignment, b.host_buffer, b.shared_buft, b.graph_optimize,
+                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode(), b.memory or 0, b.corrupt_op.encode())
+
+
+def load_fake_gpu() -> ctypes.CDLL:
+    """``libschedfuzz-fake-gpu.so``, built against the loaded ggml's headers (cached on disk)."""
+    try:
+        lib = ctypes.CDLL(str(build_fake_gpu(loaded_library_path("libggml-base"))))
+    except BuildError as e:
+        raise TargetError(f"the GPU-like device cannot be built for this ggml: {e}") from None
+    lib.schedfuzz_fake_gpu_config_size.restype = ctypes.c_size_t
+    if lib.schedfuzz_fake_gpu_config_size() != ctypes.sizeof(FakeGpuConfig):
+        raise TargetError("fake_gpu.c's struct fake_gpu_config and engine.FakeGpuConfig differ")
+    lib.schedfuzz_fake_gpu_init.restype = ctypes.c_void_p
+    lib.schedfuzz_fake_gpu_init.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
+    lib.schedfuzz_fake_gpu_register.restype = ctypes.c_void_p
+    lib.schedfuzz_fake_gpu_register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
+    lib.schedfuzz_fake_gpu_set_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return lib
+
+
+class GeometryMismatch(TargetError):
+    """ggml built a tensor whose layout differs from what ``shapes`` inferred for the spec."""
+
+
+
+def check_geometry(name: str, want: Geometry, got: Geometry) -> None:
+    """Raise ``GeometryMismatch`` naming every field (type, ne, nb, view source) that differs."""
+    diffs = [
+        f"{f}: spec {getattr(want, f)!r}, ggml {getattr(got, f)!r}"
+        for f in ("type", "ne", "nb", "view_src", "view_offs")
+        if getattr(want, f) != getattr(got, f)
+    ]
+    if diffs:
+        raise GeometryMismatch(f"tensor {name!r}: shapes.infer and ggml disagree: " + "; ".join(diffs))
+
+
+class Channel:
+    """The protocol's output: JSON lines on a file descriptor of its own."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+
+class Ggml:
+    """ggml-python as loaded in this process, with the log and abort callbacks installed.
+
+    ``ggml_log_set`` routes all ggml logging to ``log`` (a ``SchedLog``); ``ggml_set_abort_callback``
+    reports an abort on the channel (with the step being run) before ggml calls ``abort()``.
+    The callback objects are kept on ``self``: ggml holds only their C pointers.
+    """
+
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.g: ModuleType = import_ggml()
+        self.lib = self.g.ggml.lib
+        # ggml-python 0.0.45 declares these restypes as int NewTypes: ctypes truncates to 32 bits
+        self.lib.ggml_backend_sched_get_tensor_backend.restype = ctypes.c_void_p
+        for fn in ("ggml_backend_get_device", "ggml_backend_dev_host_buffer_type", "ggml_backend_get_default_buffer_type"):
+            getattr(self.lib, fn).restype = ctypes.c_void_p
+            getattr(self.lib, fn).argtypes = [ctypes.c_void_p]
+        self.step = -1
+        self.log = SchedLog()
+        # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
+        self.backends: dict[tuple[str, str], int] = {}
+        self._log_cb = self.g.ggml_log_callback(self._on_log)
+        self.g.ggml_log_set(self._log_cb, None)
+        self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
+        self.g.ggml_set_abort_callback(self._abort_cb)
+        self.types = {name: getattr(self.g, f"GGML_TYPE_{name.upper()}") for name in TYPE_NAMES}
+        self.type_names = {v: k for k, v in self.types.items()}
+        self.ggml_version = self.version()
+        self.bindings = ""  # check_bindings()
+        self._fake_gpu: ctypes.CDLL | None = None
+        # the seeds' ggml (and ggml master) tell each re-reservation's decision through a callback:
+        # where it exists, every realloc of the scheduler is read from it (``said``, per step)
+        self.set_realloc_callback = getattr(self.lib, "ggml_backend_sched_set_realloc_callback", None)
+        self.said: list[tuple[bool, bool]] = []  # (backend_ids_changed, graph_size_changed), in order
+        if self.set_realloc_callback is not None:
+            self.set_realloc_callback.argtypes = [ctypes.c_void_p, REALLOC_CALLBACK, ctypes.c_void_p]
+            self.set_realloc_callback.restype = None
+            self._realloc_cb = REALLOC_CALLBACK(self._on_realloc)
+
+    def _on_realloc(self, sched: int | None, graph: int | None, backend_ids_changed: bool, graph_size_changed: bool, user_data: int | None) -> None:
+        try:
+            self.said.append((bool(backend_ids_changed), bool(graph_size_changed)))
+        except Exception as e:  # an exception must not unwind into C
+            self.log.errors.append(f"realloc callback failed: {e!r}")
+
+    def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
+        try:
+            line = (text or b"").decode(errors="replace")
+            if level == self.g.GGML_LOG_LEVEL_ERROR:
+                # ggml's errors also go to stderr: a crash's report then carries them
+                os.write(2, line.encode())
+            self.log.feed(line)
+        except Exception as e:  # an exception must not unwind into C
+            self.log.errors.append(f"log callback failed: {e!r}")
+
+    def _on_abort(self, message: bytes | None) -> None:
+        try:
+            self.chan.send({"abort": {"step": self.step, "message": (message or b"").decode(errors="replace")}})
+        except Exception:
+            pass  # ggml aborts anyway; the parent then reports a crash
+
+    def check_bindings(self) -> str:
+        """Check ggml-python's bindings against the loaded library where a mismatch matters:
+        the layouts of ``ggml_tensor`` and ``ggml_object`` (``ggml_tensor_overhead``), which the
+        harness reads through ctypes; a ``TargetError`` if they differ. Op numbers may differ
+        (ggml inserts new ops in the enum): the harness names ops through the library's
+        ``ggml_op_name``, so that only goes into the description returned."""
+        g = self.g
+        want = ctypes.sizeof(g.ggml_tensor) + ctypes.sizeof(g.ggml_object)
+        if g.ggml_tensor_overhead() != want:
+            raise TargetError(
+                f"ggml-python {g.__version__}'s struct ggml_tensor does not match the loaded library "
+                f"{loaded_library_path('libggml-base')} (ggml {self.ggml_version}): ggml_tensor_overhead() is "
+                f"{g.ggml_tensor_overhead()} bytes, the bindings expect {want}; this ggml cannot be tested through these bindings"
+            )
+        # names by value (GGML_OP_POOL_MAX and others of enum ggml_op_pool share the values)
+        by_value: dict[int, set[str]] = {}
+        for n, v in vars(g).items():
+            if n.startswith("GGML_OP_") and isinstance(v, int) and n != "GGML_OP_COUNT":
+                by_value.setdefault(v, set()).add(n[len("GGML_OP_"):])
+        for v in range(g.GGML_OP_COUNT):
+            name = g.ggml_op_name(v).decode()
+            if name not in by_value.get(v, ()):
+                return (f"op numbers agree up to {v} of {g.GGML_OP_COUNT} (there the library has {name}, the bindings "
+                        f"{'/'.join(sorted(by_value.get(v, ())))}; harmless: the harness names ops through the library)")
+        return f"all {g.GGML_OP_COUNT} op numbers agree"
+
+    def info(self) -> dict[str, str]:
+        """Engine description for ``Trace.engine``."""
+        return {
+            "name": "ggml",
+            "lib": loaded_library_path("libggml-base"),
+            "ggml_version": self.ggml_version,
+            "ggml_python": self.g.__version__,
+            "bindings": self.bindings,
+            # the seeds' ggml tells each realloc decision through a callback; older ones only log them
+            "realloc_callback": "observed" if self.set_realloc_callback is not None else "absent (decisions derived from the graph-size formula)",
+            "gpu_device": self.gpu_device(),
+        }
+
+    def gpu_device(self) -> str:
+        """Whether the GPU-like device can be built for this ggml: ``available``, or why not
+        (a library folder with no ggml source above it has no headers to build it against)."""
+        try:
+            ggml_source_location(loaded_library_path("libggml-base"))  # nothing fetched: a built-in's source comes on first use
+        except BuildError as e:
+            return f"unavailable: {e}"
+        return "available"
+
+    def fake_gpu(self) -> ctypes.CDLL:
+        """``libschedfuzz-fake-gpu.so``, built against this ggml's headers on first use (cached)."""
+        if self._fake_gpu is None:
+            self._fake_gpu = load_fake_gpu()
+        return self._fake_gpu
+
+    def new_fake_gpu(self, name: str, b: BackendSpec) -> int:
+        """A GPU-like backend named ``name``, computing through a CPU backend of its own."""
+        cpu = self.g.ggml_backend_cpu_init()
+        self.g.ggml_backend_cpu_set_n_threads(cpu, CPU_THREADS)
+        backend = self.fake_gpu().schedfuzz_fake_gpu_init(name.encode(), cpu, ctypes.byref(FakeGpuConfig.of(b)))
+        if not backend:
+            raise TargetError(f"schedfuzz_fake_gpu_init refused {b.to_json()}")
+        return int(backend)
+
+    def version(self) -> str:
+        """``ggml_version()``, which ggml-python 0.0.45 does not bind (its vendored ggml is 0.15.3)."""
+        if not hasattr(self.lib, "ggml_version"):
+            return "unknown (the library has no ggml_version())"
+        fn = self.lib.ggml_version
+        fn.restype = ctypes.c_char_p
+        return str(fn().decode())
+
+    def op_name(self, t: Ptr) -> str:
+        """The op of ``t`` as the loaded library names it (``ggml_op_name``), so that no enum
+        value of the bindings is trusted."""
+        return str(self.g.ggml_op_name(t.contents.op).decode())
+
+    def input_leafs(self, built: Built, n_copies: int) -> tuple[int, int]:
+        """The graph's input leafs, and how many of them a non-view node reads (the graph inputs
+        0.15.3's pass 5 collects with ``n_copies > 1``; 0.25.3's pass 6 takes every input leaf).
+        ggml collects graph inputs only with ``n_copies > 1``: the nodes are not walked otherwise."""
+        flag = self.g.GGML_TENSOR_FLAG_INPUT
+        inputs = {ctypes.addressof(t.contents) for t in built.leafs if t.contents.flags & flag}
+        if n_copies <= 1:
+            return len(inputs), 0
+        read = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(node) not in VIEW_OP_NAMES for src in srcs if src in inputs}
+        return len(inputs), len(read)
+
+    def read(self, t: Ptr) -> bytes:
+        """A tensor's bytes (``ggml_backend_tensor_get``)."""
+        n = self.g.ggml_nbytes(t)
+        out = ctypes.create_string_buffer(n)
+        self.g.ggml_backend_tensor_get(t, out, 0, n)
+        return out.raw
+
+    def name_of(self, t: Ptr) -> str:
+        return bytes(t.contents.name).split(b"\0", 1)[0].decode(errors="replace")
+
+    def geometry_of(self, t: Ptr) -> Geometry:
+        c = t.contents
+        view_src = self.name_of(c.view_src) if c.view_src else None
+        return Geometry(
+            self.type_names.get(c.type, f"type#{c.type}"),
+            (c.ne[0], c.ne[1], c.ne[2], c.ne[3]),
+            (c.nb[0], c.nb[1], c.nb[2], c.nb[3]),
+            view_src,
+            c.view_offs if view_src is not None else 0,
+        )
+
+    def new_context(self, n_tensors: int, extra: int = 0) -> int:
+        """``ggml_init`` of a no_alloc context for ``n_tensors`` tensor headers and ``extra`` bytes."""
+        g = self.g
+        mem = (n_tensors + 1) * g.ggml_tensor_overhead() + extra
+        ctx = g.ggml_init(g.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+        if not ctx:
+            raise TargetError("ggml_init failed")
+        return int(ctx)
+
+    def new_leaf(self, ctx: int, t: TensorSpec) -> Ptr:
+        """``ggml_new_tensor`` with the spec's type and shape, named."""
+        ne = list(t.ne) + [1] * (4 - len(t.ne))
+        p = self.g.ggml_new_tensor(ctx, self.types[t.type], max(len(t.ne), 1), (ctypes.c_int64 * 4)(*ne))
+        self.g.ggml_set_name(p, t.name.encode())
+        return p
+
+    def new_op(self, ctx: int, t: TensorSpec, a: list[Ptr | None]) -> Ptr:
+        """The ggml call that builds op ``t.op`` over ``a`` (the spec's ``args``, in call order)."""
+        g, op, P = self.g, t.op, t.param
+        if op in ("get_rows", "mul_mat", "add", "mul", "cpy"):
+            return getattr(g, f"ggml_{op}")(ctx, a[0], a[1])
+        if op in ("silu", "cont", "transpose", "view_tensor"):
+            return getattr(g, f"ggml_{op}")(ctx, a[0])
+        if op == "mul_mat_id":
+            return g.ggml_mul_mat_id(ctx, a[0], a[1], a[2])
+        if op == "set_rows":
+            return g.ggml_set_rows(ctx, a[0], a[1], a[2])
+        if op == "scale":
+            return g.ggml_scale(ctx, a[0], float(P("scale", 1.0)))
+        if op == "rms_norm":
+            return g.ggml_rms_norm(ctx, a[0], float(P("eps", 1e-6)))
+        if op == "rope":
+            # ggml_rope_ext(a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+            #               ext_factor, attn_factor, beta_fast, beta_slow)
+            return g.ggml_rope_ext(ctx, a[0], a[1], a[2], int(P("n_dims")), int(P("mode", 0)), 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+        if op == "soft_max_ext":
+            return g.ggml_soft_max_ext(ctx, a[0], a[1], float(P("scale", 1.0)), float(P("max_bias", 0.0)))
+        if op == "flash_attn_ext":
+            return g.ggml_flash_attn_ext(
+                ctx, a[0], a[1], a[2], a[3], float(P("scale", 1.0)), float(P("max_bias", 0.0)), float(P("logit_softcap", 0.0))
+            )
+        if op == "concat":
+            return g.ggml_concat(ctx, a[0], a[1], int(P("dim", 0)))
+        if op == "permute":
+            return g.ggml_permute(ctx, a[0], *[int(x) for x in P("axes")])
+        if op == "reshape":
+            ne = [int(x) for x in P("ne")]
+            return getattr(g, f"ggml_reshape_{len(ne)}d")(ctx, a[0], *ne)
+        if op == "view":
+            ne, nb = [int(x) for x in P("ne")], [int(x) for x in P("nb", ())]
+            return getattr(g, f"ggml_view_{len(ne)}d")(ctx, a[0], *ne, *nb, int(P("offset", 0)))
+        raise TargetError(f"tensor {t.name!r}: op {op!r} has no ggml builder here")
+
+
+@dataclass
+class Built:
+    """A graph spec materialized in a fresh no_alloc context: tensors by name, and the cgraph."""
+
+    ctx: int
+    gf: Ptr
+    tensors: dict[str, Ptr]
+    nodes: list[Ptr]
+    leafs: list[Ptr]
+    inputs: list[Ptr]
+    # each node's srcs (addresses) as built: the scheduler later points some at input copies
+    srcs: list[tuple[int, ...]] = field(default_factory=list)
+
+    def node_names(self, eng: Ggml) -> tuple[str, ...]:
+        return tuple(eng.name_of(t) for t in self.nodes)
+
+    def leaf_names(self, eng: Ggml) -> tuple[str, ...]:
+        return tuple(eng.name_of(t) for t in self.leafs)
+
+

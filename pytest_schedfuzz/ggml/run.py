@@ -1,0 +1,344 @@
+"""One scenario on the real ggml: its backends, scheduler, weights and graphs, run step by step,
+each step's observations read from ggml (``ggml_backend_sched_*``, its log and callbacks)."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..engine import TargetError
+from ..model.scenario import GraphSpec, Scenario, SchedParams, Step, TensorSpec
+from ..model.trace import ReallocEvent, SizeCounts, Split, StepRecord
+from . import values
+from .backends import init_backends
+from .cpu_only import CpuOnly, tensor_key
+from .engine import OBSERVE_SPLITS, Built, Ggml, Ptr, check_geometry
+
+
+@dataclass
+class Snapshot:
+    """Backend index (-1: none) of every node and leaf, read while the hash table is live."""
+
+    nodes: tuple[int, ...] = ()
+    leafs: tuple[int, ...] = ()
+    taken: bool = False
+
+
+@dataclass
+class _Persistent:
+    """Weights and caches: one context and one backend buffer per (device, role)."""
+
+    tensors: dict[tuple[Any, ...], Ptr] = field(default_factory=dict)
+    ctxs: list[int] = field(default_factory=list)
+    buffers: list[int] = field(default_factory=list)
+
+
+class ScenarioRun:
+    """The backends, scheduler, weights and graphs of one scenario, run step by step.
+
+    Backends: ``ggml_backend_rpc_init`` (one per "rpc" entry, in layout order, each on its own
+    server), ``ggml_backend_blas_init``, ``ggml_backend_cpu_init``. Steps, on ``ggml_backend_sched_*``:
+    ``sched_new`` -> ``_new`` (or keep the scheduler: reuse); ``reserve`` -> ``_set_tensor_backend``
+    for forced tensors, ``_reserve``; ``alloc`` -> ``_reset``, forced, ``_alloc_graph``; ``compute``
+    -> as alloc, inputs zeroed (``ggml_backend_tensor_set``), ``_graph_compute``; ``reset`` -> ``_reset``.
+    Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
+    """
+
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str]) -> None:
+        self.eng = eng
+        self.g = eng.g
+        self.scenario = scenario
+        self.backends: list[int] = []
+        self.rpc_endpoints: list[str] = []
+        self.sched: int | None = None
+        self.counts: SizeCounts | None = None  # of the last ggml_backend_sched_split_graph on this scheduler
+        self.built: list[Built] = []
+        self.persistent = _Persistent()
+        self.cpu_only = CpuOnly(eng, scenario)  # the values check of compute steps
+        try:
+            self.backends, self.rpc_endpoints = init_backends(eng, scenario.layout, endpoints)
+            self.names = [self.g.ggml_backend_name(b).decode() for b in self.backends]
+            if len(set(self.names)) != len(self.names):
+                raise TargetError(f"backend names are not unique: {self.names}")
+            self.index_of = {b: i for i, b in enumerate(self.backends)}
+            self._alloc_persistent()
+        except BaseException:
+            self.close()
+            raise
+
+    def _alloc_persistent(self) -> None:
+        """Weights (buffer usage WEIGHTS) and caches (usage ANY) of all graphs: per device and
+        role, one context allocated with ``ggml_backend_alloc_ctx_tensors`` and zeroed."""
+        g = self.g
+        unique: dict[tuple[Any, ...], TensorSpec] = {}
+        for _, spec in self.scenario.graphs:
+            for t in spec.tensors:
+                if t.role in ("weight", "cache"):
+                    unique.setdefault(tensor_key(t), t)
+        groups: dict[tuple[int, str], list[TensorSpec]] = {}
+        for t in unique.values():
+            assert t.device is not None  # Scenario.validate
+            groups.setdefault((t.device, t.role), []).append(t)
+        for (device, role), specs in sorted(groups.items()):
+            ctx = self.eng.new_context(len(specs))
+            self.persistent.ctxs.append(ctx)
+            for t in specs:
+                self.persistent.tensors[tensor_key(t)] = self.eng.new_leaf(ctx, t)
+            buf = g.ggml_backend_alloc_ctx_tensors(ctx, self.backends[device])
+            if not buf:
+                raise TargetError(f"could not allocate the {role} buffer of backend {device}")
+            self.persistent.buffers.append(buf)
+            usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
+            g.ggml_backend_buffer_set_usage(buf, usage)
+        for _, spec in self.scenario.graphs:
+            for t in spec.tensors:
+                key = tensor_key(t)
+                if key in self.persistent.tensors:
+                    data = self.cpu_only.persistent_bytes(spec, t)
+                    g.ggml_backend_tensor_set(self.persistent.tensors[key], data, 0, len(data))
+
+    # -- graphs --------------------------------------------------------------------------
+
+    def materialize(self, spec: GraphSpec) -> Built:
+        """A fresh context and cgraph for ``spec``: inputs (``ggml_set_input``) and ops are new,
+        weights and caches are the scenario's; every tensor is named and checked against
+        ``spec.geometry``; the roots go to ``ggml_build_forward_expand`` in order."""
+        g, eng = self.g, self.eng
+        size = len(spec.tensors) + 1  # ggml_visit_parents asserts n_nodes, n_leafs < size
+        ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
+        built = Built(ctx, None, {}, [], [], [])
+        self.built.append(built)
+        geo = spec.geometry
+        for t in spec.tensors:
+            if t.role in ("weight", "cache"):
+                p = self.persistent.tensors[tensor_key(t)]
+            elif t.is_leaf:
+                p = eng.new_leaf(ctx, t)
+                g.ggml_set_input(p)
+                built.inputs.append(p)
+            else:
+                p = eng.new_op(ctx, t, [built.tensors[a] if a is not None else None for a in t.args])
+                g.ggml_set_name(p, t.name.encode())
+            if t.output:
+                g.ggml_set_output(p)
+            check_geometry(t.name, geo[t.name], eng.geometry_of(p))
+            built.tensors[t.name] = p
+        built.gf = g.ggml_new_graph_custom(ctx, size, False)
+        for root in spec.roots:
+            g.ggml_build_forward_expand(built.gf, built.tensors[root])
+        built.nodes = [g.ggml_graph_node(built.gf, i) for i in range(g.ggml_graph_n_nodes(built.gf))]
+        cg = built.gf.contents
+        if cg.n_nodes != len(built.nodes):
+            raise TargetError("ggml_cgraph's layout in ggml-python does not match the loaded ggml")
+        built.leafs = [cg.leafs[i] for i in range(cg.n_leafs)]
+        built.srcs = [tuple(ctypes.addressof(s.contents) for s in n.contents.src if s) for n in built.nodes]
+        # the previous graph stays alive: while its tensors exist, no new tensor can take the
+        # address of one the scheduler's hash table may still hold (a reserve does not reset first)
+        while len(self.built) > 2:
+            g.ggml_free(self.built.pop(0).ctx)
+        return built
+
+    def _backend_index(self, t: Ptr) -> int:
+        b = self.eng.lib.ggml_backend_sched_get_tensor_backend(self.sched, t)
+        return -1 if b is None else self.index_of[b]
+
+    def _snapshot(self, built: Built) -> Snapshot:
+        return Snapshot(
+            tuple(self._backend_index(t) for t in built.nodes),
+            tuple(self._backend_index(t) for t in built.leafs),
+            True,
+        )
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _sizes(self) -> tuple[int, ...]:
+        return tuple(self.g.ggml_backend_sched_get_buffer_size(self.sched, b) for b in self.backends)
+
+    def step(self, index: int, st: Step) -> StepRecord:
+        g = self.g
+        if st.kind == "sched_new":
+            assert st.params is not None
+            if st.reuse:
+                if self.sched is None:
+                    raise TargetError(f"step {index}: nothing to reuse")
+            else:
+                self._new_sched(st.params)
+            n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
+            return StepRecord(index, st.kind, n_copies=n_copies, buffer_sizes=self._sizes(), reused=st.reuse)
+        if self.sched is None:
+            raise TargetError(f"step {index}: {st.kind} before any sched_new")
+        if st.kind == "reset":
+            g.ggml_backend_sched_reset(self.sched)
+            return StepRecord(index, st.kind, n_copies=g.ggml_backend_sched_get_n_copies(self.sched), buffer_sizes=self._sizes())
+        assert st.graph is not None
+        spec = self.scenario.graph(st.graph)
+        built = self.materialize(spec)
+        snap = Snapshot()
+
+        def on_split_print() -> None:
+            nonlocal snap
+            snap = self._snapshot(built)
+
+        self.eng.log.begin(on_split_print)
+        self.eng.said = []
+        # like llama_context::graph_reserve and ::decode: reset (forget the previous graph's
+        # assignments and copies), apply the graph's own assignments, then reserve or alloc
+        t0 = time.perf_counter()
+        g.ggml_backend_sched_reset(self.sched)
+        self._force(spec, built)
+        if st.kind == "reserve":
+            ok = bool(g.ggml_backend_sched_reserve(self.sched, built.gf))
+        else:
+            ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
+        seconds = time.perf_counter() - t0
+        if st.kind != "reserve":
+            if not snap.taken:  # a graph without nodes prints no split: read the live hash table
+                snap = self._snapshot(built)
+            if ok and st.kind == "compute":
+                inputs = self.cpu_only.inputs(index, spec)
+                self._set_inputs(inputs, built)
+                ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
+                self._round_trip()
+        self.eng.log.on_split_print = None
+        record = replace(self._record(index, st.kind, built, snap, ok), seconds=seconds)
+        if ok and st.kind == "compute":
+            # once a step's values are undetermined, so are the caches every later step reads
+            self.cpu_only.off = self.cpu_only.off or values.undetermined(spec)
+            if self.cpu_only.off is None:
+                diff = self.cpu_only.compare(index, spec, built.tensors, inputs, self.backends[-1])
+                record = replace(record, values=diff, values_checked=len(values.compared(spec)))
+        return record
+
+    def _round_trip(self) -> None:
+        """One request with a reply to every RPC server, after a compute: from 0.25.3 on the RPC
+        client sends ``GRAPH_COMPUTE`` without waiting for the server, so a server that crashes
+        computing would otherwise show up in a later step or scenario. Each server answers only
+        once it has computed; a dead one makes ggml abort here, in the step that crashed it."""
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        for endpoint in self.rpc_endpoints:
+            self.g.ggml_backend_rpc_get_device_memory(endpoint.encode(), 0, ctypes.byref(free), ctypes.byref(total))
+
+    def _new_sched(self, params: SchedParams) -> None:
+        """``ggml_backend_sched_new(backends, NULL, n, max_nodes, parallel, op_offload)``; the
+        debug level comes from ``GGML_SCHED_DEBUG`` (set to 2 when this module starts)."""
+        g = self.g
+        if self.sched is not None:
+            g.ggml_backend_sched_free(self.sched)
+            self.sched = None
+        arr = (g.ggml_backend_t_ctypes * len(self.backends))(*self.backends)
+        self.sched = g.ggml_backend_sched_new(arr, self._bufts(), len(self.backends), params.max_nodes, params.parallel, params.op_offload)
+        if not self.sched:
+            raise TargetError("ggml_backend_sched_new returned NULL")
+        if self.eng.set_realloc_callback is not None:
+            self.eng.set_realloc_callback(self.sched, self.eng._realloc_cb, None)
+        self.counts = None
+
+    def _bufts(self) -> Any:
+        """``NULL`` (every backend's default buffer type), or, when a gpu has a host buffer type,
+        the defaults with that host type for the CPU backend, as llama.cpp passes them."""
+        g, lib = self.g, self.eng.lib
+        host = self.scenario.layout.host_buffer_of
+        if host is None:
+            return None
+        bufts = [lib.ggml_backend_get_default_buffer_type(b) for b in self.backends]
+        bufts[-1] = lib.ggml_backend_dev_host_buffer_type(lib.ggml_backend_get_device(self.backends[host]))
+        return (g.ggml_backend_buffer_type_t_ctypes * len(bufts))(*bufts)
+
+    def _force(self, spec: GraphSpec, built: Built) -> None:
+        for name, backend in spec.forced:
+            self.g.ggml_backend_sched_set_tensor_backend(self.sched, built.tensors[name], self.backends[backend])
+
+    def _set_inputs(self, inputs: dict[str, bytes], built: Built) -> None:
+        """Write ``inputs`` into those the graph uses."""
+        in_graph = {ctypes.addressof(t.contents) for t in built.leafs}
+        for name, data in inputs.items():
+            p = built.tensors[name]
+            if ctypes.addressof(p.contents) in in_graph:
+                self.g.ggml_backend_tensor_set(p, data, 0, len(data))
+
+    def _with_ggml_decisions(self, index: int, events: tuple[ReallocEvent, ...]) -> tuple[ReallocEvent, ...]:
+        """The scheduler's reallocations (``via`` sched: ``alloc_splits`` re-reserving) with ggml's
+        own decision from its realloc callback, one call per reallocation it logged."""
+        said, out = list(self.eng.said), []
+        for e in events:
+            if e.via != "sched":
+                out.append(e)  # ggml-alloc re-planned by itself: no scheduler decision to report
+                continue
+            if not said:
+                raise TargetError(f"step {index}: ggml logged a reallocation its realloc callback did not report")
+            ids_changed, size_changed = said.pop(0)
+            if ids_changed != e.backend_ids_changed:
+                raise TargetError(f"step {index}: ggml's realloc callback says backend_ids_changed = {int(ids_changed)}, its log {int(e.backend_ids_changed)}")
+            out.append(replace(e, ggml_size_changed=size_changed))
+        if said:
+            raise TargetError(f"step {index}: ggml's realloc callback reported {len(said)} reallocation(s) its log did not show")
+        return tuple(out)
+
+    def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool) -> StepRecord:
+        g, log = self.g, self.eng.log
+        if log.errors:
+            raise TargetError(f"step {index}: cannot read ggml's log: " + "; ".join(log.errors) + self._log_tail())
+        n_nodes, n_leafs = len(built.nodes), len(built.leafs)
+        n_splits = g.ggml_backend_sched_get_n_splits(self.sched)
+        n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
+        splits = self._splits(index, n_nodes, n_splits) if OBSERVE_SPLITS else ()
+        counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built, n_copies), n_copies)
+        prev, self.counts = self.counts, counts
+        events = tuple(ReallocEvent(index, r.via, r.backend_ids_changed, n_splits, r.reason) for r in log.reallocs)
+        if self.eng.set_realloc_callback is not None:
+            events = self._with_ggml_decisions(index, events)
+        return StepRecord(
+            index,
+            kind,
+            node_names=built.node_names(self.eng),
+            node_backends=snap.nodes,
+            leaf_names=built.leaf_names(self.eng),
+            leaf_backends=snap.leafs,
+            splits=splits,
+            n_copies=n_copies,
+            counts=counts,
+            prev_counts=prev,
+            buffer_sizes=self._sizes(),
+            events=events,
+            ok=ok,
+        )
+
+    def _splits(self, index: int, n_nodes: int, n_splits: int) -> tuple[Split, ...]:
+        logged = self.eng.log.splits
+        if n_nodes == 0:
+            return ()
+        if len(logged) != n_splits:
+            raise TargetError(
+                f"step {index}: ggml_backend_sched_get_n_splits says {n_splits} splits, the log shows {len(logged)}"
+                " (is GGML_SCHED_DEBUG=2 set before ggml_backend_sched_new?)" + self._log_tail()
+            )
+        starts = [s.first_node for s in logged]
+        if any(s is None for s in starts):
+            raise TargetError(f"step {index}: a logged split has no node line" + self._log_tail())
+        bounds = [int(s) for s in starts if s is not None] + [n_nodes]
+        by_name = {n: i for i, n in enumerate(self.names)}
+        return tuple(Split(by_name[s.backend_name], bounds[k], bounds[k + 1], tuple(s.inputs)) for k, s in enumerate(logged))
+
+    def _log_tail(self) -> str:
+        return "\nlast lines of ggml's log:\n" + "\n".join(self.eng.log.tail)
+
+    def close(self) -> None:
+        """Free the scheduler, graphs and weight buffers, in that order (backends are pooled)."""
+        g = self.g
+        if self.sched is not None:
+            g.ggml_backend_sched_free(self.sched)
+            self.sched = None
+        for b in self.built:
+            g.ggml_free(b.ctx)
+        self.built.clear()
+        for buf in self.persistent.buffers:
+            g.ggml_backend_buffer_free(buf)
+        for ctx in self.persistent.ctxs:
+            g.ggml_free(ctx)
+        self.persistent = _Persistent()
+        self.backends.clear()
+
+
