@@ -10,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .campaign.fuzz import PROFILES, Finding, FuzzConfig, Fuzzer
+from .campaign.fuzz import Finding, Fuzzer
+from .campaign.profiles import PROFILES, FuzzConfig
 from .cases.corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case, save_case
 from .model.llama_trace import LlamaTrace
 from .properties import PROPERTY_IDS, fuzz_units
@@ -47,9 +48,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"schedfuzz: {cli_words(e)}", file=sys.stderr)
         return 2
     if args.known == "builtin":
-        fuzzer.learn_known_bugs(STARTER_CORPUS)
-    fuzzer.learn_known_bugs(Path(args.corpus))
-    print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}; known upstream bugs: {len(fuzzer.known_cases)}")
+        fuzzer.known.learn(STARTER_CORPUS)
+    fuzzer.known.learn(Path(args.corpus))
+    print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}; known upstream bugs: {len(fuzzer.known.cases)}")
     findings = []
     try:
         budget = args.budget if args.budget is not None else fuzzer.profile.budget
@@ -105,7 +106,7 @@ def print_llama_run(fuzzer: Fuzzer, case: Case) -> LlamaTrace:
     assert case.llama is not None
     w = case.llama
     print(f"  {w.describe()}")
-    trace: LlamaTrace = fuzzer.run_llama(w)
+    trace: LlamaTrace = fuzzer.engines.run_llama(w)
     names = {-1: "llama_init_from_model"} | {i: c.describe() for i, c in enumerate(w.calls)}
     for c in trace.calls:
         print(f"  {c.index:2d}: {names.get(c.index, c.kind):<60} rc={c.rc}")
@@ -147,12 +148,12 @@ def _replay(args: argparse.Namespace) -> int:
     failed = 0
     try:
         for case in cases:
-            version = fuzzer.ggml_version(case.llama is not None)
+            version = fuzzer.engines.ggml_version(case.llama is not None)
             print(f"== {case.path} [{case.property}] on ggml {version}: expect {case.expectation_on(version)}")
             if case.llama is not None:
                 print_llama_run(fuzzer, case)
             scenario = None if case.llama is not None else fuzzer.scenario_for(case)
-            trace = fuzzer.run_engine(scenario) if scenario is not None else None
+            trace = fuzzer.engines.run(scenario) if scenario is not None else None
             for r in trace.records if trace is not None and scenario is not None else ():
                 print(f"  {r.index:2d}: {scenario.steps[r.index].describe():<48} splits={r.n_splits} graph_size={r.graph_size}")
                 for e in r.events:
@@ -241,7 +242,7 @@ def _show(args: argparse.Namespace) -> int:
         return _wrote(dot, out, write)
     try:
         scenario = fuzzer.scenario_for(case)
-        trace = fuzzer.run_engine(scenario)
+        trace = fuzzer.engines.run(scenario)
         record = next((r for r in trace.records if r.splits and r.index == case.step), None)
         source = "the engine"
         if record is None and trace.abort is not None:
@@ -284,7 +285,7 @@ def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from .campaign.fuzz import new_seed
+    from .campaign.profiles import new_seed
     from .tools.gate import gate
 
     props = _properties(args.properties)

@@ -103,7 +103,8 @@ class SchedfuzzSession:
     """Per-process state of a ``--schedfuzz`` run: the config, the fuzzer and the statistics."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from .campaign.fuzz import FuzzConfig, Fuzzer, new_seed
+        from .campaign.fuzz import Fuzzer
+        from .campaign.profiles import FuzzConfig, new_seed
         from .campaign.stats import Stats
 
         def num(name: str, kind: type) -> Any:
@@ -165,8 +166,8 @@ class SchedfuzzSession:
 
         self.known_source = "none" if known == "none" else (str(STARTER_CORPUS) if STARTER_CORPUS.is_dir() else "none (no starter corpus beside the package)")
         if known == "builtin":
-            self.fuzzer.learn_known_bugs(STARTER_CORPUS)
-        self.fuzzer.learn_known_bugs(self.corpus)
+            self.fuzzer.known.learn(STARTER_CORPUS)
+        self.fuzzer.known.learn(self.corpus)
         self.fuzzer.llama_judged = tuple(p for p in self.properties if p.startswith("llama-"))
 
     def engine_line(self) -> str:
@@ -174,7 +175,7 @@ class SchedfuzzSession:
         fc = self.fuzz_config
         if fc.target:
             return f"engine = {fc.target}"
-        info = self.fuzzer.engine_info()
+        info = self.fuzzer.engines.info()
         line = f"engine = ggml {info.get('ggml_version', '?')} ({info.get('lib', '?')}); bindings: {info.get('bindings', '?')}"
         if info.get("gpu_device", "available") != "available":
             line += f"\nschedfuzz: GPU-like devices off, layouts run without them: {info['gpu_device']}"
@@ -207,12 +208,12 @@ class SchedfuzzSession:
             pytest.exit(f"schedfuzz: the engine cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
         if any(p.startswith("llama-") for p in self.properties):
             try:  # a bad or Release llama.cpp build is a usage error now, not at the first workload
-                info = self.fuzzer.llama_target.start()
+                info = self.fuzzer.engines.llama_target.start()
             except TargetError as e:
                 pytest.exit(f"schedfuzz: llama.cpp cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
             lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
                          f"realloc callback: {info.get('realloc_callback', '?')}")
-        n = len(self.fuzzer.known_cases)
+        n = len(self.fuzzer.known.cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         return lines
 
@@ -240,7 +241,7 @@ class SchedfuzzSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         terminalreporter.section("schedfuzz")
         terminalreporter.write_line(f"seed = {self.fuzz_config.seed} (rerun with --schedfuzz-seed {self.fuzz_config.seed})")
-        if self.fuzzer._target is not None or self.fuzz_config.target:
+        if self.fuzzer.engines.started():
             terminalreporter.write_line(self.engine_line())
         self.stats.components = self.fuzzer.stats.components
         for line in self.stats.summary_lines():
@@ -303,7 +304,7 @@ class CaseItem(pytest.Item):
         found = session.fuzzer.replay(case)
         self.user_properties += [("schedfuzz_property", case.property), ("schedfuzz_case", str(self.case_path))]
         same = [v for v in found if v.signature() == case.signature]
-        version = session.fuzzer.ggml_version(case.llama is not None)
+        version = session.fuzzer.engines.ggml_version(case.llama is not None)
         expected = case.expected_failure_on(version)
         if expected is not None:
             if same:
@@ -384,7 +385,7 @@ def schedfuzz_engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     session = request.config.pluginmanager.get_plugin("schedfuzz-session")
     if session is None:
         pytest.skip("the schedfuzz engine runs only with --schedfuzz")
-    yield session.fuzzer.target
+    yield session.fuzzer.engines.target
 
 
 @pytest.fixture(scope="session")

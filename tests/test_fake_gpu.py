@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.ggml.build import build_fake_gpu, build_ggml_base
 from pytest_schedfuzz.ggml.lib import base_library, library_folder

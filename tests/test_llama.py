@@ -229,7 +229,8 @@ def test_a_context_that_does_not_initialize_is_a_finding_not_a_pass() -> None:
 
 
 def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
-    from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.engine import TargetError
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
@@ -253,14 +254,14 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
 
     fuzzer = Fuzzer(FuzzConfig(database=None))
     for what, trace in traces.items():
-        fuzzer._llama = Fake(trace)
+        fuzzer.engines._llama = Fake(trace)
         with pytest.raises(TargetError, match="harness error"):
             fuzzer.check_llama(LLAMA_GROUP, w)
     # one run of a workload is judged by every llama property
-    fuzzer._llama = Fake(LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", -3), CallRecord(1, "seq_rm", 0))))
+    fuzzer.engines._llama = Fake(LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", -3), CallRecord(1, "seq_rm", 0))))
     found = fuzzer.check_llama(LLAMA_GROUP, w)
-    assert fuzzer._llama.runs == 1 and [v.property for v in found] == ["llama-no-abort"]
-    fuzzer._llama = None
+    assert fuzzer.engines._llama.runs == 1 and [v.property for v in found] == ["llama-no-abort"]
+    fuzzer.engines._llama = None
 
 
 def test_an_unknown_scheduler_line_is_an_error_not_a_pass() -> None:
@@ -486,7 +487,9 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
     """As for the graph engine: a timeout is run again with five times the call timeout (a
     loaded machine passes, a hang does not), a crash again on a fresh worker; what does not come
     back is counted as unconfirmed and the fresh run is what is judged."""
-    from pytest_schedfuzz.campaign.fuzz import CONFIRM_TIMEOUT_FACTOR, FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.engines import CONFIRM_TIMEOUT_FACTOR
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
 
     class Flaky:
         def __init__(self, kind: str, comes_back: bool) -> None:
@@ -501,7 +504,7 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
     for kind in ("timeout", "crash"):
         for comes_back in (False, True):
             fuzzer = Fuzzer(FuzzConfig(database=None))
-            fuzzer._llama = flaky = Flaky(kind, comes_back)
+            fuzzer.engines._llama = flaky = Flaky(kind, comes_back)
             found = fuzzer.check_llama("llama-no-abort", replace(STEADY, calls=STEADY.calls[:1]))
             assert bool(found) == comes_back and fuzzer.stats.unconfirmed == (not comes_back)
             assert flaky.seen == [60.0, 60.0 * (CONFIRM_TIMEOUT_FACTOR if kind == "timeout" else 1)] and flaky.call_timeout == 60.0

@@ -349,7 +349,8 @@ def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_finding(monkeypatch:
     which the session went on to the next property (a dev run went on for 209 s). Now the first
     KeyboardInterrupt stops: no case runs after it, the smallest so far is returned to be saved,
     and ``interrupted`` tells the plugin (and the CLI) to stop there."""
-    from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
 
     fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=None, examples=50, seed=1))
     real, seen = fuzzer.check, {"failed": False, "after": 0}

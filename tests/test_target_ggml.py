@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
+from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
 from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
 from pytest_schedfuzz.ggml.schedlog import SchedLog
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
 from pytest_schedfuzz.properties.derived import graph_trace
@@ -335,7 +335,9 @@ def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_p
     """A machine loaded by other work (pytest-xdist inside pytest-xdist) can stall a step past
     its timeout: the confirmation run gets five times the step timeout, so a slow step passes
     and a hang is still a finding; the step timeout is restored after."""
-    from pytest_schedfuzz.campaign.fuzz import CONFIRM_TIMEOUT_FACTOR, FuzzConfig, Fuzzer
+    from pytest_schedfuzz.campaign.engines import CONFIRM_TIMEOUT_FACTOR
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.model.trace import Abort, Trace
 
     class Slow:
@@ -355,7 +357,7 @@ def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_p
 
     for hangs in (False, True):
         fuzzer = Fuzzer(FuzzConfig(database=None))
-        fuzzer._target = slow = Slow(hangs)  # type: ignore[assignment]
-        trace = fuzzer.confirmed(Scenario(RPC_CPU, (), ()), fuzzer.run_engine(Scenario(RPC_CPU, (), ())))
+        fuzzer.engines._target = slow = Slow(hangs)  # type: ignore[assignment]
+        trace = fuzzer.engines.confirmed(Scenario(RPC_CPU, (), ()), fuzzer.engines.run(Scenario(RPC_CPU, (), ())))
         assert (trace.abort is not None) == hangs and slow.seen == [60.0, 300.0] and slow.step_timeout == 60.0
         assert fuzzer.stats.unconfirmed == (0 if hangs else 1)

@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_schedfuzz.campaign.fuzz import FuzzConfig, Fuzzer
+from pytest_schedfuzz.campaign.causes import size_oracle_check
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.ggml.build import build_ggml_base
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
@@ -211,7 +213,7 @@ def test_the_size_oracle_sees_a_graph_copy_that_the_shared_rule_hides() -> None:
             try:
                 found[lib, oracle] = [v.signature() for v in f.check("matches-reference", sc)]
                 if lib == planted and oracle:
-                    found["ggml's own sizes", True] = [v.signature() for v in f.size_oracle_check(sc, predict(sc))]
+                    found["ggml's own sizes", True] = [v.signature() for v in size_oracle_check(sc, predict(sc), f.engines.size_oracle.run)]
             finally:
                 f.close()
     assert found["ggml-0.25.3", False] == found["ggml-0.25.3", True] == []

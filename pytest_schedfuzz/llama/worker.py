@@ -34,9 +34,9 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+from ..ggml.engine import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
-from ..ggml.engine import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 from ..model.scenario import BackendSpec

@@ -33,7 +33,8 @@ from reference.graph import CGraph
 from reference.predict import predict
 from reference.sched import Scheduler
 
-from ..campaign.fuzz import FuzzConfig, Fuzzer
+from ..campaign.fuzz import Fuzzer
+from ..campaign.profiles import FuzzConfig
 from ..ggml.target import GgmlTarget
 from ..model.scenario import BackendLayout, Scenario, SchedParams, Step
 from ..properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS
@@ -173,7 +174,7 @@ def examples_per_second(examples: int) -> dict[str, dict[str, float]]:
     for profile in ("dev", "ci"):
         fuzzer = Fuzzer(FuzzConfig(profile=profile, database=None, budget=1e9))
         # as under pytest: known engine bugs of the corpus are counted, not shrunk again
-        fuzzer.learn_known_bugs(Path(__file__).resolve().parents[2] / "corpus")
+        fuzzer.known.learn(Path(__file__).resolve().parents[2] / "corpus")
         row = {}
         try:
             for prop in PROPERTY_IDS:
@@ -207,7 +208,7 @@ def llama(examples: int, seeds: int) -> dict[str, Any]:
     """The llama.cpp properties: workloads and decodes per second with the corpus's known bugs
     (as under pytest), and the time to the first same-size finding from nothing known."""
     fuzzer = Fuzzer(FuzzConfig(profile="ci", database=None, budget=1e9))
-    fuzzer.learn_known_bugs(Path(__file__).resolve().parents[2] / "corpus")
+    fuzzer.known.learn(Path(__file__).resolve().parents[2] / "corpus")
     rates: dict[str, dict[str, float]] = {}
     try:
         for prop in LLAMA_PROPERTY_IDS:

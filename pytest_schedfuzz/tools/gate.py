@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..campaign.fuzz import FuzzConfig, Fuzzer
+from ..campaign.fuzz import Fuzzer
+from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import Case
 from ..properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama, without_c_stack
 
@@ -49,10 +50,10 @@ def run_side(label: str, lib: str, cases: Sequence[Case], config: FuzzConfig, pr
     llama_lib = _llama_lib(lib_dir)
     fuzzer = Fuzzer(FuzzConfig(**{**config.__dict__, "lib": lib, "llama_lib": llama_lib, "database": None}))
     try:
-        info = fuzzer.engine_info()
+        info = fuzzer.engines.info()
         side = Side(label, f"ggml {info.get('ggml_version', '?')} ({lib_dir or 'ggml-python'})")
         log(f"{label}: {side.engine}")
-        fuzzer.known_cases = [c for c in cases if c.expected_failure is not None]
+        fuzzer.known.cases = [c for c in cases if c.expected_failure is not None]
         for case in cases:
             row = f"corpus/{case.path.stem if case.path else case.signature}"
             if case.llama is not None and llama_lib is None:

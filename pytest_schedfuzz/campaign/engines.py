@@ -1,0 +1,165 @@
+"""The implementations under test in one session, and what is done before a run is judged.
+
+``Engines`` starts each on first use: the graph engine (the built-in ggml, or a user's
+``--schedfuzz-target``), llama.cpp, and the graph engine under ``GGML_SCHED_DEBUG_REALLOC=2``
+(``size_oracle``). Every trace it returns has the figures ggml does not tell derived
+(``properties.derived``), and a crash or a timeout in it has come back on a fresh worker
+(``confirmed``, ``llama_confirmed``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..cases.corpus import Case
+from ..engine import Target, load_target
+from ..model.llama import LlamaWorkload
+from ..model.llama_trace import LlamaTrace
+from ..model.scenario import Scenario
+from ..model.trace import Trace
+from ..properties import derived
+from .profiles import FuzzConfig
+from .stats import Stats
+
+CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
+
+
+class Engines:
+    """The graph engine, llama.cpp and the size oracle of one session (one pytest-xdist worker)."""
+
+    def __init__(self, config: FuzzConfig, stats: Stats, seed: int) -> None:
+        self.config = config
+        self.stats = stats
+        self.seed = seed
+        self._target: Target | None = None
+        self._llama: Any = None
+        self._oracle: Any = None
+
+    @property
+    def target(self) -> Target:
+        """The graph engine: ``--schedfuzz-target``, or the built-in ggml (``ggml.target.GgmlTarget``)."""
+        if self._target is None:
+            if self.config.target:
+                self._target = load_target(self.config.target)
+            else:
+                from ..ggml.target import GgmlTarget
+
+                self._target = GgmlTarget(lib=self.config.lib)
+        return self._target
+
+    @property
+    def llama_target(self) -> Any:
+        """The real llama.cpp (``llama.target.LlamaTarget``)."""
+        if self._llama is None:
+            from ..llama.target import LlamaTarget
+
+            self._llama = LlamaTarget(lib_dir=self.config.llama_lib)
+        return self._llama
+
+    @property
+    def size_oracle(self) -> Any:
+        """The built-in ggml under ``GGML_SCHED_DEBUG_REALLOC=2``: it aborts at its first
+        reallocation through the scheduler, printing its own figures (``causes.size_oracle_check``)."""
+        if self._oracle is None:
+            from ..ggml.target import GgmlTarget
+
+            self._oracle = GgmlTarget(lib=self.config.lib, debug_realloc=2)
+        return self._oracle
+
+    def started(self) -> bool:
+        """Whether the graph engine runs (a user's target counts as started)."""
+        return self._target is not None or bool(self.config.target)
+
+    def info(self) -> dict[str, str]:
+        """The graph engine's description (starting it if need be): for the built-in ggml its
+        library path, ``ggml_version()`` and bindings check."""
+        target = self.target
+        start = getattr(target, "start", None)
+        return dict(start() if callable(start) else getattr(target, "engine", None) or {"name": self.config.target or "ggml"})
+
+    def ggml_version(self, llama: bool) -> str | None:
+        """The ggml version of the engine that runs llama.cpp workloads or graph scenarios."""
+        if llama:
+            return self.llama_target.start().get("ggml_version")
+        return self.info().get("ggml_version") if self.config.target is None else None
+
+    def gpu_device(self) -> str:
+        """``available``, or why the built-in engine's ggml cannot have GPU-like devices."""
+        if self.config.target is not None:
+            return "available"
+        return self.info().get("gpu_device", "available")
+
+    def run(self, scenario: Scenario) -> Trace:
+        """The graph engine's trace, with the figures ggml does not tell derived."""
+        trace = derived.graph_trace(self.target.run(scenario))
+        self.stats.add_trace(trace)
+        return trace
+
+    def run_llama(self, workload: LlamaWorkload, logits: bool = False) -> LlamaTrace:
+        """llama.cpp's trace of ``workload``, its graph sizes derived."""
+        return derived.llama_trace(self.llama_target.run(workload, logits))
+
+    def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
+        """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh
+        worker: a worker that ran many scenarios can die of what an earlier one left in its
+        memory, and a machine loaded by other work (pytest-xdist) can stall a step past its
+        timeout. One that does not come back is counted (``unconfirmed crashes``) and its
+        scenario kept in ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is
+        judged instead. A timeout is run again with five times the step timeout: a step that
+        a loaded machine only slowed finishes then, a hang does not."""
+        if trace.abort is None or trace.abort.kind not in ("crash", "timeout") or not hasattr(self.target, "close"):
+            return trace
+        self.target.close()  # the next run starts a fresh worker and fresh servers
+        patient = trace.abort.kind == "timeout" and hasattr(self.target, "step_timeout")
+        if patient:
+            usual = self.target.step_timeout  # type: ignore[attr-defined]
+            self.target.step_timeout = usual * CONFIRM_TIMEOUT_FACTOR  # type: ignore[attr-defined]
+        try:
+            again = self.run(scenario)
+        finally:
+            if patient:
+                self.target.step_timeout = usual  # type: ignore[attr-defined]
+        if again.abort is not None and again.abort.kind == trace.abort.kind:
+            return again
+        self.stats.unconfirmed += 1
+        self._keep_unconfirmed(scenario, trace)
+        return again
+
+    def _keep_unconfirmed(self, scenario: Scenario, trace: Trace) -> None:
+        if self.config.database is None or trace.abort is None:
+            return
+        from ..cases.corpus import save_case
+
+        first = trace.abort.message.strip().splitlines()[0] if trace.abort.message.strip() else "crash"
+        try:
+            save_case(Path(self.config.database).parent / "unconfirmed",
+                      Case("no-abort", f"unconfirmed {trace.abort.kind}", scenario, trace.abort.message[-3000:], trace.abort.step, self.seed,
+                           dict(getattr(self.target, "engine", {}) or {}), {"fail": f"did not come back on a fresh worker: {first}"}))
+        except OSError:
+            pass
+
+    def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace, logits: bool = False) -> LlamaTrace:
+        """As ``confirmed``, for llama.cpp: a crash or a timeout counts only if it comes back on
+        a fresh worker (the target starts one after every abort), a timeout with five times the
+        call timeout; one that does not is counted as unconfirmed and the fresh run is judged."""
+        if trace.abort is None or trace.abort.kind not in ("crash", "timeout"):
+            return trace
+        target = self.llama_target
+        usual = target.call_timeout
+        if trace.abort.kind == "timeout":
+            target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
+        try:
+            again = self.run_llama(workload, logits)
+        finally:
+            target.call_timeout = usual
+        if again.abort is None or again.abort.kind != trace.abort.kind:
+            self.stats.unconfirmed += 1
+        return again
+
+    def close(self) -> None:
+        for name in ("_oracle", "_target", "_llama"):
+            engine = getattr(self, name)
+            if engine is not None:
+                engine.close()
+                setattr(self, name, None)

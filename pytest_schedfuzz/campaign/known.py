@@ -1,0 +1,52 @@
+"""The known engine bugs of a run: the corpus's expect-fail cases, and what a campaign found.
+
+A known bug found again is counted, not reported; which cases are known depends on the version of
+the ggml that runs them (``Case.expected_failure_on``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..cases.corpus import Case, CaseError, case_files, component, load_case
+from .stats import Stats
+
+
+class KnownBugs:
+    """Signatures not to report again, per kind of engine (llama.cpp or the graph engine)."""
+
+    def __init__(self, stats: Stats, version_of: Callable[[bool], str | None]) -> None:
+        self.stats = stats
+        self.version_of = version_of  # llama or not -> the ggml version that runs those cases
+        self.cases: list[Case] = []  # the corpus's expected failures (``learn``)
+        self.campaign: set[str] = set()  # signatures found by this campaign (keep-going)
+        self._by_kind: dict[bool, set[str]] = {}
+
+    def learn(self, directory: Path) -> None:
+        """Remember the corpus's expect-fail cases (unreadable files are reported by their own
+        corpus items). A folder learnt twice (the starter corpus is also the run's corpus)
+        counts once."""
+        for path in case_files(directory):
+            if any(c.path is not None and c.path.resolve() == path.resolve() for c in self.cases):
+                continue
+            try:
+                case = load_case(path)
+            except CaseError:
+                continue
+            if case.expected_failure is not None:
+                self.cases.append(case)
+                self.stats.components.setdefault(case.signature, component(case))
+        self._by_kind.clear()
+
+    def expected(self, llama: bool) -> set[str]:
+        """Signatures of the known bugs expected on this engine's version."""
+        if llama not in self._by_kind:
+            cases = [c for c in self.cases if (c.llama is not None) == llama]
+            version = self.version_of(llama) if cases else None
+            self._by_kind[llama] = {c.signature for c in cases if c.expected_failure_on(version) is not None}
+        return self._by_kind[llama]
+
+    def signatures(self, llama: bool) -> set[str]:
+        """Everything not to report again: the expected bugs and the campaign's findings."""
+        return self.expected(llama) | self.campaign

@@ -1,0 +1,99 @@
+"""How much a run fuzzes (``Profile``, ``PROFILES``) and what the user configured (``FuzzConfig``)."""
+
+from __future__ import annotations
+
+import importlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much to fuzz: examples per property (``None``: as many as the time budget allows,
+    shared evenly by the properties), graph scale, and whether to stop on time."""
+
+    examples: int | None
+    max_rpc: int
+    max_steps: int
+    budget: float | None  # seconds for the whole run, shared by the properties
+    derandomize: bool
+    max_layers: int = 4  # llama-like graphs: layers, and extra elementwise ops per layer
+    max_extra_ops: int = 0
+    blas: bool = False  # layouts with a BLAS backend (skipped where ggml has none)
+    max_gpu: int = 1  # GPU-like devices (``strategies.gpus``) per layout
+    llama_examples: int | None = 60  # llama.cpp workloads (tiny models: ~10 per second), each judged by every llama property; None: on time
+    llama_layers: int = 3
+    llama_calls: int = 24
+    chunk: int = 25  # examples per Hypothesis run when fuzzing on time (each run a seed of its own)
+    keep_going: bool = False  # campaign: go on after a finding, report every distinct signature
+    size_oracle: bool = False  # matches-reference also checks ggml's own graph size (``Fuzzer.size_oracle_check``)
+
+
+PROFILES: dict[str, Profile] = {
+    "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40),
+    # ci: deterministic (seed 0), and spends its budget: examples until each property's share
+    # (llama.cpp workloads too: the llama.cpp properties' unit gets one share per property it judges)
+    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=None),
+    # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
+    "nightly": Profile(
+        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,
+        llama_examples=1000, llama_layers=6, llama_calls=48,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FuzzConfig:
+    profile: str = "dev"
+    examples: int | None = None
+    seed: int | None = None
+    budget: float | None = None
+    target: str | None = None  # module:factory; default the built-in ggml engine
+    lib: str | None = None
+    llama_lib: str | None = None  # a llama.cpp build's library folder; default llama-cpp-python's
+    policy: str | None = None  # module:callable
+    rereserve: bool = True
+    reference: str | None = None  # module:callable replacing reference.predict.predict
+    keep_going: bool | None = None  # campaign mode; default: the profile's
+    size_oracle: bool | None = None  # ggml's own graph size for matches-reference; default: the profile's
+    database: Path | None = Path(".schedfuzz/examples")
+
+    def resolved_profile(self) -> Profile:
+        if self.profile not in PROFILES:
+            raise ValueError(f"--schedfuzz-profile {self.profile!r}: choose one of {', '.join(PROFILES)}")
+        return PROFILES[self.profile]
+
+    def uses_size_oracle(self) -> bool:
+        return self.size_oracle if self.size_oracle is not None else self.resolved_profile().size_oracle
+
+    def keeps_going(self) -> bool:
+        return self.keep_going if self.keep_going is not None else self.resolved_profile().keep_going
+
+    def validate(self) -> None:
+        """A ``ValueError`` naming the option (``--schedfuzz-*``) for any value out of range."""
+        self.resolved_profile()
+        if self.examples is not None and self.examples < 1:
+            raise ValueError(f"--schedfuzz-examples {self.examples}: must be at least 1")
+        if self.budget is not None and not self.budget > 0:
+            raise ValueError(f"--schedfuzz-budget {self.budget:g}: must be a positive number of seconds")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise ValueError(f"--schedfuzz-seed {self.seed}: must be in 0 .. 2**32-1")
+        if self.target is not None:
+            load_spec(self.target, "--schedfuzz-target")
+
+
+def new_seed() -> int:
+    return random.SystemRandom().randrange(2**32)
+
+
+def load_spec(spec: str, what: str) -> Any:
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what} {spec!r}: write it MODULE:NAME")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        hint = " (is its folder on PYTHONPATH?)" if isinstance(e, ModuleNotFoundError) else ""
+        raise ValueError(f"{what} {spec!r}: {e}{hint}") from None
