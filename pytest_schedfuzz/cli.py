@@ -13,6 +13,7 @@ from typing import Any
 from .campaign.fuzz import Finding, Fuzzer
 from .campaign.profiles import PROFILES, FuzzConfig
 from .cases.corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case, save_case
+from .cases.verdict import judge_replay
 from .model.llama_trace import LlamaTrace
 from .properties import PROPERTY_IDS, fuzz_units
 
@@ -55,11 +56,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         budget = args.budget if args.budget is not None else fuzzer.profile.budget
         fuzzer.llama_judged = tuple(p for p in props if p.startswith("llama-"))
-        units = fuzz_units(props)
+        units = fuzz_units(props, policy=args.policy is not None)
         pending = sum(w for _, w in units)
         for prop, weight in units:
             # a profile that fuzzes on time shares what is left of the budget by weight
-            share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) * weight / pending
+            share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) * weight / max(pending, 1)
             pending -= weight
             def record(finding: Finding) -> None:
                 findings.append(finding)
@@ -145,6 +146,9 @@ def _replay(args: argparse.Namespace) -> int:
     except CaseError as e:
         return _bad(e)
     fuzzer = _fuzzer(args)
+    # known bugs: the starter corpus's and the replayed folders' (another known bug beside a case's own is no news)
+    for folder in [STARTER_CORPUS, *(p for p in args.cases if Path(p).is_dir())]:
+        fuzzer.known.learn(Path(folder))
     failed = 0
     try:
         for case in cases:
@@ -160,18 +164,9 @@ def _replay(args: argparse.Namespace) -> int:
                     print(f"      {e.describe()}")
             if trace is not None and trace.abort:
                 print(f"  !! {trace.abort.kind} at step {trace.abort.step}: {trace.abort.message.strip()}")
-            # judged as the plugin's corpus item judges it: a known bug must fail with its own
-            # signature, a guard case with none at all (another failure is never a pass)
-            found = fuzzer.replay(case)
-            same = [v for v in found if v.signature() == case.signature]
-            expected = case.expected_failure_on(version) is not None
-            ok = bool(same) if expected else not found
-            failed += not ok
-            if expected:
-                verdict = "still fails (known bug)" if same else "XPASS: the known bug no longer reproduces" + (f"; now: {found[0]}" if found else "")
-            else:
-                verdict = "FAIL: " + str(found[0]) if found else "pass"
-            print(f"  verdict: {verdict}")
+            verdict = judge_replay(case, fuzzer.replay(case), version, fuzzer.known.expected(case.llama is not None))
+            failed += not verdict.ok
+            print(f"  verdict: {verdict.short}")
     finally:
         fuzzer.close()
     return 1 if failed else 0

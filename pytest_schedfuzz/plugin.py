@@ -272,7 +272,7 @@ class SchedfuzzSuite(pytest.Collector):
         # workers share the fuzzing evenly (every worker collects the same items)
         workers = xdist_workers(self.config)
         shards = 1 if workers == 1 else 4 * workers  # several per worker: they balance better
-        units = fuzz_units(session.properties)
+        units = fuzz_units(session.properties, policy=session.fuzz_config.policy is not None)
         session.pending = sum(w for _, w in units) * shards // workers
         for prop, weight in units:
             for k in range(shards):
@@ -295,6 +295,7 @@ class CaseItem(pytest.Item):
 
     def runtest(self) -> None:
         from .cases.corpus import CaseError, load_case
+        from .cases.verdict import judge_replay
 
         session: SchedfuzzSession = self.config.pluginmanager.get_plugin("schedfuzz-session")  # type: ignore[assignment]
         try:
@@ -303,17 +304,12 @@ class CaseItem(pytest.Item):
             raise CorpusFailure(f"bad corpus file: {e}") from None
         found = session.fuzzer.replay(case)
         self.user_properties += [("schedfuzz_property", case.property), ("schedfuzz_case", str(self.case_path))]
-        same = [v for v in found if v.signature() == case.signature]
         version = session.fuzzer.engines.ggml_version(case.llama is not None)
-        expected = case.expected_failure_on(version)
-        if expected is not None:
-            if same:
-                pytest.xfail(f"known engine bug on ggml {version} ({expected}): {same[0]}")
-            got = f"now: {found[0]}" if found else "no violation any more"
-            raise CorpusFailure(f"[XPASS(strict)] {self.case_path.name} is expected to fail on ggml {version} with {case.signature} ({expected}); {got}")
-        if found:
-            scope = f" (a known bug only outside ggml {version}: {case.expect})" if case.expected_failure is not None else ""
-            raise CorpusFailure(f"{self.case_path.name} ({case.signature}) fails again, on ggml {version}{scope}:\n{found[0]}")
+        verdict = judge_replay(case, found, version, session.fuzzer.known.expected(case.llama is not None))
+        if verdict.outcome == "known":
+            pytest.xfail(verdict.text)
+        if not verdict.ok:
+            raise CorpusFailure(verdict.text)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CorpusFailure):

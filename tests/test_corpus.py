@@ -351,7 +351,7 @@ def test_show_draws_a_llama_case_to_the_file_asked_for(tmp_path: Path):
 def test_show_of_a_failed_reservation_names_the_buffer_sizes_and_device_limits(tmp_path: Path):
     """The plan-kept crash is about a GPU buffer over its device's max_size: the drawing and the
     text give the limit and ggml's own requested sizes."""
-    case = next(CORPUS.glob("no-abort-after-failed-allocation-plan-kept-5a2e452570.json"))
+    case = next(CORPUS.glob("no-abort-after-failed-allocation-kind-crash-plan-kept-5a2e452570.json"))
     out = tmp_path / "kept.dot"
     run = subprocess.run([*SCHEDFUZZ, "show", str(case), "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr

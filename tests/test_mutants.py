@@ -34,7 +34,7 @@ def test_a_corpus_case_the_mutant_changes_is_a_kill() -> None:
     XPASS, listed without a message) is the ci run seeing it, as a property's finding is."""
     from pytest_schedfuzz.tools.mutants import _FINDING
 
-    assert _FINDING.match("schedfuzz::corpus/no-abort-after-failed-allocation-plan-kept-5a2e452570")
+    assert _FINDING.match("schedfuzz::corpus/no-abort-after-failed-allocation-kind-crash-plan-kept-5a2e452570")
     assert _FINDING.match("schedfuzz::matches-reference - [matches-reference] step 1: reserve(g0): ...")
     assert not _FINDING.match("tests/test_x.py::test_y - AssertionError")
 

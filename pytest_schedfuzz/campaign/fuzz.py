@@ -201,6 +201,8 @@ class Fuzzer:
         """Examples to run on ``prop``: given, configured, or the profile's (``None``: on time)."""
         if examples or self.config.examples:
             return examples or self.config.examples
+        if self.profile.examples is None and prop in props.POLICY_PROPERTY_IDS and not self.config.policy:
+            return self.profile.chunk  # cheap rule checks of the built-in policy, with no share of the budget
         return self.profile.llama_examples if props.is_llama(prop) else self.profile.examples
 
     def campaign(self, prop: str, shard: int = 0, shards: int = 1, seconds: float | None = None,

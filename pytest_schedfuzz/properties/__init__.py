@@ -21,6 +21,7 @@ from .base import (
     GRAPH_PROPERTY_IDS,
     LLAMA_GROUP,
     LLAMA_PROPERTY_IDS,
+    POLICY_PROPERTY_IDS,
     PROPERTY_IDS,
     REFERENCE,
     SCENARIOS,
@@ -44,9 +45,10 @@ def _property(id: str, needs: set[str], draws: Draws, judge: Callable[[Scenario,
 
 
 PROPERTIES: dict[str, Property] = {p.id: p for p in (
-    # decisions of the driver's reuse policy, read from the scenario: no engine needed
-    _property("reuse-sound", set(), Draws("workloads"), lambda sc, o: reuse_sound(sc, o.trace, o.prediction)),
-    _property("reuse-complete", set(), Draws("workloads"), lambda sc, o: reuse_complete(sc, o.trace, o.prediction)),
+    # decisions of the driver's reuse policy, read from the scenario: no engine needed; more
+    # reconfigurations than reuse-equivalent draws, so that no two properties draw the same examples
+    _property("reuse-sound", set(), Draws("workloads", min_reconfigures=2), lambda sc, o: reuse_sound(sc, o.trace, o.prediction)),
+    _property("reuse-complete", set(), Draws("workloads", min_reconfigures=3), lambda sc, o: reuse_complete(sc, o.trace, o.prediction)),
     # the reference explains its aborts (no-abort signs them), as for every property that runs the engine
     _property("reuse-equivalent", {ENGINE, REFERENCE, FRESH}, Draws("workloads"), lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
     # many ubatches of one shape, no reconfiguration: the server's steady state, where same-size reallocs hide
@@ -56,12 +58,15 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
     _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0),
               lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
     _property("same-values", {ENGINE, REFERENCE}, SCENARIOS, lambda sc, o: same_values(sc, o.trace, o.prediction)),
-    _property("no-abort", {ENGINE, REFERENCE}, SCENARIOS, lambda sc, o: no_abort(sc, o.trace, o.prediction)),
+    # every engine property reports aborts; no-abort's own examples are what none of them draws:
+    # workloads with many reconfigurations, and raw scenarios
+    _property("no-abort", {ENGINE, REFERENCE}, Draws("both", max_ubatches=6, min_reconfigures=2),
+              lambda sc, o: no_abort(sc, o.trace, o.prediction)),
 )}
 
 
 __all__ = [
-    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "SCENARIOS", "Draws",
+    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "SCENARIOS", "Draws",
     "Observed", "Property", "Violation", "as_forced_view", "as_race", "at_site", "forced_views", "fresh_variant", "fuzz_units", "is_llama",
     "matches_reference", "no_abort", "no_same_size_realloc", "normalize_reason", "reason_kind", "reuse_complete", "reuse_equivalent",
     "reuse_sound", "role", "same_values", "synchronous_variant", "unforced_views_variant", "with_c_stack", "without_c_stack",

@@ -8,7 +8,7 @@ import re
 from reference.alloc import KEPT_PLAN
 
 from ..model.scenario import Scenario, Step
-from ..model.trace import Trace
+from ..model.trace import Abort, Trace
 from .base import Violation
 from .sites import check_site
 
@@ -40,6 +40,39 @@ def without_c_stack(signature: str) -> str:
     return re.sub(r"(killed by SIG\w+) in [^,\]]+", r"\1", signature)
 
 
+def unlike_prediction(a: Abort, p: Abort) -> str:
+    """How the engine's abort ``a`` differs from the one the reference predicts, ``p``; "" when it
+    is that one: the same step and kind, the same assert or ``GGML_ABORT`` text where the
+    reference names one, and for a crash the same signal, in the function it names where the
+    worker printed a C stack.
+
+    >>> crash = Abort(1, "crash", "SIGSEGV in ggml_vbuffer_tensor_alloc: the CPU buffer is NULL")
+    >>> unlike_prediction(Abort(1, "crash", "the worker was killed by SIGSEGV\\nC stack: ggml_vbuffer_tensor_alloc < f"), crash)
+    ''
+    >>> unlike_prediction(Abort(1, "abort", "ggml-alloc.c:99: GGML_ASSERT(buffer) failed"), crash)
+    'an abort, where the reference predicts a crash'
+    """
+    if a.step != p.step:
+        return f"at step {a.step}, where the reference predicts step {p.step}"
+    if a.kind != p.kind:
+        return f"{'an' if a.kind[0] in 'aeiou' else 'a'} {a.kind}, where the reference predicts a {p.kind}"
+    expected = re.search(r"GGML_ASSERT\(.*?\) failed", p.message)
+    if expected and expected.group(0).split(" (")[0] not in a.message:
+        return f"another assert than the reference's {expected.group(0)}"
+    aborted = re.match(r"GGML_ABORT: (.+?)(?: \(|$)", p.message)
+    if aborted and aborted.group(1) not in a.message:
+        return f"another abort than the reference's {aborted.group(1)!r}"
+    crashed = re.match(r"(SIG\w+) in (\w+)", p.message) if p.kind == "crash" else None
+    if crashed:
+        signal, function = crashed.groups()
+        if f"killed by {signal}" not in a.message:
+            return f"not the {signal} the reference predicts"
+        stack = re.search(r"^C stack: (.+)$", a.message, re.MULTILINE)
+        if stack and function not in stack.group(1).split(" < ")[:3]:
+            return f"a {signal} in {stack.group(1).split(' < ')[0]}, where the reference predicts one in {function}"
+    return ""
+
+
 def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
     """Valid scenarios never abort the engine."""
     a = trace.abort
@@ -65,14 +98,15 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     # the reference's ggml-alloc explains it: a failed reservation kept its new plan, and its
     # buffers (NULL, or older and smaller) cannot hold it. Whether that shows as a crash or an
     # assert depends on which buffer the first misplaced tensor is in
-    kept = prediction.abort is not None and prediction.abort.step == a.step and KEPT_PLAN in prediction.abort.message
+    # (only if ggml's abort is the one predicted: another abort at that step is another finding)
+    kept = prediction.abort is not None and KEPT_PLAN in prediction.abort.message and not unlike_prediction(a, prediction.abort)
     if kept or "failed to allocate" in a.message or any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
         # ggml could not allocate a buffer (it logged so, said no to an earlier step, or the
         # reference says so) and went on: a different story, whichever step then fails
         facts["after"] = "failed allocation"
         facts.pop("during", None)
         if kept:
-            facts = {"after": "failed allocation", "plan": "kept"}
+            facts = {"after": "failed allocation", "plan": "kept", "kind": a.kind}
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
     tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
     detail = f"\nlast output:\n{tail}" if tail and tail != first else ""

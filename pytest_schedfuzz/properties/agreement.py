@@ -3,11 +3,11 @@ inputs, graph_size, the graph copy, realloc events, allocation results and buffe
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from ..model.scenario import Scenario
 from ..model.trace import ReallocEvent, StepRecord, Trace
+from .aborts import unlike_prediction
 from .base import Violation, normalize_reason
 
 
@@ -62,16 +62,15 @@ def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> li
     ta, pa = trace.abort, prediction.abort
     if ta is not None and pa is None:
         return []  # an abort the reference does not predict is no-abort's finding (every check runs it)
-    if (ta is None) != (pa is None) or (ta and pa and ta.step != pa.step):
+    if (ta is None) != (pa is None):
         step = (ta or pa).step  # type: ignore[union-attr]
         msg = f"engine {'aborted: ' + ta.message if ta else 'did not abort'}; reference {'predicts abort: ' + pa.message if pa else 'predicts no abort'}"
         return [Violation("matches-reference", step, msg, {"what": "abort"})]
-    if ta and pa:
-        # the same step, and the same assert where the reference names one
-        expected = re.search(r"GGML_ASSERT\(.*?\) failed", pa.message)
-        if expected and expected.group(0).split(" (")[0] not in ta.message:
-            return [Violation("matches-reference", ta.step, f"engine aborted with {ta.message.strip().splitlines()[0][:200]}; reference predicts {pa.message}",
-                              {"what": "abort-message"})]
+    unlike = unlike_prediction(ta, pa) if ta and pa else ""
+    if unlike:
+        what = "abort" if ta.step != pa.step else "abort-message"  # type: ignore[union-attr]
+        return [Violation("matches-reference", ta.step, f"engine aborted with {ta.message.strip().splitlines()[0][:200]}: {unlike}; "  # type: ignore[union-attr]
+                          f"reference predicts {pa.message}", {"what": what})]
     if ta is None and len(trace.records) != len(prediction.records):
         return [Violation("matches-reference", min(len(trace.records), len(prediction.records)), "engine and reference ran a different number of steps", {"what": "steps"})]
     return []

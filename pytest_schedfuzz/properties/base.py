@@ -21,6 +21,12 @@ LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
 
 
+# properties of the driver's reuse policy alone: with the built-in policy (the very ``can_reuse``
+# they judge by) they cannot fail, so they take a share of the time budget only with a user's
+# ``--schedfuzz-policy``, and run as a few cheap rule checks otherwise (``Fuzzer.examples_for``)
+POLICY_PROPERTY_IDS = ("reuse-sound", "reuse-complete")
+
+
 # the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
 LLAMA_GROUP = "llama.cpp"
 
@@ -29,11 +35,11 @@ def is_llama(prop: str) -> bool:
     return prop == LLAMA_GROUP or prop in LLAMA_PROPERTY_IDS
 
 
-def fuzz_units(properties: Sequence[str]) -> list[tuple[str, int]]:
+def fuzz_units(properties: Sequence[str], policy: bool = False) -> list[tuple[str, int]]:
     """What to fuzz for ``properties``, each with its weight in a shared time budget: every graph
-    property alone, and the llama.cpp properties as one ``LLAMA_GROUP`` worth as many shares as
-    it judges properties."""
-    graph = [(p, 1) for p in properties if not is_llama(p)]
+    property alone (a policy property only with a user's ``policy``, else weight 0), and the
+    llama.cpp properties as one ``LLAMA_GROUP`` worth as many shares as it judges properties."""
+    graph = [(p, 0 if p in POLICY_PROPERTY_IDS and not policy else 1) for p in properties if not is_llama(p)]
     n_llama = sum(1 for p in properties if p in LLAMA_PROPERTY_IDS)
     return graph + ([(LLAMA_GROUP, n_llama)] if n_llama else [])
 

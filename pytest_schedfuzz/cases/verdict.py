@@ -1,0 +1,54 @@
+"""A corpus case's replay judged, one way for the plugin's corpus items and ``schedfuzz replay``.
+
+An expect-fail case passes as a known bug only if its replay shows its own signature and no
+violation that is not a known bug: another one beside it is reported, never hidden by it (a
+workload that lost its reservation re-plans again later, and those later reallocations are the
+corpus's other known cases). A guard case (``expect: pass``) shows no violation at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from ..properties.base import Violation
+from .corpus import Case
+
+OUTCOMES = ("pass", "known", "fail", "xpass")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``pass`` (a guard case holds), ``known`` (the known bug, and only it), ``fail`` (a
+    violation that is not the case's known bug) or ``xpass`` (the known bug is gone)."""
+
+    outcome: str
+    text: str  # in full, for a corpus item's report
+    short: str  # one line, for ``schedfuzz replay``
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("pass", "known")
+
+
+def judge_replay(case: Case, found: Sequence[Violation], version: str | None, known: Collection[str] = ()) -> Verdict:
+    """The verdict on ``found``, the violations of one replay of ``case`` on ggml ``version``;
+    ``known``: the signatures of the known bugs expected on that version."""
+    name = case.path.name if case.path is not None else case.signature
+    same = [v for v in found if v.signature() == case.signature]
+    others = [v for v in found if v.signature() != case.signature and v.signature() not in known]
+    expected = case.expected_failure_on(version)
+    if expected is not None:
+        if same and not others:
+            return Verdict("known", f"known engine bug on ggml {version} ({expected}): {same[0]}", "still fails (known bug)")
+        if same:
+            beside = "\n".join(f"{v.signature()}: {v}" for v in others)
+            return Verdict("fail", f"{name}: beside its known bug {case.signature} on ggml {version}, the replay shows "
+                                   f"{len(others)} other violation(s), not known:\n{beside}", f"FAIL: beside the known bug: {others[0]}")
+        got = f"now: {found[0]}" if found else "no violation any more"
+        return Verdict("xpass", f"[XPASS(strict)] {name} is expected to fail on ggml {version} with {case.signature} ({expected}); {got}",
+                       f"XPASS: the known bug no longer reproduces; {got}")
+    if found:
+        scope = f" (a known bug only outside ggml {version}: {case.expect})" if case.expected_failure is not None else ""
+        return Verdict("fail", f"{name} ({case.signature}) fails again, on ggml {version}{scope}:\n{found[0]}", f"FAIL: {found[0]}")
+    return Verdict("pass", "pass", "pass")
