@@ -53,8 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("schedfuzz_keep_going", "campaign mode: go on after a finding", type="bool", default=None)  # type: ignore[arg-type]
     group.addoption(
         "--schedfuzz-size-oracle", "--no-schedfuzz-size-oracle", dest="schedfuzz_size_oracle", default=None,
-        action=_BoolFlag, nargs=0, help="matches-reference also runs each scenario under GGML_SCHED_DEBUG_REALLOC=2 and checks "
-        "ggml's own graph size, nodes and leafs at its first realloc (default: on under nightly; ini: schedfuzz_size_oracle)",
+        action=_BoolFlag, nargs=0, help="replay every scenario, not one in ten, under GGML_SCHED_DEBUG_REALLOC=2 and compare "
+        "ggml's own graph size, nodes and leafs at its first re-reservation (default: on under nightly; ini: schedfuzz_size_oracle)",
     )
     parser.addini("schedfuzz_size_oracle", "check ggml's own graph size at the first realloc", type="bool", default=None)  # type: ignore[arg-type]
 
@@ -213,6 +213,11 @@ class SchedfuzzSession:
                 pytest.exit(f"schedfuzz: llama.cpp cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
             lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
                          f"realloc callback: {info.get('realloc_callback', '?')}")
+            from reference.versions import rules_for
+
+            _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
+            if note:
+                lines.append(f"schedfuzz: llama.cpp: {note}")
         n = len(self.fuzzer.known.cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         return lines

@@ -1,7 +1,11 @@
-"""The reference scheduler: an independent model of ggml's ``ggml_backend_sched`` (0.15.3).
+"""The reference scheduler: an independent model of ggml's ``ggml_backend_sched`` and
+``ggml-alloc``, for ggml 0.15.3 and 0.25.3.
 
-``reference.predict.predict(scenario)`` says what the real scheduler must do at every step;
-``reference.sched`` holds the passes; ``can_reuse`` is llama.cpp's rule for reusing a scheduler.
+``reference.predict.predict(scenario, rules)`` says what the real scheduler must do at every step;
+``reference.sched`` holds the passes, ``reference.alloc`` ggml-alloc, ``reference.backends`` what
+each device kind answers, ``reference.versions`` every difference between the versions (``Rules``,
+each field read by the passes or by ``pytest_schedfuzz.properties.derived``), and ``can_reuse``
+is llama.cpp's rule for reusing a scheduler.
 """
 
 from .params import can_reuse

@@ -385,9 +385,9 @@ class Scheduler:
                 if src_backend == -1:
                     raise SchedAbort("GGML_ASSERT(src_backend_id != -1) failed")
                 ref = self.ref(g, src)
-                if limit is not None and g.input[src] and n_copies > 1 and (src, src_backend) not in copies:
+                if not self.rules.all_input_leafs_are_graph_inputs and g.input[src] and n_copies > 1 and (src, src_backend) not in copies:
                     copies[(src, src_backend)] = self.graph_input_copies(g, src, src_backend)
-                    if len(graph_inputs) >= limit:
+                    if limit is not None and len(graph_inputs) >= limit:
                         raise SchedAbort("GGML_ASSERT(n_graph_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed")
                     graph_inputs.append(src)
                 if src_backend != cur and not self.buffer_supported(g, ids, src, cur):
@@ -400,7 +400,7 @@ class Scheduler:
                 srcs.append(ref)
             node_srcs[t] = srcs
         splits.append(Split(cur, i_start, g.n_nodes, tuple(g.names[x] for x in inputs)))
-        if limit is None:
+        if self.rules.all_input_leafs_are_graph_inputs:
             graph_inputs = self.pass6_graph_inputs(g, ids)
         return splits, node_srcs, graph_inputs
 
@@ -413,7 +413,12 @@ class Scheduler:
         for t in g.leaf_ids:
             if g.input[t] and ids[t] == -1:
                 raise SchedAbort("GGML_ASSERT(leaf_backend_id != -1) failed")
-        return [t for t in g.leaf_ids if g.input[t]]
+        inputs = [t for t in g.leaf_ids if g.input[t]]
+        # fixed graph-input arrays (``max_split_inputs``) assert whichever pass collects the inputs
+        limit = self.rules.max_split_inputs
+        if limit is not None and len(inputs) > limit:
+            raise SchedAbort("GGML_ASSERT(n_graph_inputs < GGML_SCHED_MAX_SPLIT_INPUTS) failed")
+        return inputs
 
     def graph_input_copies(self, g: CGraph, t: int, backend: int) -> list[Ref]:
         """The ``n_copies`` copies of a graph input: copy ``cur_copy`` is the input itself."""

@@ -4,8 +4,6 @@ predicted crash must be the crash predicted. And the ci budget goes where a prop
 
 from __future__ import annotations
 
-from reference.alloc import KEPT_PLAN
-
 from pytest_schedfuzz.campaign.causes import causes_told_apart
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
@@ -13,7 +11,8 @@ from pytest_schedfuzz.cases.corpus import Case
 from pytest_schedfuzz.cases.verdict import judge_replay
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Abort, StepRecord, Trace
-from pytest_schedfuzz.properties import PROPERTIES, POLICY_PROPERTY_IDS, Violation, fuzz_units, matches_reference, no_abort
+from pytest_schedfuzz.properties import POLICY_PROPERTY_IDS, PROPERTIES, Violation, fuzz_units, matches_reference, no_abort
+from reference.alloc import KEPT_PLAN
 
 KNOWN = "no-same-size-realloc[reason=node embd is not valid]"
 OTHER = Violation("no-abort", 3, "ggml abort during compute(g): GGML_ASSERT(x) failed", {"kind": "abort", "message": "GGML_ASSERT(x) failed"})

@@ -2,7 +2,7 @@
 
 ``Engines`` starts each on first use: the graph engine (the built-in ggml, or a user's
 ``--schedfuzz-target``), llama.cpp, and the graph engine under ``GGML_SCHED_DEBUG_REALLOC=2``
-(``size_oracle``). Every trace it returns has the figures ggml does not tell derived
+(``debug_realloc``). Every trace it returns has the figures ggml does not tell derived
 (``properties.derived``), and a crash or a timeout in it has come back on a fresh worker
 (``confirmed``, ``llama_confirmed``).
 """
@@ -34,7 +34,7 @@ class Engines:
         self.seed = seed
         self._target: Target | None = None
         self._llama: Any = None
-        self._oracle: Any = None
+        self._oracles: dict[int, Any] = {}  # GGML_SCHED_DEBUG_REALLOC level -> engine
 
     @property
     def target(self) -> Target:
@@ -57,15 +57,14 @@ class Engines:
             self._llama = LlamaTarget(lib_dir=self.config.llama_lib)
         return self._llama
 
-    @property
-    def size_oracle(self) -> Any:
-        """The built-in ggml under ``GGML_SCHED_DEBUG_REALLOC=2``: it aborts at its first
-        reallocation through the scheduler, printing its own figures (``causes.size_oracle_check``)."""
-        if self._oracle is None:
+    def debug_realloc(self, level: int) -> Any:
+        """The built-in ggml under ``GGML_SCHED_DEBUG_REALLOC=level`` (1 or 2): it aborts at its
+        first same-size (1) or first (2) re-reservation, printing its own figures (``observed``)."""
+        if level not in self._oracles:
             from ..ggml.target import GgmlTarget
 
-            self._oracle = GgmlTarget(lib=self.config.lib, debug_realloc=2)
-        return self._oracle
+            self._oracles[level] = GgmlTarget(lib=self.config.lib, debug_realloc=level)
+        return self._oracles[level]
 
     def started(self) -> bool:
         """Whether the graph engine runs (a user's target counts as started)."""
@@ -158,7 +157,10 @@ class Engines:
         return again
 
     def close(self) -> None:
-        for name in ("_oracle", "_target", "_llama"):
+        for engine in self._oracles.values():
+            engine.close()
+        self._oracles.clear()
+        for name in ("_target", "_llama"):
             engine = getattr(self, name)
             if engine is not None:
                 engine.close()

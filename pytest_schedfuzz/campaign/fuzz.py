@@ -32,7 +32,8 @@ from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_sa
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.llama import FAMILIES, llama_workloads
-from .causes import causes_told_apart, size_oracle_check
+from . import observed
+from .causes import causes_told_apart
 from .engines import Engines
 from .known import KnownBugs
 from .profiles import FuzzConfig, load_spec, new_seed
@@ -170,9 +171,32 @@ class Fuzzer:
         if prop != "no-abort" and not (found and props.FRESH in p.needs):
             fresh = self.engines.run(props.fresh_variant(scenario)) if props.FRESH in p.needs else Trace(())
             found += p.judge(scenario, props.Observed(trace, prediction, fresh))
-        if prop == "matches-reference" and not found and self.config.uses_size_oracle() and self.config.target is None:
-            found += size_oracle_check(scenario, prediction, self.engines.size_oracle.run)
+        if self.config.target is None:
+            found = self.with_ggml_figures(scenario, trace, prediction, found)
         return causes_told_apart(scenario, prediction, found, self.engines.run)
+
+    def with_ggml_figures(self, scenario: Scenario, trace: Trace, prediction: Trace, found: list[props.Violation]) -> list[props.Violation]:
+        """``found`` checked against ggml's own figures (``observed``): a new same-size finding is
+        reported only once ggml's own check (``GGML_SCHED_DEBUG_REALLOC=1``) confirms it (on a
+        ggml without the realloc callback, which then says it itself); a new graph-size finding and
+        the run's sample are compared with ggml's figures under ``=2``. A disagreement comes first."""
+        known = self.known.signatures(False)
+        new = [v for v in found if v.signature() not in known]
+        callback = self.engines.info().get("realloc_callback") == "observed"
+        if not callback and any(v.property == "no-same-size-realloc" for v in new):
+            extra, confirmable = observed.confirm_same_size(scenario, trace, self.engines.debug_realloc(1).run)
+            self.stats.ggml_same_size_confirmed += confirmable and not extra
+            if extra:
+                self.stats.ggml_figures_disagree += 1
+                found = extra + [v for v in found if v.property != "no-same-size-realloc"]
+        size_finding = any(v.property == "matches-reference" and v.facts.get("what") in ("graph_size", "graph-copy") for v in new)
+        if size_finding or observed.sampled(scenario, 1 if self.config.uses_size_oracle() else observed.SAMPLE_EVERY):
+            extra, compared = observed.compare_first(scenario, trace, prediction, self.engines.debug_realloc(2).run)
+            self.stats.ggml_figures_replays += 1
+            self.stats.ggml_figures_compared += compared
+            self.stats.ggml_figures_disagree += bool(extra)
+            found = extra + found
+        return found
 
     # ----------------------------------------------------------------- a property
 

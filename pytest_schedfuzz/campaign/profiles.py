@@ -28,7 +28,7 @@ class Profile:
     llama_calls: int = 24
     chunk: int = 25  # examples per Hypothesis run when fuzzing on time (each run a seed of its own)
     keep_going: bool = False  # campaign: go on after a finding, report every distinct signature
-    size_oracle: bool = False  # matches-reference also checks ggml's own graph size (``Fuzzer.size_oracle_check``)
+    size_oracle: bool = False  # every scenario, not one in ten, is compared with ggml's own figures (``observed``)
 
 
 PROFILES: dict[str, Profile] = {

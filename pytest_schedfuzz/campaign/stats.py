@@ -29,6 +29,12 @@ class Stats:
     realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     realloc_by_gallocr: int = 0  # ggml-alloc re-planning a single buffer by itself: no scheduler decision to report (derived)
     splits: int = 0
+    # ggml's own figures (``observed``): same-size findings ggml's GGML_SCHED_DEBUG_REALLOC=1 check
+    # confirmed; scenarios replayed under =2, of which a re-reservation's figures were compared; disagreements
+    ggml_same_size_confirmed: int = 0
+    ggml_figures_replays: int = 0
+    ggml_figures_compared: int = 0
+    ggml_figures_disagree: int = 0
     known: int = 0  # violations matching a known engine bug of the corpus
     unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
     findings: dict[str, int] = field(default_factory=dict)
@@ -145,6 +151,10 @@ class Stats:
             f"scheduler realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = "
             f"{self.realloc_derived}   (and {self.realloc_by_gallocr} re-plans of ggml-alloc by itself, a single buffer: derived)",
             f"splits = {self.splits}",
+            f"figures observed from ggml (GGML_SCHED_DEBUG_REALLOC): same-size findings confirmed by its own check (=1) = "
+            f"{self.ggml_same_size_confirmed}; scenarios replayed under =2 = {self.ggml_figures_replays}, whose first re-reservation's "
+            f"graph size, nodes and leafs were compared with the derived record and the reference = {self.ggml_figures_compared}; "
+            f"disagreements = {self.ggml_figures_disagree}",
             f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
         if self.unconfirmed:
@@ -252,7 +262,8 @@ def llama_observed(trace: LlamaTrace) -> list[str]:
 
 
 COUNTERS = (
-    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "realloc_by_gallocr", "splits", "known", "llama_workloads", "llama_decodes",
+    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "realloc_by_gallocr", "splits", "ggml_same_size_confirmed",
+    "ggml_figures_replays", "ggml_figures_compared", "ggml_figures_disagree", "known", "llama_workloads", "llama_decodes",
     "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
     "llama_realloc_observed", "llama_realloc_derived", "llama_counted", "llama_out_of_memory", "llama_logits_compared", "llama_logit_rows",
 )

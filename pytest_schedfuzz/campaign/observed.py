@@ -1,0 +1,126 @@
+"""ggml's own figures, read where the harness otherwise derives them (``properties.derived``).
+
+A ggml without the realloc callback does not tell a reallocation's graph size, nor the node and
+leaf counts of its graph copy; the harness derives them from what ggml shows, with the reference's
+formulas. ggml prints them itself when ``GGML_SCHED_DEBUG_REALLOC`` makes it abort in
+``ggml_backend_sched_alloc_splits`` (``unexpected graph reallocation (graph size = G, nodes = N,
+leafs = L)``): at its first same-size re-reservation with ``=1``, at its first re-reservation
+with ``=2``. So in every run:
+
+* a same-size finding on a ggml without the callback is replayed under ``=1`` before it is
+  reported: ggml must abort at the same step with the derived figures (``confirm_same_size``);
+* a graph-size finding, and one scenario in ``SAMPLE_EVERY`` (every one with
+  ``--schedfuzz-size-oracle``), are replayed under ``=2``: where ggml first re-reserves, its
+  figures are compared with the derived record and with the reference (``compare_first``).
+
+A disagreement is a finding (``matches-reference[what=ggml-same-size|ggml-realloc|
+derived-graph-size|ggml-graph-size]``); a replay that cannot run is a harness error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import properties as props
+from ..engine import TargetError
+from ..model.scenario import Scenario
+from ..model.trace import ReallocEvent, Trace
+
+Run = Callable[[Scenario], Trace]
+SAMPLE_EVERY = 10
+FIGURES = re.compile(r"unexpected graph reallocation \(graph size = (\d+), nodes = (\d+), leafs = (\d+)\)")
+# the findings whose figure is derived where ggml has no realloc callback
+SIZE_FINDINGS = ("no-same-size-realloc[", "matches-reference[what=graph_size]", "matches-reference[what=graph-copy]")
+
+
+def sampled(scenario: Scenario, every: int = SAMPLE_EVERY) -> bool:
+    """Whether ``scenario`` is in the run's sample: one in ``every``, chosen by its content, so that
+    a replay of the same case is sampled again."""
+    return zlib.crc32(json.dumps(scenario.to_json(), sort_keys=True).encode()) % every == 0
+
+
+def first_rereservation(trace: Trace, same_size: bool = False) -> ReallocEvent | None:
+    """The first re-reservation of ``ggml_backend_sched_alloc_splits`` (``via`` sched), or the
+    first same-size one: where ``GGML_SCHED_DEBUG_REALLOC`` (=2, =1) makes ggml abort."""
+    return next((e for e in trace.events if e.via == "sched" and (e.same_size or not same_size)), None)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What ggml printed when ``GGML_SCHED_DEBUG_REALLOC`` stopped it: the step, or None where it
+    ran every step, and its graph size, nodes and leafs."""
+
+    step: int | None
+    graph_size: int = 0
+    n_nodes: int = 0
+    n_leafs: int = 0
+
+    def text(self) -> str:
+        return f"graph size {self.graph_size}, {self.n_nodes} nodes, {self.n_leafs} leafs"
+
+
+def read_figures(level: int, scenario: Scenario, trace: Trace, run: Run) -> Figures:
+    """``scenario`` run under ``GGML_SCHED_DEBUG_REALLOC=level``; a ``TargetError`` (a harness
+    error) when it ends otherwise than by running every step (or up to the abort the engine's
+    ``trace`` ends with, the same) or by ggml's realloc check."""
+    abort = run(scenario).abort
+    if abort is None:
+        return Figures(None)
+    m = FIGURES.search(abort.message)
+    if m is None and trace.abort is not None and (trace.abort.step, trace.abort.kind) == (abort.step, abort.kind):
+        return Figures(None)
+    if m is None:
+        first = abort.message.strip().splitlines()[0] if abort.message.strip() else abort.kind
+        raise TargetError(f"harness error: the replay under GGML_SCHED_DEBUG_REALLOC={level} that reads ggml's own figures could not run: "
+                          f"a {abort.kind} at step {abort.step}: {first}")
+    return Figures(abort.step, *(int(x) for x in m.groups()))
+
+
+def confirm_same_size(scenario: Scenario, trace: Trace, run_level1: Run) -> tuple[list[props.Violation], bool]:
+    """ggml's own check (``=1``) at the trace's first same-size re-reservation: no violation when it
+    aborts there with the derived figures; ``False`` when the trace has none to confirm (a
+    re-plan of ggml-alloc by itself, which ggml's check does not see)."""
+    e = first_rereservation(trace, same_size=True)
+    if e is None:
+        return [], False
+    ggml = read_figures(1, scenario, trace, run_level1)
+    r = trace.records[e.step]
+    derived = Figures(e.step, r.graph_size, r.n_nodes, r.n_leafs)
+    if ggml == derived:
+        return [], True
+    said = "ran every step" if ggml.step is None else f"aborted at step {ggml.step} with {ggml.text()}"
+    return [props.Violation("matches-reference", e.step,
+                            f"{scenario.steps[e.step].describe()}: the harness derives a same-size reallocation here ({derived.text()}, "
+                            f"prev graph size {e.prev_graph_size}); ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) {said}",
+                            {"what": "ggml-same-size"})], True
+
+
+def compare_first(scenario: Scenario, trace: Trace, prediction: Trace, run_level2: Run) -> tuple[list[props.Violation], bool]:
+    """ggml's figures (``=2``) at its first re-reservation against the derived record and the
+    reference's; ``True`` when a step's figures were compared."""
+    ggml = read_figures(2, scenario, trace, run_level2)
+    e = first_rereservation(trace)
+    if ggml.step is None and e is None:
+        return [], False
+    if e is None or ggml.step != e.step:
+        where = "nowhere" if e is None else f"first at step {e.step}"
+        said = "ran every step" if ggml.step is None else f"first re-reserved at step {ggml.step}"
+        step = ggml.step if ggml.step is not None else (e.step if e is not None else 0)
+        return [props.Violation("matches-reference", step, f"the engine's records show ggml_backend_sched_alloc_splits re-reserving {where}; "
+                                f"under GGML_SCHED_DEBUG_REALLOC=2 ggml {said}", {"what": "ggml-realloc"})], False
+    out = []
+    head = f"{scenario.steps[e.step].describe()}: ggml's own figures at its first re-reservation: {ggml.text()}"
+    if e.step < len(prediction.records):
+        p = prediction.records[e.step]
+        if (p.graph_size, p.n_nodes, p.n_leafs) != (ggml.graph_size, ggml.n_nodes, ggml.n_leafs):
+            out.append(props.Violation("matches-reference", e.step, f"{head}; the reference predicts graph size {p.graph_size}, {p.n_nodes} nodes, "
+                                       f"{p.n_leafs} leafs", {"what": "ggml-graph-size"}))
+    r = trace.records[e.step]
+    if (r.graph_size, r.n_nodes, r.n_leafs) != (ggml.graph_size, ggml.n_nodes, ggml.n_leafs):
+        out.append(props.Violation("matches-reference", e.step, f"{head}; the harness derives graph size {r.graph_size}, {r.n_nodes} nodes, "
+                                   f"{r.n_leafs} leafs from what ggml showed (properties.derived)", {"what": "derived-graph-size"}))
+    return out, True

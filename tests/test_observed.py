@@ -1,0 +1,78 @@
+"""ggml's own figures in every run (``campaign.observed``): a same-size finding is confirmed by
+ggml's own check before it is reported, a sample of scenarios is compared with ggml's figures,
+and a replay that cannot run is a harness error, never an empty result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.campaign import observed
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
+from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.engine import TargetError
+from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+
+
+def three_steps() -> Scenario:
+    b = GraphBuilder()
+    b.input("x", (8, 2))
+    graph = b.build(b.op("scale", "x", name="y", scale=2.0))
+    steps = (Step("sched_new", params=SchedParams(64, False, True)), Step("reserve", "g"), Step("alloc", "g"))
+    return Scenario(BackendLayout.of("rpc", "cpu"), (("g", graph),), steps)
+
+
+SAME = ReallocEvent(2, "sched", False, 1, "node y is not valid", graph_size=10, prev_graph_size=10, n_nodes=5)
+TRACE = Trace((StepRecord(0, "sched_new"), StepRecord(1, "reserve"), StepRecord(2, "alloc", graph_size=10, n_nodes=5, n_leafs=3, events=(SAME,))))
+
+
+def ggml_says(step: int, size: int = 10, nodes: int = 5, leafs: int = 3) -> observed.Run:
+    return lambda sc: Trace((), Abort(step, "abort", f"ggml-backend.cpp:1: ggml_backend_sched_alloc_splits: unexpected graph reallocation "
+                                                     f"(graph size = {size}, nodes = {nodes}, leafs = {leafs}), debug_realloc = 1"))
+
+
+def test_a_same_size_finding_is_reported_only_where_ggml_s_own_check_agrees() -> None:
+    sc = three_steps()
+    assert observed.confirm_same_size(sc, TRACE, ggml_says(2)) == ([], True)
+    for other in (ggml_says(2, size=12), ggml_says(1), lambda sc: Trace(())):
+        (v,), _ = observed.confirm_same_size(sc, TRACE, other)
+        assert v.signature() == "matches-reference[what=ggml-same-size]" and "GGML_SCHED_DEBUG_REALLOC=1" in v.message
+    # a replay that ends in something else than ggml's check cannot confirm: a harness error
+    with pytest.raises(TargetError, match="harness error"):
+        observed.confirm_same_size(sc, TRACE, lambda sc: Trace((), Abort(1, "crash", "the worker was killed by SIGSEGV")))
+
+
+def test_ggml_s_figures_at_the_first_re_reservation_are_compared_with_the_derived_record_and_the_reference() -> None:
+    sc = three_steps()
+    assert observed.compare_first(sc, TRACE, TRACE, ggml_says(2)) == ([], True)
+    found, _ = observed.compare_first(sc, TRACE, TRACE, ggml_says(2, nodes=7))
+    assert [v.signature() for v in found] == ["matches-reference[what=ggml-graph-size]", "matches-reference[what=derived-graph-size]"]
+    (v,), _ = observed.compare_first(sc, TRACE, TRACE, lambda sc: Trace(()))
+    assert v.signature() == "matches-reference[what=ggml-realloc]"
+    assert observed.compare_first(sc, Trace(TRACE.records[:2]), TRACE, lambda sc: Trace(())) == ([], False)
+
+
+def test_the_sample_is_one_in_ten_and_stable() -> None:
+    sc = three_steps()
+    assert observed.sampled(sc) == observed.sampled(sc) and observed.sampled(sc, every=1)
+    variants = [Scenario(sc.layout, sc.graphs, sc.steps[:2] + (Step("alloc", "g"),) * k) for k in range(1, 201)]
+    assert 5 <= sum(observed.sampled(v) for v in variants) <= 40
+
+
+@pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
+def test_the_real_ggml_confirms_a_starter_corpus_same_size_finding(lib: str) -> None:
+    """Replayed with no known bugs (so that it is new), a same-size case of the starter corpus is
+    confirmed by ggml's own GGML_SCHED_DEBUG_REALLOC=1 check and reported as before."""
+    case = load_case(next(CORPUS.glob("no-same-size-realloc-explained-lost-lost-by-compute-changed-*.json")))
+    f = Fuzzer(FuzzConfig(lib=lib, database=None))
+    try:
+        found = f.replay(case)
+        assert case.signature in [v.signature() for v in found]
+        assert f.stats.ggml_same_size_confirmed == 1 and f.stats.ggml_figures_disagree == 0
+    finally:
+        f.close()
