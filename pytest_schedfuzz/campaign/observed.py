@@ -13,8 +13,11 @@ with ``=2``. So in every run:
   ``--schedfuzz-size-oracle``), are replayed under ``=2``: where ggml first re-reserves, its
   figures are compared with the derived record and with the reference (``compare_first``).
 
-A disagreement is a finding (``matches-reference[what=ggml-same-size|ggml-realloc|
-derived-graph-size|ggml-graph-size]``); a replay that cannot run is a harness error.
+The replays run with every device synchronous (``properties.synchronous_variant``): the
+scheduler's decisions and figures do not depend on when a device computes, and a race must not
+stop a replay before the step it reads. A disagreement is a finding
+(``matches-reference[what=ggml-same-size|ggml-realloc|derived-graph-size|ggml-graph-size]``); a
+replay that cannot run is a harness error.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def read_figures(level: int, scenario: Scenario, trace: Trace, run: Run) -> Figu
     """``scenario`` run under ``GGML_SCHED_DEBUG_REALLOC=level``; a ``TargetError`` (a harness
     error) when it ends otherwise than by running every step (or up to the abort the engine's
     ``trace`` ends with, the same) or by ggml's realloc check."""
-    abort = run(scenario).abort
+    abort = run(props.synchronous_variant(scenario)).abort
     if abort is None:
         return Figures(None)
     m = FIGURES.search(abort.message)
@@ -104,6 +107,8 @@ def compare_first(scenario: Scenario, trace: Trace, prediction: Trace, run_level
     reference's; ``True`` when a step's figures were compared."""
     ggml = read_figures(2, scenario, trace, run_level2)
     e = first_rereservation(trace)
+    if trace.abort is not None and e is None and (ggml.step is None or ggml.step >= trace.abort.step):
+        return [], False  # the engine's run ended before ggml first re-reserved: nothing to compare
     if ggml.step is None and e is None:
         return [], False
     if e is None or ggml.step != e.step:

@@ -20,12 +20,13 @@ def synchronous_variant(scenario: Scenario) -> Scenario:
 
 def _by_cause(v: Violation, scenario: Scenario, only_while: str, cause: str, facts: dict[str, object]) -> Violation:
     """``v`` (wrong values, or an abort) re-signed by a cause a rerun proved: what such a bug
-    hits varies from run to run, so the signature keeps the cause, not the tensor or the
-    message. Wrong values stay a same-values finding and an abort or a crash a no-abort one
-    (its kind kept): a rerun never turns a crash into a values finding."""
+    hits varies from run to run, so the signature keeps the cause, not the tensor, the message
+    or, for an abort, whether a GGML_ASSERT or a C assert or signal stopped the kernel. Wrong
+    values stay a same-values finding and an abort or a crash a no-abort one: a rerun never
+    turns a crash into a values finding."""
     step = scenario.steps[v.step].describe() if v.step < len(scenario.steps) else f"step {v.step}"
     if v.property == "no-abort":
-        return Violation("no-abort", v.step, f"{v.message}\n(it happens only while {only_while}: {cause})", {"kind": v.facts.get("kind", "abort"), **facts})
+        return Violation("no-abort", v.step, f"{v.message}\n(it happens only while {only_while}: {cause})", facts)
     return Violation("same-values", v.step, f"after {step}: results differ from the CPU-only computation "
                      f"only while {only_while}: {cause}", facts)
 
