@@ -76,3 +76,34 @@ def test_the_real_ggml_confirms_a_starter_corpus_same_size_finding(lib: str) -> 
         assert f.stats.ggml_same_size_confirmed == 1 and f.stats.ggml_figures_disagree == 0
     finally:
         f.close()
+
+
+def test_a_llama_cpp_same_size_finding_is_reported_only_where_ggml_s_own_check_agrees() -> None:
+    from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
+    from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+
+    w = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(), ())
+    same = SchedCall("alloc", 0, n_nodes=10, graph_size=20, prev_graph_size=20, realloc=True, realloc_reason="node embd is not valid")
+    trace = LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0, n_nodes=10, graph_size=20),)), CallRecord(0, "decode", 0, (same,))))
+
+    def says(call: int, size: int = 20) -> observed.Callable[[LlamaWorkload], LlamaTrace]:
+        return lambda w: LlamaTrace((), LlamaAbort(call, "abort", f"unexpected graph reallocation (graph size = {size}, nodes = 12, leafs = 3)"))
+
+    assert observed.confirm_llama_same_size(w, trace, says(0)) == []
+    for other in (says(0, size=22), says(1), lambda w: LlamaTrace(())):
+        (v,) = observed.confirm_llama_same_size(w, trace, other)
+        assert v.signature() == "llama-no-same-size-realloc[what=ggml-same-size]"
+    with pytest.raises(TargetError, match="harness error"):
+        observed.confirm_llama_same_size(w, trace, lambda w: LlamaTrace((), LlamaAbort(0, "crash", "killed by SIGSEGV")))
+
+
+def test_real_llama_cpp_confirms_a_starter_corpus_same_size_finding() -> None:
+    case = load_case(next(CORPUS.glob("llama-no-same-size-realloc-explained-lost-lost-by-decode-aft-21a6c03d81.json")))
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        found = f.replay(case)
+        assert case.signature in [v.signature() for v in found]
+        assert f.stats.ggml_same_size_confirmed == 1 and f.stats.ggml_figures_disagree == 0
+    finally:
+        f.close()

@@ -35,6 +35,7 @@ class Engines:
         self._target: Target | None = None
         self._llama: Any = None
         self._oracles: dict[int, Any] = {}  # GGML_SCHED_DEBUG_REALLOC level -> engine
+        self._llama_oracle: Any = None
 
     @property
     def target(self) -> Target:
@@ -65,6 +66,15 @@ class Engines:
 
             self._oracles[level] = GgmlTarget(lib=self.config.lib, debug_realloc=level)
         return self._oracles[level]
+
+    def llama_debug_realloc(self) -> Any:
+        """llama.cpp under ``GGML_SCHED_DEBUG_REALLOC=1``: it aborts at its first same-size
+        re-reservation (``observed.confirm_llama_same_size``)."""
+        if self._llama_oracle is None:
+            from ..llama.target import LlamaTarget
+
+            self._llama_oracle = LlamaTarget(lib_dir=self.config.llama_lib, debug_realloc=1)
+        return self._llama_oracle
 
     def started(self) -> bool:
         """Whether the graph engine runs (a user's target counts as started)."""
@@ -160,7 +170,7 @@ class Engines:
         for engine in self._oracles.values():
             engine.close()
         self._oracles.clear()
-        for name in ("_target", "_llama"):
+        for name in ("_target", "_llama", "_llama_oracle"):
             engine = getattr(self, name)
             if engine is not None:
                 engine.close()

@@ -151,6 +151,14 @@ class Fuzzer:
         if unmade:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
         found = [v for p in judged if p in LLAMA_CHECKS for v in LLAMA_CHECKS[p](workload, trace)]
+        known = self.known.signatures(True)
+        if trace.engine.get("realloc_callback") != "observed" and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
+            # a new same-size finding is reported once ggml's own check confirms it (``observed``)
+            extra = observed.confirm_llama_same_size(workload, trace, lambda w: self.engines.llama_debug_realloc().run(w))
+            self.stats.ggml_same_size_confirmed += not extra
+            if extra:
+                self.stats.ggml_figures_disagree += 1
+                found = extra + [v for v in found if v.property != "llama-no-same-size-realloc"]
         if logits and trace.abort is None:
             cpu = self.engines.run_llama(cpu_only(workload), True)
             self.stats.llama_logits_compared += 1

@@ -8,7 +8,8 @@ leafs = L)``): at its first same-size re-reservation with ``=1``, at its first r
 with ``=2``. So in every run:
 
 * a same-size finding on a ggml without the callback is replayed under ``=1`` before it is
-  reported: ggml must abort at the same step with the derived figures (``confirm_same_size``);
+  reported: ggml must abort at the same step with the derived figures (``confirm_same_size``;
+  for llama.cpp, in the same call with the derived graph size: ``confirm_llama_same_size``);
 * a graph-size finding, and one scenario in ``SAMPLE_EVERY`` (every one with
   ``--schedfuzz-size-oracle``), are replayed under ``=2``: where ggml first re-reserves, its
   figures are compared with the derived record and with the reference (``compare_first``).
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 
 from .. import properties as props
 from ..engine import TargetError
+from ..model.llama import LlamaWorkload
+from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import ReallocEvent, Trace
 
@@ -129,3 +132,25 @@ def compare_first(scenario: Scenario, trace: Trace, prediction: Trace, run_level
         out.append(props.Violation("matches-reference", e.step, f"{head}; the harness derives graph size {r.graph_size}, {r.n_nodes} nodes, "
                                    f"{r.n_leafs} leafs from what ggml showed (properties.derived)", {"what": "derived-graph-size"}))
     return out, True
+
+
+def confirm_llama_same_size(workload: LlamaWorkload, trace: LlamaTrace, run_level1: Callable[[LlamaWorkload], LlamaTrace]) -> list[props.Violation]:
+    """ggml's own check (``=1``) on llama.cpp: the workload must abort in the call of the trace's
+    first same-size reallocation, with its derived graph size; a replay that ends otherwise than
+    in ggml's check (or in the engine's own abort) is a harness error."""
+    first = next(((call, s) for call, s in trace.sched_calls() if s.realloc and s.same_size), None)
+    if first is None:
+        return []
+    call, s = first
+    abort = run_level1(workload).abort
+    m = FIGURES.search(abort.message) if abort is not None else None
+    if abort is not None and m is None and not (trace.abort is not None and (trace.abort.call, trace.abort.kind) == (abort.call, abort.kind)):
+        first_line = abort.message.strip().splitlines()[0] if abort.message.strip() else abort.kind
+        raise TargetError(f"harness error: the replay under GGML_SCHED_DEBUG_REALLOC=1 that confirms a same-size reallocation could not run: "
+                          f"a {abort.kind} in call {abort.call}: {first_line}")
+    if abort is not None and m is not None and abort.call == call and int(m.group(1)) == s.graph_size:
+        return []
+    said = "ran every call" if m is None or abort is None else f"aborted in call {abort.call} with graph size {m.group(1)}"
+    return [props.Violation("llama-no-same-size-realloc", call,
+                            f"the harness derives a same-size reallocation in call {call} (graph size {s.graph_size}, prev {s.prev_graph_size}); "
+                            f"ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) {said}", {"what": "ggml-same-size"})]
