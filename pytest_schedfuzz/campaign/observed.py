@@ -138,7 +138,8 @@ def confirm_llama_same_size(workload: LlamaWorkload, trace: LlamaTrace, run_leve
     """ggml's own check (``=1``) on llama.cpp: the workload must abort in the call of the trace's
     first same-size reallocation, with its derived graph size; a replay that ends otherwise than
     in ggml's check (or in the engine's own abort) is a harness error."""
-    first = next(((call, s) for call, s in trace.sched_calls() if s.realloc and s.same_size), None)
+    # ggml's check is in ggml_backend_sched_alloc_splits: allocs, never a reserve
+    first = next(((call, s) for call, s in trace.sched_calls() if s.kind == "alloc" and s.realloc and s.same_size), None)
     if first is None:
         return []
     call, s = first
