@@ -113,6 +113,9 @@ class Fuzzer:
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self.llama_judged: tuple[str, ...] = props.LLAMA_PROPERTY_IDS  # what LLAMA_GROUP judges (the selected ones)
         self.interrupted = False  # Ctrl-C was pressed while fuzzing: the caller saves what fuzz() returned, then stops
+        # whether check_llama confirms a new same-size finding with ggml's own check: not while
+        # Hypothesis shrinks one (each candidate would cost a second llama.cpp run; the shrunk one is confirmed)
+        self.confirm_llama = True
 
     @property
     def rules(self) -> Rules:
@@ -152,7 +155,7 @@ class Fuzzer:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
         found = [v for p in judged if p in LLAMA_CHECKS for v in LLAMA_CHECKS[p](workload, trace)]
         known = self.known.signatures(True)
-        if trace.engine.get("realloc_callback") != "observed" and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
+        if self.confirm_llama and trace.engine.get("realloc_callback") != "observed" and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
             # a new same-size finding is reported once ggml's own check confirms it (``observed``)
             extra = observed.confirm_llama_same_size(workload, trace, lambda w: self.engines.llama_debug_realloc().run(w))
             self.stats.ggml_same_size_confirmed += not extra
@@ -316,6 +319,7 @@ class Fuzzer:
             if scenario is not None:
                 self.stats.add_features(scenario)
             try:
+                self.confirm_llama = not target
                 found = self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
             except Unsupported:
                 reject()  # the case tests nothing here (counted in the stats where it is the engine's answer): not a pass
@@ -362,7 +366,13 @@ class Fuzzer:
             self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
             sig = e.violation.signature()
             self.stats.signatures[sig] = self.stats.signatures.get(sig, 0) + 1
-            return Finding(e.violation.property, e.scenario, e.violation, e.workload, e.llama)  # type: ignore[arg-type]
+            self.confirm_llama = True
+            violation = e.violation
+            if e.llama is not None and violation.property == "llama-no-same-size-realloc":
+                # the shrunk case, confirmed by ggml's own check before it is reported
+                again = [v for v in self.check_llama(prop, e.llama) if v.property == "llama-no-same-size-realloc"]
+                violation = next((v for v in again if v.signature() == violation.signature()), again[0] if again else violation)
+            return Finding(violation.property, e.scenario, violation, e.workload, e.llama)  # type: ignore[arg-type]
         return None
 
     def scenario_for(self, case: Case) -> Scenario:
