@@ -64,20 +64,6 @@ def test_the_sample_is_one_in_ten_and_stable() -> None:
     assert 5 <= sum(observed.sampled(v) for v in variants) <= 40
 
 
-@pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
-def test_the_real_ggml_confirms_a_starter_corpus_same_size_finding(lib: str) -> None:
-    """Replayed with no known bugs (so that it is new), a same-size case of the starter corpus is
-    confirmed by ggml's own GGML_SCHED_DEBUG_REALLOC=1 check and reported as before."""
-    case = load_case(next(CORPUS.glob("no-same-size-realloc-explained-lost-lost-by-compute-changed-*.json")))
-    f = Fuzzer(FuzzConfig(lib=lib, database=None))
-    try:
-        found = f.replay(case)
-        assert case.signature in [v.signature() for v in found]
-        assert f.stats.ggml_same_size_confirmed == 1 and f.stats.ggml_figures_disagree == 0
-    finally:
-        f.close()
-
-
 def test_a_llama_cpp_same_size_finding_is_reported_only_where_ggml_s_own_check_agrees() -> None:
     from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
@@ -98,9 +84,17 @@ def test_a_llama_cpp_same_size_finding_is_reported_only_where_ggml_s_own_check_a
         observed.confirm_llama_same_size(w, trace, lambda w: LlamaTrace((), LlamaAbort(0, "crash", "killed by SIGSEGV")))
 
 
-def test_real_llama_cpp_confirms_a_starter_corpus_same_size_finding() -> None:
-    case = load_case(next(CORPUS.glob("llama-no-same-size-realloc-explained-lost-lost-by-decode-aft-21a6c03d81.json")))
-    f = Fuzzer(FuzzConfig(database=None))
+@pytest.mark.parametrize(("pattern", "lib"), [
+    ("no-same-size-realloc-explained-lost-lost-by-compute-changed-*.json", "ggml-0.25.3"),
+    ("no-same-size-realloc-explained-lost-lost-by-compute-changed-*.json", "ggml-0.15.3"),
+    ("llama-no-same-size-realloc-explained-lost-lost-by-decode-aft-21a6c03d81.json", None),
+])
+def test_the_real_engines_confirm_a_starter_corpus_same_size_finding(pattern: str, lib: str | None) -> None:
+    """Replayed with no known bugs (so that it is new), a same-size case of the starter corpus is
+    confirmed by ggml's own GGML_SCHED_DEBUG_REALLOC=1 check, on the graph engine and on
+    llama.cpp, and reported as before."""
+    case = load_case(next(CORPUS.glob(pattern)))
+    f = Fuzzer(FuzzConfig(lib=lib, database=None))
     try:
         found = f.replay(case)
         assert case.signature in [v.signature() for v in found]
