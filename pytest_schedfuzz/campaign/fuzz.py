@@ -193,7 +193,7 @@ class Fuzzer:
         the run's sample are compared with ggml's figures under ``=2``. A disagreement comes first."""
         known = self.known.signatures(False)
         new = [v for v in found if v.signature() not in known]
-        callback = self.engines.info().get("realloc_callback") == "observed"
+        callback = trace.engine.get("realloc_callback") == "observed"  # as the llama.cpp check reads it
         if not callback and any(v.property == "no-same-size-realloc" for v in new):
             extra, confirmable = observed.confirm_same_size(scenario, trace, self.engines.debug_realloc(1).run)
             self.stats.ggml_same_size_confirmed += confirmable and not extra
