@@ -44,6 +44,6 @@ def test_message_step_and_graphs_agree_with_the_scenario(path: Path, fuzzers: di
     # a workload case keeps the scenario its driver produced when it failed (re-reservation off)
     if case.workload is not None:
         assert Driver(fuzzer.policy, rereserve=False).scenario(case.workload).dumps() == case.scenario.dumps()
-    found = [v for v in fuzzer.check(case.property, case.scenario) if v.signature() == case.signature]
+    found = [v for v in fuzzer.replay(case) if v.signature() == case.signature]
     assert found, f"{path.name} does not reproduce {case.signature}"
     assert (found[0].step, found[0].message) == (case.step, case.message)
