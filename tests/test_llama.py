@@ -552,3 +552,30 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
     for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "call checkpoint", "call restore"):
         assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))
 
+
+
+@pytest.mark.engine
+def test_a_switch_beside_the_point_is_not_named_and_a_causal_one_is(target) -> None:
+    """A lost reservation names the last switch before its re-plan only where the re-plan goes
+    away without it: the Mamba-2 fewer-sequences cause, found after set_warmup(true), after
+    set_warmup(false) and (on a hybrid model) after set_causal_attn(false), is one signature;
+    the MoE warmup cause keeps its set_warmup(true), and a known signature costs no rerun."""
+    from pytest_schedfuzz.campaign.causes import switches_told_apart
+
+    corpus = Path(__file__).parent.parent / "corpus"
+    run = lambda w: llama_trace(target.run(w))  # noqa: E731
+
+    def signed(stem: str, known: frozenset[str] = frozenset()) -> tuple[set[str], int]:
+        case = load_case(next(corpus.glob(f"*{stem}.json")))
+        w = case.llama
+        found, reruns = switches_told_apart(w, LLAMA_CHECKS["llama-no-same-size-realloc"](w, run(w)), run, known)
+        return {v.signature() for v in found if v.step == case.step and v.facts["explained"] == "lost"}, reruns
+
+    fewer = [signed(stem) for stem in ("ca9df62f29", "87a7749a6a", "6fb9783016")]
+    assert all(n >= 1 for _, n in fewer)
+    (sig,) = set.union(*(s for s, _ in fewer))
+    assert "lost_by=decode: node node_N" in sig
+    (warmup,), n = signed("b0395baaa3")
+    assert n >= 1 and "lost_by=decode after set_warmup(true)" in warmup
+    with_switch = "llama-no-same-size-realloc[explained=lost,lost_by=decode after set_warmup(true): node node_N,topology=same]"
+    assert signed("ca9df62f29", frozenset({with_switch})) == ({with_switch}, 0)

@@ -142,20 +142,20 @@ def test_same_logits_holds_on_real_layouts_and_catches_a_device_that_corrupts_an
 
 @pytest.mark.engine
 def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_decoded(target) -> None:
-    """100 drawn workloads (one RPC device at most, as the ci profile): each GPU-like setting,
+    """100 drawn workloads (one RPC device at most, every model family, as the ci profile): each GPU-like setting,
     placement option and what the scheduler then does (n_copies > 1, op offload) is reached by
     workloads that decoded; contexts refused for lack of memory stay a small share, each on a
     device left little free memory, and none is a finding."""
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
     from pytest_schedfuzz.campaign.stats import Stats
-    from pytest_schedfuzz.strategies.llama import llama_workloads
+    from pytest_schedfuzz.strategies.llama import FAMILIES, llama_workloads
 
     stats, full = Stats(), []
 
     @seed(2)
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads(max_rpc=1))
+    @given(llama_workloads(max_rpc=1, families=FAMILIES))
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
@@ -167,6 +167,6 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
     assert len(full) <= 10 and all(w.devices.gpu_free for w in full)
     for shown in ("1 GPU-like", "2 GPU-like", "GPU-like asynchronous", "GPU-like host buffer", "GPU-like unsupported ops", "GPU-like max_size",
                   "GPU-like graph_optimize", "GPU-like offload_op, op_offload on", "tensor overrides", "split_mode none", "GPU-like little free memory",
-                  "model moe", "model dense", "observed: n_copies > 1", "observed: op offloaded to a device"):
+                  *(f"model {f}" for f in FAMILIES), "observed: n_copies > 1", "observed: op offloaded to a device"):
         assert stats.llama_decoded.get(shown, 0) >= 3, (shown, stats.llama_explored.get(shown))
     assert "observed: n_copies > 1" in next(x for x in stats.summary_lines() if x.startswith("llama.cpp explored"))

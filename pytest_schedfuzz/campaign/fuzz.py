@@ -33,7 +33,7 @@ from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.llama import FAMILIES, llama_workloads
 from . import observed
-from .causes import causes_told_apart
+from .causes import causes_told_apart, switches_told_apart
 from .engines import Engines
 from .known import KnownBugs
 from .profiles import FuzzConfig, load_spec, new_seed
@@ -158,6 +158,8 @@ class Fuzzer:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
         found = [v for p in judged if p in LLAMA_CHECKS for v in LLAMA_CHECKS[p](workload, trace)]
         known = self.known.signatures(True)
+        found, reruns = switches_told_apart(workload, found, self.engines.run_llama, known)
+        self.stats.llama_switch_reruns += reruns
         if self.confirm_llama and trace.engine.get("realloc_callback") != "observed" and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
             # a new same-size finding is reported once ggml's own check confirms it (``observed``)
             extra = observed.confirm_llama_same_size(workload, trace, lambda w: self.engines.llama_debug_realloc().run(w))

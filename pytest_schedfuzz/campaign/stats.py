@@ -57,6 +57,7 @@ class Stats:
     llama_out_of_memory: int = 0  # contexts llama.cpp could not make on GPU-like devices left little free memory (not judged)
     llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
     llama_logit_rows: int = 0  # ... output rows compared
+    llama_switch_reruns: int = 0  # workloads run again without a switch a new lost reservation names (``causes.switches_told_apart``)
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
     llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
     llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
@@ -169,6 +170,7 @@ class Stats:
                 f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
+                f"llama.cpp: workloads run again without the switch a new lost reservation names = {self.llama_switch_reruns}",
                 f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
                 + (" (each checked against can_reuse)" if self.llama_sched_reuses else "") + self._reuse_note(),
                 f"llama.cpp: realloc decisions observed from ggml's realloc callback = {self.llama_realloc_observed}, "

@@ -50,6 +50,9 @@ class Violation:
     step: int
     message: str
     facts: Mapping[str, object] = field(default_factory=dict)
+    # the llama.cpp switch call a lost reservation's signature names (``after set_…``): a rerun
+    # without it tells whether it is the cause (``campaign.causes.switches_told_apart``)
+    switch: int | None = None
 
     def signature(self) -> str:
         """Property id plus the minimal distinguishing facts: what a corpus case must keep."""

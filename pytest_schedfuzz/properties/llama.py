@@ -52,16 +52,17 @@ _ENDPOINT = re.compile(r"\[[^\]]*\]")
 SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler")
 
 
-def _trigger(w: LlamaWorkload, after: int, call: int) -> str:
-    """The call that re-planned, with the last switch made since ``after`` (the reservation)."""
+def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
+    """The call that re-planned, with the last switch made since ``after`` (the reservation),
+    and that switch's index."""
     if call < 0 or call >= len(w.calls):
-        return _call_name(w, call).split(" ")[0]
+        return _call_name(w, call).split(" ")[0], None
     kind = w.calls[call].kind
-    switches = [w.calls[i] for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
+    switches = [i for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
     if not switches:
-        return kind
-    last = switches[-1]
-    return f"{kind} after {last.kind}({str(last.flag).lower()})"
+        return kind, None
+    last = w.calls[switches[-1]]
+    return f"{kind} after {last.kind}({str(last.flag).lower()})", switches[-1]
 
 
 def _replan_reason(x: SchedCall, r: SchedCall) -> str:
@@ -131,7 +132,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 # which tensor then shows invalid depends on the model (it is in the message)
                 replan = _replan_reason(x, r)
                 # op offload depends on the batch only: a switch made before the call is beside the point
-                trigger = _trigger(w, x_call if replan.endswith("(op offload)") else r_call, x_call)
+                trigger, switch = _trigger(w, x_call if replan.endswith("(op offload)") else r_call, x_call)
                 facts = {"explained": how, "lost_by": f"{trigger}: {replan}",
                          "topology": "switch" if switched else "same"}
                 graph = _graph_kind(r, x)
@@ -144,8 +145,8 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                            if switches else "")
                 why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
                        f"({_what_grew(r, s)}){changed}")
-                facts = {"explained": how, "invalid": invalid, "lost_by": "-"}
-            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts))
+                facts, switch = {"explained": how, "invalid": invalid, "lost_by": "-"}, None
+            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts, switch))
         plan[s.sched] = (call, s)
         if s.sched in reserved:
             replaced.setdefault(s.sched, (call, s))
