@@ -7,7 +7,7 @@ Mirrors the device interfaces of ggml 0.15.3: ``ggml_backend_cpu_device_supports
 f32 src1, host buffers) — and of schedfuzz's GPU-like device, ``pytest_schedfuzz/ggml/fake_gpu.c``
 (``dev_supports_op``: every op but those it is told to refuse; ``dev_supports_buft``: its own
 buffer type, or host ones when it shares the CPU's; ``dev_offload_op``: ``ne[1]`` at least
-its threshold; ``fake_gpu_reorder``: its ``graph_optimize``).
+its threshold; ``fake_gpu_reorder`` and ``fake_gpu_fuse``: its ``graph_optimize``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ class Backends:
         """Whether backend ``b`` has a ``graph_optimize`` that reorders (a gpu asked to)."""
         return self.layout.backends[b].graph_optimize
 
+    def fuses(self, b: int) -> bool:
+        """Whether backend ``b``'s ``graph_optimize`` fuses and keeps the fusions' inputs alive
+        (a gpu asked to; only where ggml passes ``add_alloc_dep``, ``Rules.alloc_deps``)."""
+        return self.layout.backends[b].fuse
+
 
 def fake_gpu_reorder(nodes: list[int], root: Callable[[int], int], srcs_of: Callable[[int], list[int]]) -> list[int]:
     """``fake_gpu_reorder`` (``fake_gpu.c``): a stable sort of a split's ``nodes`` by depth, where
@@ -106,3 +111,41 @@ def fake_gpu_reorder(nodes: list[int], root: Callable[[int], int], srcs_of: Call
                 d = depth[j] + 1
         depth[i] = d
     return sorted(nodes, key=depth.__getitem__)
+
+
+GGML_MAX_SRC = 10
+
+
+def fake_gpu_fuse(nodes: list[int], srcs_of: Callable[[int], list[str | None]], name: Callable[[int], str]) -> dict[int, list[str]]:
+    """``fake_gpu_fuse`` (``fake_gpu.c``): in the split's (optimized) ``nodes``, a node the next
+    node reads (``srcs_of``: the names of its srcs, as the scheduler left them) is fused with it,
+    and the pair's srcs (but the first node) are kept alive until the second
+    (``add_alloc_dep(src, second)``, each once, in src order); the next pair starts after it.
+    Returns the kept tensors by the node they are kept until.
+
+    >>> srcs = {0: ["w", "x"], 1: ["a", "w"], 2: ["b"], 3: ["c"]}
+    >>> fake_gpu_fuse([0, 1, 2, 3], srcs.__getitem__, "abcd".__getitem__)
+    {1: ['w', 'x'], 3: ['b']}
+    """
+    deps: dict[int, list[str]] = {}
+    k = 0
+    while k + 1 < len(nodes):
+        first, second = nodes[k], nodes[k + 1]
+        if name(first) not in srcs_of(second):
+            k += 1
+            continue
+        seen: list[str] = []
+        for node in (first, second):
+            for src in srcs_of(node):
+                if src is not None and src not in seen:
+                    seen.append(src)
+                    deps.setdefault(second, []).append(src)
+            seen.append(name(node))
+        k += 2
+    return deps
+
+
+def dep_nodes(kept: dict[int, list[str]]) -> int:
+    """The dependency nodes ``ggml_backend_sched_split_graph`` makes of the tensors kept until
+    each node: one per ``GGML_MAX_SRC`` of them."""
+    return sum((len(v) + GGML_MAX_SRC - 1) // GGML_MAX_SRC for v in kept.values())

@@ -15,13 +15,14 @@ a buffer type is a string from ``BackendLayout.buft``, a tensor copy a ``Ref``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pytest_schedfuzz.model.scenario import BackendLayout
 from pytest_schedfuzz.model.trace import ReallocEvent, Split
 
 from .alloc import AllocAbort, Gallocr, NullBufferCrash
-from .backends import Backends, fake_gpu_reorder
+from .backends import GGML_MAX_SRC, Backends, dep_nodes, fake_gpu_fuse, fake_gpu_reorder
 from .graph import CGraph, Ref
 from .params import SchedParams
 from .versions import NEWEST, Rules
@@ -438,6 +439,15 @@ class Scheduler:
 
         return fake_gpu_reorder(order, lambda t: g.view_src[t] if g.view_src[t] >= 0 else t, srcs_of)
 
+    def alloc_deps(self, g: CGraph, split: Split, order: list[int], srcs_of: Callable[[int], tuple[Ref | None, ...]]) -> dict[int, list[Ref]]:
+        """The tensors the split's backend asks to keep alive until each of its nodes, in
+        ``ggml_backend_graph_optimize`` (``add_alloc_dep``, 0.25.3: ``Rules.alloc_deps``)."""
+        if not self.rules.alloc_deps or not self.backends.fuses(split.backend):
+            return {}
+        refs = {r.name: r for t in order for r in srcs_of(t) if r is not None}
+        kept = fake_gpu_fuse(order, lambda t: [r.name if r is not None else None for r in srcs_of(t)], lambda t: g.names[t])
+        return {t: [refs[n] for n in names] for t, names in kept.items()}
+
     def ref(self, g: CGraph, t: int) -> Ref:
         return g.refs[t]
 
@@ -457,8 +467,15 @@ class Scheduler:
         then the original leafs."""
         self.node_backend_ids, self.prev_node_backend_ids = self.prev_node_backend_ids, self.node_backend_ids
         self.leaf_backend_ids, self.prev_leaf_backend_ids = self.prev_leaf_backend_ids, self.leaf_backend_ids
+
+        def srcs_of(t: int) -> tuple[Ref | None, ...]:
+            return tuple(node_srcs[t]) if t in node_srcs else tuple(self.ref(g, s) if s >= 0 else None for s in g.srcs[t])
+
+        # each split optimized by its backend: its order, and the tensors kept alive until a node
+        orders = [self.split_order(g, split, node_srcs) for split in splits]
+        kept = [self.alloc_deps(g, split, order, srcs_of) for split, order in zip(splits, orders)]
         n_inputs = len(graph_inputs) + sum(len(split.inputs) for split in splits)
-        size = self.rules.graph_size(g.n_nodes, g.n_leafs, len(splits), n_inputs, self.n_copies)
+        size = self.rules.graph_size(g.n_nodes, g.n_leafs, len(splits), n_inputs, self.n_copies, sum(dep_nodes(k) for k in kept))
         self.debug_prev_graph_size = self.debug_graph_size
         self.debug_graph_size = size
 
@@ -466,7 +483,7 @@ class Scheduler:
         nodes: list[Ref] = []
         srcs: list[tuple[Ref | None, ...]] = []
         node_ids: list[int] = []
-        for split in splits:
+        for split, order, keep in zip(splits, orders, kept):
             for name in split.inputs:
                 src = index[name]
                 nodes.append(Ref(f"{name} (view)", False, g.nbytes[src]))
@@ -475,11 +492,16 @@ class Scheduler:
                 nodes.append(self.copy_ref(g, src, split.backend, self.cur_copy))
                 srcs.append(())
                 node_ids.append(split.backend)
-            for t in self.split_order(g, split, node_srcs):
+            for t in order:
                 nodes.append(self.ref(g, t))
-                srcs.append(tuple(node_srcs[t]) if t in node_srcs else tuple(
-                    self.ref(g, s) if s >= 0 else None for s in g.srcs[t]))
+                srcs.append(srcs_of(t))
                 node_ids.append(ids[t])
+                # a dependency node: a view of the first kept tensor, with GGML_MAX_SRC of them as srcs
+                for k in range(0, len(keep.get(t, ())), GGML_MAX_SRC):
+                    chunk = keep[t][k : k + GGML_MAX_SRC]
+                    nodes.append(Ref(f"{chunk[0].name} (view)", False, chunk[0].nbytes))
+                    srcs.append(tuple(chunk))
+                    node_ids.append(split.backend)
         leafs: list[Ref] = []
         leaf_ids: list[int] = []
         if self.n_copies > 1:

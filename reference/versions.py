@@ -38,6 +38,11 @@ class Rules:
     * ``flash_attn_follows_weights``: pass 1 puts an op on the backend of a weight it reads;
       0.25.3 exempts ``FLASH_ATTN_EXT`` (its sinks tensor is too small to choose by), as both
       exempt ``ROPE``.
+    * ``alloc_deps``: 0.25.3's ``ggml_backend_graph_optimize`` passes ``add_alloc_dep``, with which
+      a backend keeps tensors alive until a node of its split: ``split_graph`` adds a dependency
+      node (a view of the first kept tensor, the kept tensors its srcs, ``GGML_MAX_SRC`` at most)
+      after that node in the graph copy, and counts them in ``debug_graph_size``. 0.15.3's
+      ``graph_optimize`` has no such parameter.
     * ``reserve_failure_returned``: 0.25.3's ``ggml_backend_sched_alloc_splits`` returns false
       when its re-reserve fails; 0.15.3 ignores the result. The reference models no memory
       limit, so no predicted reserve fails: the field documents the difference.
@@ -48,6 +53,7 @@ class Rules:
     all_input_leafs_are_graph_inputs: bool
     graph_size_counts_inputs: bool
     flash_attn_follows_weights: bool
+    alloc_deps: bool
     reserve_failure_returned: bool
 
     def graph_size(self, n_nodes: int, n_leafs: int, n_splits: int, n_inputs: int, n_copies: int, n_dep_nodes: int = 0) -> int:
@@ -67,11 +73,11 @@ class Rules:
 RULES: dict[str, Rules] = {
     "0.15.3": Rules(
         "0.15.3", max_split_inputs=GGML_SCHED_MAX_SPLIT_INPUTS, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=False,
-        flash_attn_follows_weights=True, reserve_failure_returned=False,
+        flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False,
     ),
     "0.25.3": Rules(
         "0.25.3", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
-        flash_attn_follows_weights=False, reserve_failure_returned=True,
+        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True,
     ),
 }
 NEWEST = RULES["0.25.3"]
@@ -95,7 +101,7 @@ def rules_for(version: str | None) -> tuple[Rules, str | None]:
 
     >>> rules_for("0.15.3")
     (Rules(version='0.15.3', max_split_inputs=30, all_input_leafs_are_graph_inputs=False, \
-graph_size_counts_inputs=False, flash_attn_follows_weights=True, reserve_failure_returned=False), None)
+graph_size_counts_inputs=False, flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False), None)
     >>> rules_for("0.20.0")[0].version
     '0.15.3'
     """

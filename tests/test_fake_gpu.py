@@ -71,7 +71,7 @@ def test_the_device_builds_against_each_built_in_ggml(name: str):
 
 def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engine: GgmlTarget):
     """Layouts of up to two GPU-like devices (offload, refused ops, chunked buffers, host
-    buffers, shared buffer types, reordering, asynchronous) beside RPC and the CPU; scenarios
+    buffers, shared buffer types, reordering, fusions, asynchronous) beside RPC and the CPU; scenarios
     with compute steps and driver workloads. matches-reference compares each backend's
     compute buffer size too. Every device feature must occur. On ggml 0.15.3
     the devices run synchronously: its scheduler races with asynchronous ones (a known bug,
@@ -108,8 +108,9 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
         seen["scenarios"] += 1
         seen["compute steps"] += len(computes)
         seen["values compared"] += sum(r.values_checked for r in computes)
-        for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported"):
+        for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported", "fuse"):
             seen[feature] += any(getattr(b, feature) for b in layout)
+        seen["dependency nodes"] += any(r.counts is not None and r.counts.n_dep_nodes for r in trace.records)
         gpus = [i for i, b in enumerate(layout) if b.kind == "gpu"]
         seen["nodes on a gpu"] += any(b in gpus for r in trace.records for b in r.node_backends)
         # compute buffers (which matches-reference compares) bigger than a chunk may be
@@ -121,8 +122,11 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
     print(f"{rules.version}: {dict(seen)}")
     assert seen["scenarios"] + seen["known bugs"] == 200 and seen["known bugs"] < 20, seen
     assert seen["values compared"] > 200 and seen["compute buffer sizes compared"] > 1000
-    for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported", "nodes on a gpu"):
+    for feature in ("offload_min_batch", "max_size", "host_buffer", "shared_buft", "graph_optimize", "asynchronous", "unsupported", "nodes on a gpu", "fuse"):
         assert seen[feature] >= 10, seen
+    # dependency nodes (a fusing device's add_alloc_dep) exist from 0.25.3 on: there the graph
+    # size and the graph copy the reference predicts count them
+    assert (seen["dependency nodes"] == 0) if old else (seen["dependency nodes"] >= 10), seen
     assert seen["chunked buffers"] >= 5, seen
 
 

@@ -13,7 +13,7 @@ from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.ggml.build import build_ggml_base
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.properties.derived import graph_trace
@@ -89,6 +89,18 @@ def flash_attn_with_a_weight() -> Scenario:
     return scenario(RPC_CPU, {"g": b.build(b.op("flash_attn_ext", q, k, v, mask, name="fa", scale=0.25))}, ("alloc", "g"))
 
 
+def fusions_on_a_gpu() -> Scenario:
+    """Two fusions on a GPU-like device that fuses (``fuse``): ``mm`` with the ``add`` reading
+    it (kept until ``add``: ``w``, the copy of ``x``, ``bias``), ``scale`` with the ``mul``
+    reading it (kept until ``mul``: ``add``, ``w2``)."""
+    b = GraphBuilder()
+    mm = b.op("mul_mat", b.weight("w", (8, 8), device=0), b.input("x", (8, 1)), name="mm")
+    add = b.op("add", mm, b.weight("bias", (8, 1), device=0), name="add")
+    out = b.op("mul", b.op("scale", add, name="scaled", scale=2.0), b.weight("w2", (8, 1), device=0), name="out")
+    layout = BackendLayout((BackendSpec("gpu", fuse=True), BackendSpec("cpu")))
+    return scenario(layout, {"g": b.build(out)}, ("alloc", "g"))
+
+
 # ----------------------------------------------------------------------------- what each version does
 
 
@@ -105,6 +117,10 @@ def sizes_of_last_realloc(t: Trace) -> tuple[int, int, bool]:
     return ev.prev_graph_size, ev.graph_size, ev.same_size
 
 
+def copy_size(t: Trace) -> tuple[int, int]:
+    return t.records[1].graph_size, t.records[1].n_nodes
+
+
 def fa_backend(t: Trace) -> int:
     rec = t.records[1]
     return rec.node_backends[rec.node_names.index("fa")]
@@ -118,6 +134,8 @@ CASES: dict[str, tuple[Callable[[], Scenario], Callable[[Trace], object], object
     # 0.25.3: 2 + (2 or 1 graph inputs) * 2 * 4
     "2 vs 1 graph inputs": (two_vs_one_graph_inputs, sizes_of_last_realloc, (242, 242, True), (18, 10, False), "graph_size_counts_inputs"),
     "flash attention and its weight": (flash_attn_with_a_weight, fa_backend, RPC, CPU, "flash_attn_follows_weights"),
+    # 0.15.3: 4 nodes + 1 split * 30 * 2, the copy 4 nodes + 2 for x's copy; 0.25.3: 4 + 1 input * 2 + 2 dependency nodes
+    "fusions keep their inputs alive": (fusions_on_a_gpu, copy_size, (64, 6), (8, 8), "alloc_deps"),
 }
 
 
@@ -163,7 +181,7 @@ def test_graph_size_is_the_one_ggml_prints(engine: tuple[GgmlTarget, Rules]) -> 
     target, rules = engine
     checked = 0
     with GgmlTarget(lib=f"ggml-{rules.version}", debug_realloc=2) as oracle:
-        for build in (two_vs_one_graph_inputs, split_meets_31st_input, flash_attn_with_a_weight, input_read_only_on_rpc):
+        for build in (two_vs_one_graph_inputs, split_meets_31st_input, flash_attn_with_a_weight, input_read_only_on_rpc, fusions_on_a_gpu):
             sc = build()
             trace, aborted = graph_trace(target.run(sc)), oracle.run(sc)
             assert aborted.abort is not None and "unexpected graph reallocation" in aborted.abort.message
@@ -171,7 +189,7 @@ def test_graph_size_is_the_one_ggml_prints(engine: tuple[GgmlTarget, Rules]) -> 
             assert f"graph size = {rec.graph_size}, nodes = {rec.n_nodes}, leafs = {rec.n_leafs})" in aborted.abort.message
             assert not matches_reference(sc, trace, predict(sc, rules=rules))
             checked += 1
-    assert checked == 4
+    assert checked == 5
 
 
 def test_unknown_version_runs_with_the_nearest_rules() -> None:

@@ -25,6 +25,7 @@ class Stats:
     graphs_reused: int = 0
     reallocs_same: int = 0
     reallocs_changed: int = 0
+    dep_node_steps: int = 0  # steps whose split_graph made dependency nodes (SizeCounts.n_dep_nodes)
     realloc_observed: int = 0  # the scheduler's same-size decisions read from ggml's realloc callback (the seeds' ggml)
     realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     realloc_by_gallocr: int = 0  # ggml-alloc re-planning a single buffer by itself: no scheduler decision to report (derived)
@@ -116,6 +117,7 @@ class Stats:
             self.graphs_reused += r.reused
             if r.kind in ("alloc", "compute"):
                 self.splits += r.n_splits
+            self.dep_node_steps += r.counts is not None and r.counts.n_dep_nodes > 0
         for e in trace.events:
             if e.same_size:
                 self.reallocs_same += 1
@@ -151,7 +153,7 @@ class Stats:
             f"graph reallocs = {self.reallocs_same} / {self.reallocs_changed}   (same size) / (changed size)",
             f"scheduler realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = "
             f"{self.realloc_derived}   (and {self.realloc_by_gallocr} re-plans of ggml-alloc by itself, a single buffer: derived)",
-            f"splits = {self.splits}",
+            f"splits = {self.splits}; steps whose graph copy had dependency nodes (a device's add_alloc_dep) = {self.dep_node_steps}",
             f"figures observed from ggml (GGML_SCHED_DEBUG_REALLOC): same-size findings confirmed by its own check (=1) = "
             f"{self.ggml_same_size_confirmed}; scenarios replayed under =2 = {self.ggml_figures_replays}, whose first re-reservation's "
             f"graph size, nodes and leafs were compared with the derived record and the reference = {self.ggml_figures_compared}; "
@@ -208,6 +210,7 @@ def features(scenario: Scenario) -> list[str]:
         "gpu shared buffer type": any(b.shared_buft for b in scenario.layout.backends),
         "gpu max_size (chunks)": any(b.max_size for b in scenario.layout.backends),
         "gpu graph_optimize": any(b.graph_optimize for b in scenario.layout.backends),
+        "gpu fusions (add_alloc_dep)": any(b.fuse for b in scenario.layout.backends),
         "gpu asynchronous": any(b.asynchronous for b in scenario.layout.backends),
         "forced assignments": any(g.forced for _, g in scenario.graphs),
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),

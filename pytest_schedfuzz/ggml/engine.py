@@ -47,12 +47,13 @@ class FakeGpuConfig(ctypes.Structure):
         ("unsupported", ctypes.c_char * 512),
         ("memory", ctypes.c_size_t),
         ("corrupt_op", ctypes.c_char * 32),
+        ("fuse", ctypes.c_int),
     ]
 
     @staticmethod
     def of(b: BackendSpec) -> FakeGpuConfig:
         return FakeGpuConfig(b.offload_min_batch or 0, b.max_size or 0, b.alignment, b.host_buffer, b.shared_buft, b.graph_optimize,
-                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode(), b.memory or 0, b.corrupt_op.encode())
+                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode(), b.memory or 0, b.corrupt_op.encode(), b.fuse)
 
 
 def load_fake_gpu() -> ctypes.CDLL:
@@ -69,6 +70,8 @@ def load_fake_gpu() -> ctypes.CDLL:
     lib.schedfuzz_fake_gpu_register.restype = ctypes.c_void_p
     lib.schedfuzz_fake_gpu_register.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(FakeGpuConfig)]
     lib.schedfuzz_fake_gpu_set_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.schedfuzz_fake_gpu_take_dep_nodes.restype = ctypes.c_int
+    lib.schedfuzz_fake_gpu_take_dep_nodes.argtypes = [ctypes.c_void_p]
     return lib
 
 

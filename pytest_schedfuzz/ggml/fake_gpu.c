@@ -10,6 +10,9 @@
  *   - optionally a host (pinned) buffer type for the CPU's side of the copies;
  *   - optionally graph_optimize, which reorders each split it computes (a stable sort by depth,
  *     see fake_gpu_graph_optimize), as GPU backends reorder for concurrency;
+ *   - optionally (0.25.3) fusions in graph_optimize, whose inputs it asks the scheduler to keep
+ *     alive until the fused node (add_alloc_dep: dependency nodes in the scheduler's graph copy),
+ *     as Metal, Vulkan and CUDA do; see fake_gpu_fuse;
  *   - events always; optionally asynchronous execution: compute and async copies run in order on
  *     a thread of the device's own, each after a delay, so missing synchronisation changes results;
  *   - a memory size: it reports its free memory (what it has not allocated of it) and refuses an
@@ -46,6 +49,7 @@ struct fake_gpu_config {
     char    unsupported[512];    /* op names refused by supports_op, comma separated */
     size_t  memory;              /* 0: 16 GiB */
     char    corrupt_op[32];      /* a planted fault: 1 is added to the first element of each result of this op */
+    int     fuse;                /* graph_optimize fuses (fake_gpu_fuse), where ggml passes add_alloc_dep */
 };
 
 /* ------------------------------------------------------------------ asynchronous queue */
@@ -90,6 +94,7 @@ struct fake_gpu {
     struct task * tasks;
     int n_tasks, cap_tasks, head, busy, stop;
     enum ggml_status status; /* the first failed compute, reported at synchronize */
+    int dep_nodes;           /* the scheduler's dependency nodes for the fusions since the last take */
 };
 
 static void event_signal(struct fake_gpu_event * ev, uint64_t seq) {
@@ -417,14 +422,58 @@ static void fake_gpu_reorder(struct ggml_cgraph * cgraph) {
 }
 
 #ifdef SCHEDFUZZ_OPTIMIZE_PARAMS
+/* Fusions as Metal's and Vulkan's graph_optimize find them, for a pattern of two: a node the next
+ * node reads is fused with it, and the pair's external inputs (every src of the two but the first
+ * node) are kept alive until the second (add_alloc_dep), which the fused kernel reads them for;
+ * the next pair starts after it. Returns the dependency nodes the scheduler makes of them (one
+ * per GGML_MAX_SRC tensors kept until a node). Mirrored by reference.backends.fusion_deps. */
+static int fake_gpu_fuse(struct ggml_cgraph * cgraph, struct ggml_backend_graph_optimize_params * params) {
+    int n_dep_nodes = 0;
+    for (int i = 0; i + 1 < cgraph->n_nodes; i++) {
+        struct ggml_tensor * pair[2] = { cgraph->nodes[i], cgraph->nodes[i + 1] };
+        int reads = 0;
+        for (int s = 0; s < GGML_MAX_SRC; s++) {
+            reads |= pair[1]->src[s] == pair[0];
+        }
+        if (!reads) {
+            continue;
+        }
+        struct ggml_tensor * seen[2 * GGML_MAX_SRC + 2];
+        int n_seen = 0, n_kept = 0;
+        for (int j = 0; j < 2; j++) {
+            for (int s = 0; s < GGML_MAX_SRC; s++) {
+                struct ggml_tensor * src = pair[j]->src[s];
+                int known = src == NULL;
+                for (int k = 0; k < n_seen && !known; k++) {
+                    known = seen[k] == src;
+                }
+                if (!known) {
+                    seen[n_seen++] = src;
+                    params->add_alloc_dep(params->user_data, src, pair[1]);
+                    n_kept++;
+                }
+            }
+            seen[n_seen++] = pair[j];
+        }
+        n_dep_nodes += (n_kept + GGML_MAX_SRC - 1) / GGML_MAX_SRC;
+        i++;
+    }
+    return n_dep_nodes;
+}
+
 static void backend_graph_optimize(ggml_backend_t backend, struct ggml_cgraph * cgraph, struct ggml_backend_graph_optimize_params * params) {
-    GGML_UNUSED(params);
 #else
 static void backend_graph_optimize(ggml_backend_t backend, struct ggml_cgraph * cgraph) {
 #endif
-    if (gpu_of(backend)->cfg.graph_optimize) {
+    struct fake_gpu * gpu = gpu_of(backend);
+    if (gpu->cfg.graph_optimize) {
         fake_gpu_reorder(cgraph);
     }
+#ifdef SCHEDFUZZ_OPTIMIZE_PARAMS
+    if (gpu->cfg.fuse && params != NULL && params->add_alloc_dep != NULL) {
+        gpu->dep_nodes += fake_gpu_fuse(cgraph, params);
+    }
+#endif
 }
 
 static const struct ggml_backend_i fake_backend_i = {
@@ -568,6 +617,14 @@ static ggml_guid_t fake_gpu_guid(void) {
 /* ------------------------------------------------------------------ entry points */
 
 /* The size of struct fake_gpu_config, so that the caller can check its own layout. */
+/* The dependency nodes the scheduler made for this device's fusions since the last call. */
+int schedfuzz_fake_gpu_take_dep_nodes(ggml_backend_t backend) {
+    struct fake_gpu * gpu = gpu_of(backend);
+    int n = gpu->dep_nodes;
+    gpu->dep_nodes = 0;
+    return n;
+}
+
 size_t schedfuzz_fake_gpu_config_size(void) {
     return sizeof(struct fake_gpu_config);
 }

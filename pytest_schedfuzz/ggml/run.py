@@ -189,10 +189,12 @@ class ScenarioRun:
         t0 = time.perf_counter()
         g.ggml_backend_sched_reset(self.sched)
         self._force(spec, built)
+        self._dep_nodes()  # forget what an earlier split_graph made
         if st.kind == "reserve":
             ok = bool(g.ggml_backend_sched_reserve(self.sched, built.gf))
         else:
             ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
+        n_dep_nodes = self._dep_nodes()  # of this step's one split_graph
         seconds = time.perf_counter() - t0
         if st.kind != "reserve":
             if not snap.taken:  # a graph without nodes prints no split: read the live hash table
@@ -203,7 +205,7 @@ class ScenarioRun:
                 ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
                 self._round_trip()
         self.eng.log.on_split_print = None
-        record = replace(self._record(index, st.kind, built, snap, ok), seconds=seconds)
+        record = replace(self._record(index, st.kind, built, snap, ok, n_dep_nodes), seconds=seconds)
         if ok and st.kind == "compute":
             # once a step's values are undetermined, so are the caches every later step reads
             self.cpu_only.off = self.cpu_only.off or values.undetermined(spec)
@@ -277,7 +279,13 @@ class ScenarioRun:
             raise TargetError(f"step {index}: ggml's realloc callback reported {len(said)} reallocation(s) its log did not show")
         return tuple(out)
 
-    def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool) -> StepRecord:
+    def _dep_nodes(self) -> int:
+        """The dependency nodes ggml made for the GPU-like devices' fusions (``add_alloc_dep``)
+        since the last call, as the devices count them."""
+        gpus = [b for b, spec in zip(self.backends, self.scenario.layout.backends) if spec.kind == "gpu"]
+        return sum(self.eng.fake_gpu().schedfuzz_fake_gpu_take_dep_nodes(b) for b in gpus) if gpus else 0
+
+    def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool, n_dep_nodes: int) -> StepRecord:
         g, log = self.g, self.eng.log
         if log.errors:
             raise TargetError(f"step {index}: cannot read ggml's log: " + "; ".join(log.errors) + self._log_tail())
@@ -285,7 +293,7 @@ class ScenarioRun:
         n_splits = g.ggml_backend_sched_get_n_splits(self.sched)
         n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
         splits = self._splits(index, n_nodes, n_splits) if OBSERVE_SPLITS else ()
-        counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built, n_copies), n_copies)
+        counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built, n_copies), n_copies, n_dep_nodes)
         prev, self.counts = self.counts, counts
         events = tuple(ReallocEvent(index, r.via, r.backend_ids_changed, n_splits, r.reason) for r in log.reallocs)
         if self.eng.set_realloc_callback is not None:

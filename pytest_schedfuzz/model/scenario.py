@@ -220,6 +220,9 @@ class BackendSpec:
     * ``shared_buft``: it uses the CPU's buffer type instead of one of its own (an accelerator,
       like BLAS);
     * ``graph_optimize``: it reorders the nodes of each split (a stable sort by dependency depth);
+    * ``fuse``: its ``graph_optimize`` fuses a node with the next node where that reads it, and
+      asks the scheduler to keep the pair's inputs alive until the second (``add_alloc_dep``,
+      ggml 0.25.3: dependency nodes in the graph copy, counted in its graph size);
     * ``asynchronous``: it computes and copies on a thread of its own, after ``delay_us``;
     * ``memory``: its memory (None: 16 GiB); it refuses to allocate beyond it;
     * ``corrupt_op``: a planted fault, for tests of the values properties only: the first element
@@ -238,6 +241,7 @@ class BackendSpec:
     delay_us: int = 0
     memory: int | None = None
     corrupt_op: str = ""
+    fuse: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:

@@ -37,6 +37,7 @@ class SizeCounts:
     input_leafs: int = 0
     input_leafs_read: int = 0
     n_copies: int = 1
+    n_dep_nodes: int = 0  # what the backends' graph_optimize asked to keep alive makes (GPU-like devices report it)
 
 
 @dataclass(frozen=True)

@@ -44,14 +44,15 @@ def graph_size(c: SizeCounts | None, rules: Rules) -> int:
     ``ggml_backend_sched_new``, which callocs the scheduler)."""
     if c is None:
         return 0
-    return rules.graph_size(c.n_nodes, c.n_leafs, c.n_splits, c.split_inputs + graph_inputs(c, rules), c.n_copies)
+    return rules.graph_size(c.n_nodes, c.n_leafs, c.n_splits, c.split_inputs + graph_inputs(c, rules), c.n_copies, c.n_dep_nodes)
 
 
 def graph_copy(c: SizeCounts, rules: Rules) -> tuple[int, int]:
     """Nodes and leafs of ``sched->graph``: each split input adds two nodes (its source's view and
-    its copy); with ``n_copies > 1`` the copies of the graph and split inputs also become leafs."""
+    its copy), and each dependency node one; with ``n_copies > 1`` the copies of the graph and
+    split inputs also become leafs."""
     leafs = c.n_leafs + (c.n_copies * (graph_inputs(c, rules) + c.split_inputs) if c.n_copies > 1 else 0)
-    return c.n_nodes + 2 * c.split_inputs, leafs
+    return c.n_nodes + 2 * c.split_inputs + c.n_dep_nodes, leafs
 
 
 def _noted(engine: Mapping[str, str], rules: Rules, note: str | None) -> dict[str, str]:

@@ -30,7 +30,8 @@ def gpus(draw: st.DrawFn) -> BackendSpec:
     """A GPU-like device (``ggml/fake_gpu.c``): offloading large batches or not, refusing a
     few ops, with or without a host buffer type, sharing the CPU's buffer type now and then, a
     maximum buffer size (in bytes, raised by ``fit_max_size`` to the largest tensor), an
-    alignment, reordering splits, and asynchronous with a delay."""
+    alignment, reordering splits, fusing (keeping the fusions' inputs alive: dependency nodes
+    in 0.25.3's graph copy), and asynchronous with a delay."""
     shared = draw(st.integers(0, 4)) == 4  # the simplest draw (0) is a device with its own buffer type
     asynchronous = draw(st.booleans())
     return BackendSpec(
@@ -44,6 +45,7 @@ def gpus(draw: st.DrawFn) -> BackendSpec:
         graph_optimize=draw(st.booleans()),
         asynchronous=asynchronous,
         delay_us=draw(st.sampled_from((0, 200, 1000))) if asynchronous else 0,
+        fuse=draw(st.booleans()),
     )
 
 

@@ -120,10 +120,11 @@ def llama_gpus(draw: st.DrawFn, asynchronous: bool | None = None) -> BackendSpec
     """A GPU-like device as llama.cpp gets it (``strategies.gpus``): never sharing the CPU's
     buffer type (llama.cpp would make every context a backend of such an ACCEL device), a maximum
     buffer size no smaller than a tiny model's weights, a short delay, and a memory size that
-    llama.cpp's default split follows."""
+    llama.cpp's default split follows. It does not fuse: the dependency nodes of fusions are
+    counted only by the graph engine (``SizeCounts.n_dep_nodes``), not yet in llama.cpp's traces."""
     g = draw(gpus())
     is_async = g.asynchronous if asynchronous is None else asynchronous
-    return replace(g, shared_buft=False, max_size=g.max_size and max(g.max_size, MAX_WEIGHT_BYTES), asynchronous=is_async,
+    return replace(g, shared_buft=False, fuse=False, max_size=g.max_size and max(g.max_size, MAX_WEIGHT_BYTES), asynchronous=is_async,
                    delay_us=min(g.delay_us, 200) if is_async else 0, memory=draw(st.sampled_from((None, 2 << 30, 6 << 30))))
 
 
