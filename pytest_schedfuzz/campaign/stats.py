@@ -4,7 +4,7 @@ scenarios and llama.cpp workloads its ``explored`` lines count, so that a dead g
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .. import properties as props
@@ -266,10 +266,6 @@ def llama_observed(trace: LlamaTrace) -> list[str]:
     return [k for k, v in checks.items() if v]
 
 
-COUNTERS = (
-    "examples", "unconfirmed", "graphs_reused", "reallocs_same", "reallocs_changed", "realloc_observed", "realloc_derived", "realloc_by_gallocr", "splits", "ggml_same_size_confirmed",
-    "ggml_figures_replays", "ggml_figures_compared", "ggml_figures_disagree", "known", "llama_workloads", "llama_decodes",
-    "llama_graphs_reused", "llama_reallocs_same", "llama_reallocs_changed", "llama_scheds_built", "llama_sched_reuses", "llama_sched_reserves",
-    "llama_realloc_observed", "llama_realloc_derived", "llama_counted", "llama_out_of_memory", "llama_logits_compared", "llama_logit_rows",
-)
-DICTS = ("findings", "signatures", "seen_again", "explored", "llama_decode_rc", "llama_explored", "llama_decoded")
+# what merge, as_dict and delta carry: every counter and every per-key count of Stats
+COUNTERS = tuple(f.name for f in fields(Stats) if f.type == "int")
+DICTS = tuple(f.name for f in fields(Stats) if f.type == "dict[str, int]")
