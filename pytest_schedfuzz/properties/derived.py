@@ -9,8 +9,8 @@ this module turns them into
 * the graph inputs ggml collects with ``n_copies > 1`` (``Rules.all_input_leafs_are_graph_inputs``);
 * the node and leaf counts of the scheduler's graph copy, as in ggml's realloc message.
 
-Each is confirmed against ggml where ggml tells it: ``tests/test_versions.py`` and
-``tests/test_llama.py`` compare them with the numbers ggml prints when
+Each is confirmed against ggml where ggml tells it: ``tests/oracle/test_versions.py`` and
+``tests/llama/test_llama.py`` compare them with the numbers ggml prints when
 ``GGML_SCHED_DEBUG_REALLOC`` aborts, and ``llama-counters-agree`` with the seeds' realloc callback.
 """
 

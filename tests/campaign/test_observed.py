@@ -16,7 +16,7 @@ from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
 
-CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 
 
 def three_steps() -> Scenario:

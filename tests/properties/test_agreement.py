@@ -107,7 +107,7 @@ def test_ggml_debug_realloc_check_agrees_with_observed_same_size_reallocs(engine
     assert outcomes["same-size realloc"] and outcomes["no same-size realloc"]
 
 
-BLAS_LIB = os.environ.get("SCHEDFUZZ_BLAS_LIB") or str(Path(__file__).resolve().parent.parent / ".schedfuzz" / "blas" / "ggml" / "lib")
+BLAS_LIB = os.environ.get("SCHEDFUZZ_BLAS_LIB") or str(Path(__file__).resolve().parents[2] / ".schedfuzz" / "blas" / "ggml" / "lib")
 
 
 @pytest.mark.skipif(not Path(BLAS_LIB, "libggml-blas.so").exists(), reason=f"no ggml build with BLAS at {BLAS_LIB} (.ci/run builds one when OpenBLAS installs)")

@@ -197,7 +197,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
 
     @seed(37)  # one whose 200 draws have each asserted dimension at least six times
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/test_llama_gpu.py
+    @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/llama/test_llama_gpu.py
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
@@ -345,7 +345,7 @@ def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None
     sigs = {LLAMA_CHECKS["llama-no-abort"](STEADY, LlamaTrace((), LlamaAbort(0, "crash", f"the worker was killed by SIGSEGV\n{s}")))[0].signature()
             for s in stacks.values()}
     assert len(sigs) == 2
-    sc = Scenario.from_json(json.loads((Path(__file__).parent.parent / "corpus" / "no-abort-during-compute-kind-crash-message-the-worker-was-ki-01b07046ee.json").read_text())["scenario"])
+    sc = Scenario.from_json(json.loads((Path(__file__).parents[2] / "corpus" / "no-abort-during-compute-kind-crash-message-the-worker-was-ki-01b07046ee.json").read_text())["scenario"])
     graph = {no_abort(sc, Trace((), Abort(0, "crash", f"the worker was killed by SIGSEGV\n{s}")), Trace(()))[0].signature() for s in stacks.values()}
     assert len(graph) == 2
 
@@ -366,7 +366,7 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
         if s.kind in ("split", "reserve", "reserve_size", "alloc"):
             assert s.prev_graph_size == last.get(s.sched, 0), s
             last[s.sched] = s.graph_size
-    cases = [load_case(p).llama for p in sorted((Path(__file__).parent.parent / "corpus").glob("llama-no-same-size-realloc-*.json"))]
+    cases = [load_case(p).llama for p in sorted((Path(__file__).parents[2] / "corpus").glob("llama-no-same-size-realloc-*.json"))]
     with LlamaTarget(debug_realloc=1) as strict:
         for w in cases:
             ours = [c.index for c in llama_trace(target.run(w)).calls for s in c.sched if s.same_size]
@@ -562,7 +562,7 @@ def test_a_switch_beside_the_point_is_not_named_and_a_causal_one_is(target) -> N
     the MoE warmup cause keeps its set_warmup(true), and a known signature costs no rerun."""
     from pytest_schedfuzz.campaign.causes import switches_told_apart
 
-    corpus = Path(__file__).parent.parent / "corpus"
+    corpus = Path(__file__).parents[2] / "corpus"
     run = lambda w: llama_trace(target.run(w))  # noqa: E731
 
     def signed(stem: str, known: frozenset[str] = frozenset()) -> tuple[set[str], int]:

@@ -69,7 +69,7 @@ def test_dense_and_moe_names_and_bytes_are_unchanged(tmp_path: Path):
 def test_corpus_models_read_back_as_written():
     """Every llama workload in the corpus (written before the recurrent kinds) parses, and its
     model serializes to the same JSON: the same cache key and file."""
-    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    corpus = Path(__file__).resolve().parents[2] / "corpus"
     models = [json.loads(f.read_text())["llama"]["model"] for f in sorted(corpus.glob("*.json")) if "llama" in json.loads(f.read_text())]
     assert models
     for d in models:

@@ -36,7 +36,7 @@ def test_compare_lists_fixed_and_new() -> None:
 
 
 def test_gate_lists_what_0_25_3_fixed_and_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    corpus = Path(__file__).resolve().parent.parent / "corpus"
+    corpus = Path(__file__).resolve().parents[2] / "corpus"
     fixed = [p.stem for p in sorted(corpus.glob("*.json")) if "fixed_in" in str(load_case(p).expect)]
     assert fixed  # the starter corpus holds bugs fixed in 0.25.3
     status = main(["gate", "--base", "ggml-0.15.3", "--head", "ggml-0.25.3", "--corpus", str(corpus), "--examples", "5",
@@ -73,7 +73,7 @@ def test_the_readme_cmake_line_configures_a_vendored_ggml(tree: str, tmp_path: P
 
     from pytest_schedfuzz.ggml.build import source_tree
 
-    lines = (Path(__file__).parent.parent / "README.md").read_text().splitlines()
+    lines = (Path(__file__).parents[2] / "README.md").read_text().splitlines()
     i = next(k for k, x in enumerate(lines) if x.strip().startswith("cmake -S $tree -B $tree/build"))
     line = lines[i].strip()
     while line.endswith("\\"):

@@ -12,7 +12,7 @@ from pytest_schedfuzz.ggml.build import source_tree
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
 
-CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 
 
 def test_every_mutant_applies_once() -> None:

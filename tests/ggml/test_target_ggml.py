@@ -263,7 +263,7 @@ def test_an_rpc_server_crash_is_charged_to_the_step_that_caused_it(lib: str) -> 
 
     from pytest_schedfuzz.cases.corpus import load_case
 
-    case = load_case(next((Path(__file__).resolve().parent.parent / "corpus").glob("no-abort-*-4257100ce1.json")))
+    case = load_case(next((Path(__file__).resolve().parents[2] / "corpus").glob("no-abort-*-4257100ce1.json")))
     assert case.scenario is not None
     crashing = replace(case.scenario, steps=(*case.scenario.steps, Step("alloc", "g0"), Step("alloc", "g0")))
     clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))

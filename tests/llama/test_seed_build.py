@@ -239,7 +239,7 @@ def test_the_graph_engine_on_the_seed_ggml_reads_every_scheduler_realloc_from_th
     from pytest_schedfuzz.properties import matches_reference
     from reference.predict import predict
 
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "cases"))
     from test_corpus import topology_switch_case
 
     scenario = topology_switch_case(2).scenario

@@ -43,7 +43,7 @@ from reference.predict import predict
 from reference.versions import rules_for
 
 BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")
-CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 
 
 @pytest.fixture(scope="module", params=BUILT_IN)

@@ -15,7 +15,7 @@ from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
 from pytest_schedfuzz.sim.driver import Driver
 
-CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None]
 
 

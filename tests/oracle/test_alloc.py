@@ -21,7 +21,7 @@ from reference import alloc, sched
 from reference.predict import predict
 from reference.versions import rules_for
 
-CORPUS = Path(__file__).resolve().parent.parent / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 MAX_SIZE = 16384
 
 
