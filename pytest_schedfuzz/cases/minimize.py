@@ -264,6 +264,71 @@ def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
     yield from (c for c in cands if valid(c))
 
 
+class _Shrinker:
+    """One minimization: which candidates keep ``case``'s signature, and what that cost."""
+
+    def __init__(self, case: Case, replay: Replay, screen: Callable[[Case], list[str] | None] | None, progress: bool) -> None:
+        self.case, self.replay, self.screen = case, replay, screen
+        self.tries = Tries()
+        original = screen(case) if screen else None
+        self.use_screen = screen is not None and original is not None and case.signature in original
+        # disable=None: tqdm draws only on a terminal, so CI logs get no bar
+        self.bar = tqdm(desc=f"minimize {case.path.name if case.path else case.signature}", unit="try", disable=None if progress else True, leave=False)
+
+    def keeps(self, c: Case) -> bool:
+        """Whether ``c`` still shows the signature: the reference's screen first, then a replay."""
+        self.tries.candidates += 1
+        if self.use_screen:
+            try:
+                if self.case.signature not in (self.screen(c) or []):  # type: ignore[misc]
+                    self.tries.screened += 1
+                    return False
+            except Exception:  # noqa: BLE001 - a candidate the reference rejects is not kept
+                self.tries.screened += 1
+                return False
+        self.tries.replays += 1
+        self.bar.update(1)
+        self.bar.set_postfix(steps=c.size()[0], nodes=c.size()[1])
+        try:
+            return self.case.signature in self.replay(c)
+        except Exception:  # noqa: BLE001 - a candidate the engine or reference cannot take is not kept
+            return False
+
+    def greedy(self, best: Case, candidates: Callable[[Case], Iterator[Case]]) -> Case:
+        """Take the first candidate that keeps the signature, until none does."""
+        while (better := next((c for c in candidates(best) if self.keeps(c)), None)) is not None:
+            best = better
+        return best
+
+    def fixpoint(self, best: Case, candidates: Callable[[Scenario], Iterator[Scenario]] = _structural_candidates) -> Case:
+        """``greedy`` over scenario candidates that are smaller (or move devices) and valid."""
+        def smaller(b: Case) -> Iterator[Case]:
+            assert b.scenario is not None
+            for sc in candidates(b.scenario):
+                if (replace(b, scenario=sc).size() < b.size() or sc.layout != b.scenario.layout) and _valid(sc):
+                    yield replace(b, scenario=sc)
+        return self.greedy(best, smaller)
+
+    def ddmin_ops(self, best: Case) -> Case:
+        """Bypass windows of ops, halving the window only when no window of a size goes."""
+        assert best.scenario is not None
+        size = len(_op_names(best.scenario)) // 2
+        while size >= 1:
+            ops = _op_names(best.scenario)
+            start, shrunk = 0, False
+            while start + size <= len(ops):
+                sc = bypass_everywhere(best.scenario, ops[start : start + size])
+                cand = replace(best, scenario=sc) if sc is not None else None
+                if cand is not None and _valid(sc) and self.keeps(cand):  # type: ignore[arg-type]
+                    best, shrunk = cand, True
+                    ops = _op_names(best.scenario)
+                else:
+                    start += max(1, size // 2)
+            if not shrunk:
+                size //= 2
+        return best
+
+
 def minimize_case(
     case: Case,
     replay: Replay,
@@ -275,87 +340,26 @@ def minimize_case(
 
     ``screen`` (the reference's prediction of a candidate's signatures) rejects most candidates
     without running the engine; it is used only if it predicts the original case."""
-    tries = Tries()
-    original = screen(case) if screen else None
-    use_screen = screen is not None and original is not None and case.signature in original
-    # disable=None: tqdm draws only on a terminal, so CI logs get no bar
-    bar = tqdm(desc=f"minimize {case.path.name if case.path else case.signature}", unit="try", disable=None if progress else True, leave=False)
+    s = _Shrinker(case, replay, screen, progress)
 
-    def keeps(c: Case) -> bool:
-        tries.candidates += 1
-        if use_screen:
+    def workload_candidates(b: Case) -> Iterator[Case]:
+        assert b.workload is not None
+        for w in _workload_candidates(b.workload):
             try:
-                if case.signature not in (screen(c) or []):  # type: ignore[misc]
-                    tries.screened += 1
-                    return False
-            except Exception:  # noqa: BLE001 - a candidate the reference rejects is not kept
-                tries.screened += 1
-                return False
-        tries.replays += 1
-        bar.update(1)
-        bar.set_postfix(steps=c.size()[0], nodes=c.size()[1])
-        try:
-            return case.signature in replay(c)
-        except Exception:  # noqa: BLE001 - a candidate the engine or reference cannot take is not kept
-            return False
+                sc = driver_scenario(w)
+            except (ValueError, SpecError, IndexError):
+                continue
+            if _valid(sc):
+                yield replace(b, workload=w, scenario=sc)
 
-    def first_success(best: Case, candidates: Iterator[Scenario]) -> Case | None:
-        for sc in candidates:
-            cand = replace(best, scenario=sc)
-            if (cand.size() < best.size() or sc.layout != best.scenario.layout) and _valid(sc) and keeps(cand):
-                return cand
-        return None
-
-    def fixpoint(best: Case, candidates: Callable[[Scenario], Iterator[Scenario]] = _structural_candidates) -> Case:
-        while (better := first_success(best, candidates(best.scenario))) is not None:
-            best = better
-        return best
-
-    def ddmin_ops(best: Case) -> Case:
-        """Bypass windows of ops, halving the window only when no window of a size goes."""
-        size = len(_op_names(best.scenario)) // 2
-        while size >= 1:
-            ops = _op_names(best.scenario)
-            start, shrunk = 0, False
-            while start + size <= len(ops):
-                sc = bypass_everywhere(best.scenario, ops[start : start + size])
-                cand = replace(best, scenario=sc) if sc is not None else None
-                if cand is not None and _valid(sc) and keeps(cand):  # type: ignore[arg-type]
-                    best, shrunk = cand, True
-                    ops = _op_names(best.scenario)
-                else:
-                    start += max(1, size // 2)
-            if not shrunk:
-                size //= 2
-        return best
-
-    best = case
-    if best.llama is not None:
-        improved = True
-        while improved:
-            improved = False
-            for lw in llama_candidates(best.llama):
-                cand = replace(best, llama=lw)
-                if keeps(cand):
-                    best, improved = cand, True
-                    break
-    elif best.workload is not None:
-        improved = True
-        while improved:
-            improved = False
-            for w in _workload_candidates(best.workload):
-                try:
-                    sc = driver_scenario(w)
-                except (ValueError, SpecError, IndexError):
-                    continue
-                cand = replace(best, workload=w, scenario=sc)
-                if _valid(sc) and keeps(cand):
-                    best, improved = cand, True
-                    break
+    if case.llama is not None:
+        best = s.greedy(case, lambda b: (replace(b, llama=lw) for lw in llama_candidates(b.llama)))  # type: ignore[arg-type]
+    elif case.workload is not None:
+        best = s.greedy(case, workload_candidates)
     else:
-        best = fixpoint(fixpoint(ddmin_ops(fixpoint(best))), _shape_candidates)
-    bar.close()
-    return best, tries
+        best = s.fixpoint(s.fixpoint(s.ddmin_ops(s.fixpoint(case))), _shape_candidates)
+    s.bar.close()
+    return best, s.tries
 
 
 def simplest(cases: Sequence[Case]) -> dict[str, Case]:
