@@ -406,7 +406,11 @@ class Fuzzer:
                 return self.check_llama(case.property, case.llama)
             except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
                 return []
-        scenario = self.scenario_for(case)
+        return self.check_shown(case, self.scenario_for(case))
+
+    def check_shown(self, case: Case, scenario: Scenario) -> list[props.Violation]:
+        """``check`` of ``case``'s property on ``scenario``; a race case's up to ``RACE_TRIES``
+        times, until its signature shows."""
         for _ in range(RACE_TRIES if "[race=" in case.signature else 1):
             found = self.check(case.property, scenario)
             if any(v.signature() == case.signature for v in found):
