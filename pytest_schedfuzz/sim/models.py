@@ -73,9 +73,7 @@ def llama_graph(m: ModelShape, n_tokens: int, n_kv: int, n_outputs: int | None =
     if not 0 < n_outputs <= n_tokens or not 0 < n_tokens <= n_kv <= m.kv_size:
         raise ValueError(f"need 0 < n_outputs <= n_tokens <= n_kv <= kv_size, got {n_outputs}, {n_tokens}, {n_kv}, {m.kv_size}")
     b = GraphBuilder()
-    hd, nh, nkv = m.head_dim, m.n_head, m.n_head_kv
     wt = m.weight_type
-
     tok_embd = b.weight("token_embd", (m.n_embd, m.n_vocab), device=m.cpu_device, type=wt)
     inp_tokens = b.input("inp_tokens", (n_tokens,), "i32")
     inp_pos = b.input("inp_pos", (n_tokens,), "i32")
@@ -85,67 +83,8 @@ def llama_graph(m: ModelShape, n_tokens: int, n_kv: int, n_outputs: int | None =
     x = b.op("get_rows", tok_embd, inp_tokens, name="inp_embd")
 
     for il, dev in enumerate(m.layer_devices):
-        fdev = m.ffn_devices[il] if m.ffn_devices else dev
-        p = f"blk.{il}."
-        attn_norm = b.weight(p + "attn_norm", (m.n_embd,), dev)
-        wq = b.weight(p + "attn_q", (m.n_embd, m.n_embd), dev, wt)
-        wk = b.weight(p + "attn_k", (m.n_embd, hd * nkv), dev, wt)
-        wv = b.weight(p + "attn_v", (m.n_embd, hd * nkv), dev, wt)
-        wo = b.weight(p + "attn_output", (m.n_embd, m.n_embd), dev, wt)
-        cache_k = b.cache(f"cache_k_l{il}", (hd * nkv, m.kv_size), dev)
-        cache_v = b.cache(f"cache_v_l{il}", (hd * nkv, m.kv_size), dev)
-
-        h = b.op("rms_norm", x, name=f"norm-{il}", eps=1e-6)
-        h = b.op("mul", h, attn_norm, name=f"attn_norm-{il}")
-        q = b.op("mul_mat", wq, h, name=f"Qcur-{il}")
-        q = b.op("reshape", q, name=f"Qcur-{il} (reshaped)", ne=[hd, nh, n_tokens])
-        q = b.op("rope", q, inp_pos, None, name=f"Qcur-{il} (rope)", n_dims=hd)
-        k = b.op("mul_mat", wk, h, name=f"Kcur-{il}")
-        k = b.op("reshape", k, name=f"Kcur-{il} (reshaped)", ne=[hd, nkv, n_tokens])
-        k = b.op("rope", k, inp_pos, None, name=f"Kcur-{il} (rope)", n_dims=hd)
-        v = b.op("mul_mat", wv, h, name=f"Vcur-{il}")
-        k2 = b.op("reshape", k, name=f"Kcur-{il} (2d)", ne=[hd * nkv, n_tokens])
-        roots.append(b.op("set_rows", cache_k, k2, kv_idxs, name=f"k_store-{il}"))
-        roots.append(b.op("set_rows", cache_v, v, kv_idxs, name=f"v_store-{il}"))
-
-        row = hd * nkv * 4
-        kview = b.op("view", cache_k, name=f"k-{il}", ne=[hd, nkv, n_kv], nb=[hd * 4, row])
-        kp = b.op("permute", kview, name=f"k-{il} (permuted)", axes=[0, 2, 1, 3])
-        qp = b.op("permute", q, name=f"q-{il} (permuted)", axes=[0, 2, 1, 3])
-        vview = b.op("view", cache_v, name=f"v-{il}", ne=[hd, nkv, n_kv], nb=[hd * 4, row])
-        if m.flash_attn:
-            vp = b.op("permute", vview, name=f"v-{il} (permuted)", axes=[0, 2, 1, 3])
-            att = b.op("flash_attn_ext", qp, kp, vp, mask, name=f"fattn-{il}", scale=hd**-0.5)
-            cur = b.op("reshape", att, name=f"kqv_out-{il}", ne=[m.n_embd, n_tokens])
-        else:
-            kq = b.op("mul_mat", kp, qp, name=f"kq-{il}")
-            kq = b.op("soft_max_ext", kq, mask, name=f"kq_soft_max-{il}", scale=hd**-0.5)
-            vt = b.op("permute", vview, name=f"v-{il} (transposed)", axes=[1, 2, 0, 3])
-            vt = b.op("cont", vt, name=f"v-{il} (cont)")
-            kqv = b.op("mul_mat", vt, kq, name=f"kqv-{il}")
-            kqv = b.op("permute", kqv, name=f"kqv-{il} (merged)", axes=[0, 2, 1, 3])
-            kqv = b.op("cont", kqv, name=f"kqv-{il} (cont)")
-            cur = b.op("reshape", kqv, name=f"kqv_out-{il}", ne=[m.n_embd, n_tokens])
-        cur = b.op("mul_mat", wo, cur, name=f"attn_out-{il}")
-        for e in range(m.extra_ops):
-            cur = b.op("scale", cur, name=f"attn_extra_{e}-{il}", scale=1.0)
-        x = b.op("add", cur, x, name=f"ffn_inp-{il}")
-
-        ffn_norm = b.weight(p + "ffn_norm", (m.n_embd,), fdev)
-        h = b.op("rms_norm", x, name=f"ffn_norm_raw-{il}", eps=1e-6)
-        h = b.op("mul", h, ffn_norm, name=f"ffn_norm-{il}")
-        if m.n_expert:
-            cur = _moe(b, m, il, fdev, h, n_tokens)
-        else:
-            gate = b.weight(p + "ffn_gate", (m.n_embd, m.n_ff), fdev, wt)
-            up = b.weight(p + "ffn_up", (m.n_embd, m.n_ff), fdev, wt)
-            down = b.weight(p + "ffn_down", (m.n_ff, m.n_embd), fdev, wt)
-            g = b.op("mul_mat", gate, h, name=f"ffn_gate-{il}")
-            g = b.op("silu", g, name=f"ffn_silu-{il}")
-            u = b.op("mul_mat", up, h, name=f"ffn_up-{il}")
-            g = b.op("mul", g, u, name=f"ffn_gate_par-{il}")
-            cur = b.op("mul_mat", down, g, name=f"ffn_out-{il}")
-        x = b.op("add", cur, x, name=f"l_out-{il}")
+        x = _attention(b, m, il, dev, x, (inp_pos, kv_idxs, mask), n_tokens, n_kv, roots)
+        x = _ffn(b, m, il, m.ffn_devices[il] if m.ffn_devices else dev, x, n_tokens)
 
     if n_outputs < n_tokens:
         out_ids = b.input("inp_out_ids", (n_outputs,), "i32")
@@ -156,6 +95,78 @@ def llama_graph(m: ModelShape, n_tokens: int, n_kv: int, n_outputs: int | None =
     x = b.op("mul", x, out_norm, name="result_norm")
     logits = b.op("mul_mat", output, x, name="result_output", output=True)
     return b.build(*roots, logits, label=label or f"llama(T={n_tokens}, kv={n_kv}, out={n_outputs})")
+
+
+def _attention(b: GraphBuilder, m: ModelShape, il: int, dev: int, x: str, inputs: tuple[str, str, str], n_tokens: int, n_kv: int,
+               roots: list[str]) -> str:
+    """``build_attn`` of layer ``il`` on ``dev``: its weights, the K/V stores (appended to
+    ``roots``, expanded first as llama.cpp does), attention over ``n_kv`` cells, the residual."""
+    inp_pos, kv_idxs, mask = inputs
+    hd, nh, nkv, wt = m.head_dim, m.n_head, m.n_head_kv, m.weight_type
+    p = f"blk.{il}."
+    attn_norm = b.weight(p + "attn_norm", (m.n_embd,), dev)
+    wq = b.weight(p + "attn_q", (m.n_embd, m.n_embd), dev, wt)
+    wk = b.weight(p + "attn_k", (m.n_embd, hd * nkv), dev, wt)
+    wv = b.weight(p + "attn_v", (m.n_embd, hd * nkv), dev, wt)
+    wo = b.weight(p + "attn_output", (m.n_embd, m.n_embd), dev, wt)
+    cache_k = b.cache(f"cache_k_l{il}", (hd * nkv, m.kv_size), dev)
+    cache_v = b.cache(f"cache_v_l{il}", (hd * nkv, m.kv_size), dev)
+
+    h = b.op("rms_norm", x, name=f"norm-{il}", eps=1e-6)
+    h = b.op("mul", h, attn_norm, name=f"attn_norm-{il}")
+    q = b.op("mul_mat", wq, h, name=f"Qcur-{il}")
+    q = b.op("reshape", q, name=f"Qcur-{il} (reshaped)", ne=[hd, nh, n_tokens])
+    q = b.op("rope", q, inp_pos, None, name=f"Qcur-{il} (rope)", n_dims=hd)
+    k = b.op("mul_mat", wk, h, name=f"Kcur-{il}")
+    k = b.op("reshape", k, name=f"Kcur-{il} (reshaped)", ne=[hd, nkv, n_tokens])
+    k = b.op("rope", k, inp_pos, None, name=f"Kcur-{il} (rope)", n_dims=hd)
+    v = b.op("mul_mat", wv, h, name=f"Vcur-{il}")
+    k2 = b.op("reshape", k, name=f"Kcur-{il} (2d)", ne=[hd * nkv, n_tokens])
+    roots.append(b.op("set_rows", cache_k, k2, kv_idxs, name=f"k_store-{il}"))
+    roots.append(b.op("set_rows", cache_v, v, kv_idxs, name=f"v_store-{il}"))
+
+    row = hd * nkv * 4
+    kview = b.op("view", cache_k, name=f"k-{il}", ne=[hd, nkv, n_kv], nb=[hd * 4, row])
+    kp = b.op("permute", kview, name=f"k-{il} (permuted)", axes=[0, 2, 1, 3])
+    qp = b.op("permute", q, name=f"q-{il} (permuted)", axes=[0, 2, 1, 3])
+    vview = b.op("view", cache_v, name=f"v-{il}", ne=[hd, nkv, n_kv], nb=[hd * 4, row])
+    if m.flash_attn:
+        vp = b.op("permute", vview, name=f"v-{il} (permuted)", axes=[0, 2, 1, 3])
+        att = b.op("flash_attn_ext", qp, kp, vp, mask, name=f"fattn-{il}", scale=hd**-0.5)
+        cur = b.op("reshape", att, name=f"kqv_out-{il}", ne=[m.n_embd, n_tokens])
+    else:
+        kq = b.op("mul_mat", kp, qp, name=f"kq-{il}")
+        kq = b.op("soft_max_ext", kq, mask, name=f"kq_soft_max-{il}", scale=hd**-0.5)
+        vt = b.op("permute", vview, name=f"v-{il} (transposed)", axes=[1, 2, 0, 3])
+        vt = b.op("cont", vt, name=f"v-{il} (cont)")
+        kqv = b.op("mul_mat", vt, kq, name=f"kqv-{il}")
+        kqv = b.op("permute", kqv, name=f"kqv-{il} (merged)", axes=[0, 2, 1, 3])
+        kqv = b.op("cont", kqv, name=f"kqv-{il} (cont)")
+        cur = b.op("reshape", kqv, name=f"kqv_out-{il}", ne=[m.n_embd, n_tokens])
+    cur = b.op("mul_mat", wo, cur, name=f"attn_out-{il}")
+    for e in range(m.extra_ops):
+        cur = b.op("scale", cur, name=f"attn_extra_{e}-{il}", scale=1.0)
+    return b.op("add", cur, x, name=f"ffn_inp-{il}")
+
+
+def _ffn(b: GraphBuilder, m: ModelShape, il: int, dev: int, x: str, n_tokens: int) -> str:
+    """``build_ffn`` (or ``build_moe_ffn``) of layer ``il`` on ``dev``, and the residual."""
+    p, wt = f"blk.{il}.", m.weight_type
+    ffn_norm = b.weight(p + "ffn_norm", (m.n_embd,), dev)
+    h = b.op("rms_norm", x, name=f"ffn_norm_raw-{il}", eps=1e-6)
+    h = b.op("mul", h, ffn_norm, name=f"ffn_norm-{il}")
+    if m.n_expert:
+        cur = _moe(b, m, il, dev, h, n_tokens)
+    else:
+        gate = b.weight(p + "ffn_gate", (m.n_embd, m.n_ff), dev, wt)
+        up = b.weight(p + "ffn_up", (m.n_embd, m.n_ff), dev, wt)
+        down = b.weight(p + "ffn_down", (m.n_ff, m.n_embd), dev, wt)
+        g = b.op("mul_mat", gate, h, name=f"ffn_gate-{il}")
+        g = b.op("silu", g, name=f"ffn_silu-{il}")
+        u = b.op("mul_mat", up, h, name=f"ffn_up-{il}")
+        g = b.op("mul", g, u, name=f"ffn_gate_par-{il}")
+        cur = b.op("mul_mat", down, g, name=f"ffn_out-{il}")
+    return b.op("add", cur, x, name=f"l_out-{il}")
 
 
 def _moe(b: GraphBuilder, m: ModelShape, il: int, dev: int, h: str, n_tokens: int) -> str:
