@@ -8,7 +8,8 @@ graphs; ``param_sequences()`` -> ``SchedParams`` changes; ``workloads()`` -> dri
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -68,87 +69,129 @@ def layouts(draw: st.DrawFn, min_rpc: int = 0, max_rpc: int = 2, blas: bool = Fa
     return BackendLayout((*backends, BackendSpec("cpu")))
 
 
+@dataclass
+class _Growing:
+    """A graph being grown by ``graphs``: its builder, the activations ops can read (``pool``),
+    the roots besides the last activation, the batch, and the strategy of a device."""
+
+    b: GraphBuilder
+    pool: list[str]
+    roots: list[str]
+    n_tokens: int
+    device: st.SearchStrategy[int]
+
+
+def _mul_mat(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    # q8_0 (blocks of 32) where the row allows it: RPC then asks its server for the size
+    types = ("f32", "f16", "q8_0") if d % 32 == 0 else ("f32", "f16")
+    w = g.b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(g.device), draw(st.sampled_from(types)))
+    g.pool.append(g.b.op("mul_mat", w, a, name=f"mm{k}"))
+
+
+def _binary(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    same = [t for t in g.pool if g.b.shape(t) == g.b.shape(a)]
+    other = draw(st.sampled_from(same)) if draw(st.booleans()) else g.b.weight(f"w{k}", (d,), draw(g.device))
+    g.pool.append(g.b.op(draw(st.sampled_from(("add", "mul"))), a, other, name=f"bin{k}"))
+
+
+def _unary(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    op = draw(st.sampled_from(("silu", "scale", "rms_norm")))
+    g.pool.append(g.b.op(op, a, name=f"{op}{k}", **({"scale": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
+
+
+def _transpose(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    t = g.b.op("cont", g.b.op("transpose", a, name=f"tr{k}"), name=f"trc{k}")
+    g.pool.append(g.b.op("cont", g.b.op("permute", t, name=f"pm{k}", axes=[1, 0, 2, 3]), name=f"pmc{k}"))
+
+
+def _concat(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    other = draw(st.sampled_from(g.pool))
+    g.pool.append(g.b.op("concat", a, other, name=f"cat{k}", dim=0))
+
+
+def _get_rows(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    table = g.b.weight(f"tok{k}", (d, 64), draw(g.device))
+    g.pool.append(g.b.op("get_rows", table, g.b.input(f"ids{k}", (g.n_tokens,), "i32"), name=f"rows{k}"))
+
+
+def _soft_max(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    mask = g.b.input(f"mask{k}", (d, g.n_tokens)) if draw(st.booleans()) else None
+    g.pool.append(g.b.op("soft_max_ext", a, mask, name=f"sm{k}", scale=1.0))
+
+
+def _set_rows(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    cache = g.b.cache(f"cache{k}", (d, 64), draw(g.device))  # room for every batch size drawn
+    g.roots.append(g.b.op("set_rows", cache, a, g.b.input(f"kvi{k}", (g.n_tokens,), "i64"), name=f"store{k}"))
+    g.pool.append(g.b.op("view", cache, name=f"kv{k}", ne=[d, g.n_tokens], nb=[d * 4]))
+
+
+def _rope(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    r = g.b.op("reshape", a, name=f"r3{k}", ne=[d, 1, g.n_tokens])
+    freqs = g.b.weight(f"freqs{k}", (d // 2,), draw(g.device)) if draw(st.booleans()) else None
+    r = g.b.op("rope", r, g.b.input(f"pos{k}", (g.n_tokens,), "i32"), freqs, name=f"rope{k}", n_dims=d)
+    g.pool.append(g.b.op("reshape", r, name=f"r2{k}", ne=[d, g.n_tokens]))
+
+
+def _flash_attn(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    b = g.b
+    q = b.op("permute", b.op("reshape", a, name=f"q3{k}", ne=[d, 1, g.n_tokens]), name=f"q{k}", axes=[0, 2, 1, 3])
+    kv_dev = draw(g.device)
+    kc = b.cache(f"kc{k}", (d, 16), kv_dev)
+    vc = b.cache(f"vc{k}", (d, 16), kv_dev)
+    kk = b.op("view", kc, name=f"kview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
+    vv = b.op("view", vc, name=f"vview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
+    mask = b.input(f"fmask{k}", (16, g.n_tokens), "f16") if draw(st.booleans()) else None
+    att = b.op("flash_attn_ext", q, kk, vv, mask, name=f"fa{k}", scale=1.0)
+    g.pool.append(b.op("reshape", att, name=f"fa2{k}", ne=[d, g.n_tokens]))
+
+
+def _mul_mat_id(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    b = g.b
+    n_exp, n_used, d_out = 4, 2, draw(st.sampled_from(DIMS))
+    experts = b.weight(f"exps{k}", (d, d_out, n_exp), draw(g.device))
+    ids = b.input(f"eids{k}", (n_used, g.n_tokens), "i32")
+    out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, g.n_tokens]), ids, name=f"moe{k}")
+    first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, g.n_tokens], nb=[d_out * 4 * n_used])
+    g.pool.append(b.op("cont", first, name=f"moe_c{k}"))
+
+
+def _cpy(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    """A copy into a pre-allocated buffer (a root, like the KV stores) or into an input."""
+    dst = g.b.cache(f"dst{k}", (d, g.n_tokens), draw(g.device)) if draw(st.booleans()) else g.b.input(f"dst{k}", (d, g.n_tokens))
+    g.roots.append(g.b.op("cpy", a, dst, name=f"cpy{k}"))
+
+
+def _view_leaf(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    """ggml_view_tensor of a computed tensor is a leaf (op NONE, no src): pass 4 gives it its view
+    source's backend, and ggml-alloc does not see it as a child. The source is computed first (an
+    earlier root) and kept (an output); an add with a weight on a device of its own reads the view."""
+    src = g.b.op("scale", a, name=f"vs{k}", output=True, scale=1.0)
+    g.roots.append(src)
+    g.pool.append(g.b.op("add", g.b.op("view_tensor", src, name=f"vt{k}"), g.b.weight(f"w{k}", (d,), draw(g.device)), name=f"vta{k}"))
+
+
+# the op kinds ``graphs`` grows a graph with, in the order they are drawn from
+_GROW: dict[str, Callable[[st.DrawFn, _Growing, str, int, int], None]] = {
+    "mul_mat": _mul_mat, "binary": _binary, "unary": _unary, "transpose": _transpose, "concat": _concat, "get_rows": _get_rows,
+    "soft_max": _soft_max, "set_rows": _set_rows, "rope": _rope, "flash_attn": _flash_attn, "mul_mat_id": _mul_mat_id, "cpy": _cpy,
+    "view_leaf": _view_leaf,
+}
+
+
 @st.composite
 def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSpec:
-    """A random DAG of activations ``[d, T]`` grown one op at a time from earlier tensors,
-    with weights, KV-cache stores and views placed on random devices of ``layout``."""
+    """A random DAG of activations ``[d, T]`` grown one op at a time from earlier tensors
+    (``_GROW``), with weights, KV-cache stores and views placed on random devices of ``layout``,
+    and now and then an op forced onto a device."""
     b = GraphBuilder()
     n_tokens = draw(st.sampled_from((1, 2, 4, 8, 32, 40)))  # 32 and more: BLAS's min batch
     device = st.integers(0, layout.n - 1)
-    pool = [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))]
-    roots: list[str] = []
-    n_ops = draw(st.integers(1, max_ops))
-    for k in range(n_ops):
-        a = draw(st.sampled_from(pool))
-        d = b.shape(a)[0]
-        kind = draw(st.sampled_from(("mul_mat", "binary", "unary", "transpose", "concat", "get_rows", "soft_max",
-                                     "set_rows", "rope", "flash_attn", "mul_mat_id", "cpy", "view_leaf")))
-        if kind == "mul_mat":
-            # q8_0 (blocks of 32) where the row allows it: RPC then asks its server for the size
-            types = ("f32", "f16", "q8_0") if d % 32 == 0 else ("f32", "f16")
-            w = b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(device), draw(st.sampled_from(types)))
-            pool.append(b.op("mul_mat", w, a, name=f"mm{k}"))
-        elif kind == "binary":
-            same = [t for t in pool if b.shape(t) == b.shape(a)]
-            other = draw(st.sampled_from(same)) if draw(st.booleans()) else b.weight(f"w{k}", (d,), draw(device))
-            pool.append(b.op(draw(st.sampled_from(("add", "mul"))), a, other, name=f"bin{k}"))
-        elif kind == "unary":
-            op = draw(st.sampled_from(("silu", "scale", "rms_norm")))
-            pool.append(b.op(op, a, name=f"{op}{k}", **({"scale": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
-        elif kind == "transpose":
-            t = b.op("cont", b.op("transpose", a, name=f"tr{k}"), name=f"trc{k}")
-            pool.append(b.op("cont", b.op("permute", t, name=f"pm{k}", axes=[1, 0, 2, 3]), name=f"pmc{k}"))
-        elif kind == "concat":
-            other = draw(st.sampled_from(pool))
-            pool.append(b.op("concat", a, other, name=f"cat{k}", dim=0))
-        elif kind == "get_rows":
-            table = b.weight(f"tok{k}", (d, 64), draw(device))
-            pool.append(b.op("get_rows", table, b.input(f"ids{k}", (n_tokens,), "i32"), name=f"rows{k}"))
-        elif kind == "soft_max":
-            mask = b.input(f"mask{k}", (d, n_tokens)) if draw(st.booleans()) else None
-            pool.append(b.op("soft_max_ext", a, mask, name=f"sm{k}", scale=1.0))
-        elif kind == "set_rows":
-            cache = b.cache(f"cache{k}", (d, 64), draw(device))  # room for every batch size drawn
-            roots.append(b.op("set_rows", cache, a, b.input(f"kvi{k}", (n_tokens,), "i64"), name=f"store{k}"))
-            pool.append(b.op("view", cache, name=f"kv{k}", ne=[d, n_tokens], nb=[d * 4]))
-        elif kind == "rope":
-            r = b.op("reshape", a, name=f"r3{k}", ne=[d, 1, n_tokens])
-            freqs = b.weight(f"freqs{k}", (d // 2,), draw(device)) if draw(st.booleans()) else None
-            r = b.op("rope", r, b.input(f"pos{k}", (n_tokens,), "i32"), freqs, name=f"rope{k}", n_dims=d)
-            pool.append(b.op("reshape", r, name=f"r2{k}", ne=[d, n_tokens]))
-        elif kind == "flash_attn":
-            q = b.op("permute", b.op("reshape", a, name=f"q3{k}", ne=[d, 1, n_tokens]), name=f"q{k}", axes=[0, 2, 1, 3])
-            kv_dev = draw(device)
-            kc = b.cache(f"kc{k}", (d, 16), kv_dev)
-            vc = b.cache(f"vc{k}", (d, 16), kv_dev)
-            kk = b.op("view", kc, name=f"kview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
-            vv = b.op("view", vc, name=f"vview{k}", ne=[d, 16, 1], nb=[d * 4, d * 64])
-            mask = b.input(f"fmask{k}", (16, n_tokens), "f16") if draw(st.booleans()) else None
-            att = b.op("flash_attn_ext", q, kk, vv, mask, name=f"fa{k}", scale=1.0)
-            pool.append(b.op("reshape", att, name=f"fa2{k}", ne=[d, n_tokens]))
-        elif kind == "mul_mat_id":
-            n_exp, n_used, d_out = 4, 2, draw(st.sampled_from(DIMS))
-            experts = b.weight(f"exps{k}", (d, d_out, n_exp), draw(device))
-            ids = b.input(f"eids{k}", (n_used, n_tokens), "i32")
-            out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, n_tokens]), ids, name=f"moe{k}")
-            first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, n_tokens], nb=[d_out * 4 * n_used])
-            pool.append(b.op("cont", first, name=f"moe_c{k}"))
-        elif kind == "view_leaf":
-            # ggml_view_tensor of a computed tensor is a leaf (op NONE, no src): pass 4 gives it
-            # its view source's backend, and ggml-alloc does not see it as a child. The source is
-            # computed first (an earlier root) and kept (an output); an add with a weight on a
-            # device of its own reads the view
-            src = b.op("scale", a, name=f"vs{k}", output=True, scale=1.0)
-            roots.append(src)
-            pool.append(b.op("add", b.op("view_tensor", src, name=f"vt{k}"), b.weight(f"w{k}", (d,), draw(device)), name=f"vta{k}"))
-        else:  # cpy into a pre-allocated buffer (a root, like the KV stores) or into an input
-            if draw(st.booleans()):
-                dst = b.cache(f"dst{k}", (d, n_tokens), draw(device))
-            else:
-                dst = b.input(f"dst{k}", (d, n_tokens))
-            roots.append(b.op("cpy", a, dst, name=f"cpy{k}"))
-    last = pool[-1]
-    if len(pool) == 1:
+    g = _Growing(b, [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))], [], n_tokens, device)
+    for k in range(draw(st.integers(1, max_ops))):
+        a = draw(st.sampled_from(g.pool))
+        _GROW[draw(st.sampled_from(tuple(_GROW)))](draw, g, a, b.shape(a)[0], k)
+    last = g.pool[-1]
+    if len(g.pool) == 1:
         last = b.op("scale", last, name="out", scale=1.0)
     ops = [t.name for t in b.tensors if t.op != "none"]
     for _ in range(draw(st.integers(0, 2))):
@@ -160,7 +203,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             # and makes later scenarios fail at random
             target = _written(b, name)
             b.force(name, target if target is not None else draw(device))
-    return b.build(*roots, last)
+    return b.build(*g.roots, last)
 
 
 @st.composite
