@@ -183,114 +183,143 @@ def _outputs(draw: st.DrawFn, n_tokens: int, room: int) -> str:
     return draw(st.sampled_from(options))
 
 
+class _Server:
+    """What ``server_calls`` has made so far, and one method per kind of thing a server does next
+    (each draws what it needs, in a fixed order)."""
+
+    def __init__(self, ctx: ContextParams, n_loras: int, recurrent: bool, max_calls: int) -> None:
+        self.ctx, self.n_loras, self.recurrent, self.max_calls = ctx, n_loras, recurrent, max_calls
+        self.calls: list[Call] = []
+        self.active: set[int] = set()
+        self.loaded: set[int] = set()
+        self.attached = 0
+        self.per_seq, self.total = ctx.outputs_max_per_seq(), ctx.outputs_max()
+        self.seqs = list(range(ctx.n_seq_max))
+
+    def prompt(self, draw: st.DrawFn) -> None:
+        """A prompt chunked to ``n_batch``, its last chunk's outputs drawn."""
+        seq = draw(st.sampled_from(self.seqs))
+        length = draw(st.integers(1, 3 * self.ctx.n_batch))
+        last_out = draw(st.sampled_from(("last", "last", "all", "none")))
+        while length > 0 and len(self.calls) < self.max_calls:
+            n = min(length, self.ctx.n_batch)
+            length -= n
+            out = last_out if length == 0 else "none"
+            if out == "all" and n > min(self.per_seq, self.total):
+                out = "last"
+            self.calls.append(Call("decode", (Part(seq, n, out),)))
+        self.active.add(seq)
+
+    def generate(self, draw: st.DrawFn) -> None:
+        """One token for each of some active slots, in one batch."""
+        chosen = sorted(draw(st.sets(st.sampled_from(sorted(self.active)), min_size=1)))
+        chosen = chosen[: min(len(chosen), self.ctx.n_batch, self.total)]
+        self.calls.append(Call("decode", tuple(Part(s, 1, "last") for s in chosen)))
+
+    def draft(self, draw: st.DrawFn) -> None:
+        """Speculative decoding: verify 1 + n_draft tokens (all output), then roll back the rejected."""
+        seq = draw(st.sampled_from(sorted(self.active)))
+        n = draw(st.integers(2, max(2, min(self.per_seq, self.total, self.ctx.n_batch))))
+        out = "all" if n <= min(self.per_seq, self.total) else "last"
+        if self.recurrent:
+            # a recurrent state cannot drop its last positions: llama-server checkpoints the
+            # slot before the draft, restores it on a rejection and decodes the accepted tokens again
+            self.calls += [Call("checkpoint", seq=seq), Call("decode", (Part(seq, n, out),))]
+            accepted = draw(st.integers(0, n - 1))
+            if accepted < n - 1:
+                self.calls += [Call("restore", seq=seq), Call("decode", (Part(seq, accepted + 1, "last"),))]
+            return
+        self.calls.append(Call("decode", (Part(seq, n, out),)))
+        rejected = draw(st.integers(0, n - 1))
+        if rejected:
+            self.calls.append(Call("seq_rm", seq=seq, n=rejected))
+
+    def mixed(self, draw: st.DrawFn) -> None:
+        """Continuous batching: one slot's prompt chunk next to other slots' next tokens."""
+        seq = draw(st.sampled_from(self.seqs))
+        others = [s for s in sorted(self.active) if s != seq][: max(0, min(self.total, self.ctx.n_batch) - 1)]
+        room = self.ctx.n_batch - len(others)
+        n = draw(st.integers(1, max(1, room)))
+        parts = [Part(seq, n, _outputs(draw, n, min(self.per_seq, self.total - len(others))))] + [Part(s, 1, "last") for s in others]
+        self.calls.append(Call("decode", tuple(parts)))
+        self.active.add(seq)
+
+    def reuse(self, draw: st.DrawFn) -> None:
+        """A slot reused for another request: all of it, or all but a prefix."""
+        seq = draw(st.sampled_from(sorted(self.active)))
+        keep_prefix = draw(st.booleans()) and not self.recurrent  # a recurrent slot is reused whole
+        self.calls.append(Call("seq_rm", seq=seq, n=draw(st.integers(1, 16)) if keep_prefix else -1))
+
+    def copy(self, draw: st.DrawFn) -> None:
+        src = draw(st.sampled_from(sorted(self.active)))
+        dst = draw(st.sampled_from([s for s in self.seqs if s != src]))
+        # as llama-server does: the destination slot is emptied first
+        self.calls += [Call("seq_rm", seq=dst, n=-1), Call("seq_cp", seq=src, dst=dst)]
+        self.active.add(dst)
+
+    def keep(self, draw: st.DrawFn) -> None:
+        seq = draw(st.sampled_from(sorted(self.active)))
+        self.calls.append(Call("seq_keep", seq=seq))
+        self.active = {seq}
+
+    def shift(self, draw: st.DrawFn) -> None:
+        seq = draw(st.sampled_from(sorted(self.active)))
+        self.calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
+
+    def adapters(self, draw: st.DrawFn) -> None:
+        """A request with other LoRA adapters (llama-server sets them per request), or one loaded or freed at run time."""
+        op = draw(st.sampled_from(("set", "set", "set", "load", "free")))
+        if op == "load" and len(self.loaded) < self.n_loras:
+            k = draw(st.sampled_from(sorted(set(range(self.n_loras)) - self.loaded)))
+            self.calls.append(Call("lora_load", n=k))
+            self.loaded.add(k)
+        elif op == "free" and self.loaded:
+            k = draw(st.sampled_from(sorted(self.loaded)))
+            if self.attached >> k & 1:
+                self.attached &= ~(1 << k)
+                self.calls.append(Call("lora_set", n=self.attached))
+            self.calls.append(Call("lora_free", n=k))
+            self.loaded.discard(k)
+        else:
+            self.attached = sum(1 << k for k in draw(st.sets(st.sampled_from(sorted(self.loaded))))) if self.loaded else 0
+            self.calls.append(Call("lora_set", n=self.attached))
+
+    def switch(self, draw: st.DrawFn) -> None:
+        """A per-request switch; a server with backend samplers sets each request's chain, the most frequent switch there."""
+        ctx = self.ctx
+        kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+                                    + (("set_sampler", "set_sampler") if ctx.backend_samplers else ())))
+        if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
+            kind = "set_warmup"
+        flag = draw(st.booleans())
+        chain = draw(st.sampled_from(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
+        self.calls.append(Call(kind, seq=draw(st.sampled_from(self.seqs)), flag=flag, chain=chain))
+        if kind == "clear":
+            self.active = set()
+
+
 @st.composite
 def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0, recurrent: bool = False) -> tuple[Call, ...]:
-    """What a server does between requests: prompts chunked to ``n_batch``, single-token decode
-    of all active slots in one batch, speculative drafts verified and rolled back, slot reuse,
-    ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with ``n_loras``
-    adapters their loading at start (as ``--lora`` does), per-request sets and run-time loads and
-    frees. Outputs per batch and per sequence stay within the context's limits."""
-    calls: list[Call] = []
-    active: set[int] = set()
-    loaded: set[int] = set(range(draw(st.integers(0, n_loras)))) if n_loras else set()
-    attached = 0
-    calls += [Call("lora_load", n=k) for k in sorted(loaded)]
-    per_seq, total = ctx.outputs_max_per_seq(), ctx.outputs_max()
-    n_steps = draw(st.integers(1, max_calls))
-    for _ in range(n_steps):
-        if len(calls) >= max_calls:
+    """What a server does between requests (``_Server``): prompts chunked to ``n_batch``,
+    single-token decode of all active slots in one batch, speculative drafts verified and rolled
+    back, slot reuse, ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with
+    ``n_loras`` adapters their loading at start (as ``--lora`` does), per-request sets and
+    run-time loads and frees. Outputs per batch and per sequence stay within the context's limits."""
+    server = _Server(ctx, n_loras, recurrent, max_calls)
+    server.loaded = set(range(draw(st.integers(0, n_loras)))) if n_loras else set()
+    server.calls += [Call("lora_load", n=k) for k in sorted(server.loaded)]
+    for _ in range(draw(st.integers(1, max_calls))):
+        if len(server.calls) >= max_calls:
             break
         what = draw(st.sampled_from(("prompt", "prompt", "generate", "generate", "generate", "draft", "mixed", "reuse", "copy", "keep", "shift", "switch")
                                     + (("adapters", "adapters") if n_loras else ())))
-        seqs = list(range(ctx.n_seq_max))
-        if what == "prompt" or not active:
-            seq = draw(st.sampled_from(seqs))
-            length = draw(st.integers(1, 3 * ctx.n_batch))
-            last_out = draw(st.sampled_from(("last", "last", "all", "none")))
-            while length > 0 and len(calls) < max_calls:
-                n = min(length, ctx.n_batch)
-                length -= n
-                out = last_out if length == 0 else "none"
-                if out == "all" and n > min(per_seq, total):
-                    out = "last"
-                calls.append(Call("decode", (Part(seq, n, out),)))
-            active.add(seq)
-        elif what == "generate":
-            chosen = sorted(draw(st.sets(st.sampled_from(sorted(active)), min_size=1)))
-            chosen = chosen[: min(len(chosen), ctx.n_batch, total)]
-            calls.append(Call("decode", tuple(Part(s, 1, "last") for s in chosen)))
-        elif what == "draft":
-            # speculative decoding: verify 1 + n_draft tokens (all output), then roll back the rejected
-            seq = draw(st.sampled_from(sorted(active)))
-            n = draw(st.integers(2, max(2, min(per_seq, total, ctx.n_batch))))
-            out = "all" if n <= min(per_seq, total) else "last"
-            if recurrent:
-                # a recurrent state cannot drop its last positions: llama-server checkpoints the
-                # slot before the draft, restores it on a rejection and decodes the accepted tokens again
-                calls += [Call("checkpoint", seq=seq), Call("decode", (Part(seq, n, out),))]
-                accepted = draw(st.integers(0, n - 1))
-                if accepted < n - 1:
-                    calls += [Call("restore", seq=seq), Call("decode", (Part(seq, accepted + 1, "last"),))]
-                continue
-            calls.append(Call("decode", (Part(seq, n, out),)))
-            rejected = draw(st.integers(0, n - 1))
-            if rejected:
-                calls.append(Call("seq_rm", seq=seq, n=rejected))
-        elif what == "mixed":
-            # continuous batching: one slot's prompt chunk next to other slots' next tokens
-            seq = draw(st.sampled_from(seqs))
-            others = [s for s in sorted(active) if s != seq][: max(0, min(total, ctx.n_batch) - 1)]
-            room = ctx.n_batch - len(others)
-            n = draw(st.integers(1, max(1, room)))
-            parts = [Part(seq, n, _outputs(draw, n, min(per_seq, total - len(others))))] + [Part(s, 1, "last") for s in others]
-            calls.append(Call("decode", tuple(parts)))
-            active.add(seq)
-        elif what == "reuse":
-            seq = draw(st.sampled_from(sorted(active)))
-            keep_prefix = draw(st.booleans()) and not recurrent  # a recurrent slot is reused whole
-            calls.append(Call("seq_rm", seq=seq, n=draw(st.integers(1, 16)) if keep_prefix else -1))
-        elif what == "copy" and ctx.n_seq_max > 1:
-            src = draw(st.sampled_from(sorted(active)))
-            dst = draw(st.sampled_from([s for s in seqs if s != src]))
-            # as llama-server does: the destination slot is emptied first
-            calls += [Call("seq_rm", seq=dst, n=-1), Call("seq_cp", seq=src, dst=dst)]
-            active.add(dst)
-        elif what == "keep":
-            seq = draw(st.sampled_from(sorted(active)))
-            calls.append(Call("seq_keep", seq=seq))
-            active = {seq}
-        elif what == "shift" and not recurrent:  # a recurrent state cannot drop positions (llama.cpp refuses)
-            seq = draw(st.sampled_from(sorted(active)))
-            calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
-        elif what == "adapters" and n_loras:
-            # a request with other LoRA adapters (llama-server sets them per request), or one loaded or freed at run time
-            op = draw(st.sampled_from(("set", "set", "set", "load", "free")))
-            if op == "load" and len(loaded) < n_loras:
-                k = draw(st.sampled_from(sorted(set(range(n_loras)) - loaded)))
-                calls.append(Call("lora_load", n=k))
-                loaded.add(k)
-            elif op == "free" and loaded:
-                k = draw(st.sampled_from(sorted(loaded)))
-                if attached >> k & 1:
-                    attached &= ~(1 << k)
-                    calls.append(Call("lora_set", n=attached))
-                calls.append(Call("lora_free", n=k))
-                loaded.discard(k)
-            else:
-                attached = sum(1 << k for k in draw(st.sets(st.sampled_from(sorted(loaded)))) ) if loaded else 0
-                calls.append(Call("lora_set", n=attached))
+        if what == "prompt" or not server.active:
+            server.prompt(draw)
+        elif (what == "copy" and ctx.n_seq_max <= 1) or (what == "shift" and recurrent):
+            server.switch(draw)  # a single slot has nothing to copy to; a recurrent state cannot drop positions
         else:
-            # a server with backend samplers sets each request's chain: the most frequent switch there
-            kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
-                                        + (("set_sampler", "set_sampler") if ctx.backend_samplers else ())))
-            if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
-                kind = "set_warmup"
-            flag = draw(st.booleans())
-            chain = draw(st.sampled_from(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
-            calls.append(Call(kind, seq=draw(st.sampled_from(seqs)), flag=flag, chain=chain))
-            if kind == "clear":
-                active = set()
-    return _within_ubatch_when_non_causal(calls[:max_calls], ctx.n_ubatch)
+            getattr(server, what)(draw)
+    return _within_ubatch_when_non_causal(server.calls[:max_calls], ctx.n_ubatch)
 
 
 def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Call, ...]:
