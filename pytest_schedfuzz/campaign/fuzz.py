@@ -8,9 +8,12 @@ causes by reruns, ``causes``), and returns the shrunk failing case, if any, as a
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -289,6 +292,25 @@ class Fuzzer:
             k += 1
         return None
 
+    @contextmanager
+    def _ctrl_c_noted(self) -> Iterator[None]:
+        """Note a Ctrl-C in ``self.interrupted`` as well as raising it: a KeyboardInterrupt that
+        lands in a garbage-collector callback or a ``__del__`` is printed ("Exception ignored
+        in …") and lost, and the run would shrink on and finish; the next example raises it again."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def pressed(signum: int, frame: object) -> None:
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+        before = signal.signal(signal.SIGINT, pressed)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, before)
+
     def _fuzz_run(self, prop: str, n: int, seed: int, start: float, deadline: float | None) -> Finding | None:
         db = DirectoryBasedExampleDatabase(str(self.config.database)) if self.config.database else None
         # shrink towards the first failure's signature only, so that a case keeps its finding
@@ -359,7 +381,8 @@ class Fuzzer:
 
         try:
             try:
-                run()
+                with self._ctrl_c_noted():
+                    run()
             except FlakyFailure as flaky:  # found once, not again on Hypothesis's replay: still a finding
                 found = [x for x in flaky.exceptions if isinstance(x, ViolationFound)]
                 if not found:
