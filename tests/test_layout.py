@@ -58,3 +58,14 @@ def test_no_engine_module_imports_the_reference() -> None:
         for path in (PACKAGE / engine).glob("*.py"):
             for module, _ in _imports(path):
                 assert not module.startswith("reference"), f"{engine}/{path.name} imports {module}"
+
+
+def test_the_plugin_imports_nothing_of_the_project_without_the_flag() -> None:
+    """pytest loads ``plugin.py`` in every session of a project that installs schedfuzz: its own
+    imports (those not inside a hook) are pytest's and the standard library's only."""
+    tree = ast.parse((PACKAGE / "plugin.py").read_text())
+    top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    for node in top:
+        module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+        assert node.level == 0 if isinstance(node, ast.ImportFrom) else True, f"plugin.py imports .{module} at load time"
+        assert not _ours(module or ""), f"plugin.py imports {module} at load time"

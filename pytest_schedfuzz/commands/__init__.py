@@ -1,0 +1,56 @@
+"""What the ``schedfuzz`` subcommands share: usage errors, the engine for a replay, loading cases."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..campaign.fuzz import Fuzzer
+from ..campaign.profiles import FuzzConfig
+from ..cases.corpus import Case, CaseError, case_files, load_case
+from ..properties import PROPERTY_IDS
+
+
+def cli_words(e: Exception) -> str:
+    """An option error in the words of this command (``--policy``, not ``--schedfuzz-policy``)."""
+    return str(e).replace("--schedfuzz-", "--")
+
+
+def properties_arg(arg: str | None) -> list[str] | None:
+    """The ``--properties`` ids (default: all); None, after saying why, if one is unknown."""
+    props = arg.split(",") if arg else list(PROPERTY_IDS)
+    unknown = [p for p in props if p not in PROPERTY_IDS]
+    if unknown:
+        print(f"schedfuzz: --properties: unknown {', '.join(unknown)} (known: {', '.join(PROPERTY_IDS)})", file=sys.stderr)
+        return None
+    return props
+
+
+class UsageError(Exception):
+    """A bad option or input: one line on stderr, exit status 2."""
+
+
+def fuzzer_for(args: argparse.Namespace) -> Fuzzer:
+    try:
+        return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None))
+    except ValueError as e:
+        raise UsageError(cli_words(e)) from None
+
+
+def bad_case(e: CaseError, suffix: str = "") -> int:
+    """A corpus file that cannot be used: its error on stderr, exit status 2."""
+    print(f"schedfuzz: {e}{suffix}", file=sys.stderr)
+    return 2
+
+
+def load_all(paths: Sequence[str]) -> list[Case]:
+    """Every case named (files or corpus directories); a bad one raises CaseError."""
+    cases = []
+    for p in paths:
+        files = list(case_files(p)) if Path(p).is_dir() else [Path(p)]
+        if Path(p).is_dir() and not files:
+            raise UsageError(f"{p}: no case files (*.json) in this folder")
+        cases += [load_case(f) for f in files]
+    return cases

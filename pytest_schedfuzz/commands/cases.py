@@ -1,0 +1,177 @@
+"""``schedfuzz replay``, ``minimize`` and ``show``: what a maintainer does with a saved case."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..campaign.fuzz import Fuzzer
+from ..cases.corpus import STARTER_CORPUS, Case, CaseError, load_case, save_case
+from ..cases.verdict import judge_replay
+from ..model.llama_trace import LlamaTrace
+from . import bad_case, fuzzer_for, load_all
+
+
+def print_llama_run(fuzzer: Fuzzer, case: Case) -> LlamaTrace:
+    """A llama case's calls, each with the scheduler calls it caused: reallocations and reasons.
+    Returns the trace it printed."""
+    assert case.llama is not None
+    w = case.llama
+    print(f"  {w.describe()}")
+    trace: LlamaTrace = fuzzer.engines.run_llama(w)
+    names = {-1: "llama_init_from_model"} | {i: c.describe() for i, c in enumerate(w.calls)}
+    for c in trace.calls:
+        print(f"  {c.index:2d}: {names.get(c.index, c.kind):<60} rc={c.rc}")
+        for s in c.sched:
+            if s.kind in ("reserve", "alloc"):
+                mark = ("SAME-SIZE REALLOC" if s.same_size else "realloc") if s.realloc else ""
+                print(f"        {s.kind:<7} nodes={s.n_nodes} leafs={s.n_leafs} splits={s.n_splits} copies={s.n_copies} "
+                      f"graph_size={s.graph_size} (prev {s.prev_graph_size}) {mark}" + (f": {s.realloc_reason}" if s.realloc else ""))
+            elif s.kind == "new":
+                print(f"        ggml_backend_sched_new #{s.sched}: max_nodes={s.max_nodes} parallel={s.parallel} op_offload={s.op_offload}")
+    if trace.abort:
+        print(f"  !! {trace.abort.kind} in call {trace.abort.call}: {trace.abort.message.strip()[:2000]}")
+    return trace
+
+
+def replay(args: argparse.Namespace) -> int:
+    try:
+        cases = load_all(args.cases)
+    except CaseError as e:
+        return bad_case(e)
+    fuzzer = fuzzer_for(args)
+    # known bugs: the starter corpus's and the replayed folders' (another known bug beside a case's own is no news)
+    for folder in [STARTER_CORPUS, *(p for p in args.cases if Path(p).is_dir())]:
+        fuzzer.known.learn(Path(folder))
+    failed = 0
+    try:
+        for case in cases:
+            version = fuzzer.engines.ggml_version(case.llama is not None)
+            print(f"== {case.path} [{case.property}] on ggml {version}: expect {case.expectation_on(version)}")
+            if case.llama is not None:
+                print_llama_run(fuzzer, case)
+            scenario = None if case.llama is not None else fuzzer.scenario_for(case)
+            trace = fuzzer.engines.run(scenario) if scenario is not None else None
+            for r in trace.records if trace is not None and scenario is not None else ():
+                print(f"  {r.index:2d}: {scenario.steps[r.index].describe():<48} splits={r.n_splits} graph_size={r.graph_size}")
+                for e in r.events:
+                    print(f"      {e.describe()}")
+            if trace is not None and trace.abort:
+                print(f"  !! {trace.abort.kind} at step {trace.abort.step}: {trace.abort.message.strip()}")
+            verdict = judge_replay(case, fuzzer.replay(case), version, fuzzer.known.expected(case.llama is not None))
+            failed += not verdict.ok
+            print(f"  verdict: {verdict.short}")
+    finally:
+        fuzzer.close()
+    return 1 if failed else 0
+
+
+def minimize(args: argparse.Namespace) -> int:
+    from ..cases.minimize import minimize_case, simplest
+
+    paths = [args.dir] if Path(args.dir).is_dir() else []
+    if not paths:
+        print(f"schedfuzz: {args.dir}: not a corpus directory", file=sys.stderr)
+        return 2
+    try:
+        cases = load_all(paths)
+    except CaseError as e:
+        return bad_case(e, " (nothing was changed)")
+    fuzzer = fuzzer_for(args)
+    kept: list[Case] = []
+    try:
+        for case in cases:
+            if not any(v.signature() == case.signature for v in fuzzer.replay(case)):
+                print(f"{case.path}: does not replay to {case.signature}; left as it is")
+                continue
+            small, tries = minimize_case(case, lambda c: [v.signature() for v in fuzzer.replay(c)], fuzzer.driver.scenario, fuzzer.screen)
+            # the smaller case's own step and message, as its replay states them
+            found = next((v for v in fuzzer.replay(small) if v.signature() == case.signature), None)
+            if found is None:
+                print(f"{case.path}: the smaller case did not replay to {case.signature} again (flaky); left as it is")
+                continue
+            small = replace(small, step=found.step, message=found.message)
+            print(f"{case.path}: {case.size_text()} -> {small.size_text()} ({tries.replays} replays of {tries.candidates} smaller candidates; "
+                  f"{tries.screened} ruled out by the reference without replaying)")
+            kept.append(small)
+    finally:
+        fuzzer.close()
+    best = simplest(kept)
+    for case in kept:
+        if best[case.signature] is case:
+            path = save_case(args.dir, case)
+            if case.path is not None and case.path.resolve() != path.resolve():
+                case.path.unlink()
+        elif case.path is not None:
+            # a smaller case keeps this signature; this one was replayed, so it can go
+            case.path.unlink()
+    print(f"{len(best)} signature(s) kept in {args.dir}")
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    from ..cases.draw import buffer_lines, buffers_text, llama_to_dot, named_tensors, splits_text, to_dot, write
+
+    try:
+        case = load_case(args.case)
+    except CaseError as e:
+        return bad_case(e)
+    out = Path(args.output or Path(args.case).with_suffix(".svg").name)
+    if out.suffix.lower() not in (".svg", ".png", ".dot"):
+        print(f"schedfuzz: -o {out}: the suffix must be .svg, .png or .dot", file=sys.stderr)
+        return 2
+    fuzzer = fuzzer_for(args)
+    if case.llama is not None:  # a llama.cpp case: its calls, with the reallocations they caused
+        try:
+            print(f"{case.signature}: {case.message}")
+            trace = print_llama_run(fuzzer, case)
+        finally:
+            fuzzer.close()
+        dot = llama_to_dot(case.llama, trace, case.step, f"{case.signature} — call {case.step}")
+        return _wrote(dot, out, write)
+    try:
+        scenario = fuzzer.scenario_for(case)
+        trace = fuzzer.engines.run(scenario)
+        record = next((r for r in trace.records if r.splits and r.index == case.step), None)
+        source = "the engine"
+        if record is None and trace.abort is not None:
+            # the engine died in this step (a compute, an abort): draw what the reference plans
+            record = next((r for r in fuzzer.predict(scenario).records if r.splits and r.index == case.step), None)
+            source = f"the reference's prediction (the engine's {trace.abort.kind} at step {trace.abort.step} left no record)"
+    finally:
+        fuzzer.close()
+    if record is None:
+        # the failing step scheduled no graph of its own (an alloc that crashed): the last one before it
+        graph_steps = [r for r in trace.records if r.splits and r.index <= case.step] or [r for r in trace.records if r.splits]
+        record = graph_steps[-1] if graph_steps else None
+        source = f"the engine, the last step with a graph before step {case.step}, where the finding is"
+    if record is None:
+        print(f"schedfuzz: {args.case}: no step with a graph to draw (neither the engine nor the reference scheduled one)", file=sys.stderr)
+        return 2
+    highlight = set().union(*(named_tensors(e.reason) for e in record.events)) if record.events else set()
+    print(f"{case.signature}: {case.message}")
+    print(f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}")
+    print(splits_text(scenario, record))
+    print(buffers_text(scenario, record))
+    # ggml's output below the finding's headline, and the replay's
+    said = buffer_lines("\n".join(case.message.splitlines()[1:]) + "\n" + (trace.abort.message if trace.abort else ""))
+    for line in said:
+        print(f"ggml: {line}")
+    for e in record.events:
+        print(e.describe())
+    title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}"
+    return _wrote(to_dot(scenario, record, highlight, title, said), out, write)
+
+
+def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:
+    try:
+        write(dot, out)
+    except (RuntimeError, ValueError) as e:
+        print(f"schedfuzz: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,79 @@
+"""``schedfuzz gate``, ``mutate``, ``bench`` and ``device``: the tools around the fuzzer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..campaign.profiles import PROFILES, FuzzConfig
+from ..cases.corpus import CaseError, case_files
+from . import UsageError, bad_case, cli_words, load_all, properties_arg
+
+
+def gate_(args: argparse.Namespace) -> int:
+    from ..campaign.profiles import new_seed
+    from ..tools.gate import gate
+
+    props = properties_arg(args.properties)
+    if props is None:
+        return 2
+    if args.profile not in PROFILES:
+        print(f"schedfuzz gate: --profile {args.profile!r}: choose one of {', '.join(PROFILES)}", file=sys.stderr)
+        return 2
+    try:
+        cases = load_all([args.corpus]) if any(case_files(args.corpus)) else []
+    except CaseError as e:
+        return bad_case(e)
+    seed = args.seed if args.seed is not None else (0 if PROFILES[args.profile].derandomize else new_seed())
+    print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={args.corpus} ({len(cases)} cases)", flush=True)
+    config = FuzzConfig(profile=args.profile, examples=args.examples, seed=seed, rereserve=args.rereserve)
+    try:
+        config.validate()  # --examples 0 and the like, before anything is built
+    except ValueError as e:
+        print(f"schedfuzz gate: {cli_words(e)}", file=sys.stderr)
+        return 2
+    try:
+        status, report = gate(args.base, args.head, cases, config, props)
+    except ValueError as e:
+        print(f"schedfuzz gate: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    return status
+
+
+def mutate(args: argparse.Namespace) -> int:
+    from ..tools.mutants import main as mutate_main
+
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise UsageError(f"--corpus {args.corpus}: no such folder")
+    return mutate_main(args.mutants.split(",") if args.mutants else None, corpus, args.budget, Path(args.logs) if args.logs else None,
+                       args.size_oracle)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from ..tools.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def device(args: argparse.Namespace) -> int:
+    """Build the GPU-like device for each ggml named (a built-in, or a build's library folder)."""
+    from ..ggml.build import BuildError, build_fake_gpu
+    from ..ggml.lib import BUILT_IN, LibError, base_library, library_folder
+
+    for name in args.lib or BUILT_IN:
+        try:
+            base = base_library(library_folder(name))
+        except LibError as e:
+            raise UsageError(str(e)) from None
+        t0 = time.perf_counter()
+        try:
+            out = build_fake_gpu(str(base))
+        except BuildError as e:
+            print(f"schedfuzz device: {name}: {e}", file=sys.stderr)
+            return 1
+        print(f"schedfuzz device: {name}: {out} ({time.perf_counter() - t0:.1f} s, sources included)")
+    return 0
