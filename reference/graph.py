@@ -53,7 +53,7 @@ def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
         )
         for t in spec.tensors
     )
-    g.add_edges_from((src, t.name, {"slot": slot}) for t in spec.tensors for slot, src in enumerate(t.srcs) if src is not None)
+    g.add_edges_from((src, t.name, {"slot": slot}) for t in spec.tensors for slot, src in enumerate(t.srcs) if src not in (None, t.name))
     return g
 
 

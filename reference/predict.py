@@ -54,7 +54,8 @@ def predict(scenario: Scenario, scheduler: type[Scheduler] = Scheduler, rules: R
 def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Prediction:
     """What ggml's scheduler must do for each step of ``scenario``, as a ``Trace``.
 
-    Steps mirror the calls a ``llama_context`` makes: ``reserve`` and ``alloc`` reset the
+    Steps mirror the calls a ``llama_context`` makes: ``reserve``, ``alloc`` and ``split``
+    (``ggml_backend_sched_split_graph`` alone, as llama.cpp probes where ops go) reset the
     scheduler and apply the graph's forced assignments first; ``compute`` allocates like
     ``alloc``; a ``sched_new`` with ``reuse`` keeps the current scheduler (and its params).
     A predicted abort ends the prediction, as it ends the engine. ``scheduler`` lets a test
@@ -84,6 +85,8 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
             g = cgraphs.get(name) or cgraphs.setdefault(name, CGraph.build(spec))
             if step.kind == "reserve":
                 (result, ok), events = sched.reserve(g), []
+            elif step.kind == "split":
+                result, events, ok = sched.split_graph(g), [], True
             else:
                 result, events, ok = sched.alloc_graph(g, i)
             records.append(_record(i, step, sched, result, events, g.names, g.n_nodes, ok))

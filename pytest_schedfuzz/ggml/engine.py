@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..engine import TargetError
+from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendSpec, TensorSpec
 from ..model.shapes import Geometry
 from .build import BuildError, build_fake_gpu, ggml_source_location
@@ -289,12 +289,58 @@ class Ggml:
         return p
 
     def new_op(self, ctx: int, t: TensorSpec, a: list[Ptr | None]) -> Ptr:
-        """The ggml call that builds op ``t.op`` over ``a`` (the spec's ``args``, in call order)."""
+        """The ggml call that builds op ``t.op`` over ``a`` (the spec's ``args``, in call order);
+        then the spec's ``op_params`` words, where it has them, over the constructor's."""
+        p = self._construct(ctx, t, a)
+        words = t.param("op_params")
+        if words is not None and p:
+            params = p.contents.op_params
+            for i in range(len(params)):
+                params[i] = int(words[i]) if i < len(words) else 0
+        return p
+
+    def _construct(self, ctx: int, t: TensorSpec, a: list[Ptr | None]) -> Ptr:
         g, op, P = self.g, t.op, t.param
-        if op in ("get_rows", "mul_mat", "add", "mul", "cpy"):
+        if op == "fill":
+            return getattr(g, "ggml_fill_inplace" if P("inplace") else "ggml_fill")(ctx, a[0], float(P("value", 0.0)))
+        if op == "cast":
+            return g.ggml_cast(ctx, a[0], self.types[str(P("type"))])
+        if P("inplace") and op != "rope":
+            if op == "scale":
+                return g.ggml_scale_inplace(ctx, a[0], float(P("scale", 1.0)))
+            return getattr(g, f"ggml_{op}_inplace")(ctx, *a)
+        if op == "pad":
+            return g.ggml_pad_ext(ctx, a[0], *[int(x) for x in P("pad")])
+        if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "step", "cumsum"):
+            return getattr(g, f"ggml_{op}")(ctx, *a)
+        if op == "top_k":
+            if self.ggml_version.startswith("0.15."):  # there ggml_top_k is an argsort and a view: not this op
+                raise Unsupported(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
+            fn = self.lib.ggml_top_k
+            fn.restype, fn.argtypes = ctypes.POINTER(g.ggml_tensor), [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            return fn(ctx, a[0], int(P("k")))
+        if op == "ssm_scan":
+            if self.ggml_version.startswith("0.15."):
+                return g.ggml_ssm_scan(ctx, *a)
+            # 0.25.3 added K (the states kept), which ggml-python's binding does not pass
+            fn = self.lib.ggml_ssm_scan
+            fn.restype, fn.argtypes = ctypes.POINTER(g.ggml_tensor), [ctypes.c_void_p] * 8 + [ctypes.c_int64]
+            return fn(ctx, *a, int(P("k", 1)))
+        if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
             return getattr(g, f"ggml_{op}")(ctx, a[0], a[1])
-        if op in ("silu", "cont", "transpose", "view_tensor"):
+        if op in ("silu", "transpose", "view_tensor", "sum_rows"):
             return getattr(g, f"ggml_{op}")(ctx, a[0])
+        if op == "cont":
+            ne = P("ne")
+            return g.ggml_cont(ctx, a[0]) if ne is None else g.ggml_cont_4d(ctx, a[0], *(list(ne) + [1] * (4 - len(ne))))
+        if op == "argsort":
+            return g.ggml_argsort(ctx, a[0], int(P("order", 0)))
+        if op == "clamp":
+            return g.ggml_clamp(ctx, a[0], float(P("min", 0.0)), float(P("max", 1.0)))
+        if op == "glu":
+            if a[1] is None:
+                return g.ggml_glu(ctx, a[0], int(P("glu", 2)), bool(P("swapped", False)))
+            return g.ggml_glu_split(ctx, a[0], a[1], int(P("glu", 2)))
         if op == "mul_mat_id":
             return g.ggml_mul_mat_id(ctx, a[0], a[1], a[2])
         if op == "set_rows":
@@ -306,7 +352,8 @@ class Ggml:
         if op == "rope":
             # ggml_rope_ext(a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
             #               ext_factor, attn_factor, beta_fast, beta_slow)
-            return g.ggml_rope_ext(ctx, a[0], a[1], a[2], int(P("n_dims")), int(P("mode", 0)), 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+            rope = g.ggml_rope_ext_inplace if P("inplace") else g.ggml_rope_ext
+            return rope(ctx, a[0], a[1], a[2], int(P("n_dims")), int(P("mode", 0)), 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
         if op == "soft_max_ext":
             return g.ggml_soft_max_ext(ctx, a[0], a[1], float(P("scale", 1.0)), float(P("max_bias", 0.0)))
         if op == "flash_attn_ext":

@@ -43,7 +43,8 @@ class ScenarioRun:
     server), ``ggml_backend_blas_init``, ``ggml_backend_cpu_init``. Steps, on ``ggml_backend_sched_*``:
     ``sched_new`` -> ``_new`` (or keep the scheduler: reuse); ``reserve`` -> ``_set_tensor_backend``
     for forced tensors, ``_reserve``; ``alloc`` -> ``_reset``, forced, ``_alloc_graph``; ``compute``
-    -> as alloc, inputs zeroed (``ggml_backend_tensor_set``), ``_graph_compute``; ``reset`` -> ``_reset``.
+    -> as alloc, inputs zeroed (``ggml_backend_tensor_set``), ``_graph_compute``; ``split`` -> ``_reset``,
+    forced, ``_split_graph`` (llama.cpp's probe of where ops go); ``reset`` -> ``_reset``.
     Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
     """
 
@@ -192,6 +193,9 @@ class ScenarioRun:
         self._dep_nodes()  # forget what an earlier split_graph made
         if st.kind == "reserve":
             ok = bool(g.ggml_backend_sched_reserve(self.sched, built.gf))
+        elif st.kind == "split":  # llama.cpp's probe of where ops go (its flash-attention check)
+            g.ggml_backend_sched_split_graph(self.sched, built.gf)
+            ok = True
         else:
             ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
         n_dep_nodes = self._dep_nodes()  # of this step's one split_graph

@@ -30,6 +30,7 @@ enum {
     HOOK_SPLIT_BEGIN = 6, HOOK_SPLIT_END = 7,
     HOOK_RESERVE_SIZE_BEGIN = 8, HOOK_RESERVE_SIZE_END = 9,
     HOOK_REALLOC = 10, HOOK_REALLOC_OWNER = 11,
+    HOOK_SET_TENSOR_BACKEND = 12, HOOK_RESET = 13,
 };
 
 static schedfuzz_hook_t hook = NULL;
@@ -120,6 +121,21 @@ void ggml_backend_sched_reserve_size(void * sched, void * graph, size_t * sizes)
     if (hook) hook(HOOK_RESERVE_SIZE_BEGIN, sched, graph, 0, 0, 0);
     f(sched, graph, sizes);
     if (hook) hook(HOOK_RESERVE_SIZE_END, sched, graph, 1, 0, 0);
+}
+
+/* llama.cpp's own assignments (the graph's forced ones), and the resets that forget them */
+void ggml_backend_sched_set_tensor_backend(void * sched, void * tensor, void * backend) {
+    static void (*f)(void *, void *, void *);
+    if (!f) f = (void (*)(void *, void *, void *)) real("ggml_backend_sched_set_tensor_backend");
+    f(sched, tensor, backend);
+    if (hook) hook(HOOK_SET_TENSOR_BACKEND, sched, tensor, (long) backend, 0, 0);
+}
+
+void ggml_backend_sched_reset(void * sched) {
+    static void (*f)(void *);
+    if (!f) f = (void (*)(void *)) real("ggml_backend_sched_reset");
+    f(sched);
+    if (hook) hook(HOOK_RESET, sched, NULL, 0, 0, 0);
 }
 
 typedef bool (*graph_fn)(void *, void *);

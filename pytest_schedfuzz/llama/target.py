@@ -93,9 +93,10 @@ class LlamaTarget(WorkerTarget):
         worker, self.engine = Worker.start(env, "pytest_schedfuzz.llama.worker", self.start_timeout, "llama.cpp")
         return worker
 
-    def run(self, workload: LlamaWorkload, logits: bool = False) -> LlamaTrace:
+    def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
         """Run ``workload`` on llama.cpp; with ``logits``, each decode's record also carries the
-        logits of its first and last output (``CallRecord.logits``)."""
+        logits of its first and last output (``CallRecord.logits``); with ``capture``, each reserve
+        and alloc the graph llama.cpp handed the scheduler and where ggml put it (``SchedCall.capture``)."""
         model_path = write_model(workload.model, self.models)
         lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
         for attempt in range(2):
@@ -104,7 +105,7 @@ class LlamaTarget(WorkerTarget):
             calls: list[dict[str, Any]] = []
             try:
                 worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths,
-                             "logits": logits})
+                             "logits": logits, "capture": capture})
                 result = self._collect(worker, calls)
             except BaseException:
                 self._worker = None

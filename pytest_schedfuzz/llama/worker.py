@@ -5,7 +5,8 @@ Protocol: JSON lines, as ``ggml.worker``: replies go to the file descriptor that
 is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
 
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
-* request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``, answered with
+* request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``
+  (with ``"capture": true``, every reserve and alloc record carries the graph whole), answered with
   ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
   ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
   RPC server does not answer; ``{"error": message}`` when the harness failed;
@@ -42,7 +43,7 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devic
 from ..model.scenario import BackendSpec
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
- HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER) = range(12)  # sched_hook.c
+ HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET) = range(14)  # sched_hook.c
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
 OUTER_END = {HOOK_RESERVE_END: "reserve", HOOK_ALLOC_END: "alloc", HOOK_RESERVE_SIZE_END: "reserve_size"}
 # the seeds' llama.cpp (llama_context::sched_graph_realloc, sched_new)
@@ -112,6 +113,11 @@ class Llama:
         glib.ggml_op_name.argtypes, glib.ggml_op_name.restype = [ctypes.c_int], ctypes.c_char_p
         glib.ggml_backend_buffer_get_usage.argtypes, glib.ggml_backend_buffer_get_usage.restype = [ctypes.c_void_p], ctypes.c_int
         glib.ggml_backend_buffer_is_host.argtypes, glib.ggml_backend_buffer_is_host.restype = [ctypes.c_void_p], ctypes.c_bool
+        glib.ggml_backend_buffer_get_type.argtypes, glib.ggml_backend_buffer_get_type.restype = [ctypes.c_void_p], ctypes.c_void_p
+        glib.ggml_backend_buft_name.argtypes, glib.ggml_backend_buft_name.restype = [ctypes.c_void_p], ctypes.c_char_p
+        glib.ggml_backend_sched_get_buffer_size.argtypes, glib.ggml_backend_sched_get_buffer_size.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_size_t
+        glib.ggml_op_desc.argtypes, glib.ggml_op_desc.restype = [ctypes.c_void_p], ctypes.c_char_p
+        glib.ggml_type_name.argtypes, glib.ggml_type_name.restype = [ctypes.c_int], ctypes.c_char_p
         self.glib = glib
         self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
         self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -147,6 +153,9 @@ class Llama:
         self.observing: set[int] = set()  # sched ids whose realloc decisions ggml reports (its callback)
         self.llama_said: dict[str, int] | None = None  # llama.cpp's trace of that reallocation (the seeds' build)
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
+        self.capturing = False  # read every graph handed to reserve/alloc whole (cases.capture)
+        self.captured: dict[str, Any] | None = None  # ... the one being split
+        self.forced: dict[int, dict[int, int]] = {}  # sched -> tensor -> backend llama.cpp set since the last reset
         self._hook = HOOK_T(self._on_sched)
         set_hook(self._hook)
         self._log_cb = L.llama_log_callback(self._on_log)
@@ -206,6 +215,12 @@ class Llama:
             self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
 
     def _sched_event(self, phase: int, sched: int, graph: int, a: int, b: int, c: int) -> None:
+        if phase == HOOK_SET_TENSOR_BACKEND:
+            self.forced.setdefault(sched, {})[graph] = a
+            return
+        if phase == HOOK_RESET:
+            self.forced.pop(sched, None)
+            return
         if phase == HOOK_SCHED_NEW:
             # ids by creation: a new scheduler may get a freed one's address
             sid = self.scheds[sched] = self.n_scheds
@@ -232,10 +247,19 @@ class Llama:
                 self.log.begin()
             # ggml collects graph inputs only with n_copies > 1: the nodes are not walked otherwise
             self.inputs_read = self._inputs_read(graph) if self.glib.ggml_backend_sched_get_n_copies(ctypes.c_void_p(sched)) > 1 else 0
+            # as llama.cpp built it: split_graph's pass 5 points the nodes' sources at its input copies
+            self.captured = self._capture_graph(sched, graph) if self.capturing and self.outer in ("reserve", "alloc", None) else None
         elif phase == HOOK_SPLIT_END:
             self.split = self._read_split(sched, graph)
+            if self.captured is not None:
+                self.captured["assigned"] = self._assigned(sched, graph)
+                backends = self.backends[self.scheds[sched]]
+                self.captured["backend_names"] = [name for name, _ in backends]
+                self.captured["bufts"] = [self.glib.ggml_backend_buft_name(ctypes.c_void_p(b)).decode() for _, b in backends]
             if self.outer is None:
                 self.sched_events.append({"kind": "split", "ok": True, **self.split})
+                if self.captured is not None:
+                    self._captured_into(self.sched_events[-1], sched)
         else:
             kind, self.outer = OUTER_END[phase], None
             if self.split is None:
@@ -259,6 +283,8 @@ class Llama:
             if self.llama_said is not None:
                 rec["realloc"]["llama"] = self.llama_said
             del rec["moved"]
+            if self.captured is not None:
+                self._captured_into(rec, sched)
             self.sched_events.append(rec)
         if self.log.errors:  # kept before the next scheduler call's log.begin() forgets them
             self.errors += [f"call {self.call}: {e}" for e in self.log.errors]
@@ -312,6 +338,69 @@ class Llama:
                                  for x in split.inputs if x in g["host_weights"]}),
             "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
         }
+
+    def _captured_into(self, rec: dict[str, Any], sched: int) -> None:
+        rec["capture"], self.captured = self.captured, None
+        rec["capture"]["buffer_sizes"] = self._buffer_sizes(sched)
+
+    def _capture_graph(self, sched: int, graph: int) -> dict[str, Any]:
+        """The graph handed to the scheduler, whole: every node and leaf with its op (and
+        ``ggml_op_desc``: the unary or GLU op), op params, type, shape, strides, sources and view
+        source (as ``n<i>``/``l<i>``: a node's or a leaf's index), flags and name, and for a
+        tensor in a buffer the buffer type's name and usage (weights, compute, any); ``forced``:
+        the tensors llama.cpp assigned a backend (``ggml_backend_sched_set_tensor_backend``) since
+        the scheduler's last reset, with the backend's index."""
+        head = CGraphHead.from_address(graph)
+        nodes = ctypes.cast(head.nodes, ctypes.POINTER(ctypes.c_void_p))
+        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
+        ref = {nodes[i]: f"n{i}" for i in range(head.n_nodes)} | {leafs[i]: f"l{i}" for i in range(head.n_leafs)}
+        glib = self.glib
+
+        def read(ptr: int) -> dict[str, Any]:
+            t = ctypes.cast(ptr, ctypes.POINTER(self.g.ggml_tensor)).contents
+            srcs = [ctypes.cast(x, ctypes.c_void_p).value for x in t.src]
+            while srcs and not srcs[-1]:
+                srcs.pop()
+            params = list(t.op_params)
+            while params and params[-1] == 0:
+                params.pop()
+            out: dict[str, Any] = {
+                "name": self._name(ptr), "op": self._op_name(t.op), "desc": glib.ggml_op_desc(ctypes.c_void_p(ptr)).decode(),
+                "type": glib.ggml_type_name(t.type).decode(), "ne": [int(x) for x in t.ne], "nb": [int(x) for x in t.nb],
+                "flags": int(t.flags), "src": [ref.get(x, "?") if x else None for x in srcs],
+            }
+            if params:
+                out["op_params"] = params
+            view = ctypes.cast(t.view_src, ctypes.c_void_p).value
+            if view:
+                out["view_src"], out["view_offs"] = ref.get(view, "?"), int(t.view_offs)
+            if t.buffer:
+                buft = glib.ggml_backend_buffer_get_type(t.buffer)
+                out["buft"] = glib.ggml_backend_buft_name(ctypes.c_void_p(buft)).decode()
+                out["usage"] = int(glib.ggml_backend_buffer_get_usage(t.buffer))
+            return out
+
+        s = ctypes.c_void_p(sched)
+        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
+        forced = [[ref.get(t, "?"), index.get(b, -1)] for t, b in self.forced.get(sched, {}).items() if t in ref]
+        return {"nodes": [read(nodes[i]) for i in range(head.n_nodes)], "leafs": [read(leafs[i]) for i in range(head.n_leafs)], "forced": forced}
+
+    def _assigned(self, sched: int, graph: int) -> dict[str, list[int]]:
+        """The backend (its index among the scheduler's) ggml's split_graph gave each node and leaf."""
+        s = ctypes.c_void_p(sched)
+        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
+        head = CGraphHead.from_address(graph)
+        out = {}
+        for what, array, n in (("nodes", head.nodes, head.n_nodes), ("leafs", head.leafs, head.n_leafs)):
+            tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+            out[what] = [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(tensors[i])), -1) for i in range(n)]
+        return out
+
+    def _buffer_sizes(self, sched: int) -> list[int]:
+        """``ggml_backend_sched_get_buffer_size`` of each of the scheduler's backends."""
+        s = ctypes.c_void_p(sched)
+        return [int(self.glib.ggml_backend_sched_get_buffer_size(s, ctypes.c_void_p(self.glib.ggml_backend_sched_get_backend(s, i))))
+                for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))]
 
     def _name(self, tensor: int) -> str:
         return bytes(ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents.name).split(b"\0", 1)[0].decode(errors="replace")
@@ -633,6 +722,7 @@ def main() -> None:
         try:
             w = LlamaWorkload.from_json(req["workload"])
             eng.want_logits = bool(req.get("logits"))
+            eng.capturing = bool(req.get("capture"))
             done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
             chan.send({"done": done})
         except ConnectionError as e:

@@ -55,6 +55,9 @@ class SchedCall:
     # alloc that re-planned, on the seeds' llama.cpp: its counters after this reallocation (None: it traced none)
     llama_n_same: int | None = None
     llama_n_diff: int | None = None
+    # reserve/alloc of a captured run (LlamaTarget.run(capture=True)): the graph as ggml held it, the
+    # backend split_graph gave each node and leaf, and each backend's compute buffer size (cases.capture)
+    capture: Mapping[str, Any] | None = None
 
     @property
     def observed(self) -> bool:
@@ -105,6 +108,7 @@ class SchedCall:
             observes_realloc=bool(d.get("observes_realloc", False)), owner_counts=bool(d.get("owner_counts", False)),
             current_max_nodes=int(d.get("current_max_nodes", 0)),
             llama_n_same=int(counted["n_same"]) if counted else None, llama_n_diff=int(counted["n_diff"]) if counted else None,
+            capture=d.get("capture"),
         )
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
-from .shapes import OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
+from .shapes import CAST_SELF, OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
 
 FORMAT_VERSION = 1
 
 ROLES = ("weight", "cache", "input", "")
 BACKEND_KINDS = ("rpc", "gpu", "blas", "cpu")
-STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset")
+STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset", "split")
 # explicit limits on what a scenario may ask of the engine (case files are checked against them)
 MAX_ELEMENTS = 2**26  # per tensor: 256 MiB of f32
 MAX_TENSORS = 100_000  # per graph
@@ -75,7 +75,9 @@ class TensorSpec:
     @property
     def srcs(self) -> tuple[str | None, ...]:
         """Names in ggml's ``src[]`` order (see ``shapes.ggml_srcs``)."""
-        return ggml_srcs(self.op, self.args) if not self.is_leaf else ()
+        if self.is_leaf:
+            return ()
+        return tuple(self.name if s == CAST_SELF else s for s in ggml_srcs(self.op, self.args))
 
     def param(self, key: str, default: Any = None) -> Any:
         return dict(self.params).get(key, default)
@@ -167,8 +169,8 @@ class GraphSpec:
             if n_backends is not None and not 0 <= backend < n_backends:
                 raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
         for t in self.tensors:
-            if t.is_leaf and any(n < 1 for n in t.ne):
-                raise SpecError(f"tensor {t.name!r}: shape {list(t.ne)} has a dimension below 1")
+            if t.is_leaf and any(n < 0 for n in t.ne):
+                raise SpecError(f"tensor {t.name!r}: shape {list(t.ne)} has a negative dimension")
         geo = self.geometry
         for t in self.tensors:
             if t.ne and tuple(geo[t.name].ne[: len(t.ne)]) != tuple(t.ne) or any(n != 1 for n in geo[t.name].ne[len(t.ne):]):
@@ -427,7 +429,7 @@ class Scenario:
                 raise SpecError(f"step {i}: sched_new needs params")
             if s.kind == "sched_new" and s.params is not None and not 1 <= s.params.max_nodes <= MAX_NODES:
                 raise SpecError(f"step {i}: max_nodes {s.params.max_nodes} is outside 1 .. {MAX_NODES:,} (2**24)")
-            if s.kind in ("reserve", "alloc", "compute") and s.graph not in self.graph_map:
+            if s.kind in ("reserve", "alloc", "compute", "split") and s.graph not in self.graph_map:
                 raise SpecError(f"step {i}: unknown graph {s.graph!r}")
             if s.kind == "sched_new" and s.reuse and i == 0:
                 raise SpecError("step 0: nothing to reuse")

@@ -3,7 +3,13 @@
 Op parameters (``TensorSpec.params``), as the engine passes them to ggml: scale: ``scale``;
 rms_norm: ``eps``; rope: ``n_dims``, ``mode`` (0); soft_max_ext: ``scale``, ``max_bias``;
 flash_attn_ext: ``scale``, ``max_bias``, ``logit_softcap``; concat: ``dim``; view: ``ne``,
-``nb`` (strides of dims 1..), ``offset``; reshape: ``ne``; permute: ``axes``.
+``nb`` (strides of dims 1..), ``offset``; reshape: ``ne``; permute: ``axes``; cont: ``ne``
+(optional: ``ggml_cont_Nd``); argsort: ``order`` (0 ascending); clamp: ``min``, ``max``; glu:
+``glu`` (``ggml_glu_op``: 0 reglu, 1 geglu, 2 swiglu, ...) and ``swapped``; pad: ``pad`` (the
+eight paddings of ``ggml_pad_ext``); ssm_scan: ``k`` (states kept; 0.25.3); top_k: ``k``; fill: ``value``; cast: ``type``. ``inplace``: the
+``_inplace`` constructor (``INPLACE``), whose result views its first source. Any op may carry
+``op_params``: the tensor's ``op_params`` words as a graph captured from llama.cpp had them,
+written over the constructor's (its rope frequencies, a matmul's precision).
 
 One function per op computes the result's ``ne`` (elements per dim), ``nb`` (bytes per dim),
 type and, for ops that return a view, which source the result views. Both the reference and
@@ -58,8 +64,8 @@ def contiguous_nb(type_: str, ne: Sequence[int]) -> Shape:
 def pad4(ne: Sequence[int]) -> Shape:
     if not 1 <= len(ne) <= 4:
         raise SpecError(f"shape {list(ne)} must have 1 to 4 dims")
-    if any(not isinstance(n, int) or n < 1 for n in ne):
-        raise SpecError(f"shape {list(ne)} must hold positive integers")
+    if any(not isinstance(n, int) or n < 0 for n in ne):
+        raise SpecError(f"shape {list(ne)} must hold integers of at least 0 (ggml allows empty tensors)")
     full = list(ne) + [1] * (4 - len(ne))
     return (full[0], full[1], full[2], full[3])
 
@@ -74,7 +80,9 @@ def new_tensor(type_: str, ne: Sequence[int]) -> Geometry:
 
 
 def nbytes(t: Geometry) -> int:
-    """``ggml_nbytes``: the bytes spanned by a tensor, strides included."""
+    """``ggml_nbytes``: the bytes spanned by a tensor, strides included (none for an empty one)."""
+    if min(t.ne) <= 0:
+        return 0
     blck, size = TYPES[t.type]
     if blck == 1:
         total = size
@@ -148,7 +156,9 @@ def _mul_mat_id(as_: Geometry, b: Geometry, ids: Geometry) -> Geometry:
 
 
 def _binary(a: Geometry, b: Geometry) -> Geometry:
-    _check(all(x % y == 0 for x, y in zip(a.ne, b.ne)), f"binary op: {b.ne} cannot repeat to {a.ne}")
+    # ggml_can_repeat: an empty tensor repeats only to an empty one
+    can = min(a.ne) == 0 if min(b.ne) == 0 else all(x % y == 0 for x, y in zip(a.ne, b.ne))
+    _check(can, f"binary op: {b.ne} cannot repeat to {a.ne}")
     _check(a.type == "f32" and b.type == "f32", "binary op: f32 only")
     return _same(a)
 
@@ -156,7 +166,7 @@ def _binary(a: Geometry, b: Geometry) -> Geometry:
 def _unary(a: Geometry, op: str) -> Geometry:
     _check(a.type == "f32", "unary op: f32 only")
     # ggml_unary_impl asserts contiguous rows, ggml_scale_impl a padded 1d tensor: ask for both
-    _check(op == "rms_norm" or is_contiguous(a), f"{op}: source must be contiguous")
+    _check(op in ("rms_norm", "clamp") or is_contiguous(a), f"{op}: source must be contiguous")
     return _same(a)
 
 
@@ -199,6 +209,74 @@ def _concat(a: Geometry, b: Geometry, dim: int) -> Geometry:
     return new_tensor(a.type, ne)
 
 
+def _sum_rows(a: Geometry) -> Geometry:
+    """``ggml_sum_rows``: one element per row."""
+    return new_tensor(a.type, (1, a.ne[1], a.ne[2], a.ne[3]))
+
+
+def _argsort(a: Geometry) -> Geometry:
+    """``ggml_argsort``: the i32 indices that sort each row."""
+    return new_tensor("i32", a.ne)
+
+
+def _glu(a: Geometry, b: Geometry | None) -> Geometry:
+    """``ggml_glu_impl``: with ``b`` (``ggml_glu_split``) gate and value have one shape; without,
+    the two halves of each row of ``a``."""
+    _check(is_contiguous_rows(a), "glu: rows must be contiguous")
+    if b is None:
+        _check(a.ne[0] % 2 == 0, "glu: a row of odd length has no halves")
+        return new_tensor(a.type, (a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3]))
+    _check(a.ne == b.ne and a.type == b.type, "glu: gate and value differ in shape or type")
+    return _same(a)
+
+
+def _cont(a: Geometry, ne: Sequence[int] | None) -> Geometry:
+    """``ggml_cont`` (``ggml_cont_Nd`` with ``ne``: the same elements in another shape)."""
+    if ne is None:
+        return _same(a)
+    shape = pad4(ne)
+    _check(shape[0] * shape[1] * shape[2] * shape[3] == nelements(a), "cont: element count differs")
+    return new_tensor(a.type, shape)
+
+
+def _pad(a: Geometry, pads: Sequence[int]) -> Geometry:
+    """``ggml_pad_ext``: ``pads`` = (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)."""
+    _check(len(pads) == 8 and min(pads) >= 0, "pad: eight paddings of at least 0")
+    return new_tensor(a.type, tuple(a.ne[d] + pads[2 * d] + pads[2 * d + 1] for d in range(4)))
+
+
+def _top_k(a: Geometry, k: int) -> Geometry:
+    """``ggml_top_k`` (0.25.3's own op, GGML_OP_TOP_K): the i32 indices of each row's ``k`` largest."""
+    _check(1 <= k <= a.ne[0], f"top_k: k {k} must be 1 .. {a.ne[0]}")
+    return new_tensor("i32", (k, a.ne[1], a.ne[2], a.ne[3]))
+
+
+def _argmax(a: Geometry) -> Geometry:
+    """``ggml_argmax``: the i32 index of each row's largest element, of a matrix."""
+    _check(a.ne[2] == a.ne[3] == 1, "argmax: a matrix only")
+    return new_tensor("i32", (a.ne[1],))
+
+
+def _ssm_conv(sx: Geometry, c: Geometry) -> Geometry:
+    """``ggml_ssm_conv``: ``sx`` [d_conv - 1 + n_t, d_inner, n_s] by the kernels ``c`` [d_conv, d_inner]."""
+    _check(sx.ne[3] == 1 and c.ne[2] == c.ne[3] == 1, "ssm_conv: sx is 3d, c a matrix")
+    n_t = sx.ne[0] - c.ne[0] + 1
+    _check(n_t >= 0 and sx.ne[1] == c.ne[1], "ssm_conv: shapes do not match")
+    return _f32((c.ne[1], n_t, sx.ne[2]))
+
+
+def _ssm_scan(s: Geometry, x: Geometry, dt: Geometry, a: Geometry, b: Geometry, c: Geometry, ids: Geometry, k: int) -> Geometry:
+    """``ggml_ssm_scan``: y and the ``k`` last states, concatenated in one f32 vector."""
+    _check(k >= 1 and ids.type == "i32" and b.ne == c.ne, "ssm_scan: K, ids or B/C shapes")
+    _check(is_contiguous(s) and is_contiguous(dt) and is_contiguous(a), "ssm_scan: s, dt and A must be contiguous")
+    _check(dt.ne[:3] == x.ne[1:4] and s.ne[1:3] == x.ne[0:2] and ids.ne[0] == x.ne[3], "ssm_scan: shapes do not match")
+    return _f32((nelements(x) + k * s.ne[0] * s.ne[1] * s.ne[2] * ids.ne[0],))
+
+
+# ops with an ``_inplace`` constructor that a captured graph may use: the result views src 0
+INPLACE = frozenset({"scale", "add", "mul", "div", "silu", "fill", "rope"})
+
+
 # op -> (number of args, which args may be None)
 ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "get_rows": (2, frozenset()),
@@ -221,12 +299,36 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "transpose": (1, frozenset()),
     "cont": (1, frozenset()),
     "concat": (2, frozenset()),
+    "div": (2, frozenset()),
+    "sum_rows": (1, frozenset()),
+    "argsort": (1, frozenset()),
+    "clamp": (1, frozenset()),
+    "glu": (2, frozenset({1})),
+    "pad": (1, frozenset()),
+    "argmax": (1, frozenset()),
+    "top_k": (1, frozenset()),
+    "sub": (2, frozenset()),
+    "sum": (1, frozenset()),
+    "log": (1, frozenset()),
+    "exp": (1, frozenset()),
+    "step": (1, frozenset()),
+    "cumsum": (1, frozenset()),
+    "fill": (1, frozenset()),
+    "cast": (1, frozenset()),
+    "ssm_conv": (2, frozenset()),
+    "ssm_scan": (7, frozenset()),
 }
 OPS = frozenset(ARITY)
 # what ``ggml_op_name`` calls each op's node (silu is a unary op)
-GGML_OP_NAMES: dict[str, str] = {op: {"silu": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE"}.get(op, op.upper()) for op in OPS} | {"none": "NONE"}
+GGML_OP_NAMES: dict[str, str] = {
+    op: {"silu": "UNARY", "exp": "UNARY", "step": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE", "cast": "CPY"}.get(op, op.upper())
+    for op in OPS
+} | {"none": "NONE"}
 # ``ggml_view_tensor`` keeps op NONE and no src: ggml's graph makes it a leaf that views a tensor
 LEAF_VIEW_OPS = frozenset({"view_tensor"})
+
+
+CAST_SELF = "\0self"  # in ggml_srcs("cast", ...): the tensor itself
 
 
 def ggml_srcs(op: str, args: Sequence[str | None]) -> tuple[str | None, ...]:
@@ -238,6 +340,8 @@ def ggml_srcs(op: str, args: Sequence[str | None]) -> tuple[str | None, ...]:
     """
     if op == "set_rows":
         return (args[1], args[2], args[0])
+    if op == "cast":  # ggml_cast: a CPY whose src[1] is the result itself (TensorSpec.srcs names it)
+        return (args[0], CAST_SELF)
     if op in LEAF_VIEW_OPS:
         return ()
     return tuple(args)
@@ -255,15 +359,43 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
             raise SpecError(f"{op}: source {i} is required")
     a = args[0]
     assert a is not None
+    if params.get("inplace"):
+        _check(op in INPLACE, f"{op}: no in-place form")
+        infer(op, args, names, {k: v for k, v in params.items() if k != "inplace"})
+        return _view(str(names[0]), a, a.type, a.ne, a.nb)
+    if op == "pad":
+        return _pad(a, [int(x) for x in params["pad"]])  # type: ignore[attr-defined]
+    if op == "argmax":
+        return _argmax(a)
+    if op == "top_k":
+        return _top_k(a, int(params["k"]))  # type: ignore[call-overload]
+    if op == "ssm_conv":
+        return _ssm_conv(a, args[1])  # type: ignore[arg-type]
+    if op == "ssm_scan":
+        return _ssm_scan(a, *args[1:], k=int(params.get("k", 1)))  # type: ignore[arg-type,call-overload]
     if op == "get_rows":
         return _get_rows(a, args[1])  # type: ignore[arg-type]
     if op == "mul_mat":
         return _mul_mat(a, args[1])  # type: ignore[arg-type]
     if op == "mul_mat_id":
         return _mul_mat_id(a, args[1], args[2])  # type: ignore[arg-type]
-    if op in ("add", "mul"):
+    if op in ("add", "mul", "div", "sub"):
         return _binary(a, args[1])  # type: ignore[arg-type]
-    if op in ("scale", "rms_norm", "silu"):
+    if op == "sum":
+        return new_tensor(a.type, (1,))
+    if op == "cast":
+        return new_tensor(str(params["type"]), a.ne)
+    if op in ("cumsum", "fill"):
+        _check(a.type == "f32" or (op == "fill" and a.type == "f16"), f"{op}: f32 only")
+        _check(op == "cumsum" or is_contiguous(a), "fill: source must be contiguous")
+        return _same(a)
+    if op == "sum_rows":
+        return _sum_rows(a)
+    if op == "argsort":
+        return _argsort(a)
+    if op == "glu":
+        return _glu(a, args[1])
+    if op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "step"):
         return _unary(a, op)
     if op == "rope":
         return _rope(a, args[1], args[2])  # type: ignore[arg-type]
@@ -274,7 +406,7 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
     if op == "concat":
         return _concat(a, args[1], int(params.get("dim", 0)))  # type: ignore[arg-type,call-overload]
     if op == "cont":
-        return _same(a)
+        return _cont(a, params.get("ne"))  # type: ignore[arg-type]
     if op == "view_tensor":
         return _view(str(names[0]), a, a.type, a.ne, a.nb)
     if op == "cpy":
@@ -318,6 +450,6 @@ def _view_op(op: str, a: Geometry, src: str, params: Mapping[str, object]) -> Ge
         nb.append(nb[-1] * ne[len(nb) - 1])
     offs = int(params.get("offset", 0))  # type: ignore[call-overload]
     view = _view(src, a, a.type, ne, nb, offs)
-    _check(offs + nbytes(view) <= nbytes(a), "view: out of the source's bounds")
+    _check(nbytes(view) == 0 or offs + nbytes(view) <= nbytes(a), "view: out of the source's bounds")  # ggml_view_impl
     return view
 

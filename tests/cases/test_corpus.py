@@ -84,7 +84,7 @@ def _corrupt(data: dict, how: str) -> str:
         ("malformed", "not valid JSON"),
         ("huge tensor", "over the limit of 67,108,864 (2**26) per tensor"),
         ("max_nodes", "max_nodes 1000000000000000000000000000000 is outside 1 .. 16,777,216"),
-        ("negative dim", "has a dimension below 1"),
+        ("negative dim", "has a negative dimension"),
         ("bad version scope", "does not match the case schema at expect"),
         ("not utf-8", "not UTF-8 text: byte 0xff"),
         ("deep nesting", "nested too deeply"),

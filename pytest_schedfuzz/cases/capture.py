@@ -1,0 +1,364 @@
+"""A llama.cpp workload's graphs as a graph-level scenario: what ``schedfuzz capture`` writes.
+
+``LlamaTarget.run(capture=True)`` reads, at every reserve and alloc, the graph llama.cpp handed
+the scheduler (every node and leaf: op, op params, type, shape, strides, sources, view source,
+flags, name, buffer type) and, after ``split_graph``, the backend ggml gave each node and leaf
+and each backend's compute buffer size. This module turns that into a ``Scenario``:
+
+* the layout: the scheduler's backends in its order (RPC devices, GPU-like devices with the
+  workload's settings, the CPU last);
+* each distinct graph as a ``GraphSpec``: the leafs (weights and KV cache on the device whose
+  buffer type holds them, inputs), then the nodes in ggml's order, each as the op of the graph
+  engine that ggml's constructor makes (``OP_TABLE``) with llama.cpp's own ``op_params`` words,
+  handed to ``ggml_build_forward_expand`` one by one so that the engine's graph has ggml's order;
+* the steps in order: ``sched_new`` with its params, each reserve, each alloc, and each
+  ``split`` (llama.cpp calling ``ggml_backend_sched_split_graph`` itself: its flash-attention
+  probe), each graph with the assignments llama.cpp made (``ggml_backend_sched_set_tensor_backend``);
+
+and keeps, per step, what ggml did inside llama.cpp (``CapturedStep``). Every tensor's shape,
+strides and view offset are checked against ggml's: a graph this cannot say exactly is a
+``CaptureError`` naming the tensor, never an approximation.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..model.llama import LlamaWorkload
+from ..model.llama_trace import LlamaTrace
+from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step, TensorSpec
+from ..model.shapes import INPLACE, TYPES, VIEW_OPS, SpecError
+
+TENSOR_FLAG_INPUT, TENSOR_FLAG_OUTPUT = 1, 2
+BUFFER_USAGE_WEIGHTS = 1
+MAX_NAME = 63
+
+
+class CaptureError(ValueError):
+    """A captured graph or workload that no graph scenario can say exactly."""
+
+
+@dataclass(frozen=True)
+class CapturedStep:
+    """What ggml did at one reserve or alloc inside llama.cpp: the backend (index in the layout)
+    of each node and leaf of the graph (in ggml's order), its splits and compute buffer sizes."""
+
+    step: int  # in the scenario
+    call: int  # the llama.cpp call it happened in (-1: the context's constructor)
+    kind: str  # reserve | alloc | split
+    node_backends: tuple[int, ...]
+    leaf_backends: tuple[int, ...]
+    n_splits: int
+    buffer_sizes: tuple[int, ...]
+    realloc: bool
+
+
+@dataclass(frozen=True)
+class Captured:
+    scenario: Scenario
+    steps: tuple[CapturedStep, ...]
+    ops: Mapping[str, int]  # ggml op (GLU and UNARY by their kind) -> nodes with it, over all graphs
+
+
+def _f32(word: int) -> float:
+    return float(struct.unpack("<f", struct.pack("<i", word))[0])
+
+
+def _word(t: Mapping[str, Any], i: int) -> int:
+    params = t.get("op_params", [])
+    return int(params[i]) if i < len(params) else 0
+
+
+def _dims(ne: Sequence[int]) -> int:
+    """ggml's ``n_dims``: up to the last dimension above 1."""
+    return max([1] + [i + 1 for i, n in enumerate(ne) if n != 1])
+
+
+Args = tuple[str | None, ...]
+# ggml op name (``ggml_op_desc`` for UNARY and GLU) -> the graph engine's op, its arguments in
+# the constructor's call order from ggml's src[], and its parameters; ``view`` and ``reshape``
+# are _view_args's (they need the source's geometry)
+OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
+    "GET_ROWS": ("get_rows", lambda s: s[:2], lambda t: {}),
+    "MUL_MAT": ("mul_mat", lambda s: s[:2], lambda t: {}),
+    "MUL_MAT_ID": ("mul_mat_id", lambda s: s[:3], lambda t: {}),
+    "ADD": ("add", lambda s: s[:2], lambda t: {}),
+    "MUL": ("mul", lambda s: s[:2], lambda t: {}),
+    "DIV": ("div", lambda s: s[:2], lambda t: {}),
+    "RMS_NORM": ("rms_norm", lambda s: s[:1], lambda t: {"eps": _f32(_word(t, 0))}),
+    "SCALE": ("scale", lambda s: s[:1], lambda t: {"scale": _f32(_word(t, 0))}),
+    "SILU": ("silu", lambda s: s[:1], lambda t: {}),
+    "ROPE": ("rope", lambda s: (s[0], s[1], s[2] if len(s) > 2 else None), lambda t: {"n_dims": _word(t, 1), "mode": _word(t, 2)}),
+    "SOFT_MAX": ("soft_max_ext", lambda s: (s[0], s[1] if len(s) > 1 else None), lambda t: {"scale": _f32(_word(t, 0)), "max_bias": _f32(_word(t, 1))}),
+    "FLASH_ATTN_EXT": ("flash_attn_ext", lambda s: (s[0], s[1], s[2], s[3] if len(s) > 3 else None),
+                       lambda t: {"scale": _f32(_word(t, 0)), "max_bias": _f32(_word(t, 1)), "logit_softcap": _f32(_word(t, 2))}),
+    "SET_ROWS": ("set_rows", lambda s: (s[2], s[0], s[1]), lambda t: {}),  # ggml_set_rows(a, b, c) stores {b, c, a}
+    "CPY": ("cpy", lambda s: s[:2], lambda t: {}),
+    "CONT": ("cont", lambda s: s[:1], lambda t: {}),
+    "PERMUTE": ("permute", lambda s: s[:1], lambda t: {"axes": tuple(_word(t, i) for i in range(4))}),
+    "TRANSPOSE": ("transpose", lambda s: s[:1], lambda t: {}),
+    "CONCAT": ("concat", lambda s: s[:2], lambda t: {"dim": _word(t, 0)}),
+    "SUM_ROWS": ("sum_rows", lambda s: s[:1], lambda t: {}),
+    "ARGSORT": ("argsort", lambda s: s[:1], lambda t: {"order": _word(t, 0)}),
+    "CLAMP": ("clamp", lambda s: s[:1], lambda t: {"min": _f32(_word(t, 0)), "max": _f32(_word(t, 1))}),
+    "PAD": ("pad", lambda s: s[:1], lambda t: {"pad": tuple(_word(t, i) for i in range(8))}),
+    "ARGMAX": ("argmax", lambda s: s[:1], lambda t: {}),
+    "TOP_K": ("top_k", lambda s: s[:1], lambda t: {"k": int(t["ne"][0])}),
+    "SUB": ("sub", lambda s: s[:2], lambda t: {}),
+    "SUM": ("sum", lambda s: s[:1], lambda t: {}),
+    "LOG": ("log", lambda s: s[:1], lambda t: {}),
+    "EXP": ("exp", lambda s: s[:1], lambda t: {}),
+    "STEP": ("step", lambda s: s[:1], lambda t: {}),
+    "CUMSUM": ("cumsum", lambda s: s[:1], lambda t: {}),
+    "FILL": ("fill", lambda s: s[:1], lambda t: {"value": _f32(_word(t, 0))}),
+    "SSM_CONV": ("ssm_conv", lambda s: s[:2], lambda t: {}),
+    "SSM_SCAN": ("ssm_scan", lambda s: s[:7], lambda t: {"k": _word(t, 0)}),
+}
+GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
+# how many src[] each op's constructor sets (more: an input this table does not know, e.g. sinks)
+MAX_SRCS = {"GET_ROWS": 2, "MUL_MAT": 2, "MUL_MAT_ID": 3, "ADD": 2, "MUL": 2, "DIV": 2, "RMS_NORM": 1, "SCALE": 1, "SILU": 1, "ROPE": 3,
+            "SOFT_MAX": 2, "FLASH_ATTN_EXT": 4, "SET_ROWS": 3, "CPY": 2, "CONT": 1, "PERMUTE": 1, "TRANSPOSE": 1, "CONCAT": 2,
+            "SUM_ROWS": 1, "ARGSORT": 1, "CLAMP": 1, "VIEW": 1, "RESHAPE": 1, "GLU": 2, "UNARY": 1, "PAD": 1, "ARGMAX": 1, "TOP_K": 1, "SUB": 2, "SUM": 1, "LOG": 1,
+            "CUMSUM": 1, "FILL": 1,
+            "SSM_CONV": 2, "SSM_SCAN": 7}
+
+
+def covered_ops() -> list[str]:
+    """The ggml ops a captured graph may hold (the README's table)."""
+    return sorted([*OP_TABLE, "VIEW", "RESHAPE", *(f"GLU ({g})" for g in GLU_OPS)])
+
+
+def _unique_names(tensors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """llama.cpp names many tensors alike (``Qcur-0`` through reshape and rope): the first keeps
+    the name, the next get `` #2``, `` #3``..."""
+    seen: dict[str, int] = {}
+    out = []
+    taken = {str(t["name"]) for t in tensors}
+    for t in tensors:
+        name = str(t["name"]) or "unnamed"
+        if name in seen:
+            k = seen[name]
+            while True:
+                k += 1
+                cand = f"{name[: MAX_NAME - len(f' #{k}')]} #{k}"
+                if cand not in taken:
+                    break
+            seen[name] = k
+            taken.add(cand)
+            name = cand
+        else:
+            seen[name] = 1
+        out.append(name)
+    return out
+
+
+def _device_of(t: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout) -> int:
+    """The backend whose buffer type holds leaf ``t``: the one of that name, or for host memory
+    (``CPU``, ``CPU_Mapped``, a GPU's ``_Host``: every backend that takes one takes all) the CPU."""
+    buft = str(t["buft"])
+    for i in range(layout.n):
+        if layout.buffer_buft(i) != "CPU" and bufts[i] == buft:
+            return i
+    if buft.startswith("CPU") or buft.endswith("_Host"):
+        return layout.n - 1
+    raise CaptureError(f"leaf {t['name']!r} is in a buffer of type {buft!r}, which no backend of the scheduler has ({', '.join(bufts)})")
+
+
+def layout_of(names: Sequence[str], workload: LlamaWorkload) -> BackendLayout:
+    """The scheduler's backends (``ggml_backend_name``, in its order) as a layout: ``RPC[...]``
+    an RPC device, ``GPU<k>`` the workload's k-th GPU-like device, ``CPU`` the CPU."""
+    specs = []
+    for name in names:
+        if name == "CPU":
+            specs.append(BackendSpec("cpu"))
+        elif name.startswith("RPC"):
+            specs.append(BackendSpec("rpc"))
+        elif name.startswith("GPU") and name[3:].isdigit() and int(name[3:]) < len(workload.devices.gpus):
+            specs.append(workload.devices.gpus[int(name[3:])])
+        else:
+            raise CaptureError(f"the scheduler has a backend {name!r} that a graph scenario cannot make")
+    try:
+        layout = BackendLayout(tuple(specs))
+    except SpecError as e:
+        raise CaptureError(f"the scheduler's backends {list(names)}: {e}") from None
+    gpus = [n for n in names if n.startswith("GPU")]
+    if gpus != [f"GPU{k}" for k in range(len(gpus))]:
+        raise CaptureError(f"the scheduler's GPU-like devices {gpus} are not GPU0, GPU1... in order: the layout would rename them")
+    return layout
+
+
+def graph_spec(graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout, label: str) -> GraphSpec:
+    """One captured graph as a graph spec (leafs, then nodes in ggml's order, every node a root)."""
+    leafs, nodes = list(graph["leafs"]), list(graph["nodes"])
+    names = _unique_names(leafs + nodes)
+    ref = {f"l{i}": names[i] for i in range(len(leafs))} | {f"n{i}": names[len(leafs) + i] for i in range(len(nodes))}
+    tensors: list[TensorSpec] = []
+    for i, t in enumerate(leafs):
+        if t.get("view_src") or t["op"] != "NONE":
+            raise CaptureError(f"leaf {t['name']!r}: a view or an op as a leaf ({t['op']}), which a graph spec has no form for")
+        if t.get("type") not in TYPES:
+            raise CaptureError(f"leaf {t['name']!r}: type {t.get('type')} is not one the graph engine makes ({', '.join(TYPES)})")
+        ne = tuple(int(x) for x in t["ne"][: _dims(t["ne"])])
+        if int(t["flags"]) & TENSOR_FLAG_INPUT:
+            tensors.append(TensorSpec(names[i], type=t["type"], ne=ne, role="input"))
+        elif t.get("buft"):
+            role = "weight" if int(t.get("usage", 0)) == BUFFER_USAGE_WEIGHTS else "cache"
+            tensors.append(TensorSpec(names[i], type=t["type"], ne=ne, role=role, device=_device_of(t, bufts, layout)))
+        else:
+            raise CaptureError(f"leaf {t['name']!r}: neither an input nor in a buffer (a constant llama.cpp did not mark), no role for it")
+    cap_of = dict(zip(names, leafs + nodes))
+    for k, t in enumerate(nodes):
+        tensors.append(_node(t, names[len(leafs) + k], ref, cap_of))
+    forced = []
+    for t, backend in graph.get("forced", ()):
+        if t not in ref or not 0 <= int(backend) < layout.n:
+            raise CaptureError(f"graph {label}: llama.cpp assigned {t} to backend {backend}, which the capture cannot name")
+        forced.append((ref[t], int(backend)))
+    spec = GraphSpec(tuple(tensors), roots=_roots(nodes, names, len(leafs)), forced=tuple(forced), label=label)
+    try:
+        spec.validate(layout.n)
+    except SpecError as e:
+        raise CaptureError(f"graph {label}: {e}") from None
+    _check_geometry(spec, leafs + nodes, names, ref)
+    return spec
+
+
+def _roots(nodes: Sequence[Mapping[str, Any]], names: Sequence[str], n_leafs: int) -> tuple[str, ...]:
+    """What to hand ``ggml_build_forward_expand``, in order, for ggml's node and leaf order: every
+    node in its order, and before each the leafs up to the last one it reads, in theirs (ggml
+    appends leafs as its depth-first walk meets them: ``Qcur = mul_mat(wq, attn_norm(x))`` meets
+    ``wq`` before ``attn_norm``'s weight; and llama.cpp expands some inputs no node reads)."""
+    roots: list[str] = []
+    added = 0
+    for k, t in enumerate(nodes):
+        last = max((int(r[1:]) for r in t["src"] if r is not None and r.startswith("l")), default=-1)
+        roots += names[added: last + 1]
+        added = max(added, last + 1)
+        roots.append(names[n_leafs + k])
+    return tuple(roots + list(names[added:n_leafs]))
+
+
+def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mapping[str, Mapping[str, Any]]) -> TensorSpec:
+    """One node as the graph engine's op; ``cap_of``: every captured tensor by its (unique) name."""
+    op = str(t["op"])
+    srcs = tuple(ref.get(s) if s is not None else None for s in t["src"])
+    if any(s is None and r is not None for s, r in zip(srcs, t["src"])):
+        raise CaptureError(f"node {t['name']!r}: a source outside the graph")
+    if op in ("UNARY", "GLU"):
+        kind = str(t["desc"])
+    else:
+        kind = op
+    if len(srcs) > MAX_SRCS.get(op, 0) or (op == "UNARY" and kind not in OP_TABLE):
+        raise CaptureError(f"node {t['name']!r}: op {kind} with {len(srcs)} sources is not one the graph engine makes "
+                           f"(covered: {', '.join(covered_ops())})")
+    if op == "CPY" and len(t["src"]) == 2 and ref.get(str(t["src"][1])) == name:  # ggml_cast: src[1] is itself
+        srcs, kind = srcs[:1], "CAST"
+    words = tuple(int(x) for x in t.get("op_params", ()))
+    extra: dict[str, Any] = {"op_params": words} if words else {}
+    if kind == "CAST":
+        ours, args, params = "cast", srcs, {"type": str(t["type"])}
+    elif op in ("VIEW", "RESHAPE"):
+        ours, args, params = _view_args(t, srcs, cap_of)
+    elif op == "GLU":
+        if kind not in GLU_OPS:
+            raise CaptureError(f"node {t['name']!r}: GLU op {kind} is not one the graph engine makes")
+        ours, args, params = "glu", (srcs[0], srcs[1] if len(srcs) > 1 else None), {"glu": GLU_OPS.index(kind), "swapped": bool(_word(t, 1))}
+    else:
+        if kind not in OP_TABLE:
+            raise CaptureError(f"node {t['name']!r}: op {kind} is not one the graph engine makes (covered: {', '.join(covered_ops())})")
+        ours, pick, param_of = OP_TABLE[kind]
+        args, params = pick(srcs), param_of(t)
+        if ours == "cont" and list(t["ne"]) != list(cap_of[str(srcs[0])]["ne"]):
+            params = {"ne": tuple(int(x) for x in t["ne"][: _dims(t["ne"])])}  # ggml_cont_Nd
+        if t.get("view_src") and ours not in VIEW_OPS | {"set_rows", "cpy"}:  # ggml_<op>_inplace: the result views src 0
+            if ours not in INPLACE:
+                raise CaptureError(f"node {t['name']!r}: {kind} viewing {t['view_src']}, an in-place form the graph engine does not make")
+            params = params | {"inplace": True}
+    return TensorSpec(name, op=ours, type=str(t["type"]), ne=tuple(int(x) for x in t["ne"][: _dims(t["ne"])]), args=args,
+                      params=tuple(sorted((params | extra).items())), output=bool(int(t["flags"]) & TENSOR_FLAG_OUTPUT))
+
+
+def _view_args(t: Mapping[str, Any], srcs: Args, cap_of: Mapping[str, Mapping[str, Any]]) -> tuple[str, Args, dict[str, Any]]:
+    """A VIEW or RESHAPE as ``ggml_view_Nd``/``ggml_reshape_Nd`` make it: the fewest dims whose
+    default strides give ggml's (a view's strides of dims of size 1 are whatever its caller passed)."""
+    ne = [int(x) for x in t["ne"]]
+    if t["op"] == "RESHAPE":
+        return "reshape", srcs[:1], {"ne": tuple(ne[: _dims(ne)])}
+    nb = [int(x) for x in t["nb"]]
+    for dims in range(_dims(ne), 5):
+        default = nb[:dims]
+        while len(default) < 4:
+            default.append(default[-1] * ne[len(default) - 1])
+        if default == nb:
+            break
+    # ggml_view_impl takes the offset from the source's data; ggml stores it from the root's
+    src = cap_of[str(srcs[0])]
+    offset = int(t.get("view_offs", 0)) - (int(src.get("view_offs", 0)) if src.get("view_src") else 0)
+    return "view", srcs[:1], {"ne": tuple(ne[:dims]), "nb": tuple(nb[1:dims]), "offset": offset}
+
+
+def _check_geometry(spec: GraphSpec, captured: Sequence[Mapping[str, Any]], names: Sequence[str], ref: Mapping[str, str]) -> None:
+    """Every tensor's shape, strides, view source and offset as the graph engine will make them,
+    against ggml's: a difference is a capture that cannot be trusted."""
+    geo = spec.geometry
+    for name, t in zip(names, captured):
+        g = geo[name]
+        want_src = ref.get(str(t.get("view_src"))) if t.get("view_src") else None
+        if list(g.ne) != [int(x) for x in t["ne"]] or list(g.nb) != [int(x) for x in t["nb"]] or g.type != t["type"]:
+            raise CaptureError(f"tensor {name!r} ({t['op']}): the graph engine would make it {g.type} ne={list(g.ne)} nb={list(g.nb)}, "
+                               f"ggml made it {t['type']} ne={t['ne']} nb={t['nb']}")
+        if want_src is not None and (g.view_src != want_src or g.view_offs != int(t.get("view_offs", 0))):
+            raise CaptureError(f"tensor {name!r} ({t['op']}): a view of {g.view_src} at {g.view_offs} here, "
+                               f"of {want_src} at {t.get('view_offs')} in ggml")
+
+
+def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
+    """The scenario of a captured run (``LlamaTarget.run(workload, capture=True)``) and what ggml
+    did at each of its reserves and allocs inside llama.cpp."""
+    if trace.abort is not None and not any(s.capture for _, s in trace.sched_calls()):
+        raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured")
+    layout: BackendLayout | None = None
+    graphs: dict[str, str] = {}  # graph JSON -> its name
+    specs: list[tuple[str, GraphSpec]] = []
+    steps: list[Step] = []
+    seen: list[CapturedStep] = []
+    ops: dict[str, int] = {}
+    live: int | None = None
+    for call, s in trace.sched_calls():
+        if s.kind == "new":
+            live = s.sched
+            steps.append(Step("sched_new", params=SchedParams(s.max_nodes, s.parallel, s.op_offload)))
+            continue
+        if s.kind == "reserve_size":
+            raise CaptureError(f"call {call}: llama.cpp called ggml_backend_sched_reserve_size, which a graph scenario has no step for")
+        if s.kind not in ("reserve", "alloc", "split"):
+            continue  # free (the next sched_new replaces it), and the seeds' llama.cpp's own records
+        if s.sched != live or s.capture is None:
+            raise CaptureError(f"call {call}: a {s.kind} on scheduler {s.sched}, not the one built last ({live}), or not captured")
+        cap = s.capture
+        names = [str(x) for x in cap["backend_names"]]
+        here = layout_of(names, workload)
+        if layout is None:
+            layout = here
+        elif here != layout:
+            raise CaptureError(f"call {call}: the scheduler's backends changed ({names}); a scenario has one layout")
+        g = {"nodes": cap["nodes"], "leafs": cap["leafs"], "forced": cap["forced"]}
+        key = repr(g)
+        if key not in graphs:
+            name = f"g{len(specs)}-c{call}-{s.kind}"
+            specs.append((name, graph_spec(g, cap["bufts"], here, name)))
+            graphs[key] = name
+            for t in cap["nodes"]:
+                k = str(t["desc"]) if t["op"] in ("UNARY", "GLU") else str(t["op"])
+                ops[k] = ops.get(k, 0) + 1
+        steps.append(Step(s.kind, graphs[key]))
+        seen.append(CapturedStep(len(steps) - 1, call, s.kind, tuple(cap["assigned"]["nodes"]), tuple(cap["assigned"]["leafs"]), s.n_splits,
+                                 tuple(cap["buffer_sizes"]), s.realloc))
+    if layout is None:
+        raise CaptureError("no reserve or alloc was captured")
+    scenario = Scenario(layout, tuple(specs), tuple(steps))
+    scenario.validate()
+    return Captured(scenario, tuple(seen), ops)
