@@ -1,7 +1,7 @@
 """The graph allocator of ``ggml-alloc.c``: ``ggml_gallocr`` over ``ggml_dyn_tallocr``.
 
 Read side by side with ``ggml-alloc.c`` (identical in ggml 0.15.3 and 0.25.3 but for
-``ggml_op_can_inplace``, which 0.25.3 extends by ``CLAMP``, an op no graph here uses). The
+``ggml_op_can_inplace``, which 0.25.3 extends by ``CLAMP``: ``Rules.inplace_ops``). The
 scheduler gives its graph copy and backend ids to ``Gallocr.reserve_n`` and
 ``Gallocr.alloc_graph``; this module places every tensor ggml-alloc allocates (chunk and
 offset, with in-place reuse and frees as ggml does them) and so predicts what the engine
@@ -30,7 +30,7 @@ INT64_MIN = -(2**63)
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16
 
-# ggml_op_can_inplace (0.15.3; 0.25.3 adds CLAMP): ops whose kernels may write over a src
+# ggml_op_can_inplace (0.15.3; 0.25.3 adds CLAMP: Rules.inplace_ops): ops whose kernels may write over a src
 INPLACE_OPS = frozenset({
     "FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL", "DIV", "SQR", "SQRT", "LOG",
     "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM", "RMS_NORM_BACK", "SOFT_MAX", "SOFT_MAX_BACK",
@@ -230,10 +230,12 @@ def node_valid(talloc: TensorAlloc, t: Ref) -> bool:
 
 class Gallocr:
     """``struct ggml_gallocr`` as ``ggml_gallocr_new_n`` makes it for ``bufts``: buffer types
-    used more than once share one allocator and one buffer."""
+    used more than once share one allocator and one buffer; ``inplace_ops``: the version's
+    ``ggml_op_can_inplace``."""
 
-    def __init__(self, bufts: list[BufferType]) -> None:
+    def __init__(self, bufts: list[BufferType], inplace_ops: frozenset[str] = INPLACE_OPS) -> None:
         self.bufts = bufts
+        self.inplace_ops = inplace_ops
         self.buf_tallocs: list[DynTallocr] = []
         for i, buft in enumerate(bufts):
             same = next((j for j in range(i) if bufts[j] == buft), None)
@@ -289,7 +291,7 @@ class Gallocr:
         if self.is_allocated(node) or node.view_src is not None:
             return
         hn.allocated = True
-        if node.op in INPLACE_OPS:
+        if node.op in self.inplace_ops:
             for parent in self.srcs.get(node.name, ()):
                 if parent is None or not self.is_own(parent) or parent.output or node.layout != parent.layout:
                     continue

@@ -100,7 +100,7 @@ class Scheduler:
         self.debug_graph_size = 0
         self.debug_prev_graph_size = 0
         # ggml_gallocr_new_n(sched->bufts): the plan (node_allocs) and the compute buffers
-        self.galloc = Gallocr([self.backends.buffer_type(b) for b in range(self.n_backends)])
+        self.galloc = Gallocr([self.backends.buffer_type(b) for b in range(self.n_backends)], rules.inplace_ops)
         self.user_assignments: dict[str, int] = {}
         self.is_alloc = False
 

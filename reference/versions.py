@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .alloc import INPLACE_OPS
+
 GGML_SCHED_MAX_SPLIT_INPUTS = 30  # both versions define it (0.25.3: the arrays' first capacity)
 
 
@@ -43,6 +45,8 @@ class Rules:
       node (a view of the first kept tensor, the kept tensors its srcs, ``GGML_MAX_SRC`` at most)
       after that node in the graph copy, and counts them in ``debug_graph_size``. 0.15.3's
       ``graph_optimize`` has no such parameter.
+    * ``inplace_clamp``: 0.25.3's ``ggml_op_can_inplace`` lets ``CLAMP`` take its source's memory
+      (``inplace_ops``); 0.15.3's does not.
     * ``reserve_failure_returned``: 0.25.3's ``ggml_backend_sched_alloc_splits`` returns false
       when its re-reserve fails; 0.15.3 ignores the result. The reference models no memory
       limit, so no predicted reserve fails: the field documents the difference.
@@ -55,6 +59,12 @@ class Rules:
     flash_attn_follows_weights: bool
     alloc_deps: bool
     reserve_failure_returned: bool
+    inplace_clamp: bool = False
+
+    @property
+    def inplace_ops(self) -> frozenset[str]:
+        """``ggml_op_can_inplace``'s ops (``ggml_op_name``) in this version."""
+        return INPLACE_OPS | {"CLAMP"} if self.inplace_clamp else INPLACE_OPS
 
     def graph_size(self, n_nodes: int, n_leafs: int, n_splits: int, n_inputs: int, n_copies: int, n_dep_nodes: int = 0) -> int:
         """``debug_graph_size`` as this version's ``ggml_backend_sched_split_graph`` records it;
@@ -77,7 +87,7 @@ RULES: dict[str, Rules] = {
     ),
     "0.25.3": Rules(
         "0.25.3", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
-        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True,
+        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
     ),
 }
 NEWEST = RULES["0.25.3"]
@@ -101,7 +111,7 @@ def rules_for(version: str | None) -> tuple[Rules, str | None]:
 
     >>> rules_for("0.15.3")
     (Rules(version='0.15.3', max_split_inputs=30, all_input_leafs_are_graph_inputs=False, \
-graph_size_counts_inputs=False, flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False), None)
+graph_size_counts_inputs=False, flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False, inplace_clamp=False), None)
     >>> rules_for("0.20.0")[0].version
     '0.15.3'
     """
