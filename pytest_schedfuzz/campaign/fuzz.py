@@ -26,11 +26,14 @@ from reference.predict import predict as reference_predict
 from reference.versions import NEWEST, Rules, rules_for
 
 from .. import properties as props
+from ..cases.capture import CaptureError, capture
 from ..cases.corpus import Case, component_of
 from ..engine import TargetError, Unsupported
 from ..model.llama import LlamaWorkload
+from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
+from ..properties.captured import llama_matches_reference
 from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
@@ -150,7 +153,10 @@ class Fuzzer:
         a pass (``unmade_calls``)."""
         judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
         logits = "llama-same-logits" in judged and compares_logits(workload)
-        trace = self.engines.llama_confirmed(workload, self.engines.run_llama(workload, logits), logits)
+        capture = "llama-matches-reference" in judged
+        trace = self.engines.run_llama(workload, logits, capture)
+        confirmed = self.engines.llama_confirmed(workload, trace, logits)
+        trace = trace if confirmed is trace else confirmed
         self.stats.add_llama(workload, trace)
         refused = out_of_memory(workload, trace)
         if refused:
@@ -170,12 +176,36 @@ class Fuzzer:
             if extra:
                 self.stats.ggml_figures_disagree += 1
                 found = extra + [v for v in found if v.property != "llama-no-same-size-realloc"]
+        if capture:
+            found += self.against_reference(workload, trace)
         if logits and trace.abort is None:
             cpu = self.engines.run_llama(cpu_only(workload), True)
             self.stats.llama_logits_compared += 1
             self.stats.llama_logit_rows += sum(len(c.logits) for c in trace.calls)
             found += llama_same_logits(workload, trace, cpu)
         return found
+
+    def against_reference(self, workload: LlamaWorkload, trace: LlamaTrace) -> list[props.Violation]:
+        """llama-matches-reference: the workload's graphs, captured, predicted by the reference with
+        the rules of llama.cpp's ggml. A workload whose graphs no scenario can say is counted
+        (``llama_not_captured``, by cause), not judged."""
+        try:
+            captured = capture(workload, trace)
+        except CaptureError as e:
+            self.stats.llama_not_captured[e.kind] = self.stats.llama_not_captured.get(e.kind, 0) + 1
+            return []
+        self.stats.llama_captured += 1
+        self.stats.llama_captured_nodes += sum(len(s.node_backends) for s in captured.steps)
+        for op, n in captured.ops.items():
+            self.stats.captured_ops[op] = self.stats.captured_ops.get(op, 0) + n
+        rules, _ = rules_for(trace.engine.get("ggml_version"))
+        return llama_matches_reference(workload, captured, self.reference_for(rules)(captured.scenario))
+
+    def reference_for(self, rules: Rules) -> Predict:
+        """The reference of ``rules``' version (a user's ``--schedfuzz-reference`` replaces it)."""
+        if self.config.reference:
+            return self.predict
+        return lambda scenario: reference_predict(scenario, rules=rules)
 
     def check(self, prop: str, scenario: Scenario) -> list[props.Violation]:
         """Every violation of ``prop`` on one case, and of no-abort whenever the engine ran:

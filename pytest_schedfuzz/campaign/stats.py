@@ -59,6 +59,10 @@ class Stats:
     llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
     llama_logit_rows: int = 0  # ... output rows compared
     llama_switch_reruns: int = 0  # workloads run again without a switch a new lost reservation names (``causes.switches_told_apart``)
+    llama_captured: int = 0  # workloads whose graphs were captured and predicted (llama-matches-reference)
+    llama_captured_nodes: int = 0  # ... node assignments compared, over all their steps
+    llama_not_captured: dict[str, int] = field(default_factory=dict)  # workloads no graph scenario can say, by cause (not judged)
+    captured_ops: dict[str, int] = field(default_factory=dict)  # ggml op -> nodes of captured graphs with it (the op coverage)
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
     llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
     llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
@@ -171,6 +175,10 @@ class Stats:
                 f"contexts that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
                 f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
+                f"llama.cpp: workloads captured and predicted by the reference (llama-matches-reference) = {self.llama_captured}, "
+                f"node assignments compared = {self.llama_captured_nodes}; not captured (not judged): "
+                + (", ".join(f"{k} {n}" for k, n in sorted(self.llama_not_captured.items())) or "none"),
+                "llama.cpp: ops of the captured graphs (nodes): " + (", ".join(f"{k} {n}" for k, n in sorted(self.captured_ops.items())) or "none"),
                 f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
                 f"llama.cpp: workloads run again without the switch a new lost reservation names = {self.llama_switch_reruns}",
                 f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"

@@ -38,7 +38,12 @@ MAX_NAME = 63
 
 
 class CaptureError(ValueError):
-    """A captured graph or workload that no graph scenario can say exactly."""
+    """A captured graph or workload that no graph scenario can say exactly; ``kind``: the cause
+    in a few words (the statistics count workloads by it)."""
+
+    def __init__(self, message: str, kind: str = "other") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def covered_ops() -> list[str]:
 
 def _unique_names(tensors: Sequence[Mapping[str, Any]]) -> list[str]:
     """llama.cpp names many tensors alike (``Qcur-0`` through reshape and rope): the first keeps
-    the name, the next get `` #2``, `` #3``..."""
+    the name, the next get `` ~2``, `` ~3``... (not ``#``: ggml names input copies ``BACKEND#tensor#copy``)"""
     seen: dict[str, int] = {}
     out = []
     taken = {str(t["name"]) for t in tensors}
@@ -143,7 +148,7 @@ def _unique_names(tensors: Sequence[Mapping[str, Any]]) -> list[str]:
             k = seen[name]
             while True:
                 k += 1
-                cand = f"{name[: MAX_NAME - len(f' #{k}')]} #{k}"
+                cand = f"{name[: MAX_NAME - len(f' ~{k}')]} ~{k}"
                 if cand not in taken:
                     break
             seen[name] = k
@@ -164,7 +169,7 @@ def _device_of(t: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout
             return i
     if buft.startswith("CPU") or buft.endswith("_Host"):
         return layout.n - 1
-    raise CaptureError(f"leaf {t['name']!r} is in a buffer of type {buft!r}, which no backend of the scheduler has ({', '.join(bufts)})")
+    raise CaptureError(f"leaf {t['name']!r} is in a buffer of type {buft!r}, which no backend of the scheduler has ({', '.join(bufts)})", kind="buffer type")
 
 
 def layout_of(names: Sequence[str], workload: LlamaWorkload) -> BackendLayout:
@@ -179,14 +184,14 @@ def layout_of(names: Sequence[str], workload: LlamaWorkload) -> BackendLayout:
         elif name.startswith("GPU") and name[3:].isdigit() and int(name[3:]) < len(workload.devices.gpus):
             specs.append(workload.devices.gpus[int(name[3:])])
         else:
-            raise CaptureError(f"the scheduler has a backend {name!r} that a graph scenario cannot make")
+            raise CaptureError(f"the scheduler has a backend {name!r} that a graph scenario cannot make", kind="backend")
     try:
         layout = BackendLayout(tuple(specs))
     except SpecError as e:
-        raise CaptureError(f"the scheduler's backends {list(names)}: {e}") from None
+        raise CaptureError(f"the scheduler's backends {list(names)}: {e}", kind="backend") from None
     gpus = [n for n in names if n.startswith("GPU")]
     if gpus != [f"GPU{k}" for k in range(len(gpus))]:
-        raise CaptureError(f"the scheduler's GPU-like devices {gpus} are not GPU0, GPU1... in order: the layout would rename them")
+        raise CaptureError(f"the scheduler's GPU-like devices {gpus} are not GPU0, GPU1... in order: the layout would rename them", kind="backend")
     return layout
 
 
@@ -198,9 +203,9 @@ def graph_spec(graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLa
     tensors: list[TensorSpec] = []
     for i, t in enumerate(leafs):
         if t.get("view_src") or t["op"] != "NONE":
-            raise CaptureError(f"leaf {t['name']!r}: a view or an op as a leaf ({t['op']}), which a graph spec has no form for")
+            raise CaptureError(f"leaf {t['name']!r}: a view or an op as a leaf ({t['op']}), which a graph spec has no form for", kind="leaf")
         if t.get("type") not in TYPES:
-            raise CaptureError(f"leaf {t['name']!r}: type {t.get('type')} is not one the graph engine makes ({', '.join(TYPES)})")
+            raise CaptureError(f"leaf {t['name']!r}: type {t.get('type')} is not one the graph engine makes ({', '.join(TYPES)})", kind="type")
         ne = tuple(int(x) for x in t["ne"][: _dims(t["ne"])])
         if int(t["flags"]) & TENSOR_FLAG_INPUT:
             tensors.append(TensorSpec(names[i], type=t["type"], ne=ne, role="input"))
@@ -208,20 +213,20 @@ def graph_spec(graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLa
             role = "weight" if int(t.get("usage", 0)) == BUFFER_USAGE_WEIGHTS else "cache"
             tensors.append(TensorSpec(names[i], type=t["type"], ne=ne, role=role, device=_device_of(t, bufts, layout)))
         else:
-            raise CaptureError(f"leaf {t['name']!r}: neither an input nor in a buffer (a constant llama.cpp did not mark), no role for it")
+            raise CaptureError(f"leaf {t['name']!r}: neither an input nor in a buffer (a constant llama.cpp did not mark), no role for it", kind="leaf")
     cap_of = dict(zip(names, leafs + nodes))
     for k, t in enumerate(nodes):
         tensors.append(_node(t, names[len(leafs) + k], ref, cap_of))
     forced = []
     for t, backend in graph.get("forced", ()):
         if t not in ref or not 0 <= int(backend) < layout.n:
-            raise CaptureError(f"graph {label}: llama.cpp assigned {t} to backend {backend}, which the capture cannot name")
+            raise CaptureError(f"graph {label}: llama.cpp assigned {t} to backend {backend}, which the capture cannot name", kind="forced")
         forced.append((ref[t], int(backend)))
     spec = GraphSpec(tuple(tensors), roots=_roots(nodes, names, len(leafs)), forced=tuple(forced), label=label)
     try:
         spec.validate(layout.n)
     except SpecError as e:
-        raise CaptureError(f"graph {label}: {e}") from None
+        raise CaptureError(f"graph {label}: {e}", kind="shape") from None
     _check_geometry(spec, leafs + nodes, names, ref)
     return spec
 
@@ -246,14 +251,14 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
     op = str(t["op"])
     srcs = tuple(ref.get(s) if s is not None else None for s in t["src"])
     if any(s is None and r is not None for s, r in zip(srcs, t["src"])):
-        raise CaptureError(f"node {t['name']!r}: a source outside the graph")
+        raise CaptureError(f"node {t['name']!r}: a source outside the graph", kind="source")
     if op in ("UNARY", "GLU"):
         kind = str(t["desc"])
     else:
         kind = op
     if len(srcs) > MAX_SRCS.get(op, 0) or (op == "UNARY" and kind not in OP_TABLE):
         raise CaptureError(f"node {t['name']!r}: op {kind} with {len(srcs)} sources is not one the graph engine makes "
-                           f"(covered: {', '.join(covered_ops())})")
+                           f"(covered: {', '.join(covered_ops())})", kind=f"op {kind}")
     if op == "CPY" and len(t["src"]) == 2 and ref.get(str(t["src"][1])) == name:  # ggml_cast: src[1] is itself
         srcs, kind = srcs[:1], "CAST"
     words = tuple(int(x) for x in t.get("op_params", ()))
@@ -264,18 +269,18 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
         ours, args, params = _view_args(t, srcs, cap_of)
     elif op == "GLU":
         if kind not in GLU_OPS:
-            raise CaptureError(f"node {t['name']!r}: GLU op {kind} is not one the graph engine makes")
+            raise CaptureError(f"node {t['name']!r}: GLU op {kind} is not one the graph engine makes", kind=f"op {kind}")
         ours, args, params = "glu", (srcs[0], srcs[1] if len(srcs) > 1 else None), {"glu": GLU_OPS.index(kind), "swapped": bool(_word(t, 1))}
     else:
         if kind not in OP_TABLE:
-            raise CaptureError(f"node {t['name']!r}: op {kind} is not one the graph engine makes (covered: {', '.join(covered_ops())})")
+            raise CaptureError(f"node {t['name']!r}: op {kind} is not one the graph engine makes (covered: {', '.join(covered_ops())})", kind=f"op {kind}")
         ours, pick, param_of = OP_TABLE[kind]
         args, params = pick(srcs), param_of(t)
         if ours == "cont" and list(t["ne"]) != list(cap_of[str(srcs[0])]["ne"]):
             params = {"ne": tuple(int(x) for x in t["ne"][: _dims(t["ne"])])}  # ggml_cont_Nd
         if t.get("view_src") and ours not in VIEW_OPS | {"set_rows", "cpy"}:  # ggml_<op>_inplace: the result views src 0
             if ours not in INPLACE:
-                raise CaptureError(f"node {t['name']!r}: {kind} viewing {t['view_src']}, an in-place form the graph engine does not make")
+                raise CaptureError(f"node {t['name']!r}: {kind} viewing {t['view_src']}, an in-place form the graph engine does not make", kind=f"in-place {kind}")
             params = params | {"inplace": True}
     return TensorSpec(name, op=ours, type=str(t["type"]), ne=tuple(int(x) for x in t["ne"][: _dims(t["ne"])]), args=args,
                       params=tuple(sorted((params | extra).items())), output=bool(int(t["flags"]) & TENSOR_FLAG_OUTPUT))
@@ -309,17 +314,17 @@ def _check_geometry(spec: GraphSpec, captured: Sequence[Mapping[str, Any]], name
         want_src = ref.get(str(t.get("view_src"))) if t.get("view_src") else None
         if list(g.ne) != [int(x) for x in t["ne"]] or list(g.nb) != [int(x) for x in t["nb"]] or g.type != t["type"]:
             raise CaptureError(f"tensor {name!r} ({t['op']}): the graph engine would make it {g.type} ne={list(g.ne)} nb={list(g.nb)}, "
-                               f"ggml made it {t['type']} ne={t['ne']} nb={t['nb']}")
+                               f"ggml made it {t['type']} ne={t['ne']} nb={t['nb']}", kind="shape")
         if want_src is not None and (g.view_src != want_src or g.view_offs != int(t.get("view_offs", 0))):
             raise CaptureError(f"tensor {name!r} ({t['op']}): a view of {g.view_src} at {g.view_offs} here, "
-                               f"of {want_src} at {t.get('view_offs')} in ggml")
+                               f"of {want_src} at {t.get('view_offs')} in ggml", kind="view")
 
 
 def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
     """The scenario of a captured run (``LlamaTarget.run(workload, capture=True)``) and what ggml
     did at each of its reserves and allocs inside llama.cpp."""
     if trace.abort is not None and not any(s.capture for _, s in trace.sched_calls()):
-        raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured")
+        raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured", kind="abort before a graph")
     layout: BackendLayout | None = None
     graphs: dict[str, str] = {}  # graph JSON -> its name
     specs: list[tuple[str, GraphSpec]] = []
@@ -333,18 +338,18 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
             steps.append(Step("sched_new", params=SchedParams(s.max_nodes, s.parallel, s.op_offload)))
             continue
         if s.kind == "reserve_size":
-            raise CaptureError(f"call {call}: llama.cpp called ggml_backend_sched_reserve_size, which a graph scenario has no step for")
+            raise CaptureError(f"call {call}: llama.cpp called ggml_backend_sched_reserve_size, which a graph scenario has no step for", kind="reserve_size")
         if s.kind not in ("reserve", "alloc", "split"):
             continue  # free (the next sched_new replaces it), and the seeds' llama.cpp's own records
         if s.sched != live or s.capture is None:
-            raise CaptureError(f"call {call}: a {s.kind} on scheduler {s.sched}, not the one built last ({live}), or not captured")
+            raise CaptureError(f"call {call}: a {s.kind} on scheduler {s.sched}, not the one built last ({live}), or not captured", kind="scheduler")
         cap = s.capture
         names = [str(x) for x in cap["backend_names"]]
         here = layout_of(names, workload)
         if layout is None:
             layout = here
         elif here != layout:
-            raise CaptureError(f"call {call}: the scheduler's backends changed ({names}); a scenario has one layout")
+            raise CaptureError(f"call {call}: the scheduler's backends changed ({names}); a scenario has one layout", kind="backend")
         g = {"nodes": cap["nodes"], "leafs": cap["leafs"], "forced": cap["forced"]}
         key = repr(g)
         if key not in graphs:
@@ -358,7 +363,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
         seen.append(CapturedStep(len(steps) - 1, call, s.kind, tuple(cap["assigned"]["nodes"]), tuple(cap["assigned"]["leafs"]), s.n_splits,
                                  tuple(cap["buffer_sizes"]), s.realloc))
     if layout is None:
-        raise CaptureError("no reserve or alloc was captured")
+        raise CaptureError("no reserve or alloc was captured", kind="nothing captured")
     scenario = Scenario(layout, tuple(specs), tuple(steps))
     scenario.validate()
     return Captured(scenario, tuple(seen), ops)

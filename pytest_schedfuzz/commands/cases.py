@@ -1,28 +1,34 @@
-"""``schedfuzz replay``, ``minimize`` and ``show``: what a maintainer does with a saved case."""
+"""``schedfuzz replay``, ``minimize``, ``show`` and ``capture``: what a maintainer does with a saved case."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from reference.versions import rules_for
+
 from ..campaign.fuzz import Fuzzer
+from ..cases.capture import Captured, CaptureError, capture
 from ..cases.corpus import STARTER_CORPUS, Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
+from ..files import atomic_write
 from ..model.llama_trace import LlamaTrace
-from . import bad_case, fuzzer_for, load_all
+from ..properties.captured import llama_matches_reference
+from . import UsageError, bad_case, fuzzer_for, load_all
 
 
-def print_llama_run(fuzzer: Fuzzer, case: Case) -> LlamaTrace:
-    """A llama case's calls, each with the scheduler calls it caused: reallocations and reasons.
-    Returns the trace it printed."""
+def print_llama_run(fuzzer: Fuzzer, case: Case, capture: bool = False) -> LlamaTrace:
+    """A llama case's calls, each with the scheduler calls it caused: reallocations and reasons
+    (with ``capture``, its graphs are captured too). Returns the trace it printed."""
     assert case.llama is not None
     w = case.llama
     print(f"  {w.describe()}")
-    trace: LlamaTrace = fuzzer.engines.run_llama(w)
+    trace: LlamaTrace = fuzzer.engines.run_llama(w, capture=capture)
     names = {-1: "llama_init_from_model"} | {i: c.describe() for i, c in enumerate(w.calls)}
     for c in trace.calls:
         print(f"  {c.index:2d}: {names.get(c.index, c.kind):<60} rc={c.rc}")
@@ -53,7 +59,9 @@ def replay(args: argparse.Namespace) -> int:
             version = fuzzer.engines.ggml_version(case.llama is not None)
             print(f"== {case.path} [{case.property}] on ggml {version}: expect {case.expectation_on(version)}")
             if case.llama is not None:
-                print_llama_run(fuzzer, case)
+                trace_llama = print_llama_run(fuzzer, case, args.capture)
+                if args.capture:
+                    failed += _print_captured(fuzzer, case, trace_llama) is None
             scenario = None if case.llama is not None else fuzzer.scenario_for(case)
             trace = fuzzer.engines.run(scenario) if scenario is not None else None
             for r in trace.records if trace is not None and scenario is not None else ():
@@ -68,6 +76,75 @@ def replay(args: argparse.Namespace) -> int:
     finally:
         fuzzer.close()
     return 1 if failed else 0
+
+
+# the graph property a llama.cpp finding is seen by at the ggml level (any other: matches-reference)
+GRAPH_PROPERTY_OF = {"llama-no-same-size-realloc": "no-same-size-realloc", "llama-no-abort": "no-abort"}
+
+
+def _print_captured(fuzzer: Fuzzer, case: Case, trace: LlamaTrace) -> Captured | None:
+    """The captured graphs of a llama case's run, step by step: what ggml did inside llama.cpp
+    and what the reference predicts (llama-matches-reference); None, saying why, if no graph
+    scenario can say them."""
+    assert case.llama is not None
+    try:
+        captured = capture(case.llama, trace)
+    except CaptureError as e:
+        print(f"  not captured ({e.kind}): {e}")
+        return None
+    sc = captured.scenario
+    print(f"  captured: layout [{', '.join(sc.layout.name(i) for i in range(sc.layout.n))}], {len(sc.graphs)} graphs "
+          f"({', '.join(f'{g.n_ops} nodes' for _, g in sc.graphs)}), {len(sc.steps)} steps; ops: "
+          + ", ".join(f"{op} {n}" for op, n in sorted(captured.ops.items())))
+    for s in captured.steps:
+        print(f"    step {s.step:2d} (call {s.call:2d}): {sc.steps[s.step].describe():<40} splits={s.n_splits} "
+              f"buffers={list(s.buffer_sizes)}" + (" re-planned" if s.realloc else ""))
+    rules, _ = rules_for(trace.engine.get("ggml_version"))
+    found = llama_matches_reference(case.llama, captured, fuzzer.reference_for(rules)(sc))
+    print("  llama-matches-reference: " + (str(found[0]) if found else
+          f"the reference predicts every step ({sum(len(s.node_backends) for s in captured.steps)} node assignments)"))
+    return captured
+
+
+def capture_case(args: argparse.Namespace) -> int:
+    """``schedfuzz capture LLAMA_CASE -o CASE``: the case's graphs, captured in llama.cpp, as a
+    graph case of the graph property that sees the finding at the ggml level, replayed there."""
+    try:
+        case = load_case(args.case)
+    except CaseError as e:
+        return bad_case(e)
+    if case.llama is None:
+        raise UsageError(f"{args.case}: not a llama.cpp case (capture reads the graphs llama.cpp builds)")
+    fuzzer = fuzzer_for(args)
+    try:
+        print(f"== {case.path} [{case.property}] on llama.cpp: {case.signature}")
+        captured = _print_captured(fuzzer, case, print_llama_run(fuzzer, case, capture=True))
+        if captured is None:
+            return 1
+        prop = GRAPH_PROPERTY_OF.get(case.property, "matches-reference")
+        found = [v for v in fuzzer.check(prop, captured.scenario) if v.property == prop]
+        version = fuzzer.engines.ggml_version(False)
+    finally:
+        fuzzer.close()
+    at = {s.step for s in captured.steps if s.call == case.step}
+    v = next((v for v in found if v.step in at), found[0] if found else None)
+    source = f"{Path(args.case).name} (call {case.step}: {case.signature})"
+    engine = {"name": "ggml", "ggml_version": version, "captured_from": source}
+    if v is None:
+        out = Case(prop, "-", captured.scenario, f"captured from {source}: holds at the ggml level", captured.steps[-1].step, engine=engine)
+        print(f"  at the ggml level: {prop} holds on every step (the finding is not in the graphs the scheduler was given)")
+    else:
+        why = case.expected_failure or case.signature
+        out = Case(prop, v.signature(), captured.scenario, v.message, v.step, engine=engine, expect={"fail": f"captured from {source}: {why}"})
+        print(f"  at the ggml level: {v}\n  signature: {v.signature()}")
+    path = save_case(args.output, out) if Path(args.output).is_dir() else _write(out, Path(args.output))
+    print(f"wrote {path}")
+    return 0
+
+
+def _write(case: Case, path: Path) -> Path:
+    text = json.dumps(case.to_json(), indent=1, sort_keys=True) + "\n"
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def minimize(args: argparse.Namespace) -> int:

@@ -15,7 +15,8 @@ GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-s
 
 
 # properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
-LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort", "llama-counters-agree", "llama-same-logits")
+LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort", "llama-counters-agree", "llama-same-logits",
+                      "llama-matches-reference")
 
 
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
@@ -128,7 +129,9 @@ def reason_kind(reason: str) -> str:
     return reason or "unknown"
 
 
-_COPY = re.compile(r"[^\s(#]+#([^#\s]+)#(\d+)")
+# BACKEND#tensor#copy: a backend's name (``RPC0[host:port]`` on the engine), a tensor name (llama.cpp's
+# have spaces and parentheses: ``rs_s_copy (view)``), the copy's index
+_COPY = re.compile(r"[A-Z][A-Za-z0-9_]*(?:\[[^\]\s]*\])?#(.+?)#(\d+)")
 
 
 def normalize_reason(reason: str) -> str:

@@ -348,4 +348,5 @@ LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] 
     "llama-no-abort": llama_no_abort,
     "llama-counters-agree": llama_counters_agree,
 }
-assert (*LLAMA_CHECKS, "llama-same-logits") == LLAMA_PROPERTY_IDS
+# llama-same-logits needs a second run (on the CPU alone), llama-matches-reference the captured graphs (``captured``)
+assert (*LLAMA_CHECKS, "llama-same-logits", "llama-matches-reference") == LLAMA_PROPERTY_IDS
