@@ -22,6 +22,7 @@ strides and view offset are checked against ggml's: a graph this cannot say exac
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,15 @@ def _unique_names(tensors: Sequence[Mapping[str, Any]]) -> list[str]:
             seen[name] = 1
         out.append(name)
     return out
+
+
+def llama_names(text: str) -> str:
+    """``text`` (a reason, a message) with the tensors named as llama.cpp named them (``_unique_names``' suffixes dropped).
+
+    >>> llama_names("node CPU#Qcur-0 ~2#0 is not valid")
+    'node CPU#Qcur-0#0 is not valid'
+    """
+    return re.sub(r" ~\d+", "", text)
 
 
 def _device_of(t: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout) -> int:

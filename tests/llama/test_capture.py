@@ -1,0 +1,145 @@
+"""llama.cpp's graphs captured (``cases.capture``): the graph engine schedules them as ggml did
+inside llama.cpp, the reference predicts it (llama-matches-reference, which catches a planted
+reference fault), and a llama.cpp same-size finding, captured, fails no-same-size-realloc at the
+ggml level at the same call with the same reason; ``schedfuzz capture`` writes such a case."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_llama_gpu import ASYNC, workload
+
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
+from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, graph_spec, layout_of, llama_names
+from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec
+from pytest_schedfuzz.properties.base import reason_kind
+from pytest_schedfuzz.properties.captured import llama_matches_reference
+from pytest_schedfuzz.properties.derived import graph_trace
+from reference.predict import predict
+
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
+SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]
+# the starter corpus's llama.cpp same-size findings, one of each kind: a MoE graph the reservation
+# does not dominate (RPC and CPU), op offload on two asynchronous GPU-like devices, Mamba-2's state
+# copies on an RPC device, a dense model whose graph grows
+SAME_SIZE = ("47d17e5928", "be71aa4ab0", "8915ae6c62", "4e6374f1c3")
+
+
+@pytest.fixture(scope="module")
+def fuzzer() -> Iterator[Fuzzer]:
+    f = Fuzzer(FuzzConfig(database=None))
+    yield f
+    f.close()
+
+
+def _captured(fuzzer: Fuzzer, workload: LlamaWorkload) -> Captured:
+    return capture(workload, fuzzer.engines.run_llama(workload, capture=True))
+
+
+def _ggml_did_what_llama_saw(fuzzer: Fuzzer, captured: Captured) -> None:
+    """The graph engine, given the captured scenario, assigns every node and leaf, splits and
+    sizes the buffers as ggml did inside llama.cpp, and re-plans at the same steps."""
+    trace = graph_trace(fuzzer.engines.run(captured.scenario))
+    assert trace.abort is None, trace.abort
+    records = {r.index: r for r in trace.records}
+    for s in captured.steps:
+        r = records[s.step]
+        assert (r.node_backends, r.leaf_backends, r.n_splits, tuple(r.buffer_sizes), bool(r.events)) == \
+               (s.node_backends, s.leaf_backends, s.n_splits, s.buffer_sizes, s.realloc), f"step {s.step} (call {s.call})"
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("digest", SAME_SIZE)
+def test_a_captured_same_size_finding_fails_at_the_ggml_level_at_the_same_call(fuzzer: Fuzzer, digest: str) -> None:
+    case = load_case(next(CORPUS.glob(f"llama-no-same-size-realloc-*-{digest}.json")))
+    assert case.llama is not None
+    trace = fuzzer.engines.run_llama(case.llama, capture=True)
+    captured = capture(case.llama, trace)
+    _ggml_did_what_llama_saw(fuzzer, captured)
+    assert llama_matches_reference(case.llama, captured, predict(captured.scenario)) == []
+    found = fuzzer.check("no-same-size-realloc", captured.scenario)
+    at_call = [v for v in found if any(s.step == v.step and s.call == case.step for s in captured.steps)]
+    assert at_call, f"no same-size realloc at call {case.step}: {[str(v) for v in found]}"
+    llama_reason = next(s.realloc_reason for c in trace.calls if c.index == case.step for s in c.sched if s.kind == "alloc" and s.realloc)
+    ggml_reason = next(e.reason for e in fuzzer.engines.run(captured.scenario).events if e.step == at_call[0].step)
+    assert reason_kind(llama_names(ggml_reason)) == reason_kind(llama_reason), (ggml_reason, llama_reason)
+    assert fuzzer.check("matches-reference", captured.scenario) == []  # every step, the failing one's too
+
+
+@pytest.mark.engine
+def test_pipeline_parallelism_on_two_asynchronous_gpu_like_devices_is_captured_whole(fuzzer: Fuzzer) -> None:
+    w = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC)))
+    captured = _captured(fuzzer, w)
+    assert any(st.params is not None and st.params.parallel for st in captured.scenario.steps)  # n_copies > 1
+    assert [b.kind for b in captured.scenario.layout.backends] == ["gpu", "gpu", "cpu"]
+    _ggml_did_what_llama_saw(fuzzer, captured)
+    assert llama_matches_reference(w, captured, predict(captured.scenario)) == []
+
+
+@pytest.mark.engine
+def test_llama_matches_reference_catches_a_planted_reference_fault() -> None:
+    """The reference without pass 2 (no expansion to neighbours) on a captured MoE graph with
+    the model on an RPC device: the first node whose backend it gets wrong is named."""
+    case = load_case(next(CORPUS.glob("llama-no-same-size-realloc-*-4d6247404c.json")))
+    assert case.llama is not None
+    for reference, caught in ((None, False), ("planted:predict_without_pass2", True)):
+        f = Fuzzer(FuzzConfig(database=None, reference=reference))
+        f.llama_judged = ("llama-matches-reference",)
+        try:
+            found = f.check_llama("llama-matches-reference", case.llama)
+        finally:
+            f.close()
+        assert bool(found) == caught, [str(v) for v in found]
+        assert f.stats.llama_captured == 1 and f.stats.llama_captured_nodes > 100
+        summary = "\n".join(f.stats.summary_lines())  # what every run prints: captured workloads, nodes compared, op coverage
+        assert "workloads captured and predicted by the reference (llama-matches-reference) = 1" in summary
+        assert "ops of the captured graphs (nodes): ADD" in summary and "ROPE" in summary
+    assert found[0].facts == {"what": "assignment"} and "the reference puts it on" in found[0].message
+
+
+def test_a_graph_no_scenario_can_say_is_a_capture_error_naming_the_op() -> None:
+    layout = BackendLayout((BackendSpec("cpu"),))
+    leaf = {"name": "x", "op": "NONE", "desc": "NONE", "type": "f32", "ne": [4, 1, 1, 1], "nb": [4, 16, 16, 16], "flags": 1, "src": []}
+    node = {"name": "y", "op": "IM2COL", "desc": "IM2COL", "type": "f32", "ne": [4, 1, 1, 1], "nb": [4, 16, 16, 16], "flags": 16, "src": ["l0"]}
+    with pytest.raises(CaptureError, match="op IM2COL") as e:
+        graph_spec({"nodes": [node], "leafs": [leaf]}, ["CPU"], layout, "g")
+    assert e.value.kind == "op IM2COL"
+    padded = dict(leaf, nb=[4, 32, 32, 32])  # rows further apart than ggml_new_tensor puts them
+    with pytest.raises(CaptureError, match="ggml made it f32 ne=\\[4, 1, 1, 1\\] nb=\\[4, 32, 32, 32\\]"):
+        graph_spec({"nodes": [dict(node, op="ADD", desc="ADD", src=["l0", "l0"])], "leafs": [padded]}, ["CPU"], layout, "g")
+    bad_shape = dict(node, op="ADD", desc="ADD", src=["l0", "l0"], ne=[8, 1, 1, 1])
+    with pytest.raises(CaptureError, match="stored shape \\[8\\] but ops give \\[4, 1, 1, 1\\]"):
+        graph_spec({"nodes": [bad_shape], "leafs": [leaf]}, ["CPU"], layout, "g")
+
+
+@pytest.mark.engine
+def test_schedfuzz_capture_writes_a_graph_case_that_replays_to_the_finding(tmp_path: Path) -> None:
+    source = next(CORPUS.glob("llama-no-same-size-realloc-*-47d17e5928.json"))
+    out = tmp_path / "captured.json"
+    run = subprocess.run([*SCHEDFUZZ, "capture", str(source), "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "llama-matches-reference: the reference predicts every step" in run.stdout
+    case = load_case(out)
+    assert case.property == "no-same-size-realloc" and case.signature == "no-same-size-realloc[explained=not-dominating,invalid=node ffn_moe_weights-N,lost_by=-]"
+    assert source.name in case.engine["captured_from"]
+    replay = subprocess.run([*SCHEDFUZZ, "replay", str(out)], capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 0 and "still fails (known bug)" in replay.stdout, replay.stdout[-2000:] + replay.stderr[-2000:]
+    graph_case = next(CORPUS.glob("no-same-size-realloc-*.json"))
+    refused = subprocess.run([*SCHEDFUZZ, "capture", str(graph_case), "-o", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not a llama.cpp case" in refused.stderr
+
+
+def test_the_schedulers_backends_become_the_layout_in_its_order() -> None:
+    w = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1, gpus=(BackendSpec("gpu", asynchronous=True),)), ContextParams(), ())
+    layout = layout_of(["RPC[127.0.0.1:1]", "GPU0", "CPU"], w)
+    assert [b.kind for b in layout.backends] == ["rpc", "gpu", "cpu"] and layout.backends[1].asynchronous
+    with pytest.raises(CaptureError, match="GPU1"):
+        layout_of(["GPU1", "CPU"], w)
