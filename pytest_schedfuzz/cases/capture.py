@@ -123,6 +123,7 @@ OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, An
     "SSM_CONV": ("ssm_conv", lambda s: s[:2], lambda t: {}),
     "SSM_SCAN": ("ssm_scan", lambda s: s[:7], lambda t: {"k": _word(t, 0)}),
 }
+UNARY_OPS = frozenset({"SILU", "EXP", "STEP"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
 # how many src[] each op's constructor sets (more: an input this table does not know, e.g. sinks)
 MAX_SRCS = {"GET_ROWS": 2, "MUL_MAT": 2, "MUL_MAT_ID": 3, "ADD": 2, "MUL": 2, "DIV": 2, "RMS_NORM": 1, "SCALE": 1, "SILU": 1, "ROPE": 3,
@@ -134,7 +135,8 @@ MAX_SRCS = {"GET_ROWS": 2, "MUL_MAT": 2, "MUL_MAT_ID": 3, "ADD": 2, "MUL": 2, "D
 
 def covered_ops() -> list[str]:
     """The ggml ops a captured graph may hold (the README's table)."""
-    return sorted([*OP_TABLE, "VIEW", "RESHAPE", *(f"GLU ({g})" for g in GLU_OPS)])
+    ops = [f"UNARY ({k})" if k in UNARY_OPS else k for k in OP_TABLE]
+    return sorted([*ops, "VIEW", "RESHAPE", "CPY (ggml_cast)", *(f"GLU ({g})" for g in GLU_OPS)])
 
 
 def _unique_names(tensors: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -266,7 +268,7 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
         kind = str(t["desc"])
     else:
         kind = op
-    if len(srcs) > MAX_SRCS.get(op, 0) or (op == "UNARY" and kind not in OP_TABLE):
+    if len(srcs) > MAX_SRCS.get(op, 0) or (op == "UNARY" and kind not in UNARY_OPS):
         raise CaptureError(f"node {t['name']!r}: op {kind} with {len(srcs)} sources is not one the graph engine makes "
                            f"(covered: {', '.join(covered_ops())})", kind=f"op {kind}")
     if op == "CPY" and len(t["src"]) == 2 and ref.get(str(t["src"][1])) == name:  # ggml_cast: src[1] is itself

@@ -15,7 +15,7 @@ from test_llama_gpu import ASYNC, workload
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
-from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, graph_spec, layout_of, llama_names
+from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, covered_ops, graph_spec, layout_of, llama_names
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.llama_model import ModelSpec
@@ -143,3 +143,8 @@ def test_the_schedulers_backends_become_the_layout_in_its_order() -> None:
     assert [b.kind for b in layout.backends] == ["rpc", "gpu", "cpu"] and layout.backends[1].asynchronous
     with pytest.raises(CaptureError, match="GPU1"):
         layout_of(["GPU1", "CPU"], w)
+
+
+def test_the_readme_lists_every_op_a_capture_covers() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert [op for op in covered_ops() if f"`{op}`" not in readme] == []
