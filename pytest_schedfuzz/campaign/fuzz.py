@@ -37,8 +37,10 @@ from ..properties.captured import llama_matches_reference
 from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
+from ..strategies.captured import captured_scenarios
 from ..strategies.llama import FAMILIES, llama_workloads
 from . import observed
+from .captures import captured_pool
 from .causes import causes_told_apart, switches_told_apart
 from .engines import Engines
 from .known import KnownBugs
@@ -122,6 +124,7 @@ class Fuzzer:
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self.llama_judged: tuple[str, ...] = props.LLAMA_PROPERTY_IDS  # what LLAMA_GROUP judges (the selected ones)
         self.interrupted = False  # Ctrl-C was pressed while fuzzing: the caller saves what fuzz() returned, then stops
+        self._captured: tuple[Scenario, ...] | None = None  # llama.cpp's graphs (``captured_pool``), made on first use
         # whether check_llama confirms a new same-size finding with ggml's own check: not while
         # Hypothesis shrinks one (each candidate would cost a second llama.cpp run; the shrunk one is confirmed)
         self.confirm_llama = True
@@ -259,13 +262,28 @@ class Fuzzer:
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws
-        drawn = []
+        drawn: list[st.SearchStrategy[Workload | Scenario | LlamaWorkload]] = []
+        if d.captured and self.captured_pool():
+            drawn.append(captured_scenarios(self.captured_pool(), p.max_gpu, p.max_steps))
         if d.kind in ("scenarios", "both"):
             drawn.append(scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu))
         if d.kind in ("workloads", "both"):
             drawn.append(workloads(max_ubatches=d.max_ubatches, min_reconfigures=d.min_reconfigures, max_layers=max(2, p.max_layers // 4),
                                    max_extra_ops=p.max_extra_ops, max_gpu=p.max_gpu))
         return drawn[0] if len(drawn) == 1 else st.one_of(*drawn)
+
+    def captured_pool(self) -> tuple[Scenario, ...]:
+        """llama.cpp's graphs, captured once per session (``captures``); empty, with the reason in
+        the statistics, where llama.cpp cannot run or this engine is not ggml."""
+        if self._captured is None:
+            if self.config.target is not None:
+                self._captured, why = (), "the engine under test is not ggml"
+            else:
+                self._captured, why = captured_pool(lambda w: self.engines.run_llama(w, capture=True))
+            self.stats.captured_pool = len(self._captured)
+            if why:
+                self.stats.captured_missing[why[:300]] = 1
+        return self._captured
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case

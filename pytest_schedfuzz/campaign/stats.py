@@ -8,9 +8,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .. import properties as props
+from ..cases.capture import CAPTURED_LABEL
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
+from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
 from ..properties.llama import scheduler_reuses
 
@@ -63,6 +65,9 @@ class Stats:
     llama_captured_nodes: int = 0  # ... node assignments compared, over all their steps
     llama_not_captured: dict[str, int] = field(default_factory=dict)  # workloads no graph scenario can say, by cause (not judged)
     captured_ops: dict[str, int] = field(default_factory=dict)  # ggml op -> nodes of captured graphs with it (the op coverage)
+    captured_pool: int = 0  # llama.cpp scenarios captured for the graph properties (``campaign.captures``)
+    captured_missing: dict[str, int] = field(default_factory=dict)  # ... why some (or all) are missing
+    captured_examples_ops: dict[str, int] = field(default_factory=dict)  # graph examples on captured graphs, by the ops they have
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
     llama_explored: dict[str, int] = field(default_factory=dict)  # workloads with each feature (``llama_features``)
     llama_decoded: dict[str, int] = field(default_factory=dict)  # ... of which llama_decode succeeded at least once
@@ -115,6 +120,10 @@ class Stats:
     def add_features(self, scenario: Scenario) -> None:
         for f in features(scenario):
             self.explored[f] = self.explored.get(f, 0) + 1
+        if any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs):
+            ops = {t.op.upper() if GGML_OP_NAMES[t.op] == "UNARY" else GGML_OP_NAMES[t.op] for _, g in scenario.graphs for t in g.tensors if not t.is_leaf}
+            for op in sorted(ops):
+                self.captured_examples_ops[op] = self.captured_examples_ops.get(op, 0) + 1
 
     def add_trace(self, trace: Trace) -> None:
         for r in trace.records:
@@ -168,6 +177,10 @@ class Stats:
             lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
         if self.explored:
             lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
+        if self.captured_pool or self.captured_missing:
+            lines.append(f"llama.cpp's graphs for the graph properties: {self.captured_pool} captured scenarios"
+                         + (f" (missing: {'; '.join(self.captured_missing)})" if self.captured_missing else "")
+                         + "; examples on them by op: " + (", ".join(f"{k} {n}" for k, n in sorted(self.captured_examples_ops.items())) or "none"))
         if self.llama_workloads:
             rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
             lines += [
@@ -223,6 +236,7 @@ def features(scenario: Scenario) -> list[str]:
         "forced assignments": any(g.forced for _, g in scenario.graphs),
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
+        "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
     }
     return [k for k, v in checks.items() if v]
 

@@ -36,6 +36,7 @@ from ..model.shapes import INPLACE, TYPES, VIEW_OPS, SpecError
 TENSOR_FLAG_INPUT, TENSOR_FLAG_OUTPUT = 1, 2
 BUFFER_USAGE_WEIGHTS = 1
 MAX_NAME = 63
+CAPTURED_LABEL = "llama.cpp: "  # how a captured graph's label starts (the statistics tell captured graphs by it)
 
 
 class CaptureError(ValueError):
@@ -366,7 +367,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
         key = repr(g)
         if key not in graphs:
             name = f"g{len(specs)}-c{call}-{s.kind}"
-            specs.append((name, graph_spec(g, cap["bufts"], here, name)))
+            specs.append((name, graph_spec(g, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))
             graphs[key] = name
             for t in cap["nodes"]:
                 k = str(t["desc"]) if t["op"] in ("UNARY", "GLU") else str(t["op"])

@@ -50,12 +50,15 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
     _property("reuse-sound", set(), Draws("workloads", min_reconfigures=2), lambda sc, o: reuse_sound(sc, o.trace, o.prediction)),
     _property("reuse-complete", set(), Draws("workloads", min_reconfigures=3), lambda sc, o: reuse_complete(sc, o.trace, o.prediction)),
     # the reference explains its aborts (no-abort signs them), as for every property that runs the engine
-    _property("reuse-equivalent", {ENGINE, REFERENCE, FRESH}, Draws("workloads"), lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
+    _property("reuse-equivalent", {ENGINE, REFERENCE, FRESH}, Draws("workloads", captured=True), lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
     # many ubatches of one shape, no reconfiguration: the server's steady state, where same-size reallocs hide
     _property("no-same-size-realloc", {ENGINE, REFERENCE}, Draws("workloads", max_ubatches=8, min_reconfigures=0),
               lambda sc, o: no_same_size_realloc(sc, o.trace, o.prediction)),
-    # driver workloads too: same-topology growth and re-plans within a reservation happen there
-    _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0),
+    # driver workloads too: same-topology growth and re-plans within a reservation happen there;
+    # and llama.cpp's captured graphs in drawn step sequences (reuse-equivalent too). Not for
+    # no-same-size-realloc: a drawn sequence reserves any graph, not the worst case (llama.cpp's own
+    # sequences are judged by llama-no-same-size-realloc); nor same-values: a capture has no inputs
+    _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0, captured=True),
               lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
     _property("same-values", {ENGINE, REFERENCE}, SCENARIOS, lambda sc, o: same_values(sc, o.trace, o.prediction)),
     # every engine property reports aborts; no-abort's own examples are what none of them draws:

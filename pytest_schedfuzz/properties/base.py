@@ -81,11 +81,13 @@ class Draws:
     """Which strategy draws a property's examples (``campaign.fuzz.Fuzzer.strategy`` builds it
     with the profile's sizes): raw ``scenarios``, driver ``workloads`` (played by the simulated
     ``llama_context``, with at most ``max_ubatches`` ubatches and at least ``min_reconfigures``
-    reconfigurations), or ``both``."""
+    reconfigurations), or ``both``; with ``captured``, llama.cpp's own graphs too
+    (``strategies.captured``: layouts, forced assignments, parameters and steps drawn anew)."""
 
     kind: str  # scenarios | workloads | both
     max_ubatches: int = 4
     min_reconfigures: int = 1
+    captured: bool = False
 
 
 SCENARIOS = Draws("scenarios")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from test_llama_gpu import ASYNC, workload
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
@@ -20,9 +21,11 @@ from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec
+from pytest_schedfuzz.properties import PROPERTIES
 from pytest_schedfuzz.properties.base import reason_kind
 from pytest_schedfuzz.properties.captured import llama_matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
+from pytest_schedfuzz.strategies.captured import captured_scenarios
 from reference.predict import predict
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
@@ -148,3 +151,30 @@ def test_the_schedulers_backends_become_the_layout_in_its_order() -> None:
 def test_the_readme_lists_every_op_a_capture_covers() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert [op for op in covered_ops() if f"`{op}`" not in readme] == []
+
+
+@pytest.mark.engine
+def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer) -> None:
+    """The session's pool holds one captured scenario per model family; the strategy keeps each
+    weight's device, draws devices, forced nodes, parameters and steps anew, and every drawn
+    scenario is valid; matches-reference's examples include them."""
+    pool = fuzzer.captured_pool()
+    assert len(pool) == 4 and fuzzer.stats.captured_missing == {}
+    ops = {t.op for sc in pool for _, g in sc.graphs for t in g.tensors}
+    assert {"mul_mat_id", "ssm_scan", "flash_attn_ext", "glu", "set_rows"} <= ops
+    seen: set[str] = set()
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(captured_scenarios(pool, max_gpu=2, max_steps=6))
+    def drawn(sc) -> None:  # type: ignore[no-untyped-def]
+        sc.validate()
+        base = next(b for b in pool if [n for n, _ in b.graphs] == [n for n, _ in sc.graphs])
+        assert sc.layout.n == base.layout.n and sc.layout.backends[-1].kind == "cpu"
+        seen.update(b.kind for b in sc.layout.backends)
+        seen.update("forced" for (_, g), (_, h) in zip(sc.graphs, base.graphs) if len(g.forced) > len(h.forced))
+        seen.update("kept" for s in sc.steps if s.reuse)
+        seen.update(s.kind for s in sc.steps)
+
+    drawn()
+    assert {"gpu", "rpc", "forced", "kept", "reserve", "alloc", "split"} <= seen, seen
+    assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent"}
