@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..model.llama import LlamaWorkload
@@ -185,9 +185,14 @@ def _device_of(t: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout
     raise CaptureError(f"leaf {t['name']!r} is in a buffer of type {buft!r}, which no backend of the scheduler has ({', '.join(bufts)})", kind="buffer type")
 
 
-def layout_of(names: Sequence[str], workload: LlamaWorkload) -> BackendLayout:
+def layout_of(names: Sequence[str], workload: LlamaWorkload, cpu_buft: str = "CPU") -> BackendLayout:
     """The scheduler's backends (``ggml_backend_name``, in its order) as a layout: ``RPC[...]``
-    an RPC device, ``GPU<k>`` the workload's k-th GPU-like device, ``CPU`` the CPU."""
+    an RPC device, ``GPU<k>`` the workload's k-th GPU-like device, ``CPU`` the CPU. llama.cpp
+    gives the CPU's compute buffer the host buffer type of the model's first device only
+    (``cpu_buft``, as captured): the GPU-like device whose it is keeps ``host_buffer``, the others
+    lose it (in a scenario it means nothing else). A layout names its devices by position: with
+    ``split_mode`` none on ``main_gpu`` 1 the scheduler's only GPU-like device, ``GPU1``, is the
+    scenario's ``GPU0`` (names are all that changes)."""
     specs = []
     for name in names:
         if name == "CPU":
@@ -195,7 +200,7 @@ def layout_of(names: Sequence[str], workload: LlamaWorkload) -> BackendLayout:
         elif name.startswith("RPC"):
             specs.append(BackendSpec("rpc"))
         elif name.startswith("GPU") and name[3:].isdigit() and int(name[3:]) < len(workload.devices.gpus):
-            specs.append(workload.devices.gpus[int(name[3:])])
+            specs.append(replace(workload.devices.gpus[int(name[3:])], host_buffer=cpu_buft == f"{name}_Host"))
         else:
             raise CaptureError(f"the scheduler has a backend {name!r} that a graph scenario cannot make", kind="backend")
     try:
@@ -203,8 +208,9 @@ def layout_of(names: Sequence[str], workload: LlamaWorkload) -> BackendLayout:
     except SpecError as e:
         raise CaptureError(f"the scheduler's backends {list(names)}: {e}", kind="backend") from None
     gpus = [n for n in names if n.startswith("GPU")]
-    if gpus != [f"GPU{k}" for k in range(len(gpus))]:
-        raise CaptureError(f"the scheduler's GPU-like devices {gpus} are not GPU0, GPU1... in order: the layout would rename them", kind="backend")
+    renamed = {f"{old}_Host": f"GPU{k}_Host" for k, old in enumerate(gpus)}
+    if layout.buft(layout.n - 1) != renamed.get(cpu_buft, cpu_buft):
+        raise CaptureError(f"the CPU's compute buffer is of type {cpu_buft!r}, which the layout cannot give it", kind="buffer type")
     return layout
 
 
@@ -358,7 +364,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
             raise CaptureError(f"call {call}: a {s.kind} on scheduler {s.sched}, not the one built last ({live}), or not captured", kind="scheduler")
         cap = s.capture
         names = [str(x) for x in cap["backend_names"]]
-        here = layout_of(names, workload)
+        here = layout_of(names, workload, str(cap["bufts"][-1]))
         if layout is None:
             layout = here
         elif here != layout:

@@ -146,6 +146,13 @@ def test_the_schedulers_backends_become_the_layout_in_its_order() -> None:
     assert [b.kind for b in layout.backends] == ["rpc", "gpu", "cpu"] and layout.backends[1].asynchronous
     with pytest.raises(CaptureError, match="GPU1"):
         layout_of(["GPU1", "CPU"], w)
+    # split_mode none on main_gpu 1: the scheduler's one device is the scenario's GPU0, and the
+    # CPU's compute buffer is in its host buffer type only if llama.cpp put it there
+    two = LlamaWorkload(w.model, Devices(n_rpc=0, gpus=(BackendSpec("gpu", host_buffer=True), BackendSpec("gpu", host_buffer=True))), w.ctx, ())
+    assert layout_of(["GPU1", "CPU"], two, "GPU1_Host").buft(1) == "GPU0_Host"
+    assert layout_of(["GPU0", "GPU1", "CPU"], two, "CPU").host_buffer_of is None
+    with pytest.raises(CaptureError, match="CPU's compute buffer is of type 'GPU1_Host'"):
+        layout_of(["GPU0", "CPU"], w, "GPU1_Host")
 
 
 def test_the_readme_lists_every_op_a_capture_covers() -> None:
