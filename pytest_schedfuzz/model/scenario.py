@@ -522,7 +522,7 @@ def reshaped(spec: GraphSpec, leaf: str, dim: int) -> GraphSpec | None:
     None where an op no longer accepts its sources (views keep their explicit shapes, so
     graphs built on them rarely shrink this way)."""
     t = spec.by_name.get(leaf)
-    if t is None or not t.is_leaf or t.ne[dim] < 2:
+    if t is None or not t.is_leaf or dim >= len(t.ne) or t.ne[dim] < 2:
         return None
     ne = list(t.ne)
     ne[dim] //= 2
