@@ -252,7 +252,7 @@ class Llama:
         elif phase == HOOK_SPLIT_END:
             self.split = self._read_split(sched, graph)
             if self.captured is not None:
-                self.captured["assigned"] = self._assigned(sched, graph)
+                self.captured["assigned"] = self._assigned(sched, self.captured.pop("order"))
                 backends = self.backends[self.scheds[sched]]
                 self.captured["backend_names"] = [name for name, _ in backends]
                 self.captured["bufts"] = [self.glib.ggml_backend_buft_name(ctypes.c_void_p(b)).decode() for _, b in backends]
@@ -383,18 +383,17 @@ class Llama:
         s = ctypes.c_void_p(sched)
         index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
         forced = [[ref.get(t, "?"), index.get(b, -1)] for t, b in self.forced.get(sched, {}).items() if t in ref]
-        return {"nodes": [read(nodes[i]) for i in range(head.n_nodes)], "leafs": [read(leafs[i]) for i in range(head.n_leafs)], "forced": forced}
+        return {"nodes": [read(nodes[i]) for i in range(head.n_nodes)], "leafs": [read(leafs[i]) for i in range(head.n_leafs)], "forced": forced,
+                "order": {"nodes": [nodes[i] for i in range(head.n_nodes)], "leafs": [leafs[i] for i in range(head.n_leafs)]}}
 
-    def _assigned(self, sched: int, graph: int) -> dict[str, list[int]]:
-        """The backend (its index among the scheduler's) ggml's split_graph gave each node and leaf."""
+    def _assigned(self, sched: int, order: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The backend (its index among the scheduler's) ggml's split_graph gave each node and leaf,
+        in the order they had when captured: a device's ``graph_optimize`` reorders the nodes of its
+        split in the graph itself (a split's graph is a view of it)."""
         s = ctypes.c_void_p(sched)
         index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
-        head = CGraphHead.from_address(graph)
-        out = {}
-        for what, array, n in (("nodes", head.nodes, head.n_nodes), ("leafs", head.leafs, head.n_leafs)):
-            tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
-            out[what] = [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(tensors[i])), -1) for i in range(n)]
-        return out
+        return {what: [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(t)), -1) for t in tensors]
+                for what, tensors in order.items()}
 
     def _buffer_sizes(self, sched: int) -> list[int]:
         """``ggml_backend_sched_get_buffer_size`` of each of the scheduler's backends."""
