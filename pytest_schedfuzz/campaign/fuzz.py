@@ -274,10 +274,20 @@ class Fuzzer:
 
     def captured_pool(self) -> tuple[Scenario, ...]:
         """llama.cpp's graphs, captured once per session (``captures``); empty, with the reason in
-        the statistics, where llama.cpp cannot run or this engine is not ggml."""
+        the statistics, where llama.cpp cannot run, this engine is not ggml, or its ggml is not the
+        version llama.cpp's graphs were built by (ops differ between versions: 0.15.3's ``ggml_clamp``
+        returns a view, 0.25.3's a new tensor)."""
         if self._captured is None:
-            if self.config.target is not None:
-                self._captured, why = (), "the engine under test is not ggml"
+            try:
+                versions = (self.engines.ggml_version(False), self.engines.ggml_version(True)) if self.config.target is None else None
+            except TargetError as e:
+                versions, why = None, f"llama.cpp cannot run: {str(e).splitlines()[0]}"
+            else:
+                why = "the engine under test is not ggml" if versions is None else ""
+            if versions is not None and versions[0] != versions[1]:
+                versions, why = None, f"llama.cpp's graphs are ggml {versions[1]}'s, the engine is ggml {versions[0]}"
+            if versions is None:
+                self._captured = ()
             else:
                 self._captured, why = captured_pool(lambda w: self.engines.run_llama(w, capture=True))
             self.stats.captured_pool = len(self._captured)

@@ -185,3 +185,15 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
     drawn()
     assert {"gpu", "rpc", "forced", "kept", "reserve", "alloc", "split"} <= seen, seen
     assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent"}
+
+
+@pytest.mark.engine
+def test_no_captured_graphs_for_an_engine_of_another_ggml_version() -> None:
+    """llama.cpp 0.3.36's graphs are ggml 0.25.3's (0.15.3's ``ggml_clamp`` makes a view where
+    0.25.3's makes a tensor): on ggml 0.15.3 the pool is empty and the summary says why."""
+    f = Fuzzer(FuzzConfig(database=None, lib="ggml-0.15.3"))
+    try:
+        assert f.captured_pool() == ()
+    finally:
+        f.close()
+    assert "llama.cpp's graphs are ggml 0.25.3's, the engine is ggml 0.15.3" in "\n".join(f.stats.summary_lines())
