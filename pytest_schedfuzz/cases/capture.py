@@ -360,6 +360,11 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
             raise CaptureError(f"call {call}: llama.cpp called ggml_backend_sched_reserve_size, which a graph scenario has no step for", kind="reserve_size")
         if s.kind not in ("reserve", "alloc", "split"):
             continue  # free (the next sched_new replaces it), and the seeds' llama.cpp's own records
+        if not s.ok:
+            # the device's free memory refused a compute buffer (llama.cpp's gpu_free; its pipeline
+            # parallelism fallback): a scenario's device has its whole memory, the reference none
+            raise CaptureError(f"call {call}: a {s.kind} llama.cpp's scheduler could not allocate (the device's free memory), "
+                               "which a scenario does not model", kind="failed allocation")
         if s.sched != live or s.capture is None:
             raise CaptureError(f"call {call}: a {s.kind} on scheduler {s.sched}, not the one built last ({live}), or not captured", kind="scheduler")
         cap = s.capture
