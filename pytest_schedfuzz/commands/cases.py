@@ -61,7 +61,7 @@ def replay(args: argparse.Namespace) -> int:
             if case.llama is not None:
                 trace_llama = print_llama_run(fuzzer, case, args.capture)
                 if args.capture:
-                    failed += _print_captured(fuzzer, case, trace_llama) is None
+                    _print_captured(fuzzer, case, trace_llama)
             scenario = None if case.llama is not None else fuzzer.scenario_for(case)
             trace = fuzzer.engines.run(scenario) if scenario is not None else None
             for r in trace.records if trace is not None and scenario is not None else ():
