@@ -245,7 +245,7 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
         def __init__(self, trace: LlamaTrace) -> None:
             self.trace, self.runs = trace, 0
 
-        def run(self, workload: LlamaWorkload, logits: bool = False) -> LlamaTrace:
+        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
             self.runs += 1
             return self.trace
 
@@ -495,7 +495,7 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
         def __init__(self, kind: str, comes_back: bool) -> None:
             self.call_timeout, self.kind, self.comes_back, self.seen = 60.0, kind, comes_back, []
 
-        def run(self, w: LlamaWorkload, logits: bool = False) -> LlamaTrace:
+        def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
             self.seen.append(self.call_timeout)
             if len(self.seen) == 1 or self.comes_back:
                 return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),), LlamaAbort(0, self.kind, "gone"))
