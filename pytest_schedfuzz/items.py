@@ -74,6 +74,8 @@ class CaseItem(pytest.Item):
         verdict = judge_replay(case, found, version, session.fuzzer.known.expected(case.llama is not None))
         if verdict.outcome == "known":
             pytest.xfail(verdict.text)
+        if verdict.outcome == "unshown":
+            pytest.skip(verdict.text)
         if not verdict.ok:
             raise CorpusFailure(verdict.text)
 

@@ -106,3 +106,13 @@ def test_the_ci_budget_goes_where_a_property_can_fail() -> None:
     assert ci.examples_for("reuse-sound") == ci.profile.chunk and ci.examples_for("no-abort") is None
     mine = Fuzzer(FuzzConfig(profile="ci", database=None, policy="pytest_schedfuzz.sim.driver:can_reuse"))
     assert mine.examples_for("reuse-sound") is None
+
+
+def test_a_known_race_that_does_not_show_is_not_counted_as_fixed() -> None:
+    """A race shows only when the threads interleave so: replays that do not show it (a loaded CI
+    machine) are ``unshown``, never ``xpass``; a deterministic known bug that is gone is ``xpass``."""
+    race = Case("no-abort", "no-abort[race=asynchronous]", None, expect={"fail": "a race"})
+    verdict = judge_replay(race, [], "0.15.3")
+    assert verdict.outcome == "unshown" and verdict.ok and "not counted as fixed" in verdict.short
+    assert judge_replay(known_case(), [], "0.25.3").outcome == "xpass"
+    assert judge_replay(race, [OTHER], "0.15.3").outcome == "xpass"  # something else instead: it is news
