@@ -38,13 +38,14 @@ def pool_workloads() -> tuple[LlamaWorkload, ...]:
     return tuple(out)
 
 
-def captured_pool(run: Callable[[LlamaWorkload], LlamaTrace]) -> tuple[tuple[Scenario, ...], str]:
-    """The scenarios of the pool's workloads run by ``run`` (with capture), and what could not be
-    captured and why ("" when all were): a missing llama.cpp leaves the pool empty, said so."""
-    scenarios, missing = [], []
+def captured_pool(run: Callable[[LlamaWorkload], LlamaTrace]) -> tuple[dict[str, Scenario], str]:
+    """The scenarios of the pool's workloads run by ``run`` (with capture), by model family, and
+    what could not be captured and why ("" when all were): a missing llama.cpp leaves it empty, said so."""
+    scenarios: dict[str, Scenario] = {}
+    missing = []
     for w in pool_workloads():
         try:
-            scenarios.append(capture(w, run(w)).scenario)
+            scenarios[w.model.kind] = capture(w, run(w)).scenario
         except (CaptureError, TargetError) as e:
             missing.append(f"{w.model.kind}: {str(e).splitlines()[0][:200]}")
-    return tuple(scenarios), "; ".join(missing)
+    return scenarios, "; ".join(missing)

@@ -159,9 +159,7 @@ class Fuzzer:
         judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
         logits = "llama-same-logits" in judged and compares_logits(workload)
         capture = "llama-matches-reference" in judged
-        trace = self.engines.run_llama(workload, logits, capture)
-        confirmed = self.engines.llama_confirmed(workload, trace, logits)
-        trace = trace if confirmed is trace else confirmed
+        trace = self.engines.llama_confirmed(workload, self.engines.run_llama(workload, logits, capture), logits)
         self.stats.add_llama(workload, trace)
         refused = out_of_memory(workload, trace)
         if refused:
@@ -291,8 +289,9 @@ class Fuzzer:
             if versions is None:
                 self._captured = ()
             else:
-                self._captured, why = captured_pool(lambda w: self.engines.run_llama(w, capture=True))
-            self.stats.captured_pool = len(self._captured)
+                families, why = captured_pool(lambda w: self.engines.run_llama(w, capture=True))
+                self._captured = tuple(families.values())
+                self.stats.captured_families = dict.fromkeys(families, 1)
             if why:
                 self.stats.captured_missing[why[:300]] = 1
         return self._captured

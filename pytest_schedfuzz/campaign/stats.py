@@ -65,7 +65,8 @@ class Stats:
     llama_captured_nodes: int = 0  # ... node assignments compared, over all their steps
     llama_not_captured: dict[str, int] = field(default_factory=dict)  # workloads no graph scenario can say, by cause (not judged)
     captured_ops: dict[str, int] = field(default_factory=dict)  # ggml op -> nodes of captured graphs with it (the op coverage)
-    captured_pool: int = 0  # llama.cpp scenarios captured for the graph properties (``campaign.captures``)
+    # model family -> sessions (xdist workers) that captured its scenario for the graph properties (``campaign.captures``)
+    captured_families: dict[str, int] = field(default_factory=dict)
     captured_missing: dict[str, int] = field(default_factory=dict)  # ... why some (or all) are missing
     captured_examples_ops: dict[str, int] = field(default_factory=dict)  # graph examples on captured graphs, by the ops they have
     llama_decode_rc: dict[str, int] = field(default_factory=dict)
@@ -177,8 +178,8 @@ class Stats:
             lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
         if self.explored:
             lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
-        if self.captured_pool or self.captured_missing:
-            lines.append(f"llama.cpp's graphs for the graph properties: {self.captured_pool} captured scenarios"
+        if self.captured_families or self.captured_missing:
+            lines.append(f"llama.cpp's graphs for the graph properties: captured scenarios of {', '.join(sorted(self.captured_families)) or 'no model'}"
                          + (f" (missing: {'; '.join(self.captured_missing)})" if self.captured_missing else "")
                          + "; examples on them by op: " + (", ".join(f"{k} {n}" for k, n in sorted(self.captured_examples_ops.items())) or "none"))
         if self.llama_workloads:

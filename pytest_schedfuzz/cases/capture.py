@@ -31,7 +31,7 @@ from typing import Any
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step, TensorSpec
-from ..model.shapes import INPLACE, TYPES, VIEW_OPS, SpecError
+from ..model.shapes import ARITY, INPLACE, TYPES, VIEW_OPS, SpecError
 
 TENSOR_FLAG_INPUT, TENSOR_FLAG_OUTPUT = 1, 2
 BUFFER_USAGE_WEIGHTS = 1
@@ -126,12 +126,13 @@ OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, An
 }
 UNARY_OPS = frozenset({"SILU", "EXP", "STEP"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
-# how many src[] each op's constructor sets (more: an input this table does not know, e.g. sinks)
-MAX_SRCS = {"GET_ROWS": 2, "MUL_MAT": 2, "MUL_MAT_ID": 3, "ADD": 2, "MUL": 2, "DIV": 2, "RMS_NORM": 1, "SCALE": 1, "SILU": 1, "ROPE": 3,
-            "SOFT_MAX": 2, "FLASH_ATTN_EXT": 4, "SET_ROWS": 3, "CPY": 2, "CONT": 1, "PERMUTE": 1, "TRANSPOSE": 1, "CONCAT": 2,
-            "SUM_ROWS": 1, "ARGSORT": 1, "CLAMP": 1, "VIEW": 1, "RESHAPE": 1, "GLU": 2, "UNARY": 1, "PAD": 1, "ARGMAX": 1, "TOP_K": 1, "SUB": 2, "SUM": 1, "LOG": 1,
-            "CUMSUM": 1, "FILL": 1,
-            "SSM_CONV": 2, "SSM_SCAN": 7}
+
+
+def _n_srcs(op: str, kind: str) -> int:
+    """How many src[] the graph engine's constructor of ``kind`` sets (``shapes.ARITY``); more is
+    an input this module does not know (e.g. attention sinks), none an op it does not know."""
+    ours = {"VIEW": "view", "RESHAPE": "reshape", "GLU": "glu"}.get(op) or (OP_TABLE[kind][0] if kind in OP_TABLE else None)
+    return ARITY[ours][0] if ours is not None else 0
 
 
 def covered_ops() -> list[str]:
@@ -275,7 +276,7 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
         kind = str(t["desc"])
     else:
         kind = op
-    if len(srcs) > MAX_SRCS.get(op, 0) or (op == "UNARY" and kind not in UNARY_OPS):
+    if len(srcs) > _n_srcs(op, kind) or (op == "UNARY" and kind not in UNARY_OPS):
         raise CaptureError(f"node {t['name']!r}: op {kind} with {len(srcs)} sources is not one the graph engine makes "
                            f"(covered: {', '.join(covered_ops())})", kind=f"op {kind}")
     if op == "CPY" and len(t["src"]) == 2 and ref.get(str(t["src"][1])) == name:  # ggml_cast: src[1] is itself

@@ -166,7 +166,7 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
     weight's device, draws devices, forced nodes, parameters and steps anew, and every drawn
     scenario is valid; matches-reference's examples include them."""
     pool = fuzzer.captured_pool()
-    assert len(pool) == 4 and fuzzer.stats.captured_missing == {}
+    assert len(pool) == 4 and fuzzer.stats.captured_missing == {} and sorted(fuzzer.stats.captured_families) == ["dense", "hybrid", "mamba2", "moe"]
     ops = {t.op for sc in pool for _, g in sc.graphs for t in g.tensors}
     assert {"mul_mat_id", "ssm_scan", "flash_attn_ext", "glu", "set_rows"} <= ops
     seen: set[str] = set()
