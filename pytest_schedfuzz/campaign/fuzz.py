@@ -353,16 +353,18 @@ class Fuzzer:
 
     @contextmanager
     def _ctrl_c_noted(self) -> Iterator[None]:
-        """Note a Ctrl-C in ``self.interrupted`` as well as raising it: a KeyboardInterrupt that
-        lands in a garbage-collector callback or a ``__del__`` is printed ("Exception ignored
-        in …") and lost, and the run would shrink on and finish; the next example raises it again."""
+        """A first Ctrl-C is noted in ``self.interrupted`` and raised by the next example (``one``),
+        not where the signal lands: a KeyboardInterrupt raised in a garbage-collector callback or
+        a ``__del__`` (Hypothesis's, mid-shrink) is printed ("Exception ignored in …") and lost. A
+        second Ctrl-C raises at once, for a step that does not return."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def pressed(signum: int, frame: object) -> None:
+            if self.interrupted:
+                raise KeyboardInterrupt
             self.interrupted = True
-            raise KeyboardInterrupt
 
         before = signal.signal(signal.SIGINT, pressed)
         try:

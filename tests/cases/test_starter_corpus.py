@@ -50,4 +50,7 @@ def test_message_step_and_graphs_agree_with_the_scenario(path: Path, fuzzers: di
         # under -n 2) 0.15.3's abort symptom showed in 3 of 20 replays, in 10 of 20 on an idle one
         pytest.skip(f"the race did not show in {RACE_TRIES} replays on this machine's load")
     assert found, f"{path.name} does not reproduce {case.signature}"
-    assert (found[0].step, found[0].message) == (case.step, case.message)
+    if "[race=" in case.signature:  # where the threads interleave so is the race's, not the case's: the kind of step is
+        assert case.scenario.steps[found[0].step].kind == case.scenario.steps[case.step].kind
+    else:
+        assert (found[0].step, found[0].message) == (case.step, case.message)
