@@ -264,7 +264,7 @@ class Fuzzer:
         d = props.PROPERTIES[prop].draws
         drawn: list[st.SearchStrategy[Workload | Scenario | LlamaWorkload]] = []
         if d.captured and self.captured_pool():
-            drawn.append(captured_scenarios(self.captured_pool(), p.max_gpu, p.max_steps))
+            drawn.append(captured_scenarios(self.captured_pool(), p.max_gpu, p.max_steps, self.policy))
         if d.kind in ("scenarios", "both"):
             drawn.append(scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu))
         if d.kind in ("workloads", "both"):

@@ -272,6 +272,7 @@ class Llama:
                 rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
                 if r.backend_ids_changed:
                     rec["realloc"]["moved"] = self.split["moved"]
+                    rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]
             # a scheduler of an earlier call too: its creation is not among this call's events; ggml-alloc
             # re-planning a single buffer by itself (a CPU-only scheduler) is no decision of the scheduler's
             if rec["sched"] in self.observing and rec.get("realloc", {}).get("via") == "sched" and self.said is None:
@@ -282,7 +283,7 @@ class Llama:
                 rec["realloc"]["ggml"] = self.said
             if self.llama_said is not None:
                 rec["realloc"]["llama"] = self.llama_said
-            del rec["moved"]
+            del rec["moved"], rec["moved_by_offload"]
             if self.captured is not None:
                 self._captured_into(rec, sched)
             self.sched_events.append(rec)
@@ -314,7 +315,7 @@ class Llama:
         index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(len(names))}
         head = CGraphHead.from_address(graph)
         n_prev = len(self.last_backends.get((sid, "node"), []))
-        moved = ""
+        moved, by_offload = "", False
         for what, array, n in (("node", head.nodes, head.n_nodes), ("leaf", head.leafs, head.n_leafs)):
             tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
             ids = [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(tensors[i])), -1) for i in range(n)]
@@ -324,6 +325,7 @@ class Llama:
                 for i, (was, now) in enumerate(zip(prev, ids)):
                     if was != now and min(was, now) >= 0 and names[was][1] != names[now][1]:
                         moved = f"{what} {self._name(tensors[i])}: #{was} {names[was][0]} -> #{now} {names[now][0]}"
+                        by_offload = what == "node" and self._reads_host_weight(tensors[i], g["host_weights"])
                         break
         if not moved:
             moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
@@ -336,8 +338,21 @@ class Llama:
             # ggml's op offload copies a weight in host memory to the device that runs the op: an input of a device's split
             "offloaded": sorted({f"{x}@{split.backend_name}" for split in self.log.splits if split.backend_name != names[-1][0]
                                  for x in split.inputs if x in g["host_weights"]}),
-            "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved,
+            "splits": [[x.backend_name, len(x.inputs)] for x in self.log.splits], "moved": moved, "moved_by_offload": by_offload,
         }
+
+    def _reads_host_weight(self, tensor: int, host_weights: set[str]) -> bool:
+        """Whether node ``tensor`` reads a weight in host memory, directly or through the copy
+        split_graph's pass 5 made of it (``BACKEND#NAME#COPY``): only op offload (pass 1's
+        ``ggml_backend_sched_backend_id_from_cur``) puts such a node on another backend than the CPU,
+        so its move between two splits is op offload's, whatever else the graphs differ in."""
+        t = ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents
+        for x in t.src:
+            if x:
+                name = self._name(ctypes.cast(x, ctypes.c_void_p).value)
+                if name in host_weights or (name.count("#") >= 2 and name.split("#", 1)[1].rsplit("#", 1)[0] in host_weights):
+                    return True
+        return False
 
     def _captured_into(self, rec: dict[str, Any], sched: int) -> None:
         rec["capture"], self.captured = self.captured, None

@@ -76,7 +76,10 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
-        if x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs):  # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU)
+        # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU): the
+        # moved node reads a weight in host memory (only op offload puts it on a device), or the
+        # same graph copies other host-resident weights
+        if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
             return f"{reason} (op offload)"
         # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
         # positions in the scheduler or device numbers (which move with the number of devices)
@@ -133,11 +136,14 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 replan = _replan_reason(x, r)
                 # op offload depends on the batch only: a switch made before the call is beside the point
                 trigger, switch = _trigger(w, x_call if replan.endswith("(op offload)") else r_call, x_call)
-                facts = {"explained": how, "lost_by": f"{trigger}: {replan}",
-                         "topology": "switch" if switched else "same"}
-                graph = _graph_kind(r, x)
-                if graph:
-                    facts["graph"] = graph
+                facts = {"explained": how, "lost_by": f"{trigger}: {replan}"}
+                # which op offload wants depends on the batch alone: whether the graphs also differ
+                # in topology or inputs (the sampler's, the outputs') does not make another cause
+                if not replan.endswith("(op offload)"):
+                    facts["topology"] = "switch" if switched else "same"
+                    graph = _graph_kind(r, x)
+                    if graph:
+                        facts["graph"] = graph
             else:
                 how = "not-dominating"
                 switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]

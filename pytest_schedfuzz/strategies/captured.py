@@ -1,8 +1,9 @@
 """Scenarios on llama.cpp's own graphs (``campaign.captures``): a captured scenario's graphs,
 on a layout drawn again (each device an RPC server or a GPU-like device with drawn settings, the
 CPU last, so that every weight keeps its device), with tensors forced onto drawn backends, under
-drawn scheduler parameters, in drawn sequences of reserves, allocs, splits and schedulers
-built anew or kept."""
+drawn scheduler parameters, in drawn sequences of reserves, allocs, splits and re-reservations
+(``sched_new``), where the scheduler is kept exactly when the reuse policy says so, as
+``llama_context::sched_reserve`` decides (``sim.driver.Driver``)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,31 @@ from hypothesis import strategies as st
 
 from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step
 from ..model.shapes import VIEW_OPS
+from ..sim.driver import Policy, can_reuse
 from . import fit_max_size, gpus
 
 
 @st.composite
-def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_steps: int = 8) -> Scenario:
+def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_steps: int = 8,
+                       policy: Policy = can_reuse) -> Scenario:
     base = draw(st.sampled_from(list(pool)))
     layout = draw(_layouts(base.layout, max_gpu))
     graphs = tuple((name, draw(_forced(g, layout.n))) for name, g in base.graphs)
     max_nodes = max((s.params.max_nodes for s in base.steps if s.params is not None), default=1024)
     params = st.builds(SchedParams, st.just(max_nodes), parallel=st.booleans(), op_offload=st.booleans())
     names = [n for n, _ in graphs]
-    steps = [Step("sched_new", params=draw(params))]
+    cur = draw(params)
+    steps = [Step("sched_new", params=cur)]
     for _ in range(draw(st.integers(1, max_steps))):
         kind = draw(st.sampled_from(("reserve", "alloc", "alloc", "split", "sched_new")))
-        # a scheduler built again, or kept (reuse), as llama.cpp does when it reserves again
-        steps.append(Step(kind, params=draw(params), reuse=draw(st.booleans())) if kind == "sched_new" else Step(kind, draw(st.sampled_from(names))))
+        if kind != "sched_new":
+            steps.append(Step(kind, draw(st.sampled_from(names))))
+            continue
+        # the scheduler is kept when the policy allows it (then its parameters stay), else built anew
+        new = draw(params)
+        reuse = bool(policy(new, cur))
+        steps.append(Step("sched_new", params=new, reuse=reuse))
+        cur = cur if reuse else new
     layout = fit_max_size(layout, [g for _, g in graphs])
     return Scenario(layout, graphs, tuple(steps))
 

@@ -20,11 +20,12 @@ from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, cove
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.llama_model import ModelSpec
-from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import PROPERTIES
 from pytest_schedfuzz.properties.base import reason_kind
 from pytest_schedfuzz.properties.captured import llama_matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
+from pytest_schedfuzz.sim.driver import can_reuse
 from pytest_schedfuzz.strategies.captured import captured_scenarios
 from reference.predict import predict
 
@@ -181,10 +182,42 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
         seen.update("forced" for (_, g), (_, h) in zip(sc.graphs, base.graphs) if len(g.forced) > len(h.forced))
         seen.update("kept" for s in sc.steps if s.reuse)
         seen.update(s.kind for s in sc.steps)
+        assert _reuses(sc) == _reuses(sc, can_reuse)
 
     drawn()
     assert {"gpu", "rpc", "forced", "kept", "reserve", "alloc", "split"} <= seen, seen
     assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent"}
+
+
+def _reuses(sc: Scenario, policy=None) -> list[bool]:  # type: ignore[no-untyped-def]
+    """Each re-reservation's decision as drawn, or as ``policy`` takes it against the scheduler in force."""
+    out, cur = [], None
+    for s in sc.steps:
+        if s.kind == "sched_new" and s.params is not None:
+            if cur is not None:
+                out.append(s.reuse if policy is None else bool(policy(s.params, cur)))
+            cur = cur if (s.reuse and cur is not None) else s.params
+    return out
+
+
+def test_a_captured_scenario_keeps_its_scheduler_exactly_when_the_reuse_policy_allows() -> None:
+    """As ``llama_context::sched_reserve`` does (``sim.driver.Driver``): a scheduler kept across
+    a change of ``parallel`` serves the new graphs with the old copies, which reuse-equivalent
+    would report as the engine's fault (the fresh-clone CI's reuse-equivalent[what=buffers])."""
+    b = GraphBuilder()
+    b.input("x", (8, 4))
+    base = Scenario(BackendLayout.of("rpc", "cpu"), (("g", b.build(b.op("scale", "x", name="y", scale=2.0))),), (Step("sched_new", params=SchedParams(1024, False, False)),))
+    seen: list[bool] = []
+
+    @settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(captured_scenarios([base], max_gpu=0, max_steps=8), captured_scenarios([base], max_gpu=0, max_steps=8, policy=lambda new, cur: True))
+    def drawn(sc: Scenario, always: Scenario) -> None:
+        assert _reuses(sc) == _reuses(sc, can_reuse)
+        assert all(_reuses(always))
+        seen.extend(_reuses(sc))
+
+    drawn()
+    assert True in seen and False in seen
 
 
 @pytest.mark.engine

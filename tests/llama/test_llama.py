@@ -319,6 +319,11 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     offloaded = [_lost(replace(changed(f"node embd: {move}"), offloaded=("token_embd.weight@GPU1",))) for move in ("#0 GPU0 -> #2 CPU", "#0 GPU0 -> #1 GPU1")]
     after_warmup_offloaded = _lost(replace(changed("node embd: #0 GPU0 -> #2 CPU"), offloaded=("token_embd.weight@GPU1",)), Call("set_warmup", flag=True))
     assert offloaded[0] == offloaded[1] == after_warmup_offloaded and "lost_by=decode: changed (op offload)" in offloaded[0]
+    # the node that moved reads a host-resident weight (only op offload puts it on a device): the same
+    # cause through a topology switch too (the fresh-clone CI's dense model with a greedy backend
+    # sampler: 67 -> 46 nodes), where the offloaded sets alone cannot say it
+    through_switch = _lost(replace(changed("node embd: #0 GPU0 -> #1 CPU"), moved_by_offload=True, n_nodes=7))
+    assert through_switch == offloaded[0] == "llama-no-same-size-realloc[explained=lost,lost_by=decode: changed (op offload)]"
     assert "norm-N: RPC -> RPC" in norm and "decode after set_warmup(true)" in after_warmup
 
 
