@@ -12,7 +12,7 @@ from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
-from ..properties.llama import llama_no_same_size_realloc
+from ..properties.llama import SWITCHES, llama_no_same_size_realloc
 
 Run = Callable[[Scenario], Trace]
 LlamaRun = Callable[[LlamaWorkload], LlamaTrace]
@@ -51,30 +51,43 @@ def _unswitched(v: props.Violation) -> dict[str, object]:
     return {**v.facts, "lost_by": _AFTER.sub("", str(v.facts.get("lost_by", "")))}
 
 
+def _same_without(w: LlamaWorkload, v: props.Violation, calls: list[int], run: LlamaRun) -> tuple[LlamaWorkload, props.Violation] | None:
+    """``w`` without ``calls`` and the violation there that is ``v`` (the same call re-planning the
+    same way, its switches aside), or None: the workload is not valid without them, or it differs."""
+    fewer = replace(w, calls=tuple(c for i, c in enumerate(w.calls) if i not in calls))
+    try:
+        fewer.validate()
+    except WorkloadError:  # the calls after them need them (a checkpoint, an attached adapter)
+        return None
+    step = v.step - sum(i < v.step for i in calls)
+    same = [u for u in llama_no_same_size_realloc(fewer, run(fewer)) if u.step == step and _unswitched(u) == _unswitched(v)]
+    return (fewer, same[0]) if same else None
+
+
 def switches_told_apart(workload: LlamaWorkload, found: list[props.Violation], run: LlamaRun,
                         known: Collection[str]) -> tuple[list[props.Violation], int]:
     """A lost reservation is signed by the last switch (``set_warmup``, ``set_embeddings``…)
     llama.cpp was given before the re-plan: a switch can be the cause (warmup routes every
     token to every expert). Where it is not, naming it would split one cause into a signature
     per switch a server happened to make before it. So for a new finding that names one, run
-    the workload again without that call: where the same call then re-plans the same way, the
-    switch is beside the point and not named (and the switch before it is tried in turn).
-    Returns the findings and the reruns made."""
+    the workload again without every switch up to it: where the same call then re-plans the same
+    way, no switch is named. Else each switch is dropped in turn, the last first, while the same
+    call re-plans the same way without it (at most ``MAX_SWITCH_RERUNS``), and the one it stops
+    at is named. Returns the findings and the reruns made."""
     out, reruns = [], 0
     for v in found:
         w, now, dropped = workload, v, []
-        while now.switch is not None and now.signature() not in known and len(dropped) < MAX_SWITCH_RERUNS:
-            fewer = replace(w, calls=w.calls[:now.switch] + w.calls[now.switch + 1:])
-            try:
-                fewer.validate()
-            except WorkloadError:  # the calls after it need it (a checkpoint, an attached adapter)
-                break
+        if now.switch is not None and now.signature() not in known:
+            every = [i for i in range(now.switch + 1) if w.calls[i].kind in SWITCHES]
             reruns += 1
-            same = [u for u in llama_no_same_size_realloc(fewer, run(fewer)) if u.step == now.step - 1 and _unswitched(u) == _unswitched(now)]
-            if not same:
+            if (none := _same_without(w, now, every, run)) is not None:
+                dropped, (w, now) = [w.calls[i].describe() for i in every], none
+        while now.switch is not None and now.signature() not in known and len(dropped) < MAX_SWITCH_RERUNS:
+            reruns += 1
+            if (fewer := _same_without(w, now, [now.switch], run)) is None:
                 break
             dropped.append(w.calls[now.switch].describe())
-            w, now = fewer, same[0]
+            w, now = fewer
         if dropped:
             v = props.Violation(v.property, v.step, f"{v.message} (signed without {', '.join(dropped)}: the same call re-plans the same way "
                                 f"without {'it' if len(dropped) == 1 else 'them'})", now.facts, now.switch)
