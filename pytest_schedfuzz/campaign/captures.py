@@ -1,13 +1,14 @@
 """The captured llama.cpp graphs the graph properties fuzz on (``strategies.captured``): one
-small workload per model family, run once per session on llama.cpp with capture, each giving a
-scenario whose graphs are llama.cpp's own (a full ubatch, a partial one, single-token decodes,
-the reservation's worst case, the flash-attention probe)."""
+small workload per model family and size of ubatch and KV cache, run once per session on
+llama.cpp with capture, each giving a scenario whose graphs are llama.cpp's own (a full ubatch,
+a partial one, single-token decodes, the reservation's worst case, the flash-attention probe)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
-from ..cases.capture import CaptureError, capture
+from ..cases.capture import CAPTURED_LABEL, CaptureError, capture
 from ..engine import TargetError
 from ..model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
 from ..model.llama_model import ModelSpec
@@ -22,30 +23,45 @@ MODELS: dict[str, ModelSpec] = {
     "hybrid": ModelSpec(arch="granitehybrid", kind="hybrid", n_layer=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, attn_layers=(1,),
                         **_SSM),  # type: ignore[arg-type]
 }
-# a 12-token prompt in ubatches of 8 and 4, two single-token decodes, a decode of two sequences
-TRAFFIC = (Call("decode", (Part(0, 12, "last"),)), Call("decode", (Part(0, 1, "last"),)), Call("decode", (Part(0, 1, "last"), Part(1, 3, "all"))))
+# the pool's two sizes of ubatch and KV cache: a unified cache for n_ctx 128 (256 cells: llama.cpp
+# pads it) in ubatches of 8, and 512 cells per sequence in ubatches of 16
+CONTEXTS = (
+    ContextParams(n_ctx=128, n_batch=16, n_ubatch=8, n_seq_max=2, kv_unified=True),
+    ContextParams(n_ctx=1024, n_batch=32, n_ubatch=16, n_seq_max=2, kv_unified=False),
+)
 
 
-def pool_workloads() -> tuple[LlamaWorkload, ...]:
-    """The pool's workloads: each family on an RPC device beside the CPU, flash attention on for
-    the dense model (its graphs have FLASH_ATTN_EXT and the probe), off for the others."""
+def traffic(n_ubatch: int) -> tuple[Call, ...]:
+    """A prompt of a full ubatch and a partial one, two single-token decodes, a decode of two sequences."""
+    return (Call("decode", (Part(0, n_ubatch + 4, "last"),)), Call("decode", (Part(0, 1, "last"),)),
+            Call("decode", (Part(0, 1, "last"), Part(1, 3, "all"))))
+
+
+def pool_workloads() -> tuple[tuple[str, LlamaWorkload], ...]:
+    """The pool's workloads, by name (family and context): each family at each of ``CONTEXTS``
+    on an RPC device beside the CPU, flash attention on for the dense model (its graphs have
+    FLASH_ATTN_EXT and the probe), off for the others."""
     out = []
     for kind, model in MODELS.items():
-        ctx = ContextParams(n_ctx=128, n_batch=16, n_ubatch=8, n_seq_max=2, flash_attn="on" if kind == "dense" else "off", kv_unified=True)
-        w = LlamaWorkload(model, Devices(n_rpc=1), ctx, TRAFFIC)
-        w.validate()
-        out.append(w)
+        for ctx in CONTEXTS:
+            w = LlamaWorkload(model, Devices(n_rpc=1), replace(ctx, flash_attn="on" if kind == "dense" else "off"), traffic(ctx.n_ubatch))
+            w.validate()
+            out.append((f"{kind}, n_ubatch {ctx.n_ubatch}, n_ctx {ctx.n_ctx}", w))
     return tuple(out)
 
 
 def captured_pool(run: Callable[[LlamaWorkload], LlamaTrace]) -> tuple[dict[str, Scenario], str]:
-    """The scenarios of the pool's workloads run by ``run`` (with capture), by model family, and
-    what could not be captured and why ("" when all were): a missing llama.cpp leaves it empty, said so."""
+    """The scenarios of the pool's workloads run by ``run`` (with capture), by name, each graph
+    labelled with it, and what could not be captured and why ("" when all were): a missing
+    llama.cpp leaves it empty, said so."""
     scenarios: dict[str, Scenario] = {}
     missing = []
-    for w in pool_workloads():
+    for name, w in pool_workloads():
         try:
-            scenarios[w.model.kind] = capture(w, run(w)).scenario
+            sc = capture(w, run(w)).scenario
         except (CaptureError, TargetError) as e:
-            missing.append(f"{w.model.kind}: {str(e).splitlines()[0][:200]}")
+            missing.append(f"{name}: {str(e).splitlines()[0][:200]}")
+            continue
+        graphs = tuple((g_name, replace(g, label=f"{CAPTURED_LABEL}{name}: {g_name}")) for g_name, g in sc.graphs)
+        scenarios[name] = replace(sc, graphs=graphs)
     return scenarios, "; ".join(missing)

@@ -291,7 +291,9 @@ class Fuzzer:
             else:
                 families, why = captured_pool(lambda w: self.engines.run_llama(w, capture=True))
                 self._captured = tuple(families.values())
-                self.stats.captured_families = dict.fromkeys(families, 1)
+                for name in families:  # "dense, n_ubatch 8, n_ctx 128": scenarios per model family
+                    kind = name.split(",")[0]
+                    self.stats.captured_families[kind] = self.stats.captured_families.get(kind, 0) + 1
             if why:
                 self.stats.captured_missing[why[:300]] = 1
         return self._captured

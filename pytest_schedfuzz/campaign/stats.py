@@ -15,6 +15,7 @@ from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
 from ..properties.llama import scheduler_reuses
+from .captures import CONTEXTS
 
 Predict = Callable[[Scenario], Trace]
 
@@ -238,6 +239,9 @@ def features(scenario: Scenario) -> list[str]:
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
+        # the pool's second size of ubatch and KV cache (``captures.CONTEXTS``)
+        f"llama.cpp's graphs of n_ubatch {CONTEXTS[1].n_ubatch}, n_ctx {CONTEXTS[1].n_ctx} (captured)": any(
+            g.label.startswith(CAPTURED_LABEL) and f", n_ubatch {CONTEXTS[1].n_ubatch}, " in g.label for _, g in scenario.graphs),
     }
     return [k for k, v in checks.items() if v]
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..model.scenario import GraphSpec, Scenario, TensorSpec
-from ..model.shapes import Geometry, nbytes, nelements
+from ..model.shapes import VIEW_OPS, Geometry, nbytes, nelements
 
 BLAS_RTOL, BLAS_ATOL = 1e-3, 1e-4
 # how far positions count before wrapping (rope reads any position)
@@ -42,8 +42,9 @@ def _rng(seed: int, *key: object) -> np.random.Generator:
 
 
 def index_ranges(spec: GraphSpec) -> dict[str, int]:
-    """For each integer input: the smallest index range over its consumers."""
-    geo = spec.geometry
+    """For each integer input: the smallest index range over its consumers, read directly or
+    through views of it (llama.cpp reads ``rs_s_copy`` through two views)."""
+    geo, by_name = spec.geometry, spec.by_name
     out: dict[str, int] = {}
     for t in spec.tensors:
         slots = {"get_rows": ((1, 0, 1),), "set_rows": ((2, 0, 1),), "mul_mat_id": ((2, 0, 2),), "rope": ((1, None, 0),)}.get(t.op, ())
@@ -51,8 +52,10 @@ def index_ranges(spec: GraphSpec) -> dict[str, int]:
             name = t.args[arg]
             if name is None:
                 continue
+            while by_name[name].op in VIEW_OPS and by_name[name].args[0] is not None:
+                name = by_name[name].args[0]  # type: ignore[assignment]
             limit = POSITION_RANGE if table is None else geo[t.args[table]].ne[dim]  # type: ignore[index]
-            out[name] = min(out.get(name, limit), limit)
+            out[name] = min(out.get(name, limit), limit)  # type: ignore[index]
     return out
 
 
@@ -90,9 +93,11 @@ def undetermined(spec: GraphSpec) -> str | None:
 
 
 def compared(spec: GraphSpec) -> list[str]:
-    """The tensors whose values a compute step must get right: the roots and the outputs (the
-    allocator keeps both; every other node's memory may be reused) and every cache."""
-    names = list(dict.fromkeys([*spec.roots, *(t.name for t in spec.tensors if t.output)]))
+    """The tensors whose values a compute step must get right: the roots no tensor reads and the
+    outputs (the allocator keeps both; every other node's memory may be reused: a captured
+    graph's roots are all its nodes, handed to ggml in llama.cpp's order) and every cache."""
+    read = {a for t in spec.tensors for a in t.args if a is not None}
+    names = list(dict.fromkeys([*(r for r in spec.roots if r not in read), *(t.name for t in spec.tensors if t.output)]))
     return names + [t.name for t in spec.tensors if t.role == "cache" and t.name not in names]
 
 

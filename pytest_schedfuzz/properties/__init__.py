@@ -24,7 +24,6 @@ from .base import (
     POLICY_PROPERTY_IDS,
     PROPERTY_IDS,
     REFERENCE,
-    SCENARIOS,
     Draws,
     Observed,
     Property,
@@ -55,12 +54,13 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
     _property("no-same-size-realloc", {ENGINE, REFERENCE}, Draws("workloads", max_ubatches=8, min_reconfigures=0),
               lambda sc, o: no_same_size_realloc(sc, o.trace, o.prediction)),
     # driver workloads too: same-topology growth and re-plans within a reservation happen there;
-    # and llama.cpp's captured graphs in drawn step sequences (reuse-equivalent too). Not for
-    # no-same-size-realloc: a drawn sequence reserves any graph, not the worst case (llama.cpp's own
-    # sequences are judged by llama-no-same-size-realloc); nor same-values: a capture has no inputs
+    # and llama.cpp's captured graphs in drawn step sequences (reuse-equivalent and same-values
+    # too: the values oracle fills a capture's inputs as any graph's). Not for no-same-size-realloc:
+    # a drawn sequence reserves any graph, not the worst case (llama.cpp's own sequences are judged
+    # by llama-no-same-size-realloc)
     _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0, captured=True),
               lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
-    _property("same-values", {ENGINE, REFERENCE}, SCENARIOS, lambda sc, o: same_values(sc, o.trace, o.prediction)),
+    _property("same-values", {ENGINE, REFERENCE}, Draws("scenarios", captured=True), lambda sc, o: same_values(sc, o.trace, o.prediction)),
     # every engine property reports aborts; no-abort's own examples are what none of them draws:
     # workloads with many reconfigurations, and raw scenarios
     _property("no-abort", {ENGINE, REFERENCE}, Draws("both", max_ubatches=6, min_reconfigures=2),
@@ -69,7 +69,7 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
 
 
 __all__ = [
-    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "SCENARIOS", "Draws",
+    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "Draws",
     "Observed", "Property", "Violation", "as_forced_view", "as_race", "at_site", "forced_views", "fresh_variant", "fuzz_units", "is_llama",
     "matches_reference", "no_abort", "no_same_size_realloc", "normalize_reason", "reason_kind", "reuse_complete", "reuse_equivalent",
     "reuse_sound", "role", "same_values", "synchronous_variant", "unforced_views_variant", "with_c_stack", "without_c_stack",

@@ -90,9 +90,6 @@ class Draws:
     captured: bool = False
 
 
-SCENARIOS = Draws("scenarios")
-
-
 @dataclass(frozen=True)
 class Property:
     """A graph property: its id, what it needs observed, the strategy that draws its examples,

@@ -88,11 +88,23 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     return reason
 
 
+# llama.cpp's pooling inputs (``build_inp_mean``, ``build_inp_cls``, which CLS, LAST and RANK
+# pooling share): which pooling a context has is not another cause
+_POOLING_INPUTS = frozenset({"mean", "cls"})
+
+
 def _graph_kind(r: SchedCall, x: SchedCall) -> str:
     """Input leafs the re-planned graph has and the reservation's has not (``+``), or the other
-    way round (``-``): another kind of graph (embeddings, pooling, samplers), not another size."""
-    added = sorted({role(n) for n in set(x.inputs) - set(r.inputs)})
-    gone = sorted({role(n) for n in set(r.inputs) - set(x.inputs)})
+    way round (``-``): another kind of graph (embeddings, pooling, samplers), not another size.
+
+    >>> _graph_kind(SchedCall("reserve", 0, inputs={"inp_tokens": (8,), "mean": (8, 8)}), SchedCall("alloc", 0, inputs={"inp_tokens": (1,)}))
+    '-pooling'
+    """
+    def kind(n: str) -> str:
+        return "pooling" if n in _POOLING_INPUTS else role(n)
+
+    added = sorted({kind(n) for n in set(x.inputs) - set(r.inputs)})
+    gone = sorted({kind(n) for n in set(r.inputs) - set(x.inputs)})
     return " ".join([f"+{n}" for n in added] + [f"-{n}" for n in gone])
 
 

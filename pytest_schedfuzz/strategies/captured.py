@@ -1,7 +1,8 @@
 """Scenarios on llama.cpp's own graphs (``campaign.captures``): a captured scenario's graphs,
 on a layout drawn again (each device an RPC server or a GPU-like device with drawn settings, the
 CPU last, so that every weight keeps its device), with tensors forced onto drawn backends, under
-drawn scheduler parameters, in drawn sequences of reserves, allocs, splits and re-reservations
+drawn scheduler parameters, in drawn sequences of reserves, allocs, computes (their inputs filled
+by the values oracle, ``ggml.values``), splits and re-reservations
 (``sched_new``), where the scheduler is kept exactly when the reuse policy says so, as
 ``llama_context::sched_reserve`` decides (``sim.driver.Driver``)."""
 
@@ -30,7 +31,7 @@ def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
     cur = draw(params)
     steps = [Step("sched_new", params=cur)]
     for _ in range(draw(st.integers(1, max_steps))):
-        kind = draw(st.sampled_from(("reserve", "alloc", "alloc", "split", "sched_new")))
+        kind = draw(st.sampled_from(("reserve", "alloc", "alloc", "compute", "split", "sched_new")))
         if kind != "sched_new":
             steps.append(Step(kind, draw(st.sampled_from(names))))
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,11 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
     weight's device, draws devices, forced nodes, parameters and steps anew, and every drawn
     scenario is valid; matches-reference's examples include them."""
     pool = fuzzer.captured_pool()
-    assert len(pool) == 4 and fuzzer.stats.captured_missing == {} and sorted(fuzzer.stats.captured_families) == ["dense", "hybrid", "mamba2", "moe"]
+    assert len(pool) == 8 and fuzzer.stats.captured_missing == {} and fuzzer.stats.captured_families == {"dense": 2, "hybrid": 2, "mamba2": 2, "moe": 2}
+    # two sizes of ubatch and KV cache per family: the worst-case reservation's tokens and KV cells
+    sizes = {(g.geometry["inp_tokens"].ne[0], next(t.ne[1] for t in g.tensors if t.name.startswith("cache_") or t.name.startswith("cache_r")))
+             for sc in pool for name, g in sc.graphs if name.endswith("-reserve")}
+    assert {n for n, _ in sizes} == {8, 16} and {256, 512} <= {k for _, k in sizes}, sizes
     ops = {t.op for sc in pool for _, g in sc.graphs for t in g.tensors}
     assert {"mul_mat_id", "ssm_scan", "flash_attn_ext", "glu", "set_rows"} <= ops
     seen: set[str] = set()
@@ -182,11 +187,35 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
         seen.update("forced" for (_, g), (_, h) in zip(sc.graphs, base.graphs) if len(g.forced) > len(h.forced))
         seen.update("kept" for s in sc.steps if s.reuse)
         seen.update(s.kind for s in sc.steps)
+        seen.update("n_ubatch 16" for _, g in sc.graphs if ", n_ubatch 16, " in g.label)
         assert _reuses(sc) == _reuses(sc, can_reuse)
 
     drawn()
-    assert {"gpu", "rpc", "forced", "kept", "reserve", "alloc", "split"} <= seen, seen
-    assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent"}
+    assert {"gpu", "rpc", "forced", "kept", "reserve", "alloc", "compute", "split", "n_ubatch 16"} <= seen, seen
+    assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent", "same-values"}
+
+
+@pytest.mark.engine
+def test_same_values_holds_on_llama_cpps_graphs_and_catches_a_corrupting_device(fuzzer: Fuzzer) -> None:
+    """Every captured graph of every family, computed with an asynchronous GPU-like device in the
+    RPC device's place, gives what the CPU alone gives from the same leafs (the values oracle
+    fills llama.cpp's inputs: token ids, positions, KV and state indices, read directly or through
+    views, masks); a device whose MUL_MAT results come back wrong is caught in every graph with an
+    output row (the device corrupts a result after its split, so only the logits show it). Only
+    the roots no node reads are compared: a capture hands ggml every node, in llama.cpp's order,
+    and the allocator reuses the rest."""
+    gpu = BackendSpec("gpu", asynchronous=True)
+    caught = 0
+    for base in fuzzer.captured_pool():
+        for corrupt in ("", "MUL_MAT"):
+            layout = BackendLayout((replace(gpu, corrupt_op=corrupt), *base.layout.backends[1:]))
+            for name, g in base.graphs:
+                sc = Scenario(layout, base.graphs, (Step("sched_new", params=SchedParams(2048, False, False)), Step("compute", name)))
+                found = [v.signature() for v in fuzzer.check("same-values", sc)]
+                outputs = g.geometry["result_output"].ne[1]
+                assert found == (["same-values[op=mul_mat,what=output]"] if corrupt and outputs else []), (base.graphs[0][1].label, name, found)
+                caught += bool(found)
+    assert caught >= 12
 
 
 def _reuses(sc: Scenario, policy=None) -> list[bool]:  # type: ignore[no-untyped-def]
