@@ -8,13 +8,25 @@ graphs; ``param_sequences()`` -> ``SchedParams`` changes; ``workloads()`` -> dri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from ..model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step, leaf_merged, leaf_split, reshaped
-from ..model.shapes import nbytes
+from ..model.scenario import (
+    BackendLayout,
+    BackendSpec,
+    GraphBuilder,
+    GraphSpec,
+    Scenario,
+    SchedParams,
+    Step,
+    TensorSpec,
+    leaf_merged,
+    leaf_split,
+    reshaped,
+)
+from ..model.shapes import VIEW_OPS, nbytes
 from ..sim.driver import Reconfigure, Ubatch, Workload
 from ..sim.models import ModelShape, llama_graph
 
@@ -201,7 +213,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
             # elsewhere, the CPU writes through an RPC buffer's address (the starter corpus's
             # 01b07046ee), and where that does not crash at once it corrupts the worker's memory
             # and makes later scenarios fail at random
-            target = _written(b, name)
+            target = written_device({t.name: t for t in b.tensors}, name)
             b.force(name, target if target is not None else draw(device))
     return b.build(*g.roots, last)
 
@@ -302,13 +314,16 @@ def workloads(
     return Workload(layout, m, n_ubatch, tuple(events))
 
 
-def _written(b: GraphBuilder, name: str) -> int | None:
-    """The device of the pre-allocated tensor op ``name`` writes into (set_rows, cpy), if any."""
-    t = next(t for t in b.tensors if t.name == name)
-    dst = {"set_rows": 0, "cpy": 1}.get(t.op)
+def written_device(by_name: Mapping[str, TensorSpec], name: str) -> int | None:
+    """The device of the pre-allocated tensor op ``name`` writes into (set_rows, cpy, an in-place
+    op), through the views of it the op writes through (llama.cpp's cache views), if any."""
+    t = by_name[name]
+    dst = {"set_rows": 0, "cpy": 1}.get(t.op, 0 if t.param("inplace") else None)
     if dst is None or t.args[dst] is None:
         return None
-    target = next(u for u in b.tensors if u.name == t.args[dst])
+    target = by_name[t.args[dst]]  # type: ignore[index]
+    while target.op in VIEW_OPS and target.args[0] is not None:
+        target = by_name[target.args[0]]
     return target.device if target.role in ("weight", "cache") else None
 
 

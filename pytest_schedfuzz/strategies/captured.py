@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step
 from ..model.shapes import VIEW_OPS
 from ..sim.driver import Policy, can_reuse
-from . import fit_max_size, gpus
+from . import fit_max_size, gpus, written_device
 
 
 @st.composite
@@ -56,10 +56,14 @@ def _layouts(draw: st.DrawFn, base: BackendLayout, max_gpu: int) -> BackendLayou
 
 @st.composite
 def _forced(draw: st.DrawFn, g: GraphSpec, n_backends: int) -> GraphSpec:
-    """``g`` with up to two more nodes (not views) forced onto drawn backends, as llama.cpp forces norms."""
+    """``g`` with up to two more nodes (not views) forced onto drawn backends, as llama.cpp forces
+    norms; a write into a pre-allocated tensor (a cache view's cpy or set_rows) onto that tensor's
+    device only: forced elsewhere, the CPU writes through an RPC buffer's address (as the graph
+    strategy knows, ``written_device``)."""
     taken = {name for name, _ in g.forced}
     nodes = [t.name for t in g.tensors if not t.is_leaf and t.op not in VIEW_OPS and t.name not in taken]
     extra = draw(st.lists(st.tuples(st.sampled_from(nodes), st.integers(0, n_backends - 1)), max_size=2, unique_by=lambda f: f[0])) if nodes else []
+    extra = [(name, b if (w := written_device(g.by_name, name)) is None else w) for name, b in extra]
     return replace(g, forced=g.forced + tuple(extra)) if extra else g
 
 

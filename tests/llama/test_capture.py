@@ -27,6 +27,7 @@ from pytest_schedfuzz.properties.base import reason_kind
 from pytest_schedfuzz.properties.captured import llama_matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import can_reuse
+from pytest_schedfuzz.strategies import written_device
 from pytest_schedfuzz.strategies.captured import captured_scenarios
 from reference.predict import predict
 
@@ -185,13 +186,16 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
         assert sc.layout.n == base.layout.n and sc.layout.backends[-1].kind == "cpu"
         seen.update(b.kind for b in sc.layout.backends)
         seen.update("forced" for (_, g), (_, h) in zip(sc.graphs, base.graphs) if len(g.forced) > len(h.forced))
+        # a write into a cache (through its views) is forced onto the cache's device only
+        assert all(written_device(g.by_name, n) in (None, b) for _, g in sc.graphs for n, b in g.forced), [g.forced for _, g in sc.graphs]
+        seen.update("a cache write forced" for _, g in sc.graphs for n, _ in g.forced if written_device(g.by_name, n) is not None)
         seen.update("kept" for s in sc.steps if s.reuse)
         seen.update(s.kind for s in sc.steps)
         seen.update("n_ubatch 16" for _, g in sc.graphs if ", n_ubatch 16, " in g.label)
         assert _reuses(sc) == _reuses(sc, can_reuse)
 
     drawn()
-    assert {"gpu", "rpc", "forced", "kept", "reserve", "alloc", "compute", "split", "n_ubatch 16"} <= seen, seen
+    assert {"gpu", "rpc", "forced", "a cache write forced", "kept", "reserve", "alloc", "compute", "split", "n_ubatch 16"} <= seen, seen
     assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent", "same-values"}
 
 
