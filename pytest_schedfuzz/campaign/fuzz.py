@@ -38,7 +38,7 @@ from ..properties.captured import llama_matches_reference
 from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, unmade_calls
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
-from ..strategies.captured import captured_scenarios
+from ..strategies.captured import captured_scenarios, captured_workloads
 from ..strategies.llama import FAMILIES, llama_workloads
 from . import observed
 from .captures import captured_pool
@@ -263,8 +263,10 @@ class Fuzzer:
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws
         drawn: list[st.SearchStrategy[Workload | Scenario | LlamaWorkload]] = []
-        if d.captured and self.captured_pool():
+        if d.captured == "scenarios" and self.captured_pool():
             drawn.append(captured_scenarios(self.captured_pool(), p.max_gpu, p.max_steps, self.policy))
+        if d.captured == "workloads" and self.captured_pool():
+            drawn.append(captured_workloads(self.captured_pool(), p.max_gpu, d.max_ubatches, self.policy))
         if d.kind in ("scenarios", "both"):
             drawn.append(scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu))
         if d.kind in ("workloads", "both"):

@@ -239,11 +239,30 @@ def features(scenario: Scenario) -> list[str]:
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
+        # llama.cpp's own order (``strategies.captured_workloads``): its reservation before every ubatch
+        "llama.cpp's graphs after llama.cpp's reservation (captured)": _after_reservation(scenario),
         # the pool's second size of ubatch and KV cache (``captures.CONTEXTS``)
         f"llama.cpp's graphs of n_ubatch {CONTEXTS[1].n_ubatch}, n_ctx {CONTEXTS[1].n_ctx} (captured)": any(
             g.label.startswith(CAPTURED_LABEL) and f", n_ubatch {CONTEXTS[1].n_ubatch}, " in g.label for _, g in scenario.graphs),
     }
     return [k for k, v in checks.items() if v]
+
+
+def _after_reservation(scenario: Scenario) -> bool:
+    """Captured graphs whose every alloc and compute follows a reservation of a graph llama.cpp
+    reserved (``sched_reserve``), since the scheduler was last built."""
+    reserved, out = False, False
+    for s in scenario.steps:
+        if s.kind == "sched_new" and not s.reuse:
+            reserved = False
+        elif s.kind == "reserve":
+            g = scenario.graph(s.graph or "")
+            reserved = reserved or (g.label.startswith(CAPTURED_LABEL) and g.label.endswith("-reserve"))
+        elif s.kind in ("alloc", "compute"):
+            if not reserved:
+                return False
+            out = True
+    return out
 
 
 def llama_features(w: LlamaWorkload) -> list[str]:

@@ -68,6 +68,8 @@ class Captured:
     scenario: Scenario
     steps: tuple[CapturedStep, ...]
     ops: Mapping[str, int]  # ggml op (GLU and UNARY by their kind) -> nodes with it, over all graphs
+    # the step where ggml aborted inside llama.cpp (the scenario's last), the call, ggml's message; None: none did
+    abort: tuple[int, int, str] | None = None
 
 
 def _f32(word: int) -> float:
@@ -343,7 +345,8 @@ def _check_geometry(spec: GraphSpec, captured: Sequence[Mapping[str, Any]], name
 def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
     """The scenario of a captured run (``LlamaTarget.run(workload, capture=True)``) and what ggml
     did at each of its reserves and allocs inside llama.cpp."""
-    if trace.abort is not None and not any(s.capture for _, s in trace.sched_calls()):
+    calls = trace.sched_calls() + ([(trace.abort.call, s) for s in trace.abort.sched] if trace.abort is not None else [])
+    if trace.abort is not None and not any(s.capture for _, s in calls):
         raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured", kind="abort before a graph")
     layout: BackendLayout | None = None
     graphs: dict[str, str] = {}  # graph JSON -> its name
@@ -352,7 +355,8 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
     seen: list[CapturedStep] = []
     ops: dict[str, int] = {}
     live: int | None = None
-    for call, s in trace.sched_calls():
+    aborted: tuple[int, int, str] | None = None
+    for call, s in calls:
         if s.kind == "new":
             live = s.sched
             steps.append(Step("sched_new", params=SchedParams(s.max_nodes, s.parallel, s.op_offload)))
@@ -361,7 +365,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
             raise CaptureError(f"call {call}: llama.cpp called ggml_backend_sched_reserve_size, which a graph scenario has no step for", kind="reserve_size")
         if s.kind not in ("reserve", "alloc", "split"):
             continue  # free (the next sched_new replaces it), and the seeds' llama.cpp's own records
-        if not s.ok:
+        if not s.ok and not s.aborted:
             # the device's free memory refused a compute buffer (llama.cpp's gpu_free; its pipeline
             # parallelism fallback): a scenario's device has its whole memory, the reference none
             raise CaptureError(f"call {call}: a {s.kind} llama.cpp's scheduler could not allocate (the device's free memory), "
@@ -385,10 +389,14 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
                 k = str(t["desc"]) if t["op"] in ("UNARY", "GLU") else str(t["op"])
                 ops[k] = ops.get(k, 0) + 1
         steps.append(Step(s.kind, graphs[key]))
+        if s.aborted:  # ggml aborted in this call: nothing of it was observed but the abort
+            assert trace.abort is not None
+            aborted = (len(steps) - 1, call, trace.abort.message)
+            break
         seen.append(CapturedStep(len(steps) - 1, call, s.kind, tuple(cap["assigned"]["nodes"]), tuple(cap["assigned"]["leafs"]), s.n_splits,
                                  tuple(cap["buffer_sizes"]), s.realloc))
     if layout is None:
         raise CaptureError("no reserve or alloc was captured", kind="nothing captured")
     scenario = Scenario(layout, tuple(specs), tuple(steps))
     scenario.validate()
-    return Captured(scenario, tuple(seen), ops)
+    return Captured(scenario, tuple(seen), ops, aborted)

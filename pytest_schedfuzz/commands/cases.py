@@ -99,6 +99,9 @@ def _print_captured(fuzzer: Fuzzer, case: Case, trace: LlamaTrace) -> Captured |
     for s in captured.steps:
         print(f"    step {s.step:2d} (call {s.call:2d}): {sc.steps[s.step].describe():<40} splits={s.n_splits} "
               f"buffers={list(s.buffer_sizes)}" + (" re-planned" if s.realloc else ""))
+    if captured.abort is not None:
+        step, call, message = captured.abort
+        print(f"    step {step:2d} (call {call:2d}): {sc.steps[step].describe():<40} ggml aborted: {message.strip().splitlines()[0][-160:]}")
     rules, _ = rules_for(trace.engine.get("ggml_version"))
     found = llama_matches_reference(case.llama, captured, fuzzer.reference_for(rules)(sc))
     print("  llama-matches-reference: " + (str(found[0]) if found else
@@ -126,7 +129,7 @@ def capture_case(args: argparse.Namespace) -> int:
         version = fuzzer.engines.ggml_version(False)
     finally:
         fuzzer.close()
-    at = {s.step for s in captured.steps if s.call == case.step}
+    at = {s.step for s in captured.steps if s.call == case.step} | ({captured.abort[0]} if captured.abort and captured.abort[1] == case.step else set())
     v = next((v for v in found if v.step in at), found[0] if found else None)
     source = f"{Path(args.case).name} (call {case.step}: {case.signature})"
     engine = {"name": "ggml", "ggml_version": version, "captured_from": source}

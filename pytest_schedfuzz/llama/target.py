@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..ggml.lib import child_env, lib_overlay
 from ..ggml.rpc import RpcServers
 from ..ggml.target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from ..model.llama import LlamaWorkload
-from ..model.llama_trace import LlamaAbort, LlamaTrace
+from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
 from .gguf_models import write_lora, write_model
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
@@ -122,7 +123,7 @@ class LlamaTarget(WorkerTarget):
             worker.close()
             dead = self.servers.dead()
             if dead:
-                result = LlamaAbort(result.call, result.kind, result.message + "\n" + "\n".join(dead))
+                result = replace(result, message=result.message + "\n" + "\n".join(dead))
             if result.kind == "timeout":
                 self.servers.close()
             return LlamaTrace.from_messages(calls, result, self.engine, {})
@@ -149,7 +150,8 @@ class LlamaTarget(WorkerTarget):
             elif "done" in msg:
                 return dict(msg["done"].get("perf", {}))
             elif "abort" in msg:
-                return LlamaAbort(int(msg["abort"]["call"]), "abort", msg["abort"]["message"])
+                a = msg["abort"]
+                return LlamaAbort(int(a["call"]), "abort", a["message"], tuple(SchedCall.from_json(s) for s in a.get("sched", ())))
             elif "unreachable" in msg:
                 return str(msg["unreachable"])
             elif "error" in msg:

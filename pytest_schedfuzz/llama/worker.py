@@ -11,7 +11,8 @@ is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
   ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
   RPC server does not answer; ``{"error": message}`` when the harness failed;
 * on a ggml abort: ``{"abort": {"call": i, "message": text}}`` from ggml's abort callback, then
-  the process dies.
+  the process dies; in a captured run, ``"sched"`` adds the call's scheduler calls up to the one that
+  aborted, which is last, ``"aborted": true``, with its graph.
 
 What is observed, and how: the scheduler calls libllama makes (``ggml_backend_sched_new``,
 ``_reserve``, ``_alloc_graph``, ``_free``) through ``sched_hook.c``, preloaded into this process;
@@ -204,7 +205,13 @@ class Llama:
 
     def _on_abort(self, message: bytes | None) -> None:
         try:
-            self.chan.send({"abort": {"call": self.call, "message": (message or b"").decode(errors="replace")}})
+            msg: dict[str, Any] = {"call": self.call, "message": (message or b"").decode(errors="replace")}
+            if self.captured is not None:
+                # the scheduler call that aborts, with the graph llama.cpp handed it, after this call's earlier ones
+                cap = {k: v for k, v in self.captured.items() if k not in ("order", "sched")}
+                msg["sched"] = [*self.sched_events, {"kind": self.outer or "split", "sched": self.captured["sched"], "ok": False, "aborted": True,
+                                                     "capture": cap}]
+            self.chan.send({"abort": msg})
         except Exception:
             pass
 
@@ -249,13 +256,15 @@ class Llama:
             self.inputs_read = self._inputs_read(graph) if self.glib.ggml_backend_sched_get_n_copies(ctypes.c_void_p(sched)) > 1 else 0
             # as llama.cpp built it: split_graph's pass 5 points the nodes' sources at its input copies
             self.captured = self._capture_graph(sched, graph) if self.capturing and self.outer in ("reserve", "alloc", None) else None
+            if self.captured is not None:  # its scheduler's backends now: a call that aborts is captured too (_on_abort)
+                self.captured["sched"] = self.scheds[sched]
+                backends = self.backends[self.scheds[sched]]
+                self.captured["backend_names"] = [name for name, _ in backends]
+                self.captured["bufts"] = [self.glib.ggml_backend_buft_name(ctypes.c_void_p(b)).decode() for _, b in backends]
         elif phase == HOOK_SPLIT_END:
             self.split = self._read_split(sched, graph)
             if self.captured is not None:
                 self.captured["assigned"] = self._assigned(sched, self.captured.pop("order"))
-                backends = self.backends[self.scheds[sched]]
-                self.captured["backend_names"] = [name for name, _ in backends]
-                self.captured["bufts"] = [self.glib.ggml_backend_buft_name(ctypes.c_void_p(b)).decode() for _, b in backends]
             if self.outer is None:
                 self.sched_events.append({"kind": "split", "ok": True, **self.split})
                 if self.captured is not None:
@@ -356,6 +365,7 @@ class Llama:
 
     def _captured_into(self, rec: dict[str, Any], sched: int) -> None:
         rec["capture"], self.captured = self.captured, None
+        del rec["capture"]["sched"]
         rec["capture"]["buffer_sizes"] = self._buffer_sizes(sched)
 
     def _capture_graph(self, sched: int, graph: int) -> dict[str, Any]:

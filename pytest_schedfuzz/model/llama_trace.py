@@ -59,6 +59,7 @@ class SchedCall:
     # reserve/alloc of a captured run (LlamaTarget.run(capture=True)): the graph as ggml held it, the
     # backend split_graph gave each node and leaf, and each backend's compute buffer size (cases.capture)
     capture: Mapping[str, Any] | None = None
+    aborted: bool = False  # ggml aborted inside this call (the last of LlamaAbort.sched)
 
     @property
     def observed(self) -> bool:
@@ -110,7 +111,7 @@ class SchedCall:
             observes_realloc=bool(d.get("observes_realloc", False)), owner_counts=bool(d.get("owner_counts", False)),
             current_max_nodes=int(d.get("current_max_nodes", 0)),
             llama_n_same=int(counted["n_same"]) if counted else None, llama_n_diff=int(counted["n_diff"]) if counted else None,
-            capture=d.get("capture"),
+            capture=d.get("capture"), aborted=bool(d.get("aborted", False)),
         )
 
 
@@ -133,6 +134,8 @@ class LlamaAbort:
     call: int
     kind: str  # abort | crash | timeout
     message: str
+    # a captured run's abort: the aborting call's scheduler calls, the last the one ggml aborted in
+    sched: tuple[SchedCall, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -49,18 +49,17 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
     _property("reuse-sound", set(), Draws("workloads", min_reconfigures=2), lambda sc, o: reuse_sound(sc, o.trace, o.prediction)),
     _property("reuse-complete", set(), Draws("workloads", min_reconfigures=3), lambda sc, o: reuse_complete(sc, o.trace, o.prediction)),
     # the reference explains its aborts (no-abort signs them), as for every property that runs the engine
-    _property("reuse-equivalent", {ENGINE, REFERENCE, FRESH}, Draws("workloads", captured=True), lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
-    # many ubatches of one shape, no reconfiguration: the server's steady state, where same-size reallocs hide
-    _property("no-same-size-realloc", {ENGINE, REFERENCE}, Draws("workloads", max_ubatches=8, min_reconfigures=0),
+    _property("reuse-equivalent", {ENGINE, REFERENCE, FRESH}, Draws("workloads", captured="scenarios"), lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh)),
+    # many ubatches of one shape, no reconfiguration: the server's steady state, where same-size reallocs hide;
+    # and llama.cpp's captured graphs in its own order: its reservation, then its ubatches
+    _property("no-same-size-realloc", {ENGINE, REFERENCE}, Draws("workloads", max_ubatches=8, min_reconfigures=0, captured="workloads"),
               lambda sc, o: no_same_size_realloc(sc, o.trace, o.prediction)),
     # driver workloads too: same-topology growth and re-plans within a reservation happen there;
     # and llama.cpp's captured graphs in drawn step sequences (reuse-equivalent and same-values
-    # too: the values oracle fills a capture's inputs as any graph's). Not for no-same-size-realloc:
-    # a drawn sequence reserves any graph, not the worst case (llama.cpp's own sequences are judged
-    # by llama-no-same-size-realloc)
-    _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0, captured=True),
+    # too: the values oracle fills a capture's inputs as any graph's)
+    _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0, captured="scenarios"),
               lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
-    _property("same-values", {ENGINE, REFERENCE}, Draws("scenarios", captured=True), lambda sc, o: same_values(sc, o.trace, o.prediction)),
+    _property("same-values", {ENGINE, REFERENCE}, Draws("scenarios", captured="scenarios"), lambda sc, o: same_values(sc, o.trace, o.prediction)),
     # every engine property reports aborts; no-abort's own examples are what none of them draws:
     # workloads with many reconfigurations, and raw scenarios
     _property("no-abort", {ENGINE, REFERENCE}, Draws("both", max_ubatches=6, min_reconfigures=2),

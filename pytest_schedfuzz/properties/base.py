@@ -82,12 +82,14 @@ class Draws:
     with the profile's sizes): raw ``scenarios``, driver ``workloads`` (played by the simulated
     ``llama_context``, with at most ``max_ubatches`` ubatches and at least ``min_reconfigures``
     reconfigurations), or ``both``; with ``captured``, llama.cpp's own graphs too
-    (``strategies.captured``: layouts, forced assignments, parameters and steps drawn anew)."""
+    (``strategies.captured``: layouts, forced assignments and parameters drawn anew), in drawn
+    ``scenarios`` of steps or in llama.cpp's own order (``workloads``: its reservation, then its
+    ubatches)."""
 
     kind: str  # scenarios | workloads | both
     max_ubatches: int = 4
     min_reconfigures: int = 1
-    captured: bool = False
+    captured: str = ""  # "" | scenarios | workloads
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Each reserve, alloc and split of a workload is captured (``cases.capture``): the
 built, llama.cpp's own assignments, and what ggml did with it. The reference, given the captured
 scenario, must predict the backend of every node and leaf, the number of splits, each backend's
 compute buffer size and whether the step re-planned, step by step; the first difference is the
-violation, in ggml's terms (the node, the backends, the sizes).
+violation, in ggml's terms (the node, the backends, the sizes); where ggml aborted inside
+llama.cpp, the reference must predict that abort at that step.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def llama_matches_reference(w: LlamaWorkload, captured: Captured, prediction: Tr
             said = "re-planned" if s.realloc else "kept its plan"
             return [Violation(PROPERTY, max(s.call, 0), f"{where}: ggml {said} inside llama.cpp; the reference predicts "
                               + ("; ".join(e.reason for e in p.events) if p.events else "no re-plan"), {"what": "realloc"})]
+    if captured.abort is not None:
+        step, call, message = captured.abort
+        if prediction.abort is None or prediction.abort.step != step:
+            where = f"{_call(w, call)}, {sc.steps[step].describe()} (step {step} of the captured scenario)"
+            said = "no abort" if prediction.abort is None else f"an abort at step {prediction.abort.step}"
+            return [Violation(PROPERTY, max(call, 0), f"{where}: ggml aborted inside llama.cpp ({message.strip()[:300]}); the reference predicts {said}",
+                              {"what": "abort"})]
     return []
 
 

@@ -1,13 +1,19 @@
 """Scenarios on llama.cpp's own graphs (``campaign.captures``): a captured scenario's graphs,
 on a layout drawn again (each device an RPC server or a GPU-like device with drawn settings, the
 CPU last, so that every weight keeps its device), with tensors forced onto drawn backends, under
-drawn scheduler parameters, in drawn sequences of reserves, allocs, computes (their inputs filled
-by the values oracle, ``ggml.values``), splits and re-reservations
-(``sched_new``), where the scheduler is kept exactly when the reuse policy says so, as
-``llama_context::sched_reserve`` decides (``sim.driver.Driver``)."""
+drawn scheduler parameters, where the scheduler is kept exactly when the reuse policy says so, as
+``llama_context::sched_reserve`` decides (``sim.driver.Driver``):
+
+- ``captured_scenarios``: in drawn sequences of reserves, allocs, computes (their inputs filled
+  by the values oracle, ``ggml.values``), splits and re-reservations (``sched_new``);
+- ``captured_workloads``: in llama.cpp's own order, as a server would drive it: its reservation
+  (the worst-case graphs ``sched_reserve`` reserved, in its order), then ubatches of the graphs
+  llama.cpp built for its decodes, in a drawn order, and re-reservations (``sched_new`` with drawn
+  parameters, then the reservation again), as after a ``llama_set_*`` call."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -45,6 +51,45 @@ def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
 
 
 @st.composite
+def captured_workloads(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_ubatches: int = 8,
+                       policy: Policy = can_reuse) -> Scenario:
+    base = draw(st.sampled_from(list(pool)))
+    layout = draw(_layouts(base.layout, max_gpu))
+    graphs = draw(_forced_alike(base.graphs, layout.n))
+    first = next(i for i, s in enumerate(base.steps) if s.kind == "sched_new")
+    # sched_reserve's splits and reserves, in its order, up to the first ubatch
+    reservation = list(itertools.takewhile(lambda s: s.kind in ("split", "reserve"), base.steps[first + 1:]))
+    decodes = sorted({s.graph for s in base.steps if s.kind == "alloc" and s.graph is not None})
+    max_nodes = max((s.params.max_nodes for s in base.steps if s.params is not None), default=1024)
+    params = st.builds(SchedParams, st.just(max_nodes), parallel=st.booleans(), op_offload=st.booleans())
+    cur = draw(params)
+    steps = [Step("sched_new", params=cur), *reservation]
+    for _ in range(draw(st.integers(1, max_ubatches))):
+        if draw(st.integers(0, 7)) == 7:  # a reconfiguration: the policy decides, the reservation follows
+            new = draw(params)
+            reuse = bool(policy(new, cur))
+            steps += [Step("sched_new", params=new, reuse=reuse), *reservation]
+            cur = cur if reuse else new
+        steps.append(Step("compute", draw(st.sampled_from(decodes))))  # llama_decode: alloc the ubatch's graph, compute it
+    return Scenario(fit_max_size(layout, [g for _, g in graphs]), graphs, tuple(steps))
+
+
+@st.composite
+def _forced_alike(draw: st.DrawFn, graphs: Sequence[tuple[str, GraphSpec]], n_backends: int) -> tuple[tuple[str, GraphSpec], ...]:
+    """``graphs`` with up to two more nodes forced onto drawn backends, by name, in every graph
+    that has one, as llama.cpp forces a layer's norms in every graph it builds (forced in one
+    graph only, a reservation cannot dominate the graph that differs; a write into a cache onto
+    the cache's device only, ``written_device``)."""
+    names = sorted({t.name for _, g in graphs for t in g.tensors if not t.is_leaf and t.op not in VIEW_OPS} - {n for _, g in graphs for n, _ in g.forced})
+    extra = draw(st.lists(st.tuples(st.sampled_from(names), st.integers(0, n_backends - 1)), max_size=2, unique_by=lambda f: f[0])) if names else []
+    out = []
+    for name, g in graphs:
+        here = [(n, b if (w := written_device(g.by_name, n)) is None else w) for n, b in extra if n in g.by_name]
+        out.append((name, replace(g, forced=g.forced + tuple(here)) if here else g))
+    return tuple(out)
+
+
+@st.composite
 def _layouts(draw: st.DrawFn, base: BackendLayout, max_gpu: int) -> BackendLayout:
     """As many backends as ``base`` (the weights name them by index), each device drawn again."""
     specs: list[BackendSpec] = []
@@ -67,4 +112,4 @@ def _forced(draw: st.DrawFn, g: GraphSpec, n_backends: int) -> GraphSpec:
     return replace(g, forced=g.forced + tuple(extra)) if extra else g
 
 
-__all__ = ["captured_scenarios"]
+__all__ = ["captured_scenarios", "captured_workloads"]

@@ -17,6 +17,7 @@ from test_llama_gpu import ASYNC, workload
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
+from pytest_schedfuzz.campaign.stats import features
 from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, covered_ops, graph_spec, layout_of, llama_names
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
@@ -28,7 +29,7 @@ from pytest_schedfuzz.properties.captured import llama_matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import can_reuse
 from pytest_schedfuzz.strategies import written_device
-from pytest_schedfuzz.strategies.captured import captured_scenarios
+from pytest_schedfuzz.strategies.captured import captured_scenarios, captured_workloads
 from reference.predict import predict
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
@@ -78,6 +79,29 @@ def test_a_captured_same_size_finding_fails_at_the_ggml_level_at_the_same_call(f
     ggml_reason = next(e.reason for e in fuzzer.engines.run(captured.scenario).events if e.step == at_call[0].step)
     assert reason_kind(llama_names(ggml_reason)) == reason_kind(llama_reason), (ggml_reason, llama_reason)
     assert fuzzer.check("matches-reference", captured.scenario) == []  # every step, the failing one's too
+
+
+@pytest.mark.engine
+def test_a_call_that_aborts_inside_ggml_is_captured_and_aborts_at_the_ggml_level(fuzzer: Fuzzer) -> None:
+    """The starter corpus's abort in ``split_graph`` (a KV cache on a GPU-like device that cannot
+    run ROPE, the rope shift forced there): the aborting call's graph is captured as the
+    scenario's last step; the reference predicts the abort there (a prediction without it is a
+    llama-matches-reference violation), and the graph-level replay aborts there with ggml's message."""
+    case = load_case(next(CORPUS.glob("llama-no-abort-*-97dfe7600a.json")))
+    assert case.llama is not None
+    trace = fuzzer.engines.run_llama(case.llama, capture=True)
+    assert trace.abort is not None and trace.abort.call == case.step
+    captured = capture(case.llama, trace)
+    assert captured.abort is not None and captured.abort[:2] == (len(captured.scenario.steps) - 1, case.step)
+    prediction = predict(captured.scenario)
+    assert prediction.abort is not None and prediction.abort.step == captured.abort[0]
+    assert llama_matches_reference(case.llama, captured, prediction) == []
+    missed = llama_matches_reference(case.llama, captured, replace(prediction, abort=None))
+    assert [(v.facts, v.step) for v in missed] == [({"what": "abort"}, case.step)] and "ggml aborted inside llama.cpp" in missed[0].message
+    found = fuzzer.check("no-abort", captured.scenario)
+    assert [v.step for v in found] == [captured.abort[0]], [str(v) for v in found]
+    said = trace.abort.message.strip().splitlines()[0].split(": ", 1)[1]  # after ggml's FILE:LINE
+    assert said.startswith("pre-allocated tensor (cache_k_l0") and said in found[0].message, (said, found[0].message)
 
 
 @pytest.mark.engine
@@ -196,7 +220,53 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
 
     drawn()
     assert {"gpu", "rpc", "forced", "a cache write forced", "kept", "reserve", "alloc", "compute", "split", "n_ubatch 16"} <= seen, seen
-    assert {p for p, prop in PROPERTIES.items() if prop.draws.captured} == {"matches-reference", "reuse-equivalent", "same-values"}
+    assert {p: prop.draws.captured for p, prop in PROPERTIES.items() if prop.draws.captured} == {
+        "matches-reference": "scenarios", "reuse-equivalent": "scenarios", "same-values": "scenarios", "no-same-size-realloc": "workloads"}
+
+
+@pytest.mark.engine
+def test_no_same_size_realloc_fuzzes_llama_cpps_graphs_in_llama_cpps_order(fuzzer: Fuzzer) -> None:
+    """Captured workloads (``captured_workloads``): each family's reservation as llama.cpp made
+    it, then its decodes' graphs in a drawn order, with re-reservations, nodes forced alike in
+    every graph, on drawn devices. In llama.cpp's own order each family's reservation suffices on
+    the RPC device it was captured on, and on a GPU-like device without op offload; with op offload
+    and a device whose offload_op takes batches of 8 or more, the full ubatch puts the CPU-weight
+    matmuls on the device and a smaller one does not: the reservation is lost, and a later ubatch
+    re-allocates at the same size (the graph-level form of llama.cpp's op-offload cause, known as
+    ``lost_by=compute changed``)."""
+    offload = BackendLayout((BackendSpec("gpu", offload_min_batch=8), BackendSpec("cpu")))
+    for base in fuzzer.captured_pool():
+        label = base.graphs[0][1].label
+        as_llama = tuple(Step("compute", s.graph) if s.kind == "alloc" else s for s in base.steps)
+        assert fuzzer.check("no-same-size-realloc", replace(base, steps=as_llama)) == [], label
+        for op_offload in (False, True):
+            params = SchedParams(base.steps[0].params.max_nodes, False, op_offload)  # type: ignore[union-attr]
+            sc = Scenario(offload, base.graphs, (Step("sched_new", params=params), *as_llama[1:]))
+            found = {v.signature() for v in fuzzer.check("no-same-size-realloc", sc)}
+            assert found == ({"no-same-size-realloc[explained=lost,lost_by=compute changed]"} if op_offload else set()), (label, found)
+    pool = fuzzer.captured_pool()
+    seen: set[str] = set()
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(captured_workloads(pool, max_gpu=2, max_ubatches=8))
+    def drawn(sc: Scenario) -> None:
+        sc.validate()
+        base = next(b for b in pool if [n for n, _ in b.graphs] == [n for n, _ in sc.graphs])
+        reservation = [s for s in base.steps[1:] if s.kind != "alloc"]
+        assert "llama.cpp's graphs after llama.cpp's reservation (captured)" in features(sc)
+        assert list(sc.steps[1:1 + len(reservation)]) == reservation  # llama.cpp's reservation, in its order
+        assert {s.graph for s in sc.steps if s.kind == "compute"} <= {s.graph for s in base.steps if s.kind == "alloc"}
+        # a node forced in one graph is forced alike in every graph that has it
+        extra = [dict(g.forced[len(h.forced):]) for (_, g), (_, h) in zip(sc.graphs, base.graphs)]
+        assert all(e[n] == f[n] for e in extra for f in extra for n in e.keys() & f.keys()), extra
+        seen.update(b.kind for b in sc.layout.backends)
+        seen.update("forced" for e in extra if e)
+        seen.update("reconfigured" for s in sc.steps[1:] if s.kind == "sched_new")
+        seen.update("op offload" for s in sc.steps if s.params is not None and s.params.op_offload)
+        assert _reuses(sc) == _reuses(sc, can_reuse)
+
+    drawn()
+    assert {"gpu", "rpc", "forced", "reconfigured", "op offload"} <= seen, seen
 
 
 @pytest.mark.engine
