@@ -1,4 +1,4 @@
-"""``schedfuzz replay``, ``minimize``, ``show`` and ``capture``: what a maintainer does with a saved case."""
+"""``schedfuzz replay``, ``minimize``, ``show``, ``capture`` and ``export``: what a maintainer does with a saved case."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from ..cases.corpus import STARTER_CORPUS, Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
 from ..files import atomic_write
 from ..model.llama_trace import LlamaTrace
+from ..model.scenario import Scenario
+from ..model.trace import StepRecord, Trace
 from ..properties.captured import llama_matches_reference
 from . import UsageError, bad_case, fuzzer_for, load_all
 
@@ -215,20 +217,9 @@ def show(args: argparse.Namespace) -> int:
         return _wrote(dot, out, write)
     try:
         scenario = fuzzer.scenario_for(case)
-        trace = fuzzer.engines.run(scenario)
-        record = next((r for r in trace.records if r.splits and r.index == case.step), None)
-        source = "the engine"
-        if record is None and trace.abort is not None:
-            # the engine died in this step (a compute, an abort): draw what the reference plans
-            record = next((r for r in fuzzer.predict(scenario).records if r.splits and r.index == case.step), None)
-            source = f"the reference's prediction (the engine's {trace.abort.kind} at step {trace.abort.step} left no record)"
+        trace, record, source = _step_record(fuzzer, case, scenario)
     finally:
         fuzzer.close()
-    if record is None:
-        # the failing step scheduled no graph of its own (an alloc that crashed): the last one before it
-        graph_steps = [r for r in trace.records if r.splits and r.index <= case.step] or [r for r in trace.records if r.splits]
-        record = graph_steps[-1] if graph_steps else None
-        source = f"the engine, the last step with a graph before step {case.step}, where the finding is"
     if record is None:
         print(f"schedfuzz: {args.case}: no step with a graph to draw (neither the engine nor the reference scheduled one)", file=sys.stderr)
         return 2
@@ -245,6 +236,72 @@ def show(args: argparse.Namespace) -> int:
         print(e.describe())
     title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}"
     return _wrote(to_dot(scenario, record, highlight, title, said), out, write)
+
+
+def _step_record(fuzzer: Fuzzer, case: Case, scenario: Scenario) -> tuple[Trace, StepRecord | None, str]:
+    """The engine's run of a graph case, the record of the case's step to draw and whose it is:
+    the engine's; where the engine died in the step, the reference's plan; where the step
+    scheduled no graph of its own (an alloc that crashed), the last step before it that did."""
+    trace = fuzzer.engines.run(scenario)
+    record = next((r for r in trace.records if r.splits and r.index == case.step), None)
+    source = "the engine"
+    if record is None and trace.abort is not None:
+        record = next((r for r in fuzzer.predict(scenario).records if r.splits and r.index == case.step), None)
+        source = f"the reference's prediction (the engine's {trace.abort.kind} at step {trace.abort.step} left no record)"
+    if record is None:
+        graph_steps = [r for r in trace.records if r.splits and r.index <= case.step] or [r for r in trace.records if r.splits]
+        record = graph_steps[-1] if graph_steps else None
+        source = f"the engine, the last step with a graph before step {case.step}, where the finding is"
+    return trace, record, source
+
+
+def export(args: argparse.Namespace) -> int:
+    """``schedfuzz export CASE|DIR -o DIR``: each graph case as a standalone C reproducer with its
+    CMakeLists and REPORT.md (a folder: one reproducer per case, in DIR/CASE-NAME); with
+    ``--check``, each built against the ggml it was found on and run."""
+    from ..cases.draw import buffers_text, splits_text
+    from ..cases.export import ExportError, build_and_run, export_case
+
+    cases = load_all(args.cases)
+    single = len(args.cases) == 1 and not Path(args.cases[0]).is_dir()
+    failed = 0
+    for case in cases:
+        assert case.path is not None
+        out = Path(args.output) if single else Path(args.output) / case.path.stem
+        version = str(case.engine.get("ggml_version", "0.25.3"))
+        lib = args.lib or ("ggml-0.15.3" if version.startswith("0.15.") else "ggml-0.25.3")
+        if case.llama is not None or case.scenario is None and case.workload is None:
+            print(f"{case.path.name}: not exported: a llama.cpp case (the exporter writes graph cases' reproducers only, for now)")
+            failed += single
+            continue
+        fuzzer = fuzzer_for(argparse.Namespace(**{**vars(args), "lib": lib}))
+        try:
+            scenario = fuzzer.scenario_for(case)
+            _, record, source = _step_record(fuzzer, case, scenario)
+            drawing = (f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}\n"
+                       f"{splits_text(scenario, record)}\n{buffers_text(scenario, record)}") if record else ""
+            export_case(case, scenario, out, lib, version, drawing)
+        except ExportError as e:
+            print(f"{case.path.name}: not exported: {e}")
+            failed += single
+            continue
+        finally:
+            fuzzer.close()
+        print(f"{case.path.name}: wrote {out}/ (repro.c, CMakeLists.txt, REPORT.md)")
+        if args.check:
+            try:
+                built = build_and_run(out)
+            except ExportError as e:
+                print(f"  check: {e}")
+                failed += 1
+                continue
+            expected = case.expected_failure_on(version) is not None
+            print(f"  check on {lib}: {built.verdict} (exit {built.code}); expected: {'reproduces' if expected else 'does not reproduce'}")
+            with (out / "REPORT.md").open("a") as f:
+                f.write(f"\n## Checked\n`schedfuzz export --check` built it against {lib} (ggml {version}) and ran it: "
+                        f"it {built.verdict} (exit {built.code}).\n```\n{built.output[-4000:]}\n```\n")
+            failed += built.code != (1 if expected else 0)
+    return 1 if failed else 0
 
 
 def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:

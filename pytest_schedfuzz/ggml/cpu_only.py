@@ -31,20 +31,18 @@ class CpuOnly:
         self.seed = values.scenario_seed(scenario)
         self.shadow: dict[tuple[Any, ...], bytes] = {}
         self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
-        # rope frequency factors are ones (random ones could be 0: theta / 0 = inf, then NaN)
-        self.freq_factors = {s.args[2] for _, spec in scenario.graphs for s in spec.tensors if s.op == "rope" and s.args[2]}
+        self.ones = values.ones_leafs(scenario)
 
     def persistent_bytes(self, spec: GraphSpec, t: TensorSpec) -> bytes:
         """What weight or cache ``t`` holds before the first step (kept for the CPU-only run)."""
         key = tensor_key(t)
         if key not in self.shadow:
-            self.shadow[key] = values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in self.freq_factors)
+            self.shadow[key] = values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in self.ones)
         return self.shadow[key]
 
     def inputs(self, index: int, spec: GraphSpec) -> dict[str, bytes]:
         """What every input holds at compute step ``index`` (``values.leaf_bytes``)."""
-        ranges = values.index_ranges(spec)
-        return {t.name: values.leaf_bytes(self.seed, spec, t, index, ranges) for t in spec.tensors if t.role == "input"}
+        return values.step_inputs(self.seed, index, spec)
 
     def compare(self, index: int, spec: GraphSpec, tensors: dict[str, Ptr], inputs: dict[str, bytes], cpu: int) -> str:
         """The first of the step's roots, outputs and caches whose bytes differ from the same

@@ -81,6 +81,17 @@ def leaf_bytes(seed: int, spec: GraphSpec, t: TensorSpec, step: int, ranges: Map
     return fill(spec.geometry[t.name], _rng(seed, *key), ranges.get(t.name), ones)
 
 
+def ones_leafs(scenario: Scenario) -> frozenset[str]:
+    """The leafs that hold ones: rope frequency factors (random ones could be 0: theta / 0 = inf, then NaN)."""
+    return frozenset(s.args[2] for _, spec in scenario.graphs for s in spec.tensors if s.op == "rope" and s.args[2])
+
+
+def step_inputs(seed: int, index: int, spec: GraphSpec) -> dict[str, bytes]:
+    """What every input of ``spec`` holds at compute step ``index`` (``leaf_bytes``)."""
+    ranges = index_ranges(spec)
+    return {t.name: leaf_bytes(seed, spec, t, index, ranges) for t in spec.tensors if t.role == "input"}
+
+
 def undetermined(spec: GraphSpec) -> str | None:
     """Why ``spec``'s values are not determined, if they are not: a ``set_rows`` with more
     indices than its destination has rows writes some row twice, from threads that race (only

@@ -1,0 +1,857 @@
+"""Standalone reproducers (``schedfuzz export CASE -o DIR``): a graph case as one C program
+against ggml's public API, built by a ``CMakeLists.txt`` against any ggml build, with a
+``REPORT.md`` that says the finding in the scheduler's terms.
+
+The program (``repro.c``) does what the graph engine (``ggml.run.ScenarioRun``) does, in the
+same order, with ggml's own constructors: it starts its RPC servers in child processes
+(``ggml_backend_rpc_start_server`` on loopback) and stops them, makes the GPU-like devices from
+``fake_gpu.c`` (copied beside it), allocates the weights and caches per device, fills every leaf
+with the bytes the harness used (``data.bin``, from the case's seed: ``ggml.values``), and runs
+the steps (``ggml_backend_sched_new``, ``_reserve``, ``_alloc_graph``, ``_graph_compute``,
+``_split_graph``, ``_set_tensor_backend``) in a child process, printing each step's splits and
+buffer sizes and every reallocation ggml logs. What shows the finding is ggml's own:
+
+* ``no-same-size-realloc``: the scheduler in force at the case's step is made with
+  ``GGML_SCHED_DEBUG_REALLOC=1``, so that ggml aborts on a reallocation with unchanged backend
+  ids and graph size ("unexpected graph reallocation");
+* ``no-abort``: ggml aborts (its abort callback) or the process dies of a signal at that step;
+* ``same-values``: a tensor the step must get right differs, byte for byte, from the same graph
+  computed by the CPU backend alone from the same leafs.
+
+It exits 1 exactly when the finding reproduces at the case's step, 0 when it does not, 77 when
+it could not run (an RPC server that did not start).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..ggml import values
+from ..ggml.build import FAKE_GPU_SOURCE, ggml_source_for
+from ..ggml.cpu_only import tensor_key
+from ..ggml.engine import CPU_THREADS
+from ..ggml.lib import base_library, library_folder
+from ..model.scenario import BackendSpec, GraphSpec, Scenario, TensorSpec
+from .corpus import Case
+
+EXPORTED = ("no-same-size-realloc", "no-abort", "same-values")
+REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = 1, 0, 77
+_TYPES = {"f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "i32": "GGML_TYPE_I32", "i64": "GGML_TYPE_I64", "q8_0": "GGML_TYPE_Q8_0"}
+_STEP_KINDS = {"reserve": "STEP_RESERVE", "alloc": "STEP_ALLOC", "compute": "STEP_COMPUTE", "split": "STEP_SPLIT"}
+
+
+class ExportError(ValueError):
+    """A case no reproducer can be written for, and why."""
+
+
+@dataclass(frozen=True)
+class Built:
+    """A reproducer built and run: its exit code and output."""
+
+    code: int
+    output: str
+
+    @property
+    def verdict(self) -> str:
+        return {REPRODUCED: "reproduces", NOT_REPRODUCED: "does not reproduce", COULD_NOT_RUN: "could not run"}.get(self.code, f"exit {self.code}")
+
+
+def _c_str(text: str) -> str:
+    """A C string literal (octal escapes: a hex escape would swallow the next hex digit)."""
+    out = []
+    for ch in text.encode():
+        c = chr(ch)
+        out.append(f"\\{c}" if c in '"\\' else c if 32 <= ch < 127 and c != "?" else f"\\{ch:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _c_float(x: object) -> str:
+    v = float(x)  # type: ignore[arg-type]
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "-INFINITY"
+    return f"{v!r}f"
+
+
+def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
+    """The ggml call that builds op ``t.op`` over ``a`` (C expressions of its args, in call
+    order): as ``ggml.engine.Ggml._construct`` calls it, through ggml-python, on ``version``."""
+    op, P = t.op, t.param
+    x = ", ".join(["ctx", *a])
+    if op == "fill":
+        return f"ggml_fill{'_inplace' if P('inplace') else ''}(ctx, {a[0]}, {_c_float(P('value', 0.0))})"
+    if op == "cast":
+        return f"ggml_cast(ctx, {a[0]}, {_TYPES[str(P('type'))]})"
+    if P("inplace") and op != "rope":
+        if op == "scale":
+            return f"ggml_scale_inplace(ctx, {a[0]}, {_c_float(P('scale', 1.0))})"
+        return f"ggml_{op}_inplace({x})"
+    if op == "pad":
+        return f"ggml_pad_ext(ctx, {a[0]}, {', '.join(str(int(v)) for v in P('pad'))})"
+    if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "step", "cumsum", "mul_mat_id", "set_rows"):
+        return f"ggml_{op}({x})"
+    if op == "top_k":
+        if version.startswith("0.15."):
+            raise ExportError(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
+        return f"ggml_top_k(ctx, {a[0]}, {int(P('k'))})"
+    if op == "ssm_scan":
+        return f"ggml_ssm_scan({x})" if version.startswith("0.15.") else f"ggml_ssm_scan({x}, {int(P('k', 1))})"
+    if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
+        return f"ggml_{op}(ctx, {a[0]}, {a[1]})"
+    if op in ("silu", "transpose", "view_tensor", "sum_rows"):
+        return f"ggml_{op}(ctx, {a[0]})"
+    if op == "cont":
+        ne = P("ne")
+        return f"ggml_cont(ctx, {a[0]})" if ne is None else f"ggml_cont_4d(ctx, {a[0]}, {', '.join(str(int(v)) for v in (list(ne) + [1] * (4 - len(ne))))})"
+    if op == "argsort":
+        return f"ggml_argsort(ctx, {a[0]}, (enum ggml_sort_order) {int(P('order', 0))})"
+    if op == "clamp":
+        return f"ggml_clamp(ctx, {a[0]}, {_c_float(P('min', 0.0))}, {_c_float(P('max', 1.0))})"
+    if op == "glu":
+        if a[1] == "NULL":
+            return f"ggml_glu(ctx, {a[0]}, (enum ggml_glu_op) {int(P('glu', 2))}, {'true' if P('swapped', False) else 'false'})"
+        return f"ggml_glu_split(ctx, {a[0]}, {a[1]}, (enum ggml_glu_op) {int(P('glu', 2))})"
+    if op == "scale":
+        return f"ggml_scale(ctx, {a[0]}, {_c_float(P('scale', 1.0))})"
+    if op == "rms_norm":
+        return f"ggml_rms_norm(ctx, {a[0]}, {_c_float(P('eps', 1e-6))})"
+    if op == "rope":
+        # n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+        fn = "ggml_rope_ext_inplace" if P("inplace") else "ggml_rope_ext"
+        return f"{fn}(ctx, {a[0]}, {a[1]}, {a[2]}, {int(P('n_dims'))}, {int(P('mode', 0))}, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f)"
+    if op == "soft_max_ext":
+        return f"ggml_soft_max_ext(ctx, {a[0]}, {a[1]}, {_c_float(P('scale', 1.0))}, {_c_float(P('max_bias', 0.0))})"
+    if op == "flash_attn_ext":
+        return (f"ggml_flash_attn_ext({x}, {_c_float(P('scale', 1.0))}, {_c_float(P('max_bias', 0.0))}, "
+                f"{_c_float(P('logit_softcap', 0.0))})")
+    if op == "concat":
+        return f"ggml_concat(ctx, {a[0]}, {a[1]}, {int(P('dim', 0))})"
+    if op == "permute":
+        return f"ggml_permute(ctx, {a[0]}, {', '.join(str(int(v)) for v in P('axes'))})"
+    if op == "reshape":
+        ne = [int(v) for v in P("ne")]
+        return f"ggml_reshape_{len(ne)}d(ctx, {a[0]}, {', '.join(map(str, ne))})"
+    if op == "view":
+        ne, nb = [int(v) for v in P("ne")], [int(v) for v in P("nb", ())]
+        return f"ggml_view_{len(ne)}d(ctx, {a[0]}, {', '.join(map(str, ne + nb))}, {int(P('offset', 0))})"
+    raise ExportError(f"tensor {t.name!r}: op {op!r} has no ggml builder in the exporter")
+
+
+class _Program:
+    """The pieces of ``repro.c`` for one scenario: its persistent tensors (weights and caches,
+    by ``tensor_key``), the bytes of ``data.bin`` and where each leaf's are."""
+
+    def __init__(self, scenario: Scenario, version: str) -> None:
+        self.sc, self.version = scenario, version
+        self.seed = values.scenario_seed(scenario)
+        self.data = bytearray()
+        self.persistent: dict[tuple[object, ...], int] = {}
+        self.persistent_specs: list[TensorSpec] = []
+        self.persistent_data: list[tuple[int, int]] = []
+        ones = values.ones_leafs(scenario)
+        for _, spec in scenario.graphs:
+            for t in spec.tensors:
+                if t.role in ("weight", "cache") and tensor_key(t) not in self.persistent:
+                    self.persistent[tensor_key(t)] = len(self.persistent_specs)
+                    self.persistent_specs.append(t)
+                    self.persistent_data.append(self._blob(values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in ones)))
+
+    def _blob(self, b: bytes) -> tuple[int, int]:
+        off = len(self.data)
+        self.data += b
+        return off, len(b)
+
+    def graph_function(self, k: int, spec: GraphSpec) -> str:
+        """``build_gK``: the graph in a fresh no_alloc context, as ``ScenarioRun.materialize``
+        makes it (``solo``: every leaf a new tensor, for the CPU-only computation)."""
+        lines = []
+        index = {t.name: i for i, t in enumerate(spec.tensors)}
+        for i, t in enumerate(spec.tensors):
+            ref = f"T[{i}]"
+            if t.is_leaf:
+                ne = list(t.ne) + [1] * (4 - len(t.ne))
+                fresh = f"ggml_new_tensor(ctx, {_TYPES[t.type]}, {max(len(t.ne), 1)}, (const int64_t[4]){{{', '.join(map(str, ne))}}})"
+                if t.role in ("weight", "cache"):
+                    lines.append(f"{ref} = solo ? {fresh} : P[{self.persistent[tensor_key(t)]}];  /* {t.role} */")
+                    lines.append(f"if (solo) ggml_set_name({ref}, {_c_str(t.name)});")
+                else:
+                    lines.append(f"{ref} = {fresh};")
+                    lines.append(f"ggml_set_name({ref}, {_c_str(t.name)}); if (!solo) ggml_set_input({ref});")
+            else:
+                args = [f"T[{index[a]}]" if a is not None else "NULL" for a in t.args]
+                lines.append(f"{ref} = {_c_op(t, args, self.version)};")
+                words = t.param("op_params")
+                if words is not None:
+                    lines.append(f"set_op_params({ref}, (const int32_t[]){{{', '.join(str(int(w)) for w in words) or '0'}}}, {len(words)});")
+                lines.append(f"ggml_set_name({ref}, {_c_str(t.name)});")
+            if t.output:
+                lines.append(f"ggml_set_output({ref});")
+        roots = " ".join(f"ggml_build_forward_expand(gf, T[{index[r]}]);" for r in spec.roots)
+        forced = " ".join(f"ggml_backend_sched_set_tensor_backend(sched, T[{index[n]}], backends[{b}]);" for n, b in spec.forced)
+        body = textwrap.indent("\n".join(lines), "    ")
+        return (f"/* {spec.label or 'graph ' + str(k)}: {spec.n_ops} ops */\n"
+                f"static struct ggml_cgraph * build_g{k}(struct ggml_context * ctx, struct ggml_tensor ** T, bool solo) {{\n{body}\n"
+                f"    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, {len(spec.tensors) + 1}, false);\n    {roots}\n    return gf;\n}}\n"
+                f"static void force_g{k}(struct ggml_tensor ** T) {{ (void) T; {forced} }}\n")
+
+    def graph_table(self) -> str:
+        rows = []
+        for k, (name, spec) in enumerate(self.sc.graphs):
+            compared = values.compared(spec)
+            index = {t.name: i for i, t in enumerate(spec.tensors)}
+            cmp = ", ".join(str(index[n]) for n in compared) or "-1"
+            inputs = ", ".join(str(i) for i, t in enumerate(spec.tensors) if t.role == "input") or "-1"
+            caches = ", ".join(f"{i}, {self.persistent[tensor_key(t)]}" for i, t in enumerate(spec.tensors) if t.role == "cache") or "-1, -1"
+            weights = ", ".join(f"{i}, {self.persistent[tensor_key(t)]}" for i, t in enumerate(spec.tensors) if t.role == "weight") or "-1, -1"
+            rows.append(f"    {{ {_c_str(name)}, {len(spec.tensors)}, build_g{k}, force_g{k}, (const int[]){{{cmp}}}, {len(compared)}, "
+                        f"(const int[]){{{inputs}}}, {sum(t.role == 'input' for t in spec.tensors)}, "
+                        f"(const int[]){{{caches}}}, {sum(t.role == 'cache' for t in spec.tensors)}, "
+                        f"(const int[]){{{weights}}}, {sum(t.role == 'weight' for t in spec.tensors)} }},")
+        return "static const struct graph GRAPHS[] = {\n" + "\n".join(rows) + "\n};\n"
+
+    def steps(self, case: Case) -> str:
+        """The steps as calls, each with its inputs' bytes (compute steps) and whether its values
+        are compared (``CpuOnly.off``: not once a graph's values are undetermined)."""
+        lines, off, names = [], None, [n for n, _ in self.sc.graphs]
+        watched = next((i for i in range(case.step, -1, -1) if self.sc.steps[i].kind == "sched_new" and not self.sc.steps[i].reuse), -1)
+        for i, st in enumerate(self.sc.steps):
+            if st.kind == "sched_new":
+                assert st.params is not None
+                p = st.params
+                flags = f"{p.max_nodes}, {str(p.parallel).lower()}, {str(p.op_offload).lower()}, {str(st.reuse).lower()}"
+                watch = "true" if case.property == "no-same-size-realloc" and i == watched else "false"
+                lines.append(f"    step_sched_new({i}, {flags}, /* GGML_SCHED_DEBUG_REALLOC */ {watch});")
+            elif st.kind == "reset":
+                lines.append(f"    step_reset({i});")
+            else:
+                k = names.index(st.graph or "")
+                spec = self.sc.graph(st.graph or "")
+                data, compare = "NULL", "false"
+                if st.kind == "compute":
+                    inputs = values.step_inputs(self.seed, i, spec)
+                    blobs = [self._blob(inputs[t.name]) for t in spec.tensors if t.role == "input"]
+                    data = "(const struct blob[]){" + (", ".join(f"{{{o}, {n}}}" for o, n in blobs) or "{0, 0}") + "}"
+                    off = off or values.undetermined(spec)
+                    compare = "true" if off is None else "false"
+                lines.append(f"    step_graph({i}, {_STEP_KINDS[st.kind]}, {k}, {data}, /* compare values */ {compare});")
+        return "static void run_steps(void) {\n" + "\n".join(lines) + "\n}\n"
+
+    def backends(self) -> str:
+        out = []
+        for i, b in enumerate(self.sc.layout.backends):
+            name = self.sc.layout.name(i)
+            if b.kind == "rpc":
+                out.append(f"    backends[{i}] = new_rpc({i});  /* {name} */")
+            elif b.kind == "gpu":
+                out.append(f"    backends[{i}] = new_gpu({_c_str(name)}, {_gpu_config(b)});")
+            elif b.kind == "cpu":
+                out.append(f"    backends[{i}] = new_cpu();")
+            else:
+                raise ExportError(f"backend {i} ({b.kind}): the exporter makes RPC, GPU-like and CPU backends only")
+        host = self.sc.layout.host_buffer_of
+        host_line = f"    host_buffer_of = {host if host is not None else -1};"
+        return "static void make_backends(void) {\n" + "\n".join(out) + f"\n{host_line}\n}}\n"
+
+    def persistent_table(self) -> str:
+        rows = []
+        for t, (off, n) in zip(self.persistent_specs, self.persistent_data):
+            ne = list(t.ne) + [1] * (4 - len(t.ne))
+            rows.append(f"    {{ {_c_str(t.name)}, {_TYPES[t.type]}, {max(len(t.ne), 1)}, {{{', '.join(map(str, ne))}}}, "
+                        f"{1 if t.role == 'cache' else 0}, {t.device}, {{{off}, {n}}} }},")
+        return ("static const struct persistent PERSISTENT[] = {\n" + ("\n".join(rows) or "    { \"\", GGML_TYPE_F32, 1, {1, 1, 1, 1}, 0, 0, {0, 0} },")
+                + f"\n}};\nenum {{ N_PERSISTENT = {len(rows)} }};\n")
+
+
+def _gpu_config(b: BackendSpec) -> str:
+    return (f"(struct fake_gpu_config){{ .offload_min_batch = {b.offload_min_batch or 0}, .max_size = {b.max_size or 0}, "
+            f".alignment = {b.alignment}, .host_buffer = {int(b.host_buffer)}, .shared_buft = {int(b.shared_buft)}, "
+            f".graph_optimize = {int(b.graph_optimize)}, .async = {int(b.asynchronous)}, .delay_us = {b.delay_us}, "
+            f".unsupported = {_c_str(','.join(b.unsupported))}, .memory = {b.memory or 0}, .corrupt_op = {_c_str(b.corrupt_op)}, "
+            f".fuse = {int(b.fuse)} }}")
+
+
+def _verdict(case: Case, scenario: Scenario) -> str:
+    """The C condition on the run's outcome under which the finding reproduces."""
+    kind = case.signature.split("kind=")[1].split(",")[0].rstrip("]") if "kind=" in case.signature else "abort"
+    if "race=" in case.signature:  # a race: its symptom (an abort, a crash, wrong values) depends on the timing
+        return f"out.died_at == {case.step} || out.differs_at == {case.step}"
+    if case.property == "no-same-size-realloc":
+        # ggml's own check on the scheduler's decision; or ggml-alloc re-planning a single buffer by
+        # itself (no scheduler decision: no check of ggml's sees it) for the case's reason
+        m = re.search(r"; reason: (.*?) — ", case.message)
+        reason = _c_str(m.group(1) if m else "?")
+        return (f'(out.died_at == {case.step} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL)'
+                f" || (out.replanned_at == {case.step} && strcmp(out.replanned, {reason}) == 0)")
+    if case.property == "no-abort":
+        if kind == "crash":
+            return f"out.died_at == {case.step} && !out.aborted && out.signal != 0"
+        return f"out.died_at == {case.step} && out.aborted"
+    return f"out.differs_at == {case.step}"
+
+
+def _words(case: Case, scenario: Scenario) -> str:
+    st = scenario.steps[case.step]
+    return f"[{case.property}] step {case.step} ({st.describe()}): {case.message.splitlines()[0] if case.message else case.signature}"
+
+
+def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "") -> list[Path]:
+    """Write the reproducer of graph case ``case`` (its scenario: ``scenario``) into ``out``,
+    found on ggml ``version``; its CMakeLists builds against ``lib`` (``--schedfuzz-lib``'s
+    values) by default. ``report``: what ``REPORT.md`` says of the run (the drawing)."""
+    if case.llama is not None:
+        raise ExportError(f"{case.path}: a llama.cpp case; the exporter writes reproducers of graph cases only (llama.cpp cases: not yet)")
+    if case.property not in EXPORTED:
+        raise ExportError(f"{case.path}: a {case.property} finding compares ggml with schedfuzz's own reference or reruns; "
+                          f"a C program shows {', '.join(EXPORTED)} findings alone")
+    if case.step >= len(scenario.steps):
+        raise ExportError(f"{case.path}: step {case.step} is past the scenario's {len(scenario.steps)} steps")
+    prog = _Program(scenario, version)
+    gpus = any(b.kind == "gpu" for b in scenario.layout.backends)
+    graphs = "\n".join(prog.graph_function(k, g) for k, (_, g) in enumerate(scenario.graphs))
+    source = _TEMPLATE.format(
+        signature=case.signature, words=_c_str(_words(case, scenario)), n_backends=scenario.layout.n, n_rpc=scenario.layout.n_rpc,
+        cpu_threads=CPU_THREADS, graphs=graphs, graph_table=prog.graph_table(), persistent=prog.persistent_table(),
+        backends=prog.backends(), steps=prog.steps(case), verdict=_verdict(case, scenario), step=case.step,
+        gpu=_gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
+        header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
+    )
+    folder = library_folder(lib)
+    src = ggml_source_for(str(base_library(folder)))
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "repro.c", out / "data.bin", out / "CMakeLists.txt", out / "REPORT.md", out / "case.json"]
+    written[0].write_text(source)
+    written[1].write_bytes(bytes(prog.data))
+    (out / "rpc_server.c").write_text(_RPC_SERVER)
+    written.append(out / "rpc_server.c")
+    written[2].write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
+    if gpus:
+        shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")
+        written.append(out / "fake_gpu.c")
+    assert case.path is not None
+    shutil.copyfile(case.path, written[4])
+    written[3].write_text(_report(case, scenario, version, lib, out, report))
+    return written
+
+
+def build_and_run(out: Path, ggml_dir: Path | None = None, source_dir: Path | None = None, timeout: float = 300.0) -> Built:
+    """``cmake -S out -B out/build [-DGGML_DIR= -DGGML_SOURCE_DIR=] && cmake --build && out/build/repro``."""
+    build = out / "build" if ggml_dir is None else out / f"build-{ggml_dir.name}"
+    defs = ([f"-DGGML_DIR={ggml_dir}"] if ggml_dir else []) + ([f"-DGGML_SOURCE_DIR={source_dir}"] if source_dir else [])
+    for cmd in (["cmake", "-S", str(out), "-B", str(build), *defs], ["cmake", "--build", str(build)]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise ExportError(f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    r = subprocess.run([str(build / "repro")], capture_output=True, text=True, timeout=timeout)
+    return Built(r.returncode, r.stdout + r.stderr)
+
+
+def _report(case: Case, scenario: Scenario, version: str, lib: str | None, out: Path, drawing: str) -> str:
+    expect = case.expected_failure or ""
+    steps = "\n".join(f"{i:3d}. {s.describe()}" + ("   <- the finding" if i == case.step else "") for i, s in enumerate(scenario.steps))
+    layout = ", ".join(f"{scenario.layout.name(i)} ({b.kind})" for i, b in enumerate(scenario.layout.backends))
+    bounds = {k: v for k, v in case.expect.items() if k in ("since", "fixed_in")} if isinstance(case.expect, dict) else {}
+    how = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
+                                   "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
+           "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
+           "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone"}[case.property]
+    return f"""# {case.signature}
+
+{case.message}
+
+## What happened, in ggml's terms
+{expect or "(the case holds no explanation yet)"}
+
+- Found on ggml {version} ({case.engine.get("lib", lib or "the built-in")}){"; expected within " + json.dumps(bounds) if bounds else ""}.
+- Backends, in the scheduler's order: {layout}.
+- The steps (the finding is at step {case.step}):
+
+```
+{steps}
+```
+
+## Reproduce
+```
+cmake -S {out} -B {out}/build            # against the ggml the case was found on
+cmake --build {out}/build && {out}/build/repro; echo "exit $?"
+cmake -S {out} -B {out}/mine -DGGML_DIR=/path/to/your/ggml/build [-DGGML_SOURCE_DIR=/path/to/ggml]
+cmake --build {out}/mine && {out}/mine/repro
+```
+`repro` exits 1 exactly when the finding reproduces at step {case.step} ({how}), 0 when it does not
+(a build where it is fixed), 77 when it could not run. `REPRO_VERBOSE=1` adds ggml's debug log.
+`GGML_SCHED_DEBUG=2` prints ggml's splits. It needs a ggml built as shared libraries with RPC
+(`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`); the GPU-like device (`fake_gpu.c`, beside it) is
+built from ggml's `src/ggml-backend-impl.h`. The schedfuzz case is `case.json`
+(`schedfuzz replay case.json`, `schedfuzz show case.json`).
+
+## The step, as the graph engine scheduled it
+```
+{drawing or "(not run)"}
+```
+"""
+
+
+def _gpu_declarations() -> str:
+    """``fake_gpu.c``'s configuration struct and constructor, as that file defines them."""
+    text = FAKE_GPU_SOURCE.read_text()
+    m = re.search(r"^struct fake_gpu_config \{.*?^\};", text, re.S | re.M)
+    if m is None:
+        raise ExportError(f"{FAKE_GPU_SOURCE}: no struct fake_gpu_config")
+    return ("/* the GPU-like device: schedfuzz's ggml backend (fake_gpu.c, built beside this file) */\n" + m.group(0)
+            + "\nggml_backend_t schedfuzz_fake_gpu_init(const char * name, ggml_backend_t cpu, const struct fake_gpu_config * cfg);\n")
+
+
+_NEW_GPU = """static ggml_backend_t new_gpu(const char * name, struct fake_gpu_config cfg) {
+    static struct fake_gpu_config kept[N_BACKENDS];  /* the device keeps a pointer to its settings */
+    static int n;
+    kept[n] = cfg;
+    return schedfuzz_fake_gpu_init(name, new_cpu(), &kept[n++]);
+}
+"""
+
+_CMAKE = """# a schedfuzz reproducer: cmake -S . -B build && cmake --build build && build/repro
+cmake_minimum_required(VERSION 3.18)
+project(schedfuzz_repro C)
+set(GGML_DIR "{lib_dir}" CACHE PATH "a ggml build: the folder holding libggml-base.so, or with it in bin/, lib/ or build/bin/")
+set(GGML_SOURCE_DIR "" CACHE PATH "that ggml's source (include/ggml.h, src/ggml-backend-impl.h); found above GGML_DIR if empty")
+if(NOT GGML_SOURCE_DIR)
+  if(GGML_DIR STREQUAL "{lib_dir}")
+    set(GGML_SOURCE_DIR "{src_dir}")
+  else()
+    find_path(GGML_INCLUDE ggml.h PATHS ${{GGML_DIR}} ${{GGML_DIR}}/.. ${{GGML_DIR}}/../.. ${{GGML_DIR}}/../../..
+              PATH_SUFFIXES include ggml/include NO_DEFAULT_PATH)
+    if(NOT GGML_INCLUDE)
+      message(FATAL_ERROR "GGML_DIR=${{GGML_DIR}}: no include/ggml.h above it; give -DGGML_SOURCE_DIR=<ggml's source>")
+    endif()
+    get_filename_component(GGML_SOURCE_DIR ${{GGML_INCLUDE}} DIRECTORY)
+  endif()
+endif()
+set(LIBS "")
+foreach(name ggml ggml-cpu ggml-rpc ggml-base)
+  string(REPLACE "-" "_" var "LIB_${{name}}")
+  find_library(${{var}} NAMES ${{name}} PATHS ${{GGML_DIR}} PATH_SUFFIXES . bin lib build/bin NO_DEFAULT_PATH NO_CACHE)
+  if(NOT ${{var}})
+    message(FATAL_ERROR "GGML_DIR=${{GGML_DIR}}: no lib${{name}}.so there (build ggml with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON)")
+  endif()
+  list(APPEND LIBS ${{${{var}}}})
+  get_filename_component(LIB_FOLDER ${{${{var}}}} DIRECTORY)
+endforeach()
+add_executable(repro-rpc-server rpc_server.c)
+target_include_directories(repro-rpc-server PRIVATE ${{GGML_SOURCE_DIR}}/include)
+target_link_libraries(repro-rpc-server PRIVATE ${{LIBS}})
+set_target_properties(repro-rpc-server PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
+add_executable(repro {sources})
+target_include_directories(repro PRIVATE ${{GGML_SOURCE_DIR}}/include ${{GGML_SOURCE_DIR}}/src)
+target_compile_definitions(repro PRIVATE _GNU_SOURCE REPRO_DATA="${{CMAKE_CURRENT_SOURCE_DIR}}/data.bin"
+                           REPRO_RPC_SERVER="$<TARGET_FILE:repro-rpc-server>")
+set_property(TARGET repro PROPERTY C_STANDARD 11)
+target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
+set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
+"""
+
+_RPC_SERVER = r"""/* an RPC server serving ggml's CPU device: repro-rpc-server 127.0.0.1:PORT (started by repro) */
+#include "ggml-backend.h"
+#include "ggml-rpc.h"
+
+#include <stdio.h>
+
+int main(int argc, char ** argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s HOST:PORT\n", argv[0]);
+        return 2;
+    }
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_rpc_start_server(argv[1], NULL, 2, 1, &cpu);
+    return 3;
+}
+"""
+
+_TEMPLATE = r"""/* schedfuzz reproducer: {signature}
+ *
+{header}
+ *
+ * Written by `schedfuzz export` from the case beside it (case.json); see REPORT.md. It runs the
+ * case's steps on ggml's scheduler in a child process and exits 1 exactly when the finding
+ * reproduces at step {step}, 0 when it does not, 77 when it could not run.
+ */
+#include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml-rpc.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+{gpu}
+enum {{ N_BACKENDS = {n_backends}, N_RPC = {n_rpc}, CPU_THREADS = {cpu_threads}, MAX_BUILT = 3 }};
+enum step_kind {{ STEP_RESERVE, STEP_ALLOC, STEP_COMPUTE, STEP_SPLIT }};
+static const char * KIND_NAMES[] = {{ "reserve", "alloc", "compute", "split" }};
+
+struct blob {{ size_t offset, size; }};  /* bytes in data.bin */
+struct graph {{
+    const char * name; int n_tensors;
+    struct ggml_cgraph * (*build)(struct ggml_context *, struct ggml_tensor **, bool);
+    void (*force)(struct ggml_tensor **);
+    const int * compared; int n_compared;  /* roots no node reads, outputs, caches: what a compute must get right */
+    const int * inputs; int n_inputs;
+    const int * caches; int n_caches;      /* pairs: tensor, persistent */
+    const int * weights; int n_weights;    /* pairs: tensor, persistent */
+}};
+struct persistent {{ const char * name; enum ggml_type type; int n_dims; int64_t ne[4]; int cache; int device; struct blob data; }};
+
+static ggml_backend_t backends[N_BACKENDS];
+static int host_buffer_of = -1;
+static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
+static ggml_backend_sched_t sched;
+static unsigned char * data_bytes;
+static unsigned char ** shadow;  /* what every weight and cache holds in the CPU-only computation */
+static int cur_step = -1;
+static int report_fd = -1;       /* to the parent: what the run came to */
+static bool verbose;
+
+static void report(const char * fmt, int step, const char * text) {{
+    char line[2048];
+    int n = snprintf(line, sizeof line, fmt, step, text ? text : "");
+    if (n > 0 && write(report_fd, line, (size_t) (n < (int) sizeof line ? n : (int) sizeof line - 1)) < 0) {{ /* the parent is gone */ }}
+}}
+
+static char needs_realloc[512];  /* ggml-alloc's last reason to re-plan */
+
+static void on_log(enum ggml_log_level level, const char * text, void * user) {{
+    (void) user;
+    const char * reason = strstr(text, "ggml_gallocr_needs_realloc: ");
+    if (reason) {{
+        snprintf(needs_realloc, sizeof needs_realloc, "%s", reason + strlen("ggml_gallocr_needs_realloc: "));
+        needs_realloc[strcspn(needs_realloc, "\n")] = 0;
+    }}
+    /* ggml-alloc re-planning a single buffer by itself: no scheduler decision, which GGML_SCHED_DEBUG_REALLOC sees */
+    if (strstr(text, "reallocating buffers automatically")) report("AUTO %d %s\n", cur_step, needs_realloc);
+    /* ggml's reallocation lines (a build without NDEBUG), errors and warnings; all with REPRO_VERBOSE */
+    if (verbose || level >= GGML_LOG_LEVEL_WARN || strstr(text, "realloc") || strstr(text, "reserving") || strstr(text, "is not valid")
+            || strstr(text, "different number")) {{
+        printf("    ggml: %s", text);
+        fflush(stdout);
+    }}
+}}
+
+static void on_abort(const char * message) {{
+    printf("    ggml aborted in step %d: %s\n", cur_step, message);
+    fflush(stdout);
+    report("ABORT %d %s\n", cur_step, message);
+}}
+
+static void set_op_params(struct ggml_tensor * t, const int32_t * words, int n) {{
+    memset(t->op_params, 0, sizeof t->op_params);
+    memcpy(t->op_params, words, (size_t) n * sizeof(int32_t));
+}}
+
+/* ------------------------------------------------------------------------ the graphs */
+
+{persistent}
+static struct ggml_tensor * P[N_PERSISTENT + 1];  /* the weights and caches, in backend buffers */
+
+{graphs}
+{graph_table}
+/* --------------------------------------------------------------------- the backends */
+
+static ggml_backend_t new_cpu(void) {{
+    ggml_backend_t b = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(b, CPU_THREADS);
+    return b;
+}}
+
+static int rpc_index;
+static ggml_backend_t new_rpc(int i) {{
+    char endpoint[64];
+    (void) i;
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[rpc_index++]);
+    return ggml_backend_rpc_init(endpoint, 0);
+}}
+
+{new_gpu}
+{backends}
+/* weights (buffer usage WEIGHTS) and caches (ANY): one context and buffer per device and role */
+static void alloc_persistent(void) {{
+    for (int device = 0; device < N_BACKENDS; device++) {{
+        for (int cache = 0; cache <= 1; cache++) {{
+            int n = 0;
+            for (int k = 0; k < N_PERSISTENT; k++) n += PERSISTENT[k].device == device && PERSISTENT[k].cache == cache;
+            if (n == 0) continue;
+            struct ggml_init_params ip = {{ (size_t) (n + 1) * ggml_tensor_overhead(), NULL, true }};
+            struct ggml_context * ctx = ggml_init(ip);
+            for (int k = 0; k < N_PERSISTENT; k++) {{
+                const struct persistent * p = &PERSISTENT[k];
+                if (p->device != device || p->cache != cache) continue;
+                P[k] = ggml_new_tensor(ctx, p->type, p->n_dims, p->ne);
+                ggml_set_name(P[k], p->name);
+            }}
+            ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backends[device]);
+            if (!buf) {{ fprintf(stderr, "could not allocate the %s buffer of backend %d\n", cache ? "cache" : "weight", device); exit(77); }}
+            ggml_backend_buffer_set_usage(buf, cache ? GGML_BACKEND_BUFFER_USAGE_ANY : GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        }}
+    }}
+    shadow = calloc(N_PERSISTENT + 1, sizeof *shadow);
+    for (int k = 0; k < N_PERSISTENT; k++) {{
+        const struct persistent * p = &PERSISTENT[k];
+        ggml_backend_tensor_set(P[k], data_bytes + p->data.offset, 0, p->data.size);
+        shadow[k] = malloc(p->data.size);
+        memcpy(shadow[k], data_bytes + p->data.offset, p->data.size);
+    }}
+}}
+
+/* -------------------------------------------------------------------------- the steps */
+
+struct built {{ struct ggml_context * ctx; struct ggml_cgraph * gf; struct ggml_tensor * T[{max_tensors}]; }};
+static struct built * built[MAX_BUILT];
+
+static struct built * materialize(int g) {{
+    /* the previous graphs stay alive: while their tensors exist no new tensor takes an address
+       the scheduler's hash table may still hold (as the graph engine keeps them) */
+    if (built[0]) {{ ggml_free(built[0]->ctx); free(built[0]); }}
+    memmove(built, built + 1, (MAX_BUILT - 1) * sizeof *built);
+    struct built * b = calloc(1, sizeof *b);
+    size_t size = (size_t) GRAPHS[g].n_tensors + 1;
+    struct ggml_init_params ip = {{ size * ggml_tensor_overhead() + ggml_graph_overhead_custom(size, false), NULL, true }};
+    b->ctx = ggml_init(ip);
+    b->gf = GRAPHS[g].build(b->ctx, b->T, false);
+    built[MAX_BUILT - 1] = b;
+    return b;
+}}
+
+static void print_step(bool ok, struct built * b) {{
+    printf("    %s%d splits, buffers", ok ? "" : "FAILED; ", ggml_backend_sched_get_n_splits(sched));
+    for (int i = 0; i < N_BACKENDS; i++) printf(" %s %zu", ggml_backend_name(backends[i]), ggml_backend_sched_get_buffer_size(sched, backends[i]));
+    printf("\n    nodes by backend:");
+    int n = ggml_graph_n_nodes(b->gf), start = 0;
+    for (int i = 1; i <= n; i++) {{
+        ggml_backend_t a = ggml_backend_sched_get_tensor_backend(sched, ggml_graph_node(b->gf, start));
+        if (i < n && ggml_backend_sched_get_tensor_backend(sched, ggml_graph_node(b->gf, i)) == a) continue;
+        printf(" [%d-%d] %s", start, i - 1, a ? ggml_backend_name(a) : "-");
+        start = i;
+    }}
+    printf("\n");
+    fflush(stdout);
+}}
+
+/* the same graph computed by the CPU backend alone, every tensor in one buffer of its own, from
+   the same leafs; the first compared tensor that differs is reported */
+static void compare_values(int index, int g, struct built * b, const struct blob * inputs) {{
+    size_t size = (size_t) GRAPHS[g].n_tensors + 1;
+    struct ggml_init_params ip = {{ size * ggml_tensor_overhead() + ggml_graph_overhead_custom(size, false), NULL, true }};
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor ** T = calloc(size, sizeof *T);
+    struct ggml_cgraph * gf = GRAPHS[g].build(ctx, T, true);
+    ggml_backend_t cpu = backends[N_BACKENDS - 1];
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
+    for (int k = 0; k < GRAPHS[g].n_weights; k++) ggml_backend_tensor_set(T[GRAPHS[g].weights[2 * k]], shadow[GRAPHS[g].weights[2 * k + 1]], 0, ggml_nbytes(T[GRAPHS[g].weights[2 * k]]));
+    for (int k = 0; k < GRAPHS[g].n_caches; k++) ggml_backend_tensor_set(T[GRAPHS[g].caches[2 * k]], shadow[GRAPHS[g].caches[2 * k + 1]], 0, ggml_nbytes(T[GRAPHS[g].caches[2 * k]]));
+    for (int k = 0; k < GRAPHS[g].n_inputs; k++) ggml_backend_tensor_set(T[GRAPHS[g].inputs[k]], data_bytes + inputs[k].offset, 0, inputs[k].size);
+    ggml_backend_graph_compute(cpu, gf);
+    for (int k = 0; k < GRAPHS[g].n_caches; k++) ggml_backend_tensor_get(T[GRAPHS[g].caches[2 * k]], shadow[GRAPHS[g].caches[2 * k + 1]], 0, ggml_nbytes(T[GRAPHS[g].caches[2 * k]]));
+    for (int k = 0; k < GRAPHS[g].n_compared; k++) {{
+        struct ggml_tensor * got = b->T[GRAPHS[g].compared[k]], * want = T[GRAPHS[g].compared[k]];
+        size_t n = ggml_nbytes(want);
+        unsigned char * x = malloc(n), * y = malloc(n);
+        ggml_backend_tensor_get(got, x, 0, n);
+        ggml_backend_tensor_get(want, y, 0, n);
+        if (memcmp(x, y, n) != 0) {{
+            size_t at = 0;
+            while (x[at] == y[at]) at++;
+            printf("    values: %s (%s) differs from the CPU-only computation from byte %zu on", ggml_get_name(want), ggml_op_desc(want), at);
+            if (want->type == GGML_TYPE_F32) printf(": element %zu is %g, the CPU alone gives %g", at / 4, ((float *) x)[at / 4], ((float *) y)[at / 4]);
+            printf("\n");
+            report("DIFF %d %s\n", index, ggml_get_name(want));
+            free(x); free(y);
+            break;
+        }}
+        free(x); free(y);
+    }}
+    ggml_backend_buffer_free(buf);
+    free(T);
+    ggml_free(ctx);
+}}
+
+static void step_sched_new(int index, int max_nodes, bool parallel, bool op_offload, bool reuse, bool debug_realloc) {{
+    cur_step = index;
+    report("STEP %d %s\n", index, "");
+    if (reuse) {{
+        printf("step %d: sched_new kept (the scheduler is reused)\n", index);
+        return;
+    }}
+    if (sched) ggml_backend_sched_free(sched);
+    ggml_backend_buffer_type_t bufts[N_BACKENDS];
+    for (int i = 0; i < N_BACKENDS; i++) bufts[i] = ggml_backend_get_default_buffer_type(backends[i]);
+    if (host_buffer_of >= 0) bufts[N_BACKENDS - 1] = ggml_backend_dev_host_buffer_type(ggml_backend_get_device(backends[host_buffer_of]));
+    /* ggml reads GGML_SCHED_DEBUG_REALLOC when the scheduler is made: =1 aborts on a same-size reallocation */
+    if (debug_realloc) setenv("GGML_SCHED_DEBUG_REALLOC", "1", 1); else unsetenv("GGML_SCHED_DEBUG_REALLOC");
+    sched = ggml_backend_sched_new(backends, host_buffer_of >= 0 ? bufts : NULL, N_BACKENDS, (size_t) max_nodes, parallel, op_offload);
+    unsetenv("GGML_SCHED_DEBUG_REALLOC");
+    printf("step %d: ggml_backend_sched_new(max_nodes = %d, parallel = %d, op_offload = %d)%s: %d copies\n", index, max_nodes, parallel, op_offload,
+           debug_realloc ? " with GGML_SCHED_DEBUG_REALLOC=1" : "", ggml_backend_sched_get_n_copies(sched));
+}}
+
+static void step_reset(int index) {{
+    cur_step = index;
+    report("STEP %d %s\n", index, "");
+    ggml_backend_sched_reset(sched);
+    printf("step %d: reset\n", index);
+}}
+
+static void step_graph(int index, enum step_kind kind, int g, const struct blob * inputs, bool compare) {{
+    cur_step = index;
+    report("STEP %d %s\n", index, "");
+    printf("step %d: %s(%s)\n", index, KIND_NAMES[kind], GRAPHS[g].name);
+    struct built * b = materialize(g);
+    /* as llama_context does: reset, the graph's own assignments, then reserve or alloc */
+    ggml_backend_sched_reset(sched);
+    GRAPHS[g].force(b->T);
+    bool ok = true;
+    if (kind == STEP_RESERVE) ok = ggml_backend_sched_reserve(sched, b->gf);
+    else if (kind == STEP_SPLIT) ggml_backend_sched_split_graph(sched, b->gf);
+    else ok = ggml_backend_sched_alloc_graph(sched, b->gf);
+    if (ok && kind == STEP_COMPUTE) {{
+        for (int k = 0; k < GRAPHS[g].n_inputs; k++) {{
+            struct ggml_tensor * t = b->T[GRAPHS[g].inputs[k]];
+            if (t->buffer)  /* only the inputs the scheduler's graph holds: it allocated them */
+                ggml_backend_tensor_set(t, data_bytes + inputs[k].offset, 0, inputs[k].size);
+        }}
+        ok = ggml_backend_sched_graph_compute(sched, b->gf) == GGML_STATUS_SUCCESS;
+        /* one request with a reply to every RPC server: a server that crashed computing shows here */
+        for (int i = 0; i < N_RPC; i++) {{
+            char endpoint[64];
+            size_t free_mem, total;
+            snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[i]);
+            ggml_backend_rpc_get_device_memory(endpoint, 0, &free_mem, &total);
+        }}
+    }}
+    print_step(ok, b);
+    if (ok && kind == STEP_COMPUTE && compare) compare_values(index, g, b, inputs);
+}}
+
+{steps}
+/* ------------------------------------------------------------------------ the process */
+
+static int free_port(void) {{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0 }};
+    socklen_t n = sizeof a;
+    bind(s, (struct sockaddr *) &a, sizeof a);
+    getsockname(s, (struct sockaddr *) &a, &n);
+    close(s);
+    return ntohs(a.sin_port);
+}}
+
+static bool accepts(int port) {{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t) port) }};
+    bool ok = connect(s, (struct sockaddr *) &a, sizeof a) == 0;
+    close(s);
+    return ok;
+}}
+
+/* an RPC server serving the CPU device (repro-rpc-server, built beside: a process of its own, whose
+   addresses are not this one's), until killed */
+static pid_t start_rpc_server(int port) {{
+    pid_t pid = fork();
+    if (pid == 0) {{
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!verbose) {{ int null = open("/dev/null", 1); dup2(null, 1); dup2(null, 2); }}
+        char endpoint[64];
+        snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", port);
+        execl(REPRO_RPC_SERVER, REPRO_RPC_SERVER, endpoint, (char *) NULL);
+        _exit(3);
+    }}
+    for (int i = 0; i < 300 && !accepts(port); i++) usleep(100000);
+    return pid;
+}}
+
+struct outcome {{ int died_at, signal, differs_at, replanned_at; bool aborted; char message[1024], replanned[512]; }};
+
+int main(void) {{
+    verbose = getenv("REPRO_VERBOSE") != NULL;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("schedfuzz reproducer: %s\n", {words});
+    FILE * f = fopen(REPRO_DATA, "rb");
+    if (!f) {{ fprintf(stderr, "cannot read %s\n", REPRO_DATA); return 77; }}
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    data_bytes = malloc((size_t) n + 1);
+    if (fread(data_bytes, 1, (size_t) n, f) != (size_t) n) {{ fprintf(stderr, "cannot read %s\n", REPRO_DATA); return 77; }}
+    fclose(f);
+    pid_t servers[N_RPC > 0 ? N_RPC : 1];
+    for (int i = 0; i < N_RPC; i++) {{
+        rpc_ports[i] = free_port();
+        servers[i] = start_rpc_server(rpc_ports[i]);
+        if (!accepts(rpc_ports[i])) {{ fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]); return 77; }}
+        printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) servers[i]);
+    }}
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return 77;
+    pid_t runner = fork();
+    if (runner == 0) {{
+        close(pipefd[0]);
+        report_fd = pipefd[1];
+        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
+        ggml_log_set(on_log, NULL);
+        ggml_set_abort_callback(on_abort);
+        make_backends();
+        alloc_persistent();
+        run_steps();
+        report("DONE %d %s\n", cur_step, "");
+        _exit(0);
+    }}
+    close(pipefd[1]);
+    struct outcome out = {{ -1, 0, -1, -1, false, "", "" }};
+    static char buf[1 << 20];
+    size_t len = 0;
+    ssize_t got;
+    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
+    buf[len] = 0;
+    int status = 0, last = -1;
+    bool done = false;
+    waitpid(runner, &status, 0);
+    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
+        int step;
+        if (sscanf(line, "STEP %d", &step) == 1) last = step;
+        else if (sscanf(line, "DIFF %d", &step) == 1 && out.differs_at < 0) out.differs_at = step;
+        else if (sscanf(line, "ABORT %d", &step) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
+        else if (sscanf(line, "AUTO %d", &step) == 1 && step == {step}) {{ out.replanned_at = step; snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 5, ' ') + 1); }}
+        else if (strncmp(line, "DONE", 4) == 0) done = true;
+    }}
+    if (!done) {{
+        out.died_at = last;
+        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+        printf("the run died in step %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
+    }}
+    for (int i = 0; i < N_RPC; i++) {{
+        int st;
+        if (waitpid(servers[i], &st, WNOHANG) == servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
+        else kill(servers[i], SIGKILL);
+    }}
+    bool reproduced = {verdict};
+    printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
+    return reproduced ? 1 : 0;
+}}
+"""
