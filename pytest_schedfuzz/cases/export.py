@@ -188,7 +188,7 @@ class _Program:
                     lines.append(f"ggml_set_name({ref}, {_c_str(t.name)}); if (!solo) ggml_set_input({ref});")
             else:
                 args = [f"T[{index[a]}]" if a is not None else "NULL" for a in t.args]
-                lines.append(f"{ref} = {_c_op(t, args, self.version)};")
+                lines.append(f"{ref} = {_c_op(t, args, self.version)};  /* {t.op}({', '.join(a or 'NULL' for a in t.args)}) */")
                 words = t.param("op_params")
                 if words is not None:
                     lines.append(f"set_op_params({ref}, (const int32_t[]){{{', '.join(str(int(w)) for w in words) or '0'}}}, {len(words)});")
@@ -303,10 +303,11 @@ def _words(case: Case, scenario: Scenario) -> str:
     return f"[{case.property}] step {case.step} ({st.describe()}): {case.message.splitlines()[0] if case.message else case.signature}"
 
 
-def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "") -> list[Path]:
+def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "", dot: str = "") -> list[Path]:
     """Write the reproducer of graph case ``case`` (its scenario: ``scenario``) into ``out``,
     found on ggml ``version``; its CMakeLists builds against ``lib`` (``--schedfuzz-lib``'s
-    values) by default. ``report``: what ``REPORT.md`` says of the run (the drawing)."""
+    values) by default. ``report``: what ``REPORT.md`` says of the engine's run of the step (its
+    splits and buffers), ``dot``: its drawing (``schedfuzz show``'s), written as ``graph.dot``."""
     if case.llama is not None:
         raise ExportError(f"{case.path}: a llama.cpp case; the exporter writes reproducers of graph cases only (llama.cpp cases: not yet)")
     if case.property not in EXPORTED:
@@ -338,7 +339,10 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
         written.append(out / "fake_gpu.c")
     assert case.path is not None
     shutil.copyfile(case.path, written[4])
-    written[3].write_text(_report(case, scenario, version, lib, out, report))
+    written[3].write_text(_report(case, scenario, version, lib, report))
+    if dot:
+        (out / "graph.dot").write_text(dot)
+        written.append(out / "graph.dot")
     return written
 
 
@@ -354,7 +358,7 @@ def build_and_run(out: Path, ggml_dir: Path | None = None, source_dir: Path | No
     return Built(r.returncode, r.stdout + r.stderr)
 
 
-def _report(case: Case, scenario: Scenario, version: str, lib: str | None, out: Path, drawing: str) -> str:
+def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawing: str) -> str:
     expect = case.expected_failure or ""
     steps = "\n".join(f"{i:3d}. {s.describe()}" + ("   <- the finding" if i == case.step else "") for i, s in enumerate(scenario.steps))
     layout = ", ".join(f"{scenario.layout.name(i)} ({b.kind})" for i, b in enumerate(scenario.layout.backends))
@@ -379,11 +383,11 @@ def _report(case: Case, scenario: Scenario, version: str, lib: str | None, out: 
 ```
 
 ## Reproduce
+In this folder:
 ```
-cmake -S {out} -B {out}/build            # against the ggml the case was found on
-cmake --build {out}/build && {out}/build/repro; echo "exit $?"
-cmake -S {out} -B {out}/mine -DGGML_DIR=/path/to/your/ggml/build [-DGGML_SOURCE_DIR=/path/to/ggml]
-cmake --build {out}/mine && {out}/mine/repro
+cmake -S . -B build && cmake --build build && build/repro; echo "exit $?"   # the ggml it was found on
+cmake -S . -B mine -DGGML_DIR=/path/to/your/ggml/build [-DGGML_SOURCE_DIR=/path/to/ggml]
+cmake --build mine && mine/repro
 ```
 `repro` exits 1 exactly when the finding reproduces at step {case.step} ({how}), 0 when it does not
 (a build where it is fixed), 77 when it could not run. `REPRO_VERBOSE=1` adds ggml's debug log.
@@ -394,8 +398,9 @@ built from ggml's `src/ggml-backend-impl.h`. The schedfuzz case is `case.json`
 
 ## The step, as the graph engine scheduled it
 ```
-{drawing or "(not run)"}
+{drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)"}
 ```
+{"The drawing of its graph, with each node's backend: `graph.dot` (`dot -Tsvg graph.dot -o graph.svg`)." if drawing else ""}
 """
 
 

@@ -259,7 +259,7 @@ def export(args: argparse.Namespace) -> int:
     """``schedfuzz export CASE|DIR -o DIR``: each graph case as a standalone C reproducer with its
     CMakeLists and REPORT.md (a folder: one reproducer per case, in DIR/CASE-NAME); with
     ``--check``, each built against the ggml it was found on and run."""
-    from ..cases.draw import buffers_text, splits_text
+    from ..cases.draw import buffers_text, splits_text, to_dot
     from ..cases.export import ExportError, build_and_run, export_case
 
     cases = load_all(args.cases)
@@ -280,7 +280,8 @@ def export(args: argparse.Namespace) -> int:
             _, record, source = _step_record(fuzzer, case, scenario)
             drawing = (f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}\n"
                        f"{splits_text(scenario, record)}\n{buffers_text(scenario, record)}") if record else ""
-            export_case(case, scenario, out, lib, version, drawing)
+            title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}" if record else ""
+            export_case(case, scenario, out, lib, version, drawing, to_dot(scenario, record, set(), title).to_string() if record else "")
         except ExportError as e:
             print(f"{case.path.name}: not exported: {e}")
             failed += single

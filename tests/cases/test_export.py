@@ -1,0 +1,111 @@
+"""``schedfuzz export``: the starter corpus's graph findings, one of each kind, as standalone C
+reproducers built with cmake against the built-in ggmls; each exits 1 exactly where its finding
+reproduces (the version it was found on) and 0 where it is fixed (``expect: fixed_in``) or was
+never a bug (``expect: pass``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.cases.corpus import Case, load_case
+from pytest_schedfuzz.cases.export import ExportError, build_and_run, export_case
+from pytest_schedfuzz.ggml.build import ggml_source_for
+from pytest_schedfuzz.ggml.lib import base_library, library_folder
+
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
+SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]
+pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake builds the reproducers")
+
+# (case, the ggml its reproducer is built against, its exit status there)
+KINDS = [
+    ("06a0cc7a62", "ggml-0.25.3", 1),  # a same-size realloc the scheduler decides (ggml's GGML_SCHED_DEBUG_REALLOC check), on a GPU-like device
+    ("06a0cc7a62", "ggml-0.15.3", 1),  # ... the same bug in the other version
+    ("dd819fd105", "ggml-0.15.3", 1),  # a same-size re-plan of ggml-alloc by itself (one buffer), by its reason
+    ("d17a91e675", "ggml-0.15.3", 0),  # expect: pass (the driver re-reserves): a guard
+    ("9523a46d7b", "ggml-0.15.3", 1),  # an abort: GGML_ASSERT(n_graph_inputs < GGML_SCHED_MAX_SPLIT_INPUTS)
+    ("9523a46d7b", "ggml-0.25.3", 0),  # ... fixed in 0.25.3 (expect: fixed_in)
+    ("01b07046ee", "ggml-0.25.3", 1),  # a crash: the CPU writes through an RPC buffer's address (SIGSEGV)
+    ("0120db39a9", "ggml-0.15.3", 1),  # an RPC server that drops the connection: the client aborts
+    ("78ea0a7792", "ggml-0.25.3", 1),  # wrong values: a forced view copied before its source is computed
+]
+
+
+def _case(digest: str) -> Case:
+    return load_case(next(CORPUS.glob(f"*-{digest}.json")))
+
+
+def _export(case: Case, out: Path) -> None:
+    """``schedfuzz export`` of the case, on the version it was found on."""
+    version = case.engine["ggml_version"]
+    r = subprocess.run([*SCHEDFUZZ, "export", str(case.path), "-o", str(out), "--lib", "ggml-0.15.3" if version == "0.15.3" else "ggml-0.25.3"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("digest, lib, code", KINDS, ids=[f"{d}-{lib}" for d, lib, _ in KINDS])
+def test_an_exported_reproducer_exits_1_exactly_where_its_finding_reproduces(tmp_path: Path, digest: str, lib: str, code: int) -> None:
+    case = _case(digest)
+    _export(case, tmp_path / "repro")
+    folder = library_folder(lib)
+    built = build_and_run(tmp_path / "repro", folder, ggml_source_for(str(base_library(folder))))
+    assert built.code == code, built.output[-3000:]
+    first = case.message.splitlines()[0]
+    assert (f"REPRODUCED: [{case.property}] step {case.step}" if code else "not reproduced:") in built.output
+    assert first[:80] in built.output  # in the case's own words
+    if case.property == "no-same-size-realloc" and code and case.signature.endswith("alloc leafs]"):
+        assert "reallocating buffers automatically" in built.output  # ggml-alloc by itself, which no check of ggml's sees
+    elif case.property == "no-same-size-realloc" and code:
+        assert "unexpected graph reallocation" in built.output  # ggml's own GGML_SCHED_DEBUG_REALLOC check
+
+
+@pytest.mark.engine
+def test_the_export_is_self_contained_and_its_report_says_the_finding_in_ggmls_terms(tmp_path: Path) -> None:
+    """The folder holds the program, its data, the GPU-like device's source, the RPC server, the
+    CMakeLists and the case; REPORT.md names the signature, the explanation, the versions, the
+    steps with the failing one marked, the command lines and the engine's splits of the step."""
+    case = _case("06a0cc7a62")
+    out = tmp_path / "repro"
+    _export(case, out)
+    assert {p.name for p in out.iterdir()} == {"repro.c", "data.bin", "fake_gpu.c", "rpc_server.c", "CMakeLists.txt", "REPORT.md", "case.json", "graph.dot"}
+    report = (out / "REPORT.md").read_text()
+    for said in (case.signature, case.expected_failure or "", "Found on ggml 0.25.3", f"{case.step:3d}. compute(T1-out1-kv2)   <- the finding",
+                 "cmake -S . -B build && cmake --build build && build/repro", "-DGGML_DIR=", "## SPLIT #0: CPU", "offload_op batch >= 8"):
+        assert said in report, said
+    source = (out / "repro.c").read_text()
+    assert "ggml_mul_mat(ctx, T[" in source and "ggml_backend_rpc_start_server" in (out / "rpc_server.c").read_text()
+    assert source.count("/* GGML_SCHED_DEBUG_REALLOC */ true") == 1  # only the scheduler in force at the finding's step is checked
+    assert load_case(out / "case.json").signature == case.signature  # the case itself, unchanged
+
+
+def test_a_case_no_program_can_show_alone_gets_a_clear_error(tmp_path: Path) -> None:
+    """A matches-reference finding compares ggml with the reference; a llama.cpp case is not a graph case (yet)."""
+    llama = load_case(next(CORPUS.glob("llama-no-same-size-realloc-*.json")))
+    with pytest.raises(ExportError, match="llama.cpp case"):
+        export_case(llama, None, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
+    graph = _case("06a0cc7a62")
+    with pytest.raises(ExportError, match="compares ggml with schedfuzz's own reference"):
+        export_case(replace(graph, property="matches-reference"), graph.scenario, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
+
+
+@pytest.mark.engine
+def test_schedfuzz_export_of_a_corpus_folder_writes_one_reproducer_per_graph_case_and_says_why_not_the_rest(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for digest in ("78ea0a7792", "9523a46d7b"):
+        shutil.copy(_case(digest).path, corpus)  # type: ignore[arg-type]
+    shutil.copy(next(CORPUS.glob("llama-no-abort-*-97dfe7600a.json")), corpus)
+    r = subprocess.run([*SCHEDFUZZ, "export", str(corpus), "-o", str(tmp_path / "out"), "--check"], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem for p in corpus.glob("*.json") if not p.name.startswith("llama-"))
+    assert "check on ggml-0.25.3: reproduces (exit 1); expected: reproduces" in r.stdout
+    assert "check on ggml-0.15.3: reproduces (exit 1); expected: reproduces" in r.stdout
+    assert "97dfe7600a.json: not exported: a llama.cpp case" in r.stdout
