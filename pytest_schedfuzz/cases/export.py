@@ -309,7 +309,7 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     values) by default. ``report``: what ``REPORT.md`` says of the engine's run of the step (its
     splits and buffers), ``dot``: its drawing (``schedfuzz show``'s), written as ``graph.dot``."""
     if case.llama is not None:
-        raise ExportError(f"{case.path}: a llama.cpp case; the exporter writes reproducers of graph cases only (llama.cpp cases: not yet)")
+        raise ExportError(f"{case.path}: a llama.cpp case: its reproducer is export_llama.export_llama_case's")
     if case.property not in EXPORTED:
         raise ExportError(f"{case.path}: a {case.property} finding compares ggml with schedfuzz's own reference or reruns; "
                           f"a C program shows {', '.join(EXPORTED)} findings alone")
@@ -462,19 +462,20 @@ target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
 set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
 """
 
-_RPC_SERVER = r"""/* an RPC server serving ggml's CPU device: repro-rpc-server 127.0.0.1:PORT (started by repro) */
+_RPC_SERVER = r"""/* an RPC server serving ggml's CPU device: repro-rpc-server HOST:PORT [THREADS] (started by repro) */
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 int main(int argc, char ** argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s HOST:PORT\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s HOST:PORT [THREADS]\n", argv[0]);
         return 2;
     }
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    ggml_backend_rpc_start_server(argv[1], NULL, 2, 1, &cpu);
+    ggml_backend_rpc_start_server(argv[1], NULL, argc == 3 ? (size_t) atoi(argv[2]) : 2, 1, &cpu);
     return 3;
 }
 """

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 from collections.abc import Callable
@@ -256,11 +258,10 @@ def _step_record(fuzzer: Fuzzer, case: Case, scenario: Scenario) -> tuple[Trace,
 
 
 def export(args: argparse.Namespace) -> int:
-    """``schedfuzz export CASE|DIR -o DIR``: each graph case as a standalone C reproducer with its
+    """``schedfuzz export CASE|DIR -o DIR``: each case as a standalone C reproducer with its
     CMakeLists and REPORT.md (a folder: one reproducer per case, in DIR/CASE-NAME); with
-    ``--check``, each built against the ggml it was found on and run."""
-    from ..cases.draw import buffers_text, splits_text, to_dot
-    from ..cases.export import ExportError, build_and_run, export_case
+    ``--check``, each built against the build it was found on and run."""
+    from ..cases.export import ExportError, build_and_run
 
     cases = load_all(args.cases)
     single = len(args.cases) == 1 and not Path(args.cases[0]).is_dir()
@@ -270,18 +271,9 @@ def export(args: argparse.Namespace) -> int:
         out = Path(args.output) if single else Path(args.output) / case.path.stem
         version = str(case.engine.get("ggml_version", "0.25.3"))
         lib = args.lib or ("ggml-0.15.3" if version.startswith("0.15.") else "ggml-0.25.3")
-        if case.llama is not None or case.scenario is None and case.workload is None:
-            print(f"{case.path.name}: not exported: a llama.cpp case (the exporter writes graph cases' reproducers only, for now)")
-            failed += single
-            continue
         fuzzer = fuzzer_for(argparse.Namespace(**{**vars(args), "lib": lib}))
         try:
-            scenario = fuzzer.scenario_for(case)
-            _, record, source = _step_record(fuzzer, case, scenario)
-            drawing = (f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}\n"
-                       f"{splits_text(scenario, record)}\n{buffers_text(scenario, record)}") if record else ""
-            title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}" if record else ""
-            export_case(case, scenario, out, lib, version, drawing, to_dot(scenario, record, set(), title).to_string() if record else "")
+            _export_one(fuzzer, case, out, lib, version, args.llama_lib)
         except ExportError as e:
             print(f"{case.path.name}: not exported: {e}")
             failed += single
@@ -297,12 +289,37 @@ def export(args: argparse.Namespace) -> int:
                 failed += 1
                 continue
             expected = case.expected_failure_on(version) is not None
-            print(f"  check on {lib}: {built.verdict} (exit {built.code}); expected: {'reproduces' if expected else 'does not reproduce'}")
+            built_on = args.llama_lib or "llama.cpp-0.3.36" if case.llama is not None else lib
+            print(f"  check on {built_on}: {built.verdict} (exit {built.code}); expected: {'reproduces' if expected else 'does not reproduce'}")
             with (out / "REPORT.md").open("a") as f:
-                f.write(f"\n## Checked\n`schedfuzz export --check` built it against {lib} (ggml {version}) and ran it: "
+                f.write(f"\n## Checked\n`schedfuzz export --check` built it against {built_on} (ggml {version}) and ran it: "
                         f"it {built.verdict} (exit {built.code}).\n```\n{built.output[-4000:]}\n```\n")
             failed += built.code != (1 if expected else 0)
     return 1 if failed else 0
+
+
+def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, llama_lib: str | None) -> None:
+    """One case's reproducer, with what the harness's own run of it says in REPORT.md: a llama.cpp
+    case's replay, a graph case's splits and buffers at its step (and the ``show`` drawing)."""
+    from ..cases.draw import buffers_text, splits_text, to_dot
+    from ..cases.export import export_case
+    from ..cases.export_llama import export_llama_case
+    from ..llama.target import resolve_lib_dir
+
+    if case.llama is not None:
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            trace = print_llama_run(fuzzer, case)
+        export_llama_case(case, out, llama_lib and str(resolve_lib_dir(llama_lib)), said.getvalue(), trace)
+        return
+    scenario = fuzzer.scenario_for(case)
+    _, record, source = _step_record(fuzzer, case, scenario)
+    if record is None:
+        export_case(case, scenario, out, lib, version)
+        return
+    drawing = f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}\n{splits_text(scenario, record)}\n{buffers_text(scenario, record)}"
+    title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}"
+    export_case(case, scenario, out, lib, version, drawing, to_dot(scenario, record, set(), title).to_string())
 
 
 def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:

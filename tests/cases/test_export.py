@@ -16,6 +16,7 @@ import pytest
 
 from pytest_schedfuzz.cases.corpus import Case, load_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run, export_case
+from pytest_schedfuzz.cases.export_llama import export_llama_case
 from pytest_schedfuzz.ggml.build import ggml_source_for
 from pytest_schedfuzz.ggml.lib import base_library, library_folder
 
@@ -85,11 +86,41 @@ def test_the_export_is_self_contained_and_its_report_says_the_finding_in_ggmls_t
     assert load_case(out / "case.json").signature == case.signature  # the case itself, unchanged
 
 
+# llama.cpp cases: (case, what shows it)
+LLAMA_KINDS = [
+    ("4e6374f1c3", "unexpected graph reallocation"),  # a same-size reallocation: ggml's GGML_SCHED_DEBUG_REALLOC check
+    ("21a6c03d81", "REPRODUCED"),  # ... after another same-size reallocation in call 5, which would abort first: ggml's log
+    ("be71aa4ab0", "unexpected graph reallocation"),  # op offload on two asynchronous GPU-like devices
+    ("97dfe7600a", "cannot run the operation (ROPE)"),  # an abort in split_graph, a KV cache on a GPU-like device
+    ("0603feb841", "Segmentation fault"),  # a crash: SIGSEGV in llama_mul_mat_hadamard (a context shift)
+    ("525922f4eb", "GGML_ASSERT(ggml_can_mul_mat(a, b))"),  # an abort in llama_init_from_model (the violation's call 0)
+]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("digest, said", LLAMA_KINDS, ids=[d for d, _ in LLAMA_KINDS])
+def test_an_exported_llama_cpp_reproducer_replays_the_calls_through_llama_h_and_reproduces(tmp_path: Path, digest: str, said: str) -> None:
+    """The export carries the tiny GGUF model (nothing is written at run time), starts the RPC
+    servers, registers the GPU-like devices, loads the model and makes the context as the worker
+    does, replays every call, and exits 1 in the case's call."""
+    case = _case(digest)
+    out = tmp_path / "repro"
+    _export(case, out)
+    assert (out / "model.gguf").stat().st_size > 0 and "llama_model_load_from_file" in (out / "repro.c").read_text()
+    built = build_and_run(out)
+    assert built.code == 1, built.output[-3000:]
+    assert said in built.output and f"REPRODUCED: [{case.property}] call {case.step}" in built.output, built.output[-3000:]
+    if digest == "21a6c03d81":
+        report = (out / "REPORT.md").read_text()
+        assert "the same-size reallocation of call 5 before it" in report  # ggml's check would abort there
+        assert 'if (false) setenv("GGML_SCHED_DEBUG_REALLOC"' in (out / "repro.c").read_text()
+
+
 def test_a_case_no_program_can_show_alone_gets_a_clear_error(tmp_path: Path) -> None:
-    """A matches-reference finding compares ggml with the reference; a llama.cpp case is not a graph case (yet)."""
-    llama = load_case(next(CORPUS.glob("llama-no-same-size-realloc-*.json")))
-    with pytest.raises(ExportError, match="llama.cpp case"):
-        export_case(llama, None, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
+    """A matches-reference finding compares ggml with the reference; llama-same-logits two runs."""
+    logits = load_case(next(CORPUS.glob("llama-same-logits-*.json")))
+    with pytest.raises(ExportError, match="compares two runs"):
+        export_llama_case(logits, tmp_path, None)
     graph = _case("06a0cc7a62")
     with pytest.raises(ExportError, match="compares ggml with schedfuzz's own reference"):
         export_case(replace(graph, property="matches-reference"), graph.scenario, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
@@ -101,11 +132,11 @@ def test_schedfuzz_export_of_a_corpus_folder_writes_one_reproducer_per_graph_cas
     corpus.mkdir()
     for digest in ("78ea0a7792", "9523a46d7b"):
         shutil.copy(_case(digest).path, corpus)  # type: ignore[arg-type]
-    shutil.copy(next(CORPUS.glob("llama-no-abort-*-97dfe7600a.json")), corpus)
+    shutil.copy(next(CORPUS.glob("llama-same-logits-*.json")), corpus)
     r = subprocess.run([*SCHEDFUZZ, "export", str(corpus), "-o", str(tmp_path / "out"), "--check"], capture_output=True, text=True, timeout=900,
                        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem for p in corpus.glob("*.json") if not p.name.startswith("llama-"))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem for p in corpus.glob("*.json") if "same-logits" not in p.name)
     assert "check on ggml-0.25.3: reproduces (exit 1); expected: reproduces" in r.stdout
     assert "check on ggml-0.15.3: reproduces (exit 1); expected: reproduces" in r.stdout
-    assert "97dfe7600a.json: not exported: a llama.cpp case" in r.stdout
+    assert "not exported: " in r.stdout and "a llama-same-logits finding compares two runs" in r.stdout

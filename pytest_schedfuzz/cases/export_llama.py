@@ -1,0 +1,565 @@
+"""Standalone reproducers of llama.cpp cases (``schedfuzz export``): the case's calls as one C
+program through ``llama.h``, with its tiny GGUF model (and LoRA adapters) written beside it at
+export time, so that nothing is written when it runs.
+
+``repro.c`` does what the llama.cpp worker (``llama.worker.Llama.run``) does, in the same order:
+its RPC servers as processes of their own (``repro-rpc-server``), the GPU-like devices registered
+with ggml (``schedfuzz_fake_gpu_register``, ``fake_gpu.c`` beside it), the model loaded on the
+workload's devices (``llama_model_params``: devices, layers, split mode, tensor split, tensor
+overrides), the context made with its parameters, then every call (``llama_decode`` of the same
+batches, the memory calls, ``llama_set_*``, LoRA adapters, samplers), in a child process. What
+shows the finding is ggml's own: for ``llama-no-same-size-realloc`` every scheduler of the context
+is made with ``GGML_SCHED_DEBUG_REALLOC=1`` (ggml aborts on a same-size reallocation); for
+``llama-no-abort`` an abort or a signal. It exits 1 exactly when that happens in the case's call.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import textwrap
+from pathlib import Path
+
+from ..ggml.build import FAKE_GPU_SOURCE, ggml_source_for
+from ..ggml.lib import base_library, library_folder
+from ..llama.gguf_models import write_lora, write_model
+from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
+from ..model.llama_trace import LlamaTrace
+from .corpus import Case
+from .export import _RPC_SERVER, ExportError, _c_str, _gpu_config, _gpu_declarations
+
+EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort")
+_KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
+_FLASH = {"off": "LLAMA_FLASH_ATTN_TYPE_DISABLED", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED", "auto": "LLAMA_FLASH_ATTN_TYPE_AUTO"}
+_POOLING = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN", "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST"}
+_SPLIT = {"none": "LLAMA_SPLIT_MODE_NONE", "layer": "LLAMA_SPLIT_MODE_LAYER", "row": "LLAMA_SPLIT_MODE_ROW"}
+_SAMPLERS = {"greedy": "llama_sampler_init_greedy()", "top_k": "llama_sampler_init_top_k(8)", "top_p": "llama_sampler_init_top_p(0.9f, 1)",
+             "min_p": "llama_sampler_init_min_p(0.05f, 1)", "temp": "llama_sampler_init_temp(0.8f)", "dist": "llama_sampler_init_dist(1234)"}
+
+
+def _call(i: int, c: Call) -> str:
+    """Call ``c`` as the worker's ``Llama.do`` makes it."""
+    k = c.kind
+    head = f"    begin({i}, {_c_str(c.describe())});"
+    if k == "decode":
+        parts = ", ".join(f"{{{p.seq}, {p.n_tokens}, {({'none': 0, 'last': 1, 'all': 2})[p.outputs]}}}" for p in c.parts)
+        body = f"rc = decode((const struct part[]){{{parts}}}, {len(c.parts)});"
+    elif k == "checkpoint":
+        body = f"rc = checkpoint({c.seq});"
+    elif k == "restore":
+        body = f"rc = restore({c.seq});"
+    elif k == "seq_rm":
+        body = f"{{ llama_pos end = llama_memory_seq_pos_max(mem, {c.seq}) + 1; rc = !llama_memory_seq_rm(mem, {c.seq}, {'0' if c.n < 0 else f'end > {c.n} ? end - {c.n} : 0'}, -1); }}"
+    elif k == "seq_cp":
+        body = f"llama_memory_seq_cp(mem, {c.seq}, {c.dst}, -1, -1);"
+    elif k == "seq_keep":
+        body = f"llama_memory_seq_keep(mem, {c.seq});"
+    elif k == "shift":
+        a, b = c.n_keep, c.n_keep + c.n
+        body = (f"if (!llama_memory_can_shift(mem)) rc = -1; else if (!llama_memory_seq_rm(mem, {c.seq}, {a}, {b})) rc = 1; "
+                f"else llama_memory_seq_add(mem, {c.seq}, {b}, -1, {-c.n});")
+    elif k == "clear":
+        body = "llama_memory_clear(mem, true);"
+    elif k == "set_sampler":
+        body = f"rc = !llama_set_sampler(ctx, {c.seq}, {'chain_' + (c.chain or 'greedy').replace('-', '_') + '()' if c.flag else 'NULL'});"
+    elif k == "lora_load":
+        body = (f"adapters[{c.n}] = llama_adapter_lora_init(model, REPRO_DIR \"/lora-{c.n}.gguf\"); rc = adapters[{c.n}] == NULL;")
+    elif k == "lora_free":
+        body = f"llama_adapter_lora_free(adapters[{c.n}]); adapters[{c.n}] = NULL;"
+    elif k == "lora_set":
+        body = f"rc = set_loras({c.n});"
+    elif k in ("set_embeddings", "set_causal_attn", "set_warmup"):
+        body = f"llama_{k}(ctx, {str(c.flag).lower()});"
+    else:
+        raise ExportError(f"call {i}: {k} has no C form in the exporter")
+    return f"{head}\n    rc = 0; {body}\n    end({i}, rc);"
+
+
+def _chains() -> str:
+    out = []
+    for name, parts in SAMPLER_CHAINS.items():
+        adds = " ".join(f"llama_sampler_chain_add(c, {_SAMPLERS[p]});" for p in parts)
+        out.append(f"static struct llama_sampler * chain_{name.replace('-', '_')}(void) {{\n"
+                   f"    struct llama_sampler * c = llama_sampler_chain_init(llama_sampler_chain_default_params());\n    {adds}\n    return c;\n}}")
+    return "\n".join(out)
+
+
+def _devices(w: LlamaWorkload) -> str:
+    dv = w.devices
+    lines = [f"    devs[n_devs++] = rpc_device({i});" for i in range(dv.n_rpc)]
+    lines += [f"    devs[n_devs++] = gpu_device({_c_str(f'GPU{k}')}, {_gpu_config(g)});" for k, g in enumerate(dv.gpus)]
+    return "\n".join(lines)
+
+
+def _model_params(w: LlamaWorkload) -> str:
+    dv = w.devices
+    lines = [f"mp.n_gpu_layers = {dv.n_gpu_layers};", f"mp.split_mode = {_SPLIT[dv.split_mode]};", f"mp.main_gpu = {dv.main_gpu};"]
+    if dv.tensor_split:
+        lines.append(f"static float split[128] = {{{', '.join(f'{x!r}f' for x in dv.tensor_split)}}}; mp.tensor_split = split;")
+    if dv.overrides:
+        rows = ", ".join(f"{{{_c_str(p)}, ggml_backend_dev_buffer_type({'cpu_dev' if d == CPU_DEVICE else f'devs[{d}]'})}}" for p, d in dv.overrides)
+        lines.append(f"static struct llama_model_tensor_buft_override over[{len(dv.overrides) + 1}]; "
+                     f"{{ struct llama_model_tensor_buft_override o[] = {{{rows}, {{NULL, NULL}}}}; memcpy(over, o, sizeof o); }} mp.tensor_buft_overrides = over;")
+    return textwrap.indent("\n".join(lines), "    ")
+
+
+def _context_params(w: LlamaWorkload) -> str:
+    c = w.ctx
+    lines = [f"cp.n_ctx = {c.n_ctx}; cp.n_batch = {c.n_batch}; cp.n_ubatch = {c.n_ubatch}; cp.n_seq_max = {c.n_seq_max};",
+             "cp.n_threads = cp.n_threads_batch = 1;", f"cp.flash_attn_type = {_FLASH[c.flash_attn]};",
+             f"cp.op_offload = {str(c.op_offload).lower()}; cp.offload_kqv = {str(c.offload_kqv).lower()}; cp.kv_unified = {str(c.kv_unified).lower()};",
+             f"cp.type_k = {_KV_TYPE[c.type_k]}; cp.type_v = {_KV_TYPE[c.type_v]};", f"cp.embeddings = {str(c.embeddings).lower()};",
+             f"cp.pooling_type = {_POOLING[c.pooling] if c.embeddings else 'LLAMA_POOLING_TYPE_UNSPECIFIED'};",
+             f"cp.n_outputs_max = {c.n_outputs_max}; cp.n_outputs_max_per_seq = {c.n_outputs_max_per_seq};", "cp.no_perf = false;"]
+    if c.backend_samplers:
+        chain = f"chain_{c.sampler_chain.replace('-', '_')}()"
+        lines.append(f"static struct llama_sampler_seq_config seqs[{c.n_seq_max}]; "
+                     f"for (int s = 0; s < {c.n_seq_max}; s++) {{ seqs[s].seq_id = s; seqs[s].sampler = {chain}; }}")
+        lines.append(f"cp.samplers = seqs; cp.n_samplers = {c.n_seq_max};")
+    return textwrap.indent("\n".join(lines), "    ")
+
+
+def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str = "", trace: LlamaTrace | None = None) -> list[Path]:
+    """Write the reproducer of llama.cpp case ``case`` into ``out``, built by default against
+    ``llama_lib`` (a library folder; None: the one the case was found on where it is still
+    there, else the built-in 0.3.36). ``report``: the harness's replay, ``trace`` its trace: where
+    it shows a same-size reallocation before the case's call (another finding), ggml's own check
+    would abort there, so the reproducer reads ggml's log at the case's call instead."""
+    w = case.llama
+    assert w is not None
+    if case.property not in EXPORTED:
+        raise ExportError(f"{case.path}: a {case.property} finding compares two runs or counters; a C program shows {', '.join(EXPORTED)} findings alone")
+    w.validate()
+    found_on = Path(str(case.engine.get("lib", ""))).parent
+    if llama_lib is not None:
+        folder = Path(llama_lib)
+    elif (found_on / "libllama.so").exists():
+        folder = found_on
+    else:
+        folder = library_folder("ggml-0.25.3")  # llama-cpp-python's build: libllama beside its ggml
+    src = ggml_source_for(str(base_library(folder)))
+    if not (src.parent / "include" / "llama.h").exists():  # a seeds' build keeps its ggml source only: llama.h is the release's
+        src = ggml_source_for(str(base_library(library_folder("ggml-0.25.3"))))
+    gpus = bool(w.devices.gpus)
+    calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
+    # the violation's step is its call, llama_init_from_model's (-1) as 0
+    died = f"(out.died_at < 0 ? 0 : out.died_at) == {case.step}"
+    earlier = [c.index for c in (trace.calls if trace else ()) for s in c.sched
+               if s.kind == "alloc" and s.same_size and 0 <= c.index < case.step]
+    watch = "true" if case.property == "llama-no-same-size-realloc" and not earlier else "false"
+    if case.property != "llama-no-same-size-realloc":
+        verdict = f"{died} && {'!out.aborted && out.signal != 0' if 'kind=crash' in case.signature else 'out.aborted'}"
+    elif not earlier:
+        verdict = f'{died} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL'
+    else:
+        m = re.search(r"ggml_gallocr_needs_realloc: (.*?) — ", case.message)
+        verdict = f"out.replanned_at == {case.step} && strcmp(out.replanned, {_c_str(_unbracketed(m.group(1) if m else '?'))}) == 0"
+    how = ("ggml's own check: every scheduler of the context is made with `GGML_SCHED_DEBUG_REALLOC=1`, so ggml aborts on a reallocation "
+           "with unchanged backend ids and graph size (\"unexpected graph reallocation\")" if watch == "true" else
+           f"ggml's log, in a build without NDEBUG: in call {case.step} the scheduler re-plans with unchanged backend ids "
+           f"(`failed to allocate graph, reserving (backend_ids_changed = 0)`) for the case's reason. ggml's own check "
+           f"(`GGML_SCHED_DEBUG_REALLOC=1`) cannot show it: the same-size reallocation of call {earlier[0]} before it, another "
+           "finding, would abort first" if case.property == "llama-no-same-size-realloc" else
+           "ggml aborts (its abort callback) or the process dies of a signal in the call")
+    words = f"[{case.property}] call {case.step}: {case.message.splitlines()[0] if case.message else case.signature}"
+    source = _TEMPLATE.format(
+        signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
+        gpu=_gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
+        devices=_devices(w), model_params=_model_params(w), context_params=_context_params(w), chains=_chains(), calls=calls,
+        n_loras=max(1, len(w.loras)), watch=watch, verdict=verdict, words=_c_str(words), step=case.step,
+        gpu_free=", ".join(str(x) for x in w.devices.gpu_free) or "0", n_gpu_free=len(w.devices.gpu_free), n_gpus=len(w.devices.gpus),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copyfile(write_model(w.model, Path(tmp)), out / "model.gguf")
+        for k, a in enumerate(w.loras):
+            shutil.copyfile(write_lora(w.model, a, Path(tmp)), out / f"lora-{k}.gguf")
+    (out / "repro.c").write_text(source)
+    (out / "rpc_server.c").write_text(_RPC_SERVER)
+    (out / "CMakeLists.txt").write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
+    if gpus:
+        shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")
+    assert case.path is not None
+    shutil.copyfile(case.path, out / "case.json")
+    (out / "REPORT.md").write_text(_report(case, w, report, how))
+    return sorted(out.iterdir())
+
+
+def _unbracketed(text: str) -> str:
+    """``text`` without ``[...]`` (an RPC backend's endpoint, which differs from run to run)."""
+    return re.sub(r"\[[^\]]*\]", "", text)
+
+
+def _report(case: Case, w: LlamaWorkload, said: str, how: str) -> str:
+    calls = "\n".join(f"{i:3d}. {c.describe()}" + ("   <- the finding" if i == case.step else "") for i, c in enumerate(w.calls))
+    return f"""# {case.signature}
+
+{case.message}
+
+## What happened, in llama.cpp's and ggml's terms
+{case.expected_failure or "(the case holds no explanation yet)"}
+
+- Found on {case.engine.get("lib", "the built-in llama.cpp")} (ggml {case.engine.get("ggml_version", "?")}).
+- The workload: {w.describe()}
+- The calls (the finding is in call {case.step}; -1 is `llama_init_from_model`, which reserves):
+
+```
+{calls}
+```
+
+## Reproduce
+In this folder:
+```
+cmake -S . -B build && cmake --build build && build/repro; echo "exit $?"   # the llama.cpp it was found on
+cmake -S . -B mine -DLLAMA_DIR=/path/to/llama.cpp/build/bin [-DLLAMA_SOURCE_DIR=/path/to/llama.cpp]
+cmake --build mine && mine/repro
+```
+`repro` exits 1 exactly when the finding reproduces in call {case.step} (what shows it: {how}), 0 when it does not,
+77 when it could not run. `model.gguf` is the tiny model (and `lora-K.gguf` its adapters), written
+at export time: nothing is written when it runs. It needs llama.cpp and ggml built as shared
+libraries with RPC (`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`). The schedfuzz case is `case.json`.
+
+## The run, as schedfuzz replayed it
+```
+{said or "(not replayed)"}
+```
+"""
+
+
+_CMAKE = """# a schedfuzz reproducer of a llama.cpp case: cmake -S . -B build && cmake --build build && build/repro
+cmake_minimum_required(VERSION 3.18)
+project(schedfuzz_repro C)
+set(LLAMA_DIR "{lib_dir}" CACHE PATH "a llama.cpp build: the folder holding libllama.so and ggml's libraries (build/bin)")
+set(LLAMA_SOURCE_DIR "" CACHE PATH "llama.cpp's source (include/llama.h, ggml/include, ggml/src); found above LLAMA_DIR if empty")
+if(NOT LLAMA_SOURCE_DIR)
+  if(LLAMA_DIR STREQUAL "{lib_dir}")
+    get_filename_component(LLAMA_SOURCE_DIR "{src_dir}" DIRECTORY)
+  else()
+    find_path(LLAMA_INCLUDE llama.h PATHS ${{LLAMA_DIR}}/.. ${{LLAMA_DIR}}/../.. ${{LLAMA_DIR}}/../../.. PATH_SUFFIXES include NO_DEFAULT_PATH)
+    if(NOT LLAMA_INCLUDE)
+      message(FATAL_ERROR "LLAMA_DIR=${{LLAMA_DIR}}: no include/llama.h above it; give -DLLAMA_SOURCE_DIR=<llama.cpp's source>")
+    endif()
+    get_filename_component(LLAMA_SOURCE_DIR ${{LLAMA_INCLUDE}} DIRECTORY)
+  endif()
+endif()
+set(LIBS "")
+foreach(name llama ggml ggml-cpu ggml-rpc ggml-base)
+  string(REPLACE "-" "_" var "LIB_${{name}}")
+  find_library(${{var}} NAMES ${{name}} PATHS ${{LLAMA_DIR}} PATH_SUFFIXES . bin lib build/bin NO_DEFAULT_PATH NO_CACHE)
+  if(NOT ${{var}})
+    message(FATAL_ERROR "LLAMA_DIR=${{LLAMA_DIR}}: no lib${{name}}.so there (build llama.cpp with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON)")
+  endif()
+  list(APPEND LIBS ${{${{var}}}})
+  get_filename_component(LIB_FOLDER ${{${{var}}}} DIRECTORY)
+endforeach()
+set(INCLUDES ${{LLAMA_SOURCE_DIR}}/include ${{LLAMA_SOURCE_DIR}}/ggml/include ${{LLAMA_SOURCE_DIR}}/ggml/src)
+add_executable(repro-rpc-server rpc_server.c)
+target_include_directories(repro-rpc-server PRIVATE ${{INCLUDES}})
+target_link_libraries(repro-rpc-server PRIVATE ${{LIBS}})
+set_target_properties(repro-rpc-server PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
+add_executable(repro {sources})
+target_include_directories(repro PRIVATE ${{INCLUDES}})
+target_compile_definitions(repro PRIVATE _GNU_SOURCE REPRO_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}" REPRO_RPC_SERVER="$<TARGET_FILE:repro-rpc-server>")
+set_property(TARGET repro PROPERTY C_STANDARD 11)
+target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
+set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
+"""
+
+_TEMPLATE = r"""/* schedfuzz reproducer of a llama.cpp case: {signature}
+ *
+{header}
+ *
+ * Written by `schedfuzz export` from the case beside it (case.json); see REPORT.md. It replays the
+ * case's calls through llama.h in a child process and exits 1 exactly when the finding
+ * reproduces in call {step}, 0 when it does not, 77 when it could not run.
+ */
+#include "llama.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-rpc.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#define HAVE_GPUS {have_gpus}
+#if HAVE_GPUS
+{gpu}
+void schedfuzz_fake_gpu_set_free(ggml_backend_dev_t dev, size_t bytes);
+ggml_backend_reg_t schedfuzz_fake_gpu_register(const char * name, ggml_backend_dev_t cpu_dev, const struct fake_gpu_config * cfg);
+#endif
+
+enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_GPU_FREE = {n_gpu_free}, N_LORAS = {n_loras} }};
+struct part {{ int seq, n_tokens, outputs; }};  /* outputs: 0 none, 1 the last token, 2 all */
+
+static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
+static int cur_call = -2;
+static int report_fd = -1;
+static bool verbose;
+static struct llama_model * model;
+static struct llama_context * ctx;
+static llama_memory_t mem;
+static int n_vocab;
+static ggml_backend_dev_t cpu_dev;
+static struct llama_adapter_lora * adapters[N_LORAS];
+static struct {{ uint8_t * data; size_t size; llama_pos pos; }} checkpoints[64];
+
+static void report(const char * fmt, int call, const char * text) {{
+    char line[2048];
+    int n = snprintf(line, sizeof line, fmt, call, text ? text : "");
+    if (n > 0 && write(report_fd, line, (size_t) (n < (int) sizeof line ? n : (int) sizeof line - 1)) < 0) {{ /* the parent is gone */ }}
+}}
+
+static char needs_realloc[512];  /* ggml-alloc's last reason to re-plan, without [endpoints] */
+
+static void on_log(enum ggml_log_level level, const char * text, void * user) {{
+    (void) user;
+    const char * reason = strstr(text, "ggml_gallocr_needs_realloc: ");
+    if (reason) {{
+        size_t n = 0;
+        int depth = 0;
+        for (const char * c = reason + strlen("ggml_gallocr_needs_realloc: "); *c && *c != '\n' && n + 1 < sizeof needs_realloc; c++) {{
+            depth += *c == '[';
+            if (!depth) needs_realloc[n++] = *c;
+            depth -= *c == ']' && depth > 0;
+        }}
+        needs_realloc[n] = 0;
+    }}
+    if (strstr(text, "failed to allocate graph, reserving (backend_ids_changed = 0)")) report("REPLAN %d %s\n", cur_call, needs_realloc);
+    if (verbose || level >= GGML_LOG_LEVEL_ERROR || strstr(text, "reserving") || strstr(text, "is not valid") || strstr(text, "different number")
+            || strstr(text, "graph_reserve") || strstr(text, "realloc")) {{
+        printf("    log: %s", text);
+        fflush(stdout);
+    }}
+}}
+
+static void on_abort(const char * message) {{
+    printf("    ggml aborted in call %d: %s\n", cur_call, message);
+    fflush(stdout);
+    report("ABORT %d %s\n", cur_call, message);
+}}
+
+static void begin(int call, const char * what) {{
+    cur_call = call;
+    report("CALL %d %s\n", call, "");
+    printf("call %d: %s\n", call, what);
+}}
+
+static void end(int call, int rc) {{
+    (void) call;
+    printf("    rc = %d\n", rc);
+}}
+
+{chains}
+
+/* ------------------------------------------------------------------------ the calls */
+
+static int decode(const struct part * parts, int n_parts) {{
+    int n = 0;
+    for (int p = 0; p < n_parts; p++) n += parts[p].n_tokens;
+    struct llama_batch batch = llama_batch_init(n, 0, 1);
+    int j = 0;
+    for (int p = 0; p < n_parts; p++) {{
+        llama_pos pos0 = llama_memory_seq_pos_max(mem, parts[p].seq) + 1;
+        for (int t = 0; t < parts[p].n_tokens; t++, j++) {{
+            int span = n_vocab - 3 > 1 ? n_vocab - 3 : 1;
+            batch.token[j] = 3 + (parts[p].seq * 31 + (pos0 + t) * 7) % span;  /* as the harness chooses them */
+            batch.pos[j] = pos0 + t;
+            batch.n_seq_id[j] = 1;
+            batch.seq_id[j][0] = parts[p].seq;
+            batch.logits[j] = parts[p].outputs == 2 || (parts[p].outputs == 1 && t == parts[p].n_tokens - 1);
+        }}
+    }}
+    batch.n_tokens = n;
+    int rc = llama_decode(ctx, batch);
+    llama_synchronize(ctx);  /* RPC computes asynchronously: a crash must surface in this call */
+    llama_batch_free(batch);
+    return rc;
+}}
+
+static int checkpoint(int seq) {{
+    size_t size = llama_state_seq_get_size_ext(ctx, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    free(checkpoints[seq].data);
+    checkpoints[seq].data = malloc(size ? size : 1);
+    size_t got = llama_state_seq_get_data_ext(ctx, checkpoints[seq].data, size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    checkpoints[seq].size = size;
+    checkpoints[seq].pos = llama_memory_seq_pos_max(mem, seq);
+    return got != size;
+}}
+
+static int restore(int seq) {{
+    if (!llama_state_seq_set_data_ext(ctx, checkpoints[seq].data, checkpoints[seq].size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)) return 1;
+    return !llama_memory_seq_rm(mem, seq, checkpoints[seq].pos + 1, -1);
+}}
+
+static int set_loras(int bits) {{
+    struct llama_adapter_lora * chosen[N_LORAS];
+    float scales[N_LORAS];
+    int n = 0;
+    for (int i = 0; i < N_LORAS; i++) if ((bits >> i & 1) && adapters[i]) {{ chosen[n] = adapters[i]; scales[n++] = 1.0f; }}
+    return llama_set_adapters_lora(ctx, n ? chosen : NULL, (size_t) n, n ? scales : NULL);
+}}
+
+/* ---------------------------------------------------------------------- the devices */
+
+static ggml_backend_dev_t rpc_device(int i) {{
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[i]);
+    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint);
+    if (!reg || !ggml_backend_reg_dev_count(reg)) {{ fprintf(stderr, "RPC server %s: no device\n", endpoint); exit(77); }}
+    return ggml_backend_reg_dev_get(reg, 0);
+}}
+
+#if HAVE_GPUS
+static ggml_backend_dev_t gpu_device(const char * name, struct fake_gpu_config cfg) {{
+    static struct fake_gpu_config kept[N_GPUS > 0 ? N_GPUS : 1];  /* the device keeps a pointer to its settings */
+    static int n;
+    kept[n] = cfg;
+    ggml_backend_reg_t reg = schedfuzz_fake_gpu_register(name, cpu_dev, &kept[n++]);
+    ggml_backend_register(reg);
+    return ggml_backend_reg_dev_get(reg, 0);
+}}
+#endif
+
+static void run_calls(void) {{
+    int rc = 0;
+    ggml_backend_dev_t devs[N_DEVICES + 1];
+    int n_devs = 0;
+    cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+{devices}
+    devs[n_devs] = NULL;
+#if HAVE_GPUS
+    for (int i = 0; i < N_GPUS; i++) schedfuzz_fake_gpu_set_free(devs[N_RPC + i], (size_t) -1);  /* all of it, for the weights */
+#endif
+    struct llama_model_params mp = llama_model_default_params();
+    mp.devices = devs;
+{model_params}
+    model = llama_model_load_from_file(REPRO_DIR "/model.gguf", mp);
+    if (!model) {{ fprintf(stderr, "llama_model_load_from_file failed\n"); exit(77); }}
+    n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+#if HAVE_GPUS
+    {{
+        const size_t gpu_free[] = {{{gpu_free}}};  /* each GPU-like device's free memory for the context (0: all) */
+        for (int i = 0; i < N_GPUS; i++) schedfuzz_fake_gpu_set_free(devs[N_RPC + i], i < N_GPU_FREE && gpu_free[i] ? gpu_free[i] : (size_t) -1);
+    }}
+#endif
+    struct llama_context_params cp = llama_context_default_params();
+{context_params}
+    /* ggml reads GGML_SCHED_DEBUG_REALLOC when a scheduler is made: =1 aborts on a same-size reallocation */
+    if ({watch}) setenv("GGML_SCHED_DEBUG_REALLOC", "1", 1);
+    begin(-1, "llama_init_from_model (it reserves the worst case)");
+    ctx = llama_init_from_model(model, cp);
+    if (!ctx) {{ printf("    the context did not initialize\n"); report("DONE %d %s\n", -1, ""); return; }}
+    end(-1, 0);
+    mem = llama_get_memory(ctx);
+{calls}
+    (void) rc;
+}}
+
+/* ------------------------------------------------------------------------ the process */
+
+static int free_port(void) {{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0 }};
+    socklen_t n = sizeof a;
+    bind(s, (struct sockaddr *) &a, sizeof a);
+    getsockname(s, (struct sockaddr *) &a, &n);
+    close(s);
+    return ntohs(a.sin_port);
+}}
+
+static bool accepts(int port) {{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t) port) }};
+    bool ok = connect(s, (struct sockaddr *) &a, sizeof a) == 0;
+    close(s);
+    return ok;
+}}
+
+static pid_t start_rpc_server(int port) {{
+    pid_t pid = fork();
+    if (pid == 0) {{
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!verbose) {{ int null = open("/dev/null", O_WRONLY); dup2(null, 1); dup2(null, 2); }}
+        char endpoint[64];
+        snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", port);
+        execl(REPRO_RPC_SERVER, REPRO_RPC_SERVER, endpoint, "1", (char *) NULL);
+        _exit(3);
+    }}
+    for (int i = 0; i < 300 && !accepts(port); i++) usleep(100000);
+    return pid;
+}}
+
+struct outcome {{ int died_at, signal, replanned_at; bool aborted; char message[1024], replanned[512]; }};
+
+int main(void) {{
+    verbose = getenv("REPRO_VERBOSE") != NULL;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("schedfuzz reproducer: %s\n", {words});
+    pid_t servers[N_RPC > 0 ? N_RPC : 1];
+    for (int i = 0; i < N_RPC; i++) {{
+        rpc_ports[i] = free_port();
+        servers[i] = start_rpc_server(rpc_ports[i]);
+        if (!accepts(rpc_ports[i])) {{ fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]); return 77; }}
+        printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) servers[i]);
+    }}
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return 77;
+    pid_t runner = fork();
+    if (runner == 0) {{
+        close(pipefd[0]);
+        report_fd = pipefd[1];
+        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
+        llama_log_set(on_log, NULL);
+        ggml_set_abort_callback(on_abort);
+        llama_backend_init();
+        run_calls();
+        report("DONE %d %s\n", cur_call, "");
+        _exit(0);
+    }}
+    close(pipefd[1]);
+    struct outcome out = {{ -2, 0, -2, false, "", "" }};
+    static char buf[1 << 20];
+    size_t len = 0;
+    ssize_t got;
+    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
+    buf[len] = 0;
+    int status = 0, last = -2;
+    bool done = false;
+    waitpid(runner, &status, 0);
+    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
+        int call;
+        if (sscanf(line, "CALL %d", &call) == 1) last = call;
+        else if (sscanf(line, "ABORT %d", &call) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
+        else if (sscanf(line, "REPLAN %d", &call) == 1 && call == {step} && out.replanned_at != call) {{
+            out.replanned_at = call;
+            snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 7, ' ') + 1);
+        }}
+        else if (strncmp(line, "DONE", 4) == 0) done = true;
+    }}
+    if (!done) {{
+        out.died_at = last;
+        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+        printf("the run died in call %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
+    }}
+    for (int i = 0; i < N_RPC; i++) {{
+        int st;
+        if (waitpid(servers[i], &st, WNOHANG) == servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
+        else kill(servers[i], SIGKILL);
+    }}
+    bool reproduced = {verdict};
+    printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
+    return reproduced ? 1 : 0;
+}}
+"""
