@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ex.add_argument("cases", nargs="+", help="case files or corpus directories")
     ex.add_argument("-o", "--output", required=True, help="the reproducer's folder (for a corpus folder: one below it per case)")
     ex.add_argument("--check", action="store_true", help="build each against the ggml it was found on, run it, and say whether it reproduces")
+    ex.add_argument("--reference", help="matches-reference cases: the prediction from this MODULE:CALLABLE's predict (as the run that found it)")
     _engine_args(ex)
     ex.set_defaults(func="cases:export")
     gt = sub.add_parser("gate", help="pre-merge: the corpus and the same fuzzing on a base and a head build; exit 1 only for failures new on head")

@@ -40,9 +40,10 @@ from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..model.scenario import BackendSpec, GraphSpec, Scenario, TensorSpec
+from ..model.trace import StepRecord
 from .corpus import Case
 
-EXPORTED = ("no-same-size-realloc", "no-abort", "same-values")
+EXPORTED = ("no-same-size-realloc", "no-abort", "same-values", "matches-reference", "reuse-equivalent")
 REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = 1, 0, 77
 _TYPES = {"f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "i32": "GGML_TYPE_I32", "i64": "GGML_TYPE_I64", "q8_0": "GGML_TYPE_Q8_0"}
 _STEP_KINDS = {"reserve": "STEP_RESERVE", "alloc": "STEP_ALLOC", "compute": "STEP_COMPUTE", "split": "STEP_SPLIT"}
@@ -279,6 +280,83 @@ def _gpu_config(b: BackendSpec) -> str:
             f".fuse = {int(b.fuse)} }}")
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What the harness's runs of a case give its reproducer to compare with: at the case's
+    step, the engine's record, the reference's prediction (matches-reference) and the record of
+    the run with fresh schedulers (reuse-equivalent)."""
+
+    engine: StepRecord | None = None
+    predicted: StepRecord | None = None
+    fresh: StepRecord | None = None
+
+
+_OBSERVABLE = {"matches-reference": ("assignment", "splits", "allocation", "events", "buffers", "abort"),
+               "reuse-equivalent": ("assignment", "splits", "buffers", "abort")}
+
+
+def _what(case: Case) -> str:
+    m = re.search(r"[\[,](what|abort)=([^,\]]+)", case.signature)
+    return "abort" if m and m.group(1) == "abort" else m.group(2) if m else ""
+
+
+def _judge(case: Case, scenario: Scenario, seen: Seen) -> tuple[str, str]:
+    """The C that decides whether the finding reproduces (``bool reproduced``), printing the
+    difference in the case's terms, and the declarations it needs (the prediction's figures)."""
+    step, what = case.step, _what(case)
+    if case.property not in _OBSERVABLE:
+        return f"    bool reproduced = {_verdict(case, scenario)};", ""
+    if what not in _OBSERVABLE[case.property]:
+        raise ExportError(f"{case.path}: a {case.property}[what={what}] finding: ggml's public API does not tell a program "
+                          f"{'the split inputs or the graph copy' if what in ('graph_size', 'graph-copy') else what} (schedfuzz reads them from its debug log)")
+    rec = "out.recorded"
+    if case.property == "matches-reference":
+        p = seen.predicted
+        if p is None:
+            raise ExportError(f"{case.path}: the reference predicts no record of step {step}")
+        if what == "splits" and seen.engine is not None and seen.engine.n_splits == p.n_splits:
+            raise ExportError(f"{case.path}: the splits differ in their inputs or boundaries, not their number, which ggml's public API does not tell")
+        decl = (f'static const char PRED_NODES[] = "{",".join(map(str, p.node_backends)) or "-"}";\n'
+                f"enum {{ PRED_SPLITS = {p.n_splits}, PRED_OK = {int(p.ok)}, PRED_REPLANS = {int(bool(p.events))} }};\n"
+                f"static const size_t PRED_BUFFERS[N_BACKENDS] = {{{', '.join(map(str, p.buffer_sizes)) or '0'}}};\n")
+        cond = {
+            "assignment": f"{rec} && strcmp(out.nodes, PRED_NODES) != 0",
+            "splits": f"{rec} && out.splits != PRED_SPLITS",
+            "allocation": f"{rec} && out.ok != PRED_OK",
+            "events": f"{rec} && (out.replans > 0) != PRED_REPLANS",
+            "buffers": f"{rec} && memcmp(out.buffers, PRED_BUFFERS, sizeof PRED_BUFFERS) != 0",
+            "abort": f"out.died_at == {step}" if case.message.startswith("engine aborted") else f"!(out.died_at >= 0 && out.died_at <= {step})",
+        }[what]
+        said = {
+            "assignment": '    if (reproduced) first_difference("assignment", out.nodes, PRED_NODES, "ggml puts it on", "the reference predicts");',
+            "splits": '    if (reproduced) printf("    splits: ggml makes %d, the reference predicts %d\\n", out.splits, PRED_SPLITS);',
+            "allocation": '    if (reproduced) printf("    allocation: ggml %s, the reference predicts %s\\n", out.ok ? "allocated" : "failed", PRED_OK ? "success" : "a refused buffer");',
+            "events": '    if (reproduced) printf("    ggml %s, the reference predicts %s\\n", out.replans ? "re-planned" : "kept its plan", PRED_REPLANS ? "a re-plan" : "none");',
+            "buffers": '    for (int i = 0; reproduced && i < N_BACKENDS; i++) printf("    %s compute buffer: ggml %zu bytes, the reference predicts %zu\\n", BACKEND_NAMES[i], out.buffers[i], PRED_BUFFERS[i]);',
+            "abort": "",
+        }[what]
+        return f"    bool reproduced = {cond};\n{said}", decl
+    f = seen.fresh
+    if what == "splits" and seen.engine is not None and f is not None and seen.engine.n_splits == f.n_splits:
+        raise ExportError(f"{case.path}: the splits differ in their boundaries, not their number, which ggml's public API does not tell")
+    cond = {
+        "assignment": f"{rec} && fresh.recorded && strcmp(out.nodes, fresh.nodes) != 0",
+        "splits": f"{rec} && fresh.recorded && out.splits != fresh.splits",
+        "buffers": f"{rec} && fresh.recorded && smaller",
+        "abort": f"out.died_at == {step} && fresh.died_at < 0",
+    }[what]
+    said = {
+        "assignment": '    if (reproduced) first_difference("assignment", out.nodes, fresh.nodes, "the reused scheduler puts it on", "a fresh one on");',
+        "splits": '    if (reproduced) printf("    splits: %d with the reused scheduler, %d with a fresh one\\n", out.splits, fresh.splits);',
+        "buffers": '    for (int i = 0; reproduced && i < N_BACKENDS; i++) printf("    %s compute buffer: reused %zu bytes, fresh %zu\\n", BACKEND_NAMES[i], out.buffers[i], fresh.buffers[i]);',
+        "abort": "",
+    }[what]
+    run_fresh = ('    printf("-- the same steps with a fresh scheduler at every sched_new (reuse-equivalent compares the two) --\\n");\n'
+                 "    struct outcome fresh = run(true);\n    bool smaller = false;\n"
+                 "    for (int i = 0; i < N_BACKENDS; i++) smaller = smaller || out.buffers[i] < fresh.buffers[i];\n    (void) smaller;\n")
+    return f"{run_fresh}    bool reproduced = {cond};\n{said}", ""
+
+
 def _verdict(case: Case, scenario: Scenario) -> str:
     """The C condition on the run's outcome under which the finding reproduces."""
     kind = case.signature.split("kind=")[1].split(",")[0].rstrip("]") if "kind=" in case.signature else "abort"
@@ -303,7 +381,8 @@ def _words(case: Case, scenario: Scenario) -> str:
     return f"[{case.property}] step {case.step} ({st.describe()}): {case.message.splitlines()[0] if case.message else case.signature}"
 
 
-def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "", dot: str = "") -> list[Path]:
+def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "", dot: str = "",
+                seen: Seen = Seen()) -> list[Path]:
     """Write the reproducer of graph case ``case`` (its scenario: ``scenario``) into ``out``,
     found on ggml ``version``; its CMakeLists builds against ``lib`` (``--schedfuzz-lib``'s
     values) by default. ``report``: what ``REPORT.md`` says of the engine's run of the step (its
@@ -311,17 +390,22 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     if case.llama is not None:
         raise ExportError(f"{case.path}: a llama.cpp case: its reproducer is export_llama.export_llama_case's")
     if case.property not in EXPORTED:
-        raise ExportError(f"{case.path}: a {case.property} finding compares ggml with schedfuzz's own reference or reruns; "
-                          f"a C program shows {', '.join(EXPORTED)} findings alone")
+        raise ExportError(f"{case.path}: a {case.property} finding judges the reuse policy alone (no ggml call): `schedfuzz replay` shows it; "
+                          f"a C program shows {', '.join(EXPORTED)} findings")
     if case.step >= len(scenario.steps):
         raise ExportError(f"{case.path}: step {case.step} is past the scenario's {len(scenario.steps)} steps")
+    judge, judged = _judge(case, scenario, seen)
+    names = seen.engine.node_names if seen.engine is not None and seen.engine.node_names else seen.predicted.node_names if seen.predicted else ()
+    judged += (f"enum {{ CASE_STEP = {case.step}, N_STEP_NODES = {len(names)} }};\n"
+               f"static const char * STEP_NODE_NAMES[] = {{{', '.join(_c_str(n) for n in names) or '0'}}};\n"
+               f"static const char * BACKEND_NAMES[] = {{{', '.join(_c_str(scenario.layout.name(i)) for i in range(scenario.layout.n))}}};\n")
     prog = _Program(scenario, version)
     gpus = any(b.kind == "gpu" for b in scenario.layout.backends)
     graphs = "\n".join(prog.graph_function(k, g) for k, (_, g) in enumerate(scenario.graphs))
     source = _TEMPLATE.format(
         signature=case.signature, words=_c_str(_words(case, scenario)), n_backends=scenario.layout.n, n_rpc=scenario.layout.n_rpc,
         cpu_threads=CPU_THREADS, graphs=graphs, graph_table=prog.graph_table(), persistent=prog.persistent_table(),
-        backends=prog.backends(), steps=prog.steps(case), verdict=_verdict(case, scenario), step=case.step,
+        backends=prog.backends(), steps=prog.steps(case), judge=judge, judged=judged, step=case.step,
         gpu=_gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
         header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
     )
@@ -366,7 +450,12 @@ def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawi
     how = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
                                    "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
            "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
-           "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone"}[case.property]
+           "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone",
+           "matches-reference": "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
+                                "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
+                                "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
+           "reuse-equivalent": "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
+                               "(the same steps with every kept scheduler made anew, a second run)"}[case.property]
     return f"""# {case.signature}
 
 {case.message}
@@ -533,6 +622,8 @@ static ggml_backend_sched_t sched;
 static unsigned char * data_bytes;
 static unsigned char ** shadow;  /* what every weight and cache holds in the CPU-only computation */
 static int cur_step = -1;
+static int replans;              /* ggml's re-plans in the current step, from its log */
+static bool fresh_run;           /* every kept scheduler a new one (reuse-equivalent's fresh run) */
 static int report_fd = -1;       /* to the parent: what the run came to */
 static bool verbose;
 
@@ -553,6 +644,7 @@ static void on_log(enum ggml_log_level level, const char * text, void * user) {{
     }}
     /* ggml-alloc re-planning a single buffer by itself: no scheduler decision, which GGML_SCHED_DEBUG_REALLOC sees */
     if (strstr(text, "reallocating buffers automatically")) report("AUTO %d %s\n", cur_step, needs_realloc);
+    if (strstr(text, "reallocating buffers automatically") || strstr(text, "failed to allocate graph, reserving")) replans++;
     /* ggml's reallocation lines (a build without NDEBUG), errors and warnings; all with REPRO_VERBOSE */
     if (verbose || level >= GGML_LOG_LEVEL_WARN || strstr(text, "realloc") || strstr(text, "reserving") || strstr(text, "is not valid")
             || strstr(text, "different number")) {{
@@ -579,6 +671,8 @@ static struct ggml_tensor * P[N_PERSISTENT + 1];  /* the weights and caches, in 
 
 {graphs}
 {graph_table}
+/* what decides the finding */
+{judged}
 /* --------------------------------------------------------------------- the backends */
 
 static ggml_backend_t new_cpu(void) {{
@@ -660,6 +754,25 @@ static void print_step(bool ok, struct built * b) {{
     fflush(stdout);
 }}
 
+/* what the case's step did, for the parent: splits, allocated, re-planned, each node's backend, buffers */
+static void record_step(bool ok, struct built * b) {{
+    int n = ggml_graph_n_nodes(b->gf);
+    char * line = malloc((size_t) n * 4 + 64 + N_BACKENDS * 24);
+    int at = sprintf(line, "REC %d %d %d ", ggml_backend_sched_get_n_splits(sched), ok, replans);
+    for (int i = 0; i < n; i++) {{
+        ggml_backend_t a = ggml_backend_sched_get_tensor_backend(sched, ggml_graph_node(b->gf, i));
+        int k = -1;
+        for (int j = 0; j < N_BACKENDS; j++) if (backends[j] == a) k = j;
+        at += sprintf(line + at, i ? ",%d" : "%d", k);
+    }}
+    if (n == 0) at += sprintf(line + at, "-");
+    at += sprintf(line + at, " buffers");
+    for (int i = 0; i < N_BACKENDS; i++) at += sprintf(line + at, " %zu", ggml_backend_sched_get_buffer_size(sched, backends[i]));
+    line[at++] = '\n';
+    if (write(report_fd, line, (size_t) at) < 0) {{ /* the parent is gone */ }}
+    free(line);
+}}
+
 /* the same graph computed by the CPU backend alone, every tensor in one buffer of its own, from
    the same leafs; the first compared tensor that differs is reported */
 static void compare_values(int index, int g, struct built * b, const struct blob * inputs) {{
@@ -701,7 +814,7 @@ static void compare_values(int index, int g, struct built * b, const struct blob
 static void step_sched_new(int index, int max_nodes, bool parallel, bool op_offload, bool reuse, bool debug_realloc) {{
     cur_step = index;
     report("STEP %d %s\n", index, "");
-    if (reuse) {{
+    if (reuse && !fresh_run) {{
         printf("step %d: sched_new kept (the scheduler is reused)\n", index);
         return;
     }}
@@ -726,6 +839,7 @@ static void step_reset(int index) {{
 
 static void step_graph(int index, enum step_kind kind, int g, const struct blob * inputs, bool compare) {{
     cur_step = index;
+    replans = 0;
     report("STEP %d %s\n", index, "");
     printf("step %d: %s(%s)\n", index, KIND_NAMES[kind], GRAPHS[g].name);
     struct built * b = materialize(g);
@@ -752,6 +866,7 @@ static void step_graph(int index, enum step_kind kind, int g, const struct blob 
         }}
     }}
     print_step(ok, b);
+    if (index == CASE_STEP) record_step(ok, b);
     if (ok && kind == STEP_COMPUTE && compare) compare_values(index, g, b, inputs);
 }}
 
@@ -792,7 +907,84 @@ static pid_t start_rpc_server(int port) {{
     return pid;
 }}
 
-struct outcome {{ int died_at, signal, differs_at, replanned_at; bool aborted; char message[1024], replanned[512]; }};
+struct outcome {{
+    int died_at, signal, differs_at, replanned_at;
+    bool aborted, recorded;
+    char message[1024], replanned[512];
+    /* what the case's step did (its REC line) */
+    char nodes[1 << 16];
+    int splits, ok, replans;
+    size_t buffers[N_BACKENDS];
+}};
+
+/* the steps in a child process, on the running RPC servers; with fresh, every kept scheduler is a new one */
+static struct outcome run(bool fresh) {{
+    struct outcome out;
+    memset(&out, 0, sizeof out);
+    out.died_at = out.differs_at = out.replanned_at = -1;
+    int pipefd[2];
+    if (pipe(pipefd) != 0) exit(77);
+    fflush(stdout);
+    pid_t runner = fork();
+    if (runner == 0) {{
+        close(pipefd[0]);
+        report_fd = pipefd[1];
+        fresh_run = fresh;
+        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
+        ggml_log_set(on_log, NULL);
+        ggml_set_abort_callback(on_abort);
+        make_backends();
+        alloc_persistent();
+        run_steps();
+        report("DONE %d %s\n", cur_step, "");
+        _exit(0);
+    }}
+    close(pipefd[1]);
+    static char buf[1 << 22];
+    size_t len = 0;
+    ssize_t got;
+    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
+    buf[len] = 0;
+    close(pipefd[0]);
+    int status = 0, last = -1;
+    bool done = false;
+    waitpid(runner, &status, 0);
+    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
+        int step;
+        if (sscanf(line, "STEP %d", &step) == 1) last = step;
+        else if (sscanf(line, "DIFF %d", &step) == 1 && out.differs_at < 0) out.differs_at = step;
+        else if (sscanf(line, "ABORT %d", &step) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
+        else if (sscanf(line, "AUTO %d", &step) == 1 && step == {step}) {{ out.replanned_at = step; snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 5, ' ') + 1); }}
+        else if (strncmp(line, "REC ", 4) == 0) {{
+            char * rest = line + 4;
+            out.recorded = sscanf(rest, "%d %d %d %65535s", &out.splits, &out.ok, &out.replans, out.nodes) == 4;
+            char * b = strstr(rest, " buffers ");
+            for (int i = 0; b && i < N_BACKENDS; i++) out.buffers[i] = strtoull(i ? b : b + 9, &b, 10);
+        }}
+        else if (strncmp(line, "DONE", 4) == 0) done = true;
+    }}
+    if (!done) {{
+        out.died_at = last;
+        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+        printf("the run died in step %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
+    }}
+    return out;
+}}
+
+/* where two runs' (or a run's and the prediction's) node assignments first differ */
+static void first_difference(const char * what, const char * a, const char * b, const char * a_is, const char * b_is) {{
+    int k = 0;
+    while (*a && *b) {{
+        int x = (int) strtol(a, (char **) &a, 10), y = (int) strtol(b, (char **) &b, 10);
+        if (x != y) {{
+            printf("    %s: node #%d %s: %s %s, %s %s\n", what, k, k < N_STEP_NODES ? STEP_NODE_NAMES[k] : "?", a_is, x >= 0 ? BACKEND_NAMES[x] : "none",
+                   b_is, y >= 0 ? BACKEND_NAMES[y] : "none");
+            return;
+        }}
+        k++;
+        a += *a == ','; b += *b == ',';
+    }}
+}}
 
 int main(void) {{
     verbose = getenv("REPRO_VERBOSE") != NULL;
@@ -813,50 +1005,13 @@ int main(void) {{
         if (!accepts(rpc_ports[i])) {{ fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]); return 77; }}
         printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) servers[i]);
     }}
-    int pipefd[2];
-    if (pipe(pipefd) != 0) return 77;
-    pid_t runner = fork();
-    if (runner == 0) {{
-        close(pipefd[0]);
-        report_fd = pipefd[1];
-        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
-        ggml_log_set(on_log, NULL);
-        ggml_set_abort_callback(on_abort);
-        make_backends();
-        alloc_persistent();
-        run_steps();
-        report("DONE %d %s\n", cur_step, "");
-        _exit(0);
-    }}
-    close(pipefd[1]);
-    struct outcome out = {{ -1, 0, -1, -1, false, "", "" }};
-    static char buf[1 << 20];
-    size_t len = 0;
-    ssize_t got;
-    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
-    buf[len] = 0;
-    int status = 0, last = -1;
-    bool done = false;
-    waitpid(runner, &status, 0);
-    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
-        int step;
-        if (sscanf(line, "STEP %d", &step) == 1) last = step;
-        else if (sscanf(line, "DIFF %d", &step) == 1 && out.differs_at < 0) out.differs_at = step;
-        else if (sscanf(line, "ABORT %d", &step) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
-        else if (sscanf(line, "AUTO %d", &step) == 1 && step == {step}) {{ out.replanned_at = step; snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 5, ' ') + 1); }}
-        else if (strncmp(line, "DONE", 4) == 0) done = true;
-    }}
-    if (!done) {{
-        out.died_at = last;
-        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-        printf("the run died in step %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
-    }}
+    struct outcome out = run(false);
+{judge}
     for (int i = 0; i < N_RPC; i++) {{
         int st;
         if (waitpid(servers[i], &st, WNOHANG) == servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
         else kill(servers[i], SIGKILL);
     }}
-    bool reproduced = {verdict};
     printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
     return reproduced ? 1 : 0;
 }}

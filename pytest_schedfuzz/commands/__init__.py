@@ -34,7 +34,8 @@ class UsageError(Exception):
 
 def fuzzer_for(args: argparse.Namespace) -> Fuzzer:
     try:
-        return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None))
+        return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None,
+                                 reference=getattr(args, "reference", None)))
     except ValueError as e:
         raise UsageError(cli_words(e)) from None
 

@@ -302,9 +302,10 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
     """One case's reproducer, with what the harness's own run of it says in REPORT.md: a llama.cpp
     case's replay, a graph case's splits and buffers at its step (and the ``show`` drawing)."""
     from ..cases.draw import buffers_text, splits_text, to_dot
-    from ..cases.export import export_case
+    from ..cases.export import Seen, export_case
     from ..cases.export_llama import export_llama_case
     from ..llama.target import resolve_lib_dir
+    from ..properties import fresh_variant
 
     if case.llama is not None:
         said = io.StringIO()
@@ -313,13 +314,17 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
         export_llama_case(case, out, llama_lib and str(resolve_lib_dir(llama_lib)), said.getvalue(), trace)
         return
     scenario = fuzzer.scenario_for(case)
-    _, record, source = _step_record(fuzzer, case, scenario)
+    trace, record, source = _step_record(fuzzer, case, scenario)
+    at = {r.index: r for r in trace.records}
+    seen = Seen(at.get(case.step), next((r for r in fuzzer.predict(scenario).records if r.index == case.step), None),
+                next((r for r in fuzzer.engines.run(fresh_variant(scenario)).records if r.index == case.step), None)
+                if case.property == "reuse-equivalent" else None)
     if record is None:
-        export_case(case, scenario, out, lib, version)
+        export_case(case, scenario, out, lib, version, seen=seen)
         return
     drawing = f"step {record.index}: {scenario.steps[record.index].describe()}, as scheduled by {source}\n{splits_text(scenario, record)}\n{buffers_text(scenario, record)}"
     title = f"{case.signature} — step {record.index}: {scenario.steps[record.index].describe()}"
-    export_case(case, scenario, out, lib, version, drawing, to_dot(scenario, record, set(), title).to_string())
+    export_case(case, scenario, out, lib, version, drawing, to_dot(scenario, record, set(), title).to_string(), seen)
 
 
 def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:

@@ -116,14 +116,79 @@ def test_an_exported_llama_cpp_reproducer_replays_the_calls_through_llama_h_and_
         assert 'if (false) setenv("GGML_SCHED_DEBUG_REALLOC"' in (out / "repro.c").read_text()
 
 
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([*SCHEDFUZZ, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.engine
+def test_a_matches_reference_reproducer_carries_the_prediction_and_exits_0_once_ggml_and_the_reference_agree(tmp_path: Path) -> None:
+    """A matches-reference finding against a planted reference fault (no pass 2), on a captured
+    MoE graph: exported with that reference, the program shows ggml's assignment of the node
+    against the prediction it carries and exits 1; exported with the true reference, 0."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.cases.capture import capture
+    from pytest_schedfuzz.cases.corpus import save_case
+
+    llama = _case("4d6247404c")
+    assert llama.llama is not None
+    f = Fuzzer(FuzzConfig(database=None, reference="planted:predict_without_pass2"))
+    try:
+        sc = capture(llama.llama, f.engines.run_llama(llama.llama, capture=True)).scenario
+        v = f.check("matches-reference", sc)[0]
+    finally:
+        f.close()
+    assert v.signature() == "matches-reference[what=assignment]"
+    path = save_case(tmp_path, Case(v.property, v.signature(), sc, v.message, v.step, engine={"name": "ggml", "ggml_version": "0.25.3"},
+                                    expect={"fail": "planted: the reference without pass 2"}))
+    for reference, code in (("planted:predict_without_pass2", 1), (None, 0)):
+        out = tmp_path / f"repro-{code}"
+        r = _cli("export", str(path), "-o", str(out), *(["--reference", reference] if reference else []))
+        assert r.returncode == 0, r.stdout + r.stderr
+        built = build_and_run(out)
+        assert built.code == code, built.output[-3000:]
+        if code:
+            assert "assignment: node #36 l_out-0: ggml puts it on RPC0, the reference predicts CPU" in built.output
+
+
+@pytest.mark.engine
+def test_a_reuse_equivalent_reproducer_runs_the_steps_again_with_fresh_schedulers(tmp_path: Path) -> None:
+    """A scheduler kept across a change of ``parallel`` (the harness's own finding, once): the
+    reused one's buffers are smaller than a fresh one's; the program runs both and says so."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.cases.corpus import save_case
+    from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+
+    b = GraphBuilder()
+    y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 8)), name="y")
+    g = b.build(b.op("add", y, b.input("b", (16, 8)), name="z"))
+    sc = Scenario(BackendLayout.of("rpc", "cpu"), (("g", g),), (Step("sched_new", params=SchedParams(64, False, False)), Step("reserve", "g"),
+                                                                 Step("sched_new", params=SchedParams(64, True, False), reuse=True), Step("alloc", "g")))
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        v = f.check("reuse-equivalent", sc)[0]
+    finally:
+        f.close()
+    path = save_case(tmp_path, Case(v.property, v.signature(), sc, v.message, v.step, engine={"name": "ggml", "ggml_version": "0.25.3"},
+                                    expect={"fail": "a scheduler kept across a change of parallel"}))
+    r = _cli("export", str(path), "-o", str(tmp_path / "repro"), "--check")
+    assert r.returncode == 0 and "check on ggml-0.25.3: reproduces (exit 1); expected: reproduces" in r.stdout, r.stdout + r.stderr
+    report = (tmp_path / "repro" / "REPORT.md").read_text()
+    assert "RPC0 compute buffer: reused 1536 bytes, fresh 4608" in report and "a fresh scheduler at every sched_new" in report
+
+
 def test_a_case_no_program_can_show_alone_gets_a_clear_error(tmp_path: Path) -> None:
     """A matches-reference finding compares ggml with the reference; llama-same-logits two runs."""
     logits = load_case(next(CORPUS.glob("llama-same-logits-*.json")))
     with pytest.raises(ExportError, match="compares two runs"):
         export_llama_case(logits, tmp_path, None)
     graph = _case("06a0cc7a62")
-    with pytest.raises(ExportError, match="compares ggml with schedfuzz's own reference"):
-        export_case(replace(graph, property="matches-reference"), graph.scenario, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
+    with pytest.raises(ExportError, match="judges the reuse policy alone"):
+        export_case(replace(graph, property="reuse-sound"), graph.scenario, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
+    with pytest.raises(ExportError, match="does not tell a program the split inputs or the graph copy"):
+        export_case(replace(graph, property="matches-reference", signature="matches-reference[what=graph_size]"), graph.scenario, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
 
 
 @pytest.mark.engine
