@@ -26,10 +26,11 @@ from ..ggml.lib import base_library, library_folder
 from ..llama.gguf_models import write_lora, write_model
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
+from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
 from .export import _RPC_SERVER, ExportError, _c_str, _gpu_config, _gpu_declarations
 
-EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort")
+EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
 _FLASH = {"off": "LLAMA_FLASH_ATTN_TYPE_DISABLED", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED", "auto": "LLAMA_FLASH_ATTN_TYPE_AUTO"}
 _POOLING = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN", "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST"}
@@ -143,12 +144,16 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         src = ggml_source_for(str(base_library(library_folder("ggml-0.25.3"))))
     gpus = bool(w.devices.gpus)
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
+    variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w))]
+                                                          if case.property == "llama-same-logits" else [])
     # the violation's step is its call, llama_init_from_model's (-1) as 0
     died = f"(out.died_at < 0 ? 0 : out.died_at) == {case.step}"
     earlier = [c.index for c in (trace.calls if trace else ()) for s in c.sched
                if s.kind == "alloc" and s.same_size and 0 <= c.index < case.step]
     watch = "true" if case.property == "llama-no-same-size-realloc" and not earlier else "false"
-    if case.property != "llama-no-same-size-realloc":
+    if case.property == "llama-same-logits":
+        verdict = "logits_differ(&out)"
+    elif case.property != "llama-no-same-size-realloc":
         verdict = f"{died} && {'!out.aborted && out.signal != 0' if 'kind=crash' in case.signature else 'out.aborted'}"
     elif not earlier:
         verdict = f'{died} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL'
@@ -161,14 +166,20 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
            f"(`failed to allocate graph, reserving (backend_ids_changed = 0)`) for the case's reason. ggml's own check "
            f"(`GGML_SCHED_DEBUG_REALLOC=1`) cannot show it: the same-size reallocation of call {earlier[0]} before it, another "
            "finding, would abort first" if case.property == "llama-no-same-size-realloc" else
+           f"the logits of the first or last output of call {case.step} differ from the same calls' on the CPU alone (a second run) by more "
+           f"than {LOGITS_TOLERANCE} (relative)" if case.property == "llama-same-logits" else
            "ggml aborts (its abort callback) or the process dies of a signal in the call")
     words = f"[{case.property}] call {case.step}: {case.message.splitlines()[0] if case.message else case.signature}"
     source = _TEMPLATE.format(
         signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
         gpu=_gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
-        devices=_devices(w), model_params=_model_params(w), context_params=_context_params(w), chains=_chains(), calls=calls,
-        n_loras=max(1, len(w.loras)), watch=watch, verdict=verdict, words=_c_str(words), step=case.step,
-        gpu_free=", ".join(str(x) for x in w.devices.gpu_free) or "0", n_gpu_free=len(w.devices.gpu_free), n_gpus=len(w.devices.gpus),
+        chains=_chains(), n_loras=max(1, len(w.loras)), words=_c_str(words), step=case.step, n_gpus=len(w.devices.gpus),
+        record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict),
+        run_calls="\n".join(_RUN_CALLS.format(
+            what=what, variant=k, devices=_devices(v), model_params=_model_params(v), context_params=_context_params(v), calls=calls, watch=watch,
+            gpu_free=", ".join(str(x) for x in v.devices.gpu_free) or "0", n_gpu_free=len(v.devices.gpu_free), n_gpus=len(v.devices.gpus),
+            n_rpc=v.devices.n_rpc) for k, (what, v) in enumerate(variants))
+        + ("" if len(variants) > 1 else "static void run_calls_1(void) { run_calls_0(); }\n"),
     )
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,6 +195,22 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     shutil.copyfile(case.path, out / "case.json")
     (out / "REPORT.md").write_text(_report(case, w, report, how))
     return sorted(out.iterdir())
+
+
+def _judge(prop: str, verdict: str) -> str:
+    """The C that decides whether the finding reproduces (``bool reproduced``)."""
+    if prop != "llama-same-logits":
+        return f"    bool reproduced = {verdict};"
+    return f"""    printf("-- the same calls on the CPU alone --\\n");
+    struct outcome cpu = run(1);
+    bool reproduced = false;
+    for (int k = 0; k < 2 && out.n_logits && out.n_logits == cpu.n_logits && !reproduced; k++) {{
+        int worst = 0;
+        for (int v = 0; v < out.n_logits; v++) if (fabsf(out.logits[k][v] - cpu.logits[k][v]) > fabsf(out.logits[k][worst] - cpu.logits[k][worst])) worst = v;
+        float want = cpu.logits[k][worst], diff = fabsf(out.logits[k][worst] - want);
+        reproduced = diff > {LOGITS_TOLERANCE}f * (fabsf(want) > 1.0f ? fabsf(want) : 1.0f);
+        if (reproduced) printf("    the %s output's logits: token %d: %.5f, on the CPU alone %.5f\\n", k ? "last" : "first", worst, out.logits[k][worst], want);
+    }}"""
 
 
 def _unbracketed(text: str) -> str:
@@ -266,6 +293,44 @@ target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
 set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
 """
 
+_RUN_CALLS = r"""/* {what} */
+static void run_calls_{variant}(void) {{
+    int rc = 0;
+    ggml_backend_dev_t devs[N_DEVICES + 1];
+    int n_devs = 0;
+    cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+{devices}
+    devs[n_devs] = NULL;
+#if HAVE_GPUS
+    for (int i = 0; i < {n_gpus}; i++) schedfuzz_fake_gpu_set_free(devs[{n_rpc} + i], (size_t) -1);  /* all of it, for the weights */
+#endif
+    struct llama_model_params mp = llama_model_default_params();
+    mp.devices = devs;
+{model_params}
+    model = llama_model_load_from_file(REPRO_DIR "/model.gguf", mp);
+    if (!model) {{ fprintf(stderr, "llama_model_load_from_file failed\n"); exit(77); }}
+    n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+#if HAVE_GPUS
+    {{
+        const size_t gpu_free[] = {{{gpu_free}}};  /* each GPU-like device's free memory for the context (0: all) */
+        for (int i = 0; i < {n_gpus}; i++) schedfuzz_fake_gpu_set_free(devs[{n_rpc} + i], i < {n_gpu_free} && gpu_free[i] ? gpu_free[i] : (size_t) -1);
+    }}
+#endif
+    struct llama_context_params cp = llama_context_default_params();
+{context_params}
+    /* ggml reads GGML_SCHED_DEBUG_REALLOC when a scheduler is made: =1 aborts on a same-size reallocation */
+    if ({watch}) setenv("GGML_SCHED_DEBUG_REALLOC", "1", 1);
+    begin(-1, "llama_init_from_model (it reserves the worst case)");
+    ctx = llama_init_from_model(model, cp);
+    if (!ctx) {{ printf("    the context did not initialize\n"); report("DONE %d %s\n", -1, ""); return; }}
+    end(-1, 0);
+    mem = llama_get_memory(ctx);
+{calls}
+    (void) rc;
+}}
+
+"""
+
 _TEMPLATE = r"""/* schedfuzz reproducer of a llama.cpp case: {signature}
  *
 {header}
@@ -292,6 +357,7 @@ _TEMPLATE = r"""/* schedfuzz reproducer of a llama.cpp case: {signature}
 #include <sys/wait.h>
 #include <unistd.h>
 #include <fcntl.h>
+#include <math.h>
 
 #define HAVE_GPUS {have_gpus}
 #if HAVE_GPUS
@@ -300,7 +366,7 @@ void schedfuzz_fake_gpu_set_free(ggml_backend_dev_t dev, size_t bytes);
 ggml_backend_reg_t schedfuzz_fake_gpu_register(const char * name, ggml_backend_dev_t cpu_dev, const struct fake_gpu_config * cfg);
 #endif
 
-enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_GPU_FREE = {n_gpu_free}, N_LORAS = {n_loras} }};
+enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_LORAS = {n_loras}, RECORD_LOGITS = {record_logits} }};
 struct part {{ int seq, n_tokens, outputs; }};  /* outputs: 0 none, 1 the last token, 2 all */
 
 static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
@@ -384,6 +450,20 @@ static int decode(const struct part * parts, int n_parts) {{
     batch.n_tokens = n;
     int rc = llama_decode(ctx, batch);
     llama_synchronize(ctx);  /* RPC computes asynchronously: a crash must surface in this call */
+    int first = -1, last = -1;
+    for (int i = 0; i < n; i++) if (batch.logits[i]) {{ first = first < 0 ? i : first; last = i; }}
+    if (rc == 0 && RECORD_LOGITS && first >= 0) {{  /* the first and last output's logits, for llama-same-logits */
+        int rows[2] = {{ first, last }};
+        for (int k = 0; k < 2; k++) {{
+            const float * row = llama_get_logits_ith(ctx, rows[k]);
+            char * line = malloc((size_t) n_vocab * 16 + 64);
+            int at = sprintf(line, "LOGITS %d %d", cur_call, k);
+            for (int v = 0; v < n_vocab; v++) at += sprintf(line + at, " %.5f", row[v]);
+            line[at++] = '\n';
+            if (write(report_fd, line, (size_t) at) < 0) {{ /* the parent is gone */ }}
+            free(line);
+        }}
+    }}
     llama_batch_free(batch);
     return rc;
 }}
@@ -432,41 +512,7 @@ static ggml_backend_dev_t gpu_device(const char * name, struct fake_gpu_config c
 }}
 #endif
 
-static void run_calls(void) {{
-    int rc = 0;
-    ggml_backend_dev_t devs[N_DEVICES + 1];
-    int n_devs = 0;
-    cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-{devices}
-    devs[n_devs] = NULL;
-#if HAVE_GPUS
-    for (int i = 0; i < N_GPUS; i++) schedfuzz_fake_gpu_set_free(devs[N_RPC + i], (size_t) -1);  /* all of it, for the weights */
-#endif
-    struct llama_model_params mp = llama_model_default_params();
-    mp.devices = devs;
-{model_params}
-    model = llama_model_load_from_file(REPRO_DIR "/model.gguf", mp);
-    if (!model) {{ fprintf(stderr, "llama_model_load_from_file failed\n"); exit(77); }}
-    n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-#if HAVE_GPUS
-    {{
-        const size_t gpu_free[] = {{{gpu_free}}};  /* each GPU-like device's free memory for the context (0: all) */
-        for (int i = 0; i < N_GPUS; i++) schedfuzz_fake_gpu_set_free(devs[N_RPC + i], i < N_GPU_FREE && gpu_free[i] ? gpu_free[i] : (size_t) -1);
-    }}
-#endif
-    struct llama_context_params cp = llama_context_default_params();
-{context_params}
-    /* ggml reads GGML_SCHED_DEBUG_REALLOC when a scheduler is made: =1 aborts on a same-size reallocation */
-    if ({watch}) setenv("GGML_SCHED_DEBUG_REALLOC", "1", 1);
-    begin(-1, "llama_init_from_model (it reserves the worst case)");
-    ctx = llama_init_from_model(model, cp);
-    if (!ctx) {{ printf("    the context did not initialize\n"); report("DONE %d %s\n", -1, ""); return; }}
-    end(-1, 0);
-    mem = llama_get_memory(ctx);
-{calls}
-    (void) rc;
-}}
-
+{run_calls}
 /* ------------------------------------------------------------------------ the process */
 
 static int free_port(void) {{
@@ -501,7 +547,66 @@ static pid_t start_rpc_server(int port) {{
     return pid;
 }}
 
-struct outcome {{ int died_at, signal, replanned_at; bool aborted; char message[1024], replanned[512]; }};
+struct outcome {{
+    int died_at, signal, replanned_at, n_logits;
+    bool aborted;
+    char message[1024], replanned[512];
+    float logits[2][4096];  /* the case's call: its first and last output's logits */
+}};
+
+/* the calls in a child process: variant 0 as the case has them, 1 on the CPU alone */
+static struct outcome run(int variant) {{
+    struct outcome out;
+    memset(&out, 0, sizeof out);
+    out.died_at = out.replanned_at = -2;
+    int pipefd[2];
+    if (pipe(pipefd) != 0) exit(77);
+    fflush(stdout);
+    pid_t runner = fork();
+    if (runner == 0) {{
+        close(pipefd[0]);
+        report_fd = pipefd[1];
+        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
+        llama_log_set(on_log, NULL);
+        ggml_set_abort_callback(on_abort);
+        llama_backend_init();
+        if (variant == 0) run_calls_0(); else run_calls_1();
+        report("DONE %d %s\n", cur_call, "");
+        _exit(0);
+    }}
+    close(pipefd[1]);
+    static char buf[1 << 22];
+    size_t len = 0;
+    ssize_t got;
+    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
+    buf[len] = 0;
+    close(pipefd[0]);
+    int status = 0, last = -2;
+    bool done = false;
+    waitpid(runner, &status, 0);
+    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
+        int call, k;
+        if (sscanf(line, "CALL %d", &call) == 1) last = call;
+        else if (sscanf(line, "ABORT %d", &call) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
+        else if (sscanf(line, "REPLAN %d", &call) == 1 && call == {step} && out.replanned_at != call) {{
+            out.replanned_at = call;
+            snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 7, ' ') + 1);
+        }}
+        else if (sscanf(line, "LOGITS %d %d", &call, &k) == 2 && call == {step} && k < 2) {{
+            char * v = strchr(strchr(line + 7, ' ') + 1, ' ');
+            int n = 0;
+            while (v && *v && n < 4096) {{ out.logits[k][n++] = strtof(v, &v); while (*v == ' ') v++; }}
+            out.n_logits = n;
+        }}
+        else if (strncmp(line, "DONE", 4) == 0) done = true;
+    }}
+    if (!done) {{
+        out.died_at = last;
+        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+        printf("the run died in call %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
+    }}
+    return out;
+}}
 
 int main(void) {{
     verbose = getenv("REPRO_VERBOSE") != NULL;
@@ -514,51 +619,13 @@ int main(void) {{
         if (!accepts(rpc_ports[i])) {{ fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]); return 77; }}
         printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) servers[i]);
     }}
-    int pipefd[2];
-    if (pipe(pipefd) != 0) return 77;
-    pid_t runner = fork();
-    if (runner == 0) {{
-        close(pipefd[0]);
-        report_fd = pipefd[1];
-        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
-        llama_log_set(on_log, NULL);
-        ggml_set_abort_callback(on_abort);
-        llama_backend_init();
-        run_calls();
-        report("DONE %d %s\n", cur_call, "");
-        _exit(0);
-    }}
-    close(pipefd[1]);
-    struct outcome out = {{ -2, 0, -2, false, "", "" }};
-    static char buf[1 << 20];
-    size_t len = 0;
-    ssize_t got;
-    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
-    buf[len] = 0;
-    int status = 0, last = -2;
-    bool done = false;
-    waitpid(runner, &status, 0);
-    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
-        int call;
-        if (sscanf(line, "CALL %d", &call) == 1) last = call;
-        else if (sscanf(line, "ABORT %d", &call) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
-        else if (sscanf(line, "REPLAN %d", &call) == 1 && call == {step} && out.replanned_at != call) {{
-            out.replanned_at = call;
-            snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 7, ' ') + 1);
-        }}
-        else if (strncmp(line, "DONE", 4) == 0) done = true;
-    }}
-    if (!done) {{
-        out.died_at = last;
-        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-        printf("the run died in call %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
-    }}
+    struct outcome out = run(0);
+{judge}
     for (int i = 0; i < N_RPC; i++) {{
         int st;
         if (waitpid(servers[i], &st, WNOHANG) == servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
         else kill(servers[i], SIGKILL);
     }}
-    bool reproduced = {verdict};
     printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
     return reproduced ? 1 : 0;
 }}

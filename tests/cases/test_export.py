@@ -179,11 +179,34 @@ def test_a_reuse_equivalent_reproducer_runs_the_steps_again_with_fresh_scheduler
     assert "RPC0 compute buffer: reused 1536 bytes, fresh 4608" in report and "a fresh scheduler at every sched_new" in report
 
 
+@pytest.mark.engine
+def test_a_llama_same_logits_reproducer_runs_the_calls_again_on_the_cpu_alone(tmp_path: Path) -> None:
+    """The starter corpus's same-logits case (expect: pass, a guard) exits 0; the same workload
+    with GPU-like devices whose MUL_MAT results are off by one (a planted fault) exits 1,
+    naming the token whose logit differs from the CPU-only run's."""
+    from pytest_schedfuzz.cases.corpus import save_case
+
+    case = load_case(next(CORPUS.glob("llama-same-logits-*.json")))
+    w = case.llama
+    assert w is not None and case.expect == "pass"
+    planted = replace(case, llama=replace(w, devices=replace(w.devices, gpus=tuple(replace(g, corrupt_op="MUL_MAT") for g in w.devices.gpus))),
+                      expect={"fail": "planted: MUL_MAT results off by one"}, path=None)
+    for c, code in ((case, 0), (load_case(save_case(tmp_path, planted)), 1)):
+        out = tmp_path / f"repro-{code}"
+        _export(c, out)
+        built = build_and_run(out)
+        assert built.code == code, built.output[-3000:]
+        assert "-- the same calls on the CPU alone --" in built.output
+        if code:
+            assert "output's logits: token " in built.output and ", on the CPU alone " in built.output
+
+
 def test_a_case_no_program_can_show_alone_gets_a_clear_error(tmp_path: Path) -> None:
-    """A matches-reference finding compares ggml with the reference; llama-same-logits two runs."""
-    logits = load_case(next(CORPUS.glob("llama-same-logits-*.json")))
-    with pytest.raises(ExportError, match="compares two runs"):
-        export_llama_case(logits, tmp_path, None)
+    """A policy-only finding (reuse-sound: no ggml call), a figure ggml's API does not tell, a
+    llama.cpp counter of the seeds' build."""
+    counters = replace(_case("4e6374f1c3"), property="llama-counters-agree")
+    with pytest.raises(ExportError, match="compares two runs or counters"):
+        export_llama_case(counters, tmp_path, None)
     graph = _case("06a0cc7a62")
     with pytest.raises(ExportError, match="judges the reuse policy alone"):
         export_case(replace(graph, property="reuse-sound"), graph.scenario, tmp_path, None, "0.25.3")  # type: ignore[arg-type]
@@ -197,11 +220,11 @@ def test_schedfuzz_export_of_a_corpus_folder_writes_one_reproducer_per_graph_cas
     corpus.mkdir()
     for digest in ("78ea0a7792", "9523a46d7b"):
         shutil.copy(_case(digest).path, corpus)  # type: ignore[arg-type]
-    shutil.copy(next(CORPUS.glob("llama-same-logits-*.json")), corpus)
+    shutil.copy(next(CORPUS.glob("llama-no-abort-*-97dfe7600a.json")), corpus)
     r = subprocess.run([*SCHEDFUZZ, "export", str(corpus), "-o", str(tmp_path / "out"), "--check"], capture_output=True, text=True, timeout=900,
                        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem for p in corpus.glob("*.json") if "same-logits" not in p.name)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem for p in corpus.glob("*.json"))
     assert "check on ggml-0.25.3: reproduces (exit 1); expected: reproduces" in r.stdout
     assert "check on ggml-0.15.3: reproduces (exit 1); expected: reproduces" in r.stdout
-    assert "not exported: " in r.stdout and "a llama-same-logits finding compares two runs" in r.stdout
+    assert "check on llama.cpp-0.3.36: reproduces (exit 1); expected: reproduces" in r.stdout and "not exported" not in r.stdout
