@@ -77,3 +77,12 @@ def device(args: argparse.Namespace) -> int:
             return 1
         print(f"schedfuzz device: {name}: {out} ({time.perf_counter() - t0:.1f} s, sources included)")
     return 0
+
+
+def coverage(args: argparse.Namespace) -> int:
+    from ..tools.coverage import main as coverage_main
+
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise UsageError(f"--corpus {args.corpus}: no such folder")
+    return coverage_main(args.lib, args.profile, args.budget, corpus, Path(args.json) if args.json else None)

@@ -106,12 +106,14 @@ def source_tree(name: str) -> Path:
     return root / inner
 
 
-def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str = "Debug") -> Path:
+def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str = "Debug", coverage: bool = False) -> Path:
     """A library folder for ``--schedfuzz-lib``: built-in ``name`` with ``libggml-base`` rebuilt
     from its source with ``patches`` applied (Debug, as the install builds it; ``Release``
-    compiles out the scheduler's debug logging). Cached."""
-    key = hashlib.sha1(json.dumps([name, [asdict(p) for p in patches], build_type]).encode()).hexdigest()[:16]
-    out = cache_dir() / "builds" / f"{name}-{key}"
+    compiles out the scheduler's debug logging). With ``coverage``, instrumented by gcc's
+    ``--coverage``: its source and build folder (``.gcno``, and the ``.gcda`` counts every process
+    that loads it writes when it exits) stay beside ``lib`` (``coverage_build``). Cached."""
+    key = hashlib.sha1(json.dumps([name, [asdict(p) for p in patches], build_type] + ([True] if coverage else [])).encode()).hexdigest()[:16]
+    out = cache_dir() / "builds" / f"{name}-{'coverage-' if coverage else ''}{key}"
     if (out / "lib" / "BUILT").exists():
         return out / "lib"
     installed = library_folder(name)
@@ -123,8 +125,9 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str 
         (work / "ggml.pc.in").write_text("Name: ggml\nDescription: ggml\nVersion: @GGML_VERSION@\n")
     _replace(work, patches)
     build = out / "build"
+    flags = ["-DCMAKE_C_FLAGS=--coverage", "-DCMAKE_CXX_FLAGS=--coverage", "-DCMAKE_SHARED_LINKER_FLAGS=--coverage"] if coverage else []
     _run(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
-          "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF"])
+          "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", *flags])
     _run(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
     built = sorted(build.rglob("libggml-base.so*"))
     if not built:
@@ -136,10 +139,19 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str 
             (lib / f.name).symlink_to(f.resolve())
     for f in built:
         shutil.copy2(f, lib / f.name, follow_symlinks=True)
-    shutil.rmtree(work)
-    shutil.rmtree(build)
+    if not coverage:
+        shutil.rmtree(work)
+        shutil.rmtree(build)
     (lib / "BUILT").write_text(json.dumps([name, [asdict(p) for p in patches]], indent=1) + "\n")
     return lib
+
+
+def coverage_build(lib: Path) -> Path:
+    """The build folder of a ``build_ggml_base(..., coverage=True)`` library folder ``lib``."""
+    build = lib.parent / "build"
+    if not any(build.rglob("ggml-backend.cpp.gcno")):
+        raise BuildError(f"{lib}: not a coverage build (no ggml-backend.cpp.gcno under {build})")
+    return build
 
 
 def _replace(root: Path, patches: tuple[Patch, ...]) -> None:

@@ -127,6 +127,10 @@ class Worker:
                 self.proc.stdin.close()
             except OSError:
                 pass
+        try:  # at the end of its input a worker exits by itself, running its exit handlers (a coverage build's counts)
+            self.proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass
         kill_group(self.proc)
         self._sel.close()
         if self.proc.stdout is not None:

@@ -12,16 +12,14 @@ score is killed / all.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..ggml.build import Patch, build_ggml_base
 from ..properties import GRAPH_PROPERTY_IDS
+from .ci_run import run_ci_profile
 
 BACKEND, ALLOC = "src/ggml-backend.cpp", "src/ggml-alloc.c"
 
@@ -118,17 +116,10 @@ def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None =
     """Build ``m``, run the ci profile on it in a fresh folder; killed if that run fails."""
     t0 = time.monotonic()
     lib = build_ggml_base("ggml-0.25.3", (m.patch,))
-    with tempfile.TemporaryDirectory(prefix=f"schedfuzz-mutant-{m.name}-") as tmp:
-        shutil.copytree(corpus, Path(tmp) / "corpus")
-        # the graph properties only: the mutant is ggml's scheduler, and the llama.cpp target
-        # runs its own libllama (it would only take its share of the budget)
-        cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-lib={lib}",
-               f"--schedfuzz-properties={','.join(GRAPH_PROPERTY_IDS)}", "-m", "schedfuzz", "-p", "no:cacheprovider", "-q", "-rf"]
-        if budget is not None:
-            cmd.append(f"--schedfuzz-budget={budget}")
-        if size_oracle:
-            cmd.append("--schedfuzz-size-oracle")
-        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+    # the graph properties only: the mutant is ggml's scheduler, and the llama.cpp target runs its
+    # own libllama (it would only take its share of the budget)
+    proc = run_ci_profile(lib, corpus, budget, properties=GRAPH_PROPERTY_IDS, extra=["--schedfuzz-size-oracle"] if size_oracle else [],
+                          tag=f"mutant-{m.name}")
     out = proc.stdout + proc.stderr
     if log is not None:
         log.write_text(out)

@@ -1,0 +1,38 @@
+"""``schedfuzz coverage``: a coverage build of the built-in ggml counts what the graph engine's
+runs reach in the scheduler and the allocator, and tells the branches no caller can take
+(an assertion's failing side, an error path) from those the generators have not reached."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
+from pytest_schedfuzz.ggml.build import build_ggml_base, coverage_build
+from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.tools.coverage import lines, measure
+
+
+@pytest.mark.engine
+def test_a_coverage_build_counts_what_a_run_reaches_and_tells_unreachable_branches_apart() -> None:
+    lib = build_ggml_base("ggml-0.25.3", coverage=True)
+    build = coverage_build(lib)
+    for gcda in build.rglob("*.gcda"):
+        gcda.unlink()
+    b = GraphBuilder()
+    y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 4)), name="y")
+    sc = Scenario(BackendLayout.of("cpu"), (("g", b.build(b.op("add", y, y, name="z"))),),
+                  (Step("sched_new", params=SchedParams(64, False, False)), Step("reserve", "g"), Step("compute", "g")))
+    f = Fuzzer(FuzzConfig(database=None, lib=str(lib)))
+    try:
+        assert f.check("matches-reference", sc) == []
+    finally:
+        f.close()  # the worker exits at the end of its input and writes its counts
+    fns = {fn.name.split("(")[0]: fn for fn in measure(build, lib.parent / "ggml")}
+    assert fns["ggml_backend_sched_split_graph"].lines_hit > 100 and fns["ggml_gallocr_reserve_n_impl"].branches_hit > 10
+    assert fns["ggml_backend_sched_reserve_size"].lines_hit == 0  # the scenario never called it
+    missed = [(s, why) for fn in fns.values() for _, s, why in fn.missed]
+    assert any("GGML_ASSERT" in s and why.startswith("an assertion's failing side") for s, why in missed)
+    assert any(not why for _, why in missed)  # reachable, not reached by one small scenario
+    report = "\n".join(lines(list(fns.values())))
+    assert "ggml_backend_sched_split_graph" in report and "branches reachable from the public API" in report
