@@ -65,7 +65,7 @@ class Built:
         return {REPRODUCED: "reproduces", NOT_REPRODUCED: "does not reproduce", COULD_NOT_RUN: "could not run"}.get(self.code, f"exit {self.code}")
 
 
-def _c_str(text: str) -> str:
+def c_string(text: str) -> str:
     """A C string literal (octal escapes: a hex escape would swallow the next hex digit)."""
     out = []
     for ch in text.encode():
@@ -183,17 +183,17 @@ class _Program:
                 fresh = f"ggml_new_tensor(ctx, {_TYPES[t.type]}, {max(len(t.ne), 1)}, (const int64_t[4]){{{', '.join(map(str, ne))}}})"
                 if t.role in ("weight", "cache"):
                     lines.append(f"{ref} = solo ? {fresh} : P[{self.persistent[tensor_key(t)]}];  /* {t.role} */")
-                    lines.append(f"if (solo) ggml_set_name({ref}, {_c_str(t.name)});")
+                    lines.append(f"if (solo) ggml_set_name({ref}, {c_string(t.name)});")
                 else:
                     lines.append(f"{ref} = {fresh};")
-                    lines.append(f"ggml_set_name({ref}, {_c_str(t.name)}); if (!solo) ggml_set_input({ref});")
+                    lines.append(f"ggml_set_name({ref}, {c_string(t.name)}); if (!solo) ggml_set_input({ref});")
             else:
                 args = [f"T[{index[a]}]" if a is not None else "NULL" for a in t.args]
                 lines.append(f"{ref} = {_c_op(t, args, self.version)};  /* {t.op}({', '.join(a or 'NULL' for a in t.args)}) */")
                 words = t.param("op_params")
                 if words is not None:
                     lines.append(f"set_op_params({ref}, (const int32_t[]){{{', '.join(str(int(w)) for w in words) or '0'}}}, {len(words)});")
-                lines.append(f"ggml_set_name({ref}, {_c_str(t.name)});")
+                lines.append(f"ggml_set_name({ref}, {c_string(t.name)});")
             if t.output:
                 lines.append(f"ggml_set_output({ref});")
         roots = " ".join(f"ggml_build_forward_expand(gf, T[{index[r]}]);" for r in spec.roots)
@@ -213,7 +213,7 @@ class _Program:
             inputs = ", ".join(str(i) for i, t in enumerate(spec.tensors) if t.role == "input") or "-1"
             caches = ", ".join(f"{i}, {self.persistent[tensor_key(t)]}" for i, t in enumerate(spec.tensors) if t.role == "cache") or "-1, -1"
             weights = ", ".join(f"{i}, {self.persistent[tensor_key(t)]}" for i, t in enumerate(spec.tensors) if t.role == "weight") or "-1, -1"
-            rows.append(f"    {{ {_c_str(name)}, {len(spec.tensors)}, build_g{k}, force_g{k}, (const int[]){{{cmp}}}, {len(compared)}, "
+            rows.append(f"    {{ {c_string(name)}, {len(spec.tensors)}, build_g{k}, force_g{k}, (const int[]){{{cmp}}}, {len(compared)}, "
                         f"(const int[]){{{inputs}}}, {sum(t.role == 'input' for t in spec.tensors)}, "
                         f"(const int[]){{{caches}}}, {sum(t.role == 'cache' for t in spec.tensors)}, "
                         f"(const int[]){{{weights}}}, {sum(t.role == 'weight' for t in spec.tensors)} }},")
@@ -253,7 +253,7 @@ class _Program:
             if b.kind == "rpc":
                 out.append(f"    backends[{i}] = new_rpc({i});  /* {name} */")
             elif b.kind == "gpu":
-                out.append(f"    backends[{i}] = new_gpu({_c_str(name)}, {_gpu_config(b)});")
+                out.append(f"    backends[{i}] = new_gpu({c_string(name)}, {gpu_config(b)});")
             elif b.kind == "cpu":
                 out.append(f"    backends[{i}] = new_cpu();")
             else:
@@ -266,17 +266,17 @@ class _Program:
         rows = []
         for t, (off, n) in zip(self.persistent_specs, self.persistent_data):
             ne = list(t.ne) + [1] * (4 - len(t.ne))
-            rows.append(f"    {{ {_c_str(t.name)}, {_TYPES[t.type]}, {max(len(t.ne), 1)}, {{{', '.join(map(str, ne))}}}, "
+            rows.append(f"    {{ {c_string(t.name)}, {_TYPES[t.type]}, {max(len(t.ne), 1)}, {{{', '.join(map(str, ne))}}}, "
                         f"{1 if t.role == 'cache' else 0}, {t.device}, {{{off}, {n}}} }},")
         return ("static const struct persistent PERSISTENT[] = {\n" + ("\n".join(rows) or "    { \"\", GGML_TYPE_F32, 1, {1, 1, 1, 1}, 0, 0, {0, 0} },")
                 + f"\n}};\nenum {{ N_PERSISTENT = {len(rows)} }};\n")
 
 
-def _gpu_config(b: BackendSpec) -> str:
+def gpu_config(b: BackendSpec) -> str:
     return (f"(struct fake_gpu_config){{ .offload_min_batch = {b.offload_min_batch or 0}, .max_size = {b.max_size or 0}, "
             f".alignment = {b.alignment}, .host_buffer = {int(b.host_buffer)}, .shared_buft = {int(b.shared_buft)}, "
             f".graph_optimize = {int(b.graph_optimize)}, .async = {int(b.asynchronous)}, .delay_us = {b.delay_us}, "
-            f".unsupported = {_c_str(','.join(b.unsupported))}, .memory = {b.memory or 0}, .corrupt_op = {_c_str(b.corrupt_op)}, "
+            f".unsupported = {c_string(','.join(b.unsupported))}, .memory = {b.memory or 0}, .corrupt_op = {c_string(b.corrupt_op)}, "
             f".fuse = {int(b.fuse)} }}")
 
 
@@ -366,7 +366,7 @@ def _verdict(case: Case, scenario: Scenario) -> str:
         # ggml's own check on the scheduler's decision; or ggml-alloc re-planning a single buffer by
         # itself (no scheduler decision: no check of ggml's sees it) for the case's reason
         m = re.search(r"; reason: (.*?) — ", case.message)
-        reason = _c_str(m.group(1) if m else "?")
+        reason = c_string(m.group(1) if m else "?")
         return (f'(out.died_at == {case.step} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL)'
                 f" || (out.replanned_at == {case.step} && strcmp(out.replanned, {reason}) == 0)")
     if case.property == "no-abort":
@@ -397,16 +397,16 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     judge, judged = _judge(case, scenario, seen)
     names = seen.engine.node_names if seen.engine is not None and seen.engine.node_names else seen.predicted.node_names if seen.predicted else ()
     judged += (f"enum {{ CASE_STEP = {case.step}, N_STEP_NODES = {len(names)} }};\n"
-               f"static const char * STEP_NODE_NAMES[] = {{{', '.join(_c_str(n) for n in names) or '0'}}};\n"
-               f"static const char * BACKEND_NAMES[] = {{{', '.join(_c_str(scenario.layout.name(i)) for i in range(scenario.layout.n))}}};\n")
+               f"static const char * STEP_NODE_NAMES[] = {{{', '.join(c_string(n) for n in names) or '0'}}};\n"
+               f"static const char * BACKEND_NAMES[] = {{{', '.join(c_string(scenario.layout.name(i)) for i in range(scenario.layout.n))}}};\n")
     prog = _Program(scenario, version)
     gpus = any(b.kind == "gpu" for b in scenario.layout.backends)
     graphs = "\n".join(prog.graph_function(k, g) for k, (_, g) in enumerate(scenario.graphs))
     source = _TEMPLATE.format(
-        signature=case.signature, words=_c_str(_words(case, scenario)), n_backends=scenario.layout.n, n_rpc=scenario.layout.n_rpc,
+        signature=case.signature, words=c_string(_words(case, scenario)), n_backends=scenario.layout.n, n_rpc=scenario.layout.n_rpc,
         cpu_threads=CPU_THREADS, graphs=graphs, graph_table=prog.graph_table(), persistent=prog.persistent_table(),
         backends=prog.backends(), steps=prog.steps(case), judge=judge, judged=judged, step=case.step,
-        gpu=_gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
+        gpu=gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
         header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
     )
     folder = library_folder(lib)
@@ -415,7 +415,7 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     written = [out / "repro.c", out / "data.bin", out / "CMakeLists.txt", out / "REPORT.md", out / "case.json"]
     written[0].write_text(source)
     written[1].write_bytes(bytes(prog.data))
-    (out / "rpc_server.c").write_text(_RPC_SERVER)
+    (out / "rpc_server.c").write_text(RPC_SERVER)
     written.append(out / "rpc_server.c")
     written[2].write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
     if gpus:
@@ -493,7 +493,7 @@ built from ggml's `src/ggml-backend-impl.h`. The schedfuzz case is `case.json`
 """
 
 
-def _gpu_declarations() -> str:
+def gpu_declarations() -> str:
     """``fake_gpu.c``'s configuration struct and constructor, as that file defines them."""
     text = FAKE_GPU_SOURCE.read_text()
     m = re.search(r"^struct fake_gpu_config \{.*?^\};", text, re.S | re.M)
@@ -551,7 +551,7 @@ target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
 set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
 """
 
-_RPC_SERVER = r"""/* an RPC server serving ggml's CPU device: repro-rpc-server HOST:PORT [THREADS] (started by repro) */
+RPC_SERVER = r"""/* an RPC server serving ggml's CPU device: repro-rpc-server HOST:PORT [THREADS] (started by repro) */
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
 

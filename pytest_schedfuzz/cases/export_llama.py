@@ -28,7 +28,7 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
-from .export import _RPC_SERVER, ExportError, _c_str, _gpu_config, _gpu_declarations
+from .export import RPC_SERVER, ExportError, c_string, gpu_config, gpu_declarations
 
 EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
@@ -42,7 +42,7 @@ _SAMPLERS = {"greedy": "llama_sampler_init_greedy()", "top_k": "llama_sampler_in
 def _call(i: int, c: Call) -> str:
     """Call ``c`` as the worker's ``Llama.do`` makes it."""
     k = c.kind
-    head = f"    begin({i}, {_c_str(c.describe())});"
+    head = f"    begin({i}, {c_string(c.describe())});"
     if k == "decode":
         parts = ", ".join(f"{{{p.seq}, {p.n_tokens}, {({'none': 0, 'last': 1, 'all': 2})[p.outputs]}}}" for p in c.parts)
         body = f"rc = decode((const struct part[]){{{parts}}}, {len(c.parts)});"
@@ -89,7 +89,7 @@ def _chains() -> str:
 def _devices(w: LlamaWorkload) -> str:
     dv = w.devices
     lines = [f"    devs[n_devs++] = rpc_device({i});" for i in range(dv.n_rpc)]
-    lines += [f"    devs[n_devs++] = gpu_device({_c_str(f'GPU{k}')}, {_gpu_config(g)});" for k, g in enumerate(dv.gpus)]
+    lines += [f"    devs[n_devs++] = gpu_device({c_string(f'GPU{k}')}, {gpu_config(g)});" for k, g in enumerate(dv.gpus)]
     return "\n".join(lines)
 
 
@@ -99,7 +99,7 @@ def _model_params(w: LlamaWorkload) -> str:
     if dv.tensor_split:
         lines.append(f"static float split[128] = {{{', '.join(f'{x!r}f' for x in dv.tensor_split)}}}; mp.tensor_split = split;")
     if dv.overrides:
-        rows = ", ".join(f"{{{_c_str(p)}, ggml_backend_dev_buffer_type({'cpu_dev' if d == CPU_DEVICE else f'devs[{d}]'})}}" for p, d in dv.overrides)
+        rows = ", ".join(f"{{{c_string(p)}, ggml_backend_dev_buffer_type({'cpu_dev' if d == CPU_DEVICE else f'devs[{d}]'})}}" for p, d in dv.overrides)
         lines.append(f"static struct llama_model_tensor_buft_override over[{len(dv.overrides) + 1}]; "
                      f"{{ struct llama_model_tensor_buft_override o[] = {{{rows}, {{NULL, NULL}}}}; memcpy(over, o, sizeof o); }} mp.tensor_buft_overrides = over;")
     return textwrap.indent("\n".join(lines), "    ")
@@ -159,7 +159,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         verdict = f'{died} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL'
     else:
         m = re.search(r"ggml_gallocr_needs_realloc: (.*?) — ", case.message)
-        verdict = f"out.replanned_at == {case.step} && strcmp(out.replanned, {_c_str(_unbracketed(m.group(1) if m else '?'))}) == 0"
+        verdict = f"out.replanned_at == {case.step} && strcmp(out.replanned, {c_string(_unbracketed(m.group(1) if m else '?'))}) == 0"
     how = ("ggml's own check: every scheduler of the context is made with `GGML_SCHED_DEBUG_REALLOC=1`, so ggml aborts on a reallocation "
            "with unchanged backend ids and graph size (\"unexpected graph reallocation\")" if watch == "true" else
            f"ggml's log, in a build without NDEBUG: in call {case.step} the scheduler re-plans with unchanged backend ids "
@@ -172,8 +172,8 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     words = f"[{case.property}] call {case.step}: {case.message.splitlines()[0] if case.message else case.signature}"
     source = _TEMPLATE.format(
         signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
-        gpu=_gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
-        chains=_chains(), n_loras=max(1, len(w.loras)), words=_c_str(words), step=case.step, n_gpus=len(w.devices.gpus),
+        gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
+        chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
         record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict),
         run_calls="\n".join(_RUN_CALLS.format(
             what=what, variant=k, devices=_devices(v), model_params=_model_params(v), context_params=_context_params(v), calls=calls, watch=watch,
@@ -187,7 +187,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         for k, a in enumerate(w.loras):
             shutil.copyfile(write_lora(w.model, a, Path(tmp)), out / f"lora-{k}.gguf")
     (out / "repro.c").write_text(source)
-    (out / "rpc_server.c").write_text(_RPC_SERVER)
+    (out / "rpc_server.c").write_text(RPC_SERVER)
     (out / "CMakeLists.txt").write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
     if gpus:
         shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")
