@@ -406,7 +406,7 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
         signature=case.signature, words=c_string(_words(case, scenario)), n_backends=scenario.layout.n, n_rpc=scenario.layout.n_rpc,
         cpu_threads=CPU_THREADS, graphs=graphs, graph_table=prog.graph_table(), persistent=prog.persistent_table(),
         backends=prog.backends(), steps=prog.steps(case), judge=judge, judged=judged, step=case.step,
-        gpu=gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
+        process=PROCESS_C, gpu=gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
         header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
     )
     folder = library_folder(lib)
@@ -569,6 +569,95 @@ int main(int argc, char ** argv) {
 }
 """
 
+PROCESS_C = r"""/* ------------------------------------------------------------------------ the processes */
+
+static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
+static pid_t rpc_servers[N_RPC > 0 ? N_RPC : 1];
+static int report_fd = -1;  /* the run's pipe to the parent: what it came to */
+static bool verbose;
+
+static void report(const char * fmt, int at, const char * text) {
+    char line[2048];
+    int n = snprintf(line, sizeof line, fmt, at, text ? text : "");
+    if (n > 0 && write(report_fd, line, (size_t) (n < (int) sizeof line ? n : (int) sizeof line - 1)) < 0) { /* the parent is gone */ }
+}
+
+static int free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0 };
+    socklen_t n = sizeof a;
+    bind(s, (struct sockaddr *) &a, sizeof a);
+    getsockname(s, (struct sockaddr *) &a, &n);
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+static bool accepts(int port) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t) port) };
+    bool ok = connect(s, (struct sockaddr *) &a, sizeof a) == 0;
+    close(s);
+    return ok;
+}
+
+/* the RPC servers, each serving the CPU device (repro-rpc-server, built beside: a process of its
+   own, whose addresses are not this one's) on loopback until stop_servers */
+static bool start_servers(void) {
+    for (int i = 0; i < N_RPC; i++) {
+        rpc_ports[i] = free_port();
+        rpc_servers[i] = fork();
+        if (rpc_servers[i] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (!verbose) { int null = open("/dev/null", O_WRONLY); dup2(null, 1); dup2(null, 2); }
+            char endpoint[64];
+            snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[i]);
+            execl(REPRO_RPC_SERVER, REPRO_RPC_SERVER, endpoint, RPC_THREADS, (char *) NULL);
+            _exit(3);
+        }
+        for (int k = 0; k < 300 && !accepts(rpc_ports[i]); k++) usleep(100000);
+        if (!accepts(rpc_ports[i])) {
+            fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]);
+            return false;
+        }
+        printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) rpc_servers[i]);
+    }
+    return true;
+}
+
+/* fn in a child process, which ignores SIGPIPE as the harness's Python does (a closed RPC
+   connection is then an error ggml sees); its reports, in a static buffer, and its wait status */
+static char * in_child(void (*fn)(void), int * status) {
+    int pipefd[2];
+    if (pipe(pipefd) != 0) exit(77);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        close(pipefd[0]);
+        report_fd = pipefd[1];
+        signal(SIGPIPE, SIG_IGN);
+        fn();
+        _exit(0);
+    }
+    close(pipefd[1]);
+    static char buf[1 << 22];
+    size_t len = 0;
+    ssize_t got;
+    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
+    buf[len] = 0;
+    close(pipefd[0]);
+    waitpid(child, status, 0);
+    return buf;
+}
+
+static void stop_servers(void) {
+    for (int i = 0; i < N_RPC; i++) {
+        int st;
+        if (waitpid(rpc_servers[i], &st, WNOHANG) == rpc_servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
+        else kill(rpc_servers[i], SIGKILL);
+    }
+}
+"""
+
 _TEMPLATE = r"""/* schedfuzz reproducer: {signature}
  *
 {header}
@@ -600,6 +689,7 @@ _TEMPLATE = r"""/* schedfuzz reproducer: {signature}
 
 {gpu}
 enum {{ N_BACKENDS = {n_backends}, N_RPC = {n_rpc}, CPU_THREADS = {cpu_threads}, MAX_BUILT = 3 }};
+#define RPC_THREADS "2"  /* as the harness's RPC servers */
 enum step_kind {{ STEP_RESERVE, STEP_ALLOC, STEP_COMPUTE, STEP_SPLIT }};
 static const char * KIND_NAMES[] = {{ "reserve", "alloc", "compute", "split" }};
 
@@ -617,22 +707,13 @@ struct persistent {{ const char * name; enum ggml_type type; int n_dims; int64_t
 
 static ggml_backend_t backends[N_BACKENDS];
 static int host_buffer_of = -1;
-static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
 static ggml_backend_sched_t sched;
 static unsigned char * data_bytes;
 static unsigned char ** shadow;  /* what every weight and cache holds in the CPU-only computation */
 static int cur_step = -1;
 static int replans;              /* ggml's re-plans in the current step, from its log */
 static bool fresh_run;           /* every kept scheduler a new one (reuse-equivalent's fresh run) */
-static int report_fd = -1;       /* to the parent: what the run came to */
-static bool verbose;
-
-static void report(const char * fmt, int step, const char * text) {{
-    char line[2048];
-    int n = snprintf(line, sizeof line, fmt, step, text ? text : "");
-    if (n > 0 && write(report_fd, line, (size_t) (n < (int) sizeof line ? n : (int) sizeof line - 1)) < 0) {{ /* the parent is gone */ }}
-}}
-
+{process}
 static char needs_realloc[512];  /* ggml-alloc's last reason to re-plan */
 
 static void on_log(enum ggml_log_level level, const char * text, void * user) {{
@@ -871,42 +952,6 @@ static void step_graph(int index, enum step_kind kind, int g, const struct blob 
 }}
 
 {steps}
-/* ------------------------------------------------------------------------ the process */
-
-static int free_port(void) {{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0 }};
-    socklen_t n = sizeof a;
-    bind(s, (struct sockaddr *) &a, sizeof a);
-    getsockname(s, (struct sockaddr *) &a, &n);
-    close(s);
-    return ntohs(a.sin_port);
-}}
-
-static bool accepts(int port) {{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t) port) }};
-    bool ok = connect(s, (struct sockaddr *) &a, sizeof a) == 0;
-    close(s);
-    return ok;
-}}
-
-/* an RPC server serving the CPU device (repro-rpc-server, built beside: a process of its own, whose
-   addresses are not this one's), until killed */
-static pid_t start_rpc_server(int port) {{
-    pid_t pid = fork();
-    if (pid == 0) {{
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!verbose) {{ int null = open("/dev/null", 1); dup2(null, 1); dup2(null, 2); }}
-        char endpoint[64];
-        snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", port);
-        execl(REPRO_RPC_SERVER, REPRO_RPC_SERVER, endpoint, (char *) NULL);
-        _exit(3);
-    }}
-    for (int i = 0; i < 300 && !accepts(port); i++) usleep(100000);
-    return pid;
-}}
-
 struct outcome {{
     int died_at, signal, differs_at, replanned_at;
     bool aborted, recorded;
@@ -917,38 +962,24 @@ struct outcome {{
     size_t buffers[N_BACKENDS];
 }};
 
+static void runner(void) {{
+    ggml_log_set(on_log, NULL);
+    ggml_set_abort_callback(on_abort);
+    make_backends();
+    alloc_persistent();
+    run_steps();
+    report("DONE %d %s\n", cur_step, "");
+}}
+
 /* the steps in a child process, on the running RPC servers; with fresh, every kept scheduler is a new one */
 static struct outcome run(bool fresh) {{
     struct outcome out;
     memset(&out, 0, sizeof out);
     out.died_at = out.differs_at = out.replanned_at = -1;
-    int pipefd[2];
-    if (pipe(pipefd) != 0) exit(77);
-    fflush(stdout);
-    pid_t runner = fork();
-    if (runner == 0) {{
-        close(pipefd[0]);
-        report_fd = pipefd[1];
-        fresh_run = fresh;
-        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
-        ggml_log_set(on_log, NULL);
-        ggml_set_abort_callback(on_abort);
-        make_backends();
-        alloc_persistent();
-        run_steps();
-        report("DONE %d %s\n", cur_step, "");
-        _exit(0);
-    }}
-    close(pipefd[1]);
-    static char buf[1 << 22];
-    size_t len = 0;
-    ssize_t got;
-    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
-    buf[len] = 0;
-    close(pipefd[0]);
     int status = 0, last = -1;
     bool done = false;
-    waitpid(runner, &status, 0);
+    fresh_run = fresh;
+    char * buf = in_child(runner, &status);
     for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
         int step;
         if (sscanf(line, "STEP %d", &step) == 1) last = step;
@@ -998,20 +1029,10 @@ int main(void) {{
     data_bytes = malloc((size_t) n + 1);
     if (fread(data_bytes, 1, (size_t) n, f) != (size_t) n) {{ fprintf(stderr, "cannot read %s\n", REPRO_DATA); return 77; }}
     fclose(f);
-    pid_t servers[N_RPC > 0 ? N_RPC : 1];
-    for (int i = 0; i < N_RPC; i++) {{
-        rpc_ports[i] = free_port();
-        servers[i] = start_rpc_server(rpc_ports[i]);
-        if (!accepts(rpc_ports[i])) {{ fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]); return 77; }}
-        printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) servers[i]);
-    }}
+    if (!start_servers()) return 77;
     struct outcome out = run(false);
 {judge}
-    for (int i = 0; i < N_RPC; i++) {{
-        int st;
-        if (waitpid(servers[i], &st, WNOHANG) == servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
-        else kill(servers[i], SIGKILL);
-    }}
+    stop_servers();
     printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
     return reproduced ? 1 : 0;
 }}

@@ -28,7 +28,7 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
-from .export import RPC_SERVER, ExportError, c_string, gpu_config, gpu_declarations
+from .export import PROCESS_C, RPC_SERVER, ExportError, c_string, gpu_config, gpu_declarations
 
 EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
@@ -171,7 +171,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
            "ggml aborts (its abort callback) or the process dies of a signal in the call")
     words = f"[{case.property}] call {case.step}: {case.message.splitlines()[0] if case.message else case.signature}"
     source = _TEMPLATE.format(
-        signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
+        process=PROCESS_C, signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
         gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
         chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
         record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict),
@@ -367,12 +367,10 @@ ggml_backend_reg_t schedfuzz_fake_gpu_register(const char * name, ggml_backend_d
 #endif
 
 enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_LORAS = {n_loras}, RECORD_LOGITS = {record_logits} }};
+#define RPC_THREADS "1"  /* as the harness's RPC servers for llama.cpp */
 struct part {{ int seq, n_tokens, outputs; }};  /* outputs: 0 none, 1 the last token, 2 all */
 
-static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
 static int cur_call = -2;
-static int report_fd = -1;
-static bool verbose;
 static struct llama_model * model;
 static struct llama_context * ctx;
 static llama_memory_t mem;
@@ -381,12 +379,7 @@ static ggml_backend_dev_t cpu_dev;
 static struct llama_adapter_lora * adapters[N_LORAS];
 static struct {{ uint8_t * data; size_t size; llama_pos pos; }} checkpoints[64];
 
-static void report(const char * fmt, int call, const char * text) {{
-    char line[2048];
-    int n = snprintf(line, sizeof line, fmt, call, text ? text : "");
-    if (n > 0 && write(report_fd, line, (size_t) (n < (int) sizeof line ? n : (int) sizeof line - 1)) < 0) {{ /* the parent is gone */ }}
-}}
-
+{process}
 static char needs_realloc[512];  /* ggml-alloc's last reason to re-plan, without [endpoints] */
 
 static void on_log(enum ggml_log_level level, const char * text, void * user) {{
@@ -513,40 +506,6 @@ static ggml_backend_dev_t gpu_device(const char * name, struct fake_gpu_config c
 #endif
 
 {run_calls}
-/* ------------------------------------------------------------------------ the process */
-
-static int free_port(void) {{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0 }};
-    socklen_t n = sizeof a;
-    bind(s, (struct sockaddr *) &a, sizeof a);
-    getsockname(s, (struct sockaddr *) &a, &n);
-    close(s);
-    return ntohs(a.sin_port);
-}}
-
-static bool accepts(int port) {{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {{ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t) port) }};
-    bool ok = connect(s, (struct sockaddr *) &a, sizeof a) == 0;
-    close(s);
-    return ok;
-}}
-
-static pid_t start_rpc_server(int port) {{
-    pid_t pid = fork();
-    if (pid == 0) {{
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!verbose) {{ int null = open("/dev/null", O_WRONLY); dup2(null, 1); dup2(null, 2); }}
-        char endpoint[64];
-        snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", port);
-        execl(REPRO_RPC_SERVER, REPRO_RPC_SERVER, endpoint, "1", (char *) NULL);
-        _exit(3);
-    }}
-    for (int i = 0; i < 300 && !accepts(port); i++) usleep(100000);
-    return pid;
-}}
-
 struct outcome {{
     int died_at, signal, replanned_at, n_logits;
     bool aborted;
@@ -554,36 +513,25 @@ struct outcome {{
     float logits[2][4096];  /* the case's call: its first and last output's logits */
 }};
 
-/* the calls in a child process: variant 0 as the case has them, 1 on the CPU alone */
-static struct outcome run(int variant) {{
+static int variant;  /* 0: the calls as the case has them, 1: on the CPU alone */
+
+static void runner(void) {{
+    llama_log_set(on_log, NULL);
+    ggml_set_abort_callback(on_abort);
+    llama_backend_init();
+    if (variant == 0) run_calls_0(); else run_calls_1();
+    report("DONE %d %s\n", cur_call, "");
+}}
+
+/* the calls in a child process */
+static struct outcome run(int which) {{
     struct outcome out;
     memset(&out, 0, sizeof out);
     out.died_at = out.replanned_at = -2;
-    int pipefd[2];
-    if (pipe(pipefd) != 0) exit(77);
-    fflush(stdout);
-    pid_t runner = fork();
-    if (runner == 0) {{
-        close(pipefd[0]);
-        report_fd = pipefd[1];
-        signal(SIGPIPE, SIG_IGN);  /* as in the harness (Python ignores it): a closed RPC connection is an error ggml sees */
-        llama_log_set(on_log, NULL);
-        ggml_set_abort_callback(on_abort);
-        llama_backend_init();
-        if (variant == 0) run_calls_0(); else run_calls_1();
-        report("DONE %d %s\n", cur_call, "");
-        _exit(0);
-    }}
-    close(pipefd[1]);
-    static char buf[1 << 22];
-    size_t len = 0;
-    ssize_t got;
-    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
-    buf[len] = 0;
-    close(pipefd[0]);
     int status = 0, last = -2;
     bool done = false;
-    waitpid(runner, &status, 0);
+    variant = which;
+    char * buf = in_child(runner, &status);
     for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
         int call, k;
         if (sscanf(line, "CALL %d", &call) == 1) last = call;
@@ -612,20 +560,10 @@ int main(void) {{
     verbose = getenv("REPRO_VERBOSE") != NULL;
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("schedfuzz reproducer: %s\n", {words});
-    pid_t servers[N_RPC > 0 ? N_RPC : 1];
-    for (int i = 0; i < N_RPC; i++) {{
-        rpc_ports[i] = free_port();
-        servers[i] = start_rpc_server(rpc_ports[i]);
-        if (!accepts(rpc_ports[i])) {{ fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]); return 77; }}
-        printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) servers[i]);
-    }}
+    if (!start_servers()) return 77;
     struct outcome out = run(0);
 {judge}
-    for (int i = 0; i < N_RPC; i++) {{
-        int st;
-        if (waitpid(servers[i], &st, WNOHANG) == servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
-        else kill(servers[i], SIGKILL);
-    }}
+    stop_servers();
     printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
     return reproduced ? 1 : 0;
 }}
