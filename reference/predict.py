@@ -77,6 +77,11 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
                 sched.reset()
                 records.append(StepRecord(i, step.kind, n_copies=sched.n_copies, buffer_sizes=sched.buffer_sizes()))
                 continue
+            if step.kind == "eval_callback":
+                # ggml_backend_sched_set_eval_callback: only ggml_backend_sched_compute_splits reads it,
+                # to compute a split in pieces; no plan changes
+                records.append(StepRecord(i, step.kind, n_copies=sched.n_copies, buffer_sizes=sched.buffer_sizes()))
+                continue
             spec = scenario.graph(step.graph or "")
             sched.reset()
             for name, backend in spec.forced:

@@ -236,6 +236,8 @@ def features(scenario: Scenario) -> list[str]:
         "gpu fusions (add_alloc_dep)": any(b.fuse for b in scenario.layout.backends),
         "gpu asynchronous": any(b.asynchronous for b in scenario.layout.backends),
         "forced assignments": any(g.forced for _, g in scenario.graphs),
+        # ggml_backend_sched_set_eval_callback, then a compute: compute_splits computes in pieces
+        "eval callback (computed with)": any(s.kind == "compute" for s in scenario.steps[next((i for i, s in enumerate(scenario.steps) if s.kind == "eval_callback"), len(scenario.steps)):]),
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),

@@ -233,6 +233,8 @@ class _Program:
                 lines.append(f"    step_sched_new({i}, {flags}, /* GGML_SCHED_DEBUG_REALLOC */ {watch});")
             elif st.kind == "reset":
                 lines.append(f"    step_reset({i});")
+            elif st.kind == "eval_callback":
+                lines.append(f"    step_eval_callback({i});")
             else:
                 k = names.index(st.graph or "")
                 spec = self.sc.graph(st.graph or "")
@@ -909,6 +911,20 @@ static void step_sched_new(int index, int max_nodes, bool parallel, bool op_offl
     unsetenv("GGML_SCHED_DEBUG_REALLOC");
     printf("step %d: ggml_backend_sched_new(max_nodes = %d, parallel = %d, op_offload = %d)%s: %d copies\n", index, max_nodes, parallel, op_offload,
            debug_realloc ? " with GGML_SCHED_DEBUG_REALLOC=1" : "", ggml_backend_sched_get_n_copies(sched));
+}}
+
+/* the eval callback: asked, it wants every MUL_MAT and MUL_MAT_ID result (as llama.cpp's imatrix
+   tool does), so that compute_splits computes each split up to each of them; given one, it goes on */
+static bool eval_cb(struct ggml_tensor * t, bool ask, void * user_data) {{
+    (void) user_data;
+    return ask ? t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_MUL_MAT_ID : true;
+}}
+
+static void step_eval_callback(int index) {{
+    cur_step = index;
+    report("STEP %d %s\n", index, "");
+    ggml_backend_sched_set_eval_callback(sched, eval_cb, NULL);
+    printf("step %d: ggml_backend_sched_set_eval_callback (MUL_MAT, MUL_MAT_ID)\n", index);
 }}
 
 static void step_reset(int index) {{

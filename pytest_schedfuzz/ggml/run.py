@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engine import TargetError
-from ..model.scenario import GraphSpec, Scenario, SchedParams, Step, TensorSpec
+from ..model.scenario import EVAL_CALLBACK_OPS, GraphSpec, Scenario, SchedParams, Step, TensorSpec
 from ..model.trace import ReallocEvent, SizeCounts, Split, StepRecord
 from . import values
 from .backends import init_backends
@@ -59,6 +59,7 @@ class ScenarioRun:
         self.built: list[Built] = []
         self.persistent = _Persistent()
         self.cpu_only = CpuOnly(eng, scenario)  # the values check of compute steps
+        self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
         try:
             self.backends, self.rpc_endpoints = init_backends(eng, scenario.layout, endpoints)
             self.names = [self.g.ggml_backend_name(b).decode() for b in self.backends]
@@ -174,6 +175,9 @@ class ScenarioRun:
         if st.kind == "reset":
             g.ggml_backend_sched_reset(self.sched)
             return StepRecord(index, st.kind, n_copies=g.ggml_backend_sched_get_n_copies(self.sched), buffer_sizes=self._sizes())
+        if st.kind == "eval_callback":
+            g.ggml_backend_sched_set_eval_callback(self.sched, self._eval_cb, None)
+            return StepRecord(index, st.kind, n_copies=g.ggml_backend_sched_get_n_copies(self.sched), buffer_sizes=self._sizes())
         assert st.graph is not None
         spec = self.scenario.graph(st.graph)
         built = self.materialize(spec)
@@ -217,6 +221,12 @@ class ScenarioRun:
                 diff = self.cpu_only.compare(index, spec, built.tensors, inputs, self.backends[-1])
                 record = replace(record, values=diff, values_checked=len(values.compared(spec)))
         return record
+
+    def _on_eval(self, t: Ptr, ask: bool, user_data: int | None) -> bool:
+        """The eval callback (``eval_callback`` steps): asked, it wants the results of the ops of
+        ``EVAL_CALLBACK_OPS``, so that ``compute_splits`` computes each split up to each of them and
+        waits; given one, it lets the computation go on."""
+        return self.eng.op_name(t) in EVAL_CALLBACK_OPS if ask else True
 
     def _round_trip(self) -> None:
         """One request with a reply to every RPC server, after a compute: from 0.25.3 on the RPC

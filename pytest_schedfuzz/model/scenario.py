@@ -20,7 +20,10 @@ FORMAT_VERSION = 1
 
 ROLES = ("weight", "cache", "input", "")
 BACKEND_KINDS = ("rpc", "gpu", "blas", "cpu")
-STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset", "split")
+# eval_callback: ggml_backend_sched_set_eval_callback on the current scheduler, with a callback that
+# asks for every MUL_MAT and MUL_MAT_ID result, as llama.cpp's imatrix tool does (EVAL_CALLBACK_OPS)
+STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset", "split", "eval_callback")
+EVAL_CALLBACK_OPS = ("MUL_MAT", "MUL_MAT_ID")
 # explicit limits on what a scenario may ask of the engine (case files are checked against them)
 MAX_ELEMENTS = 2**26  # per tensor: 256 MiB of f32
 MAX_TENSORS = 100_000  # per graph

@@ -368,14 +368,14 @@ def scenarios(
     params = st.builds(
         SchedParams, max_nodes=st.integers(2 * biggest + 16, max(4096, 4 * biggest)), parallel=st.booleans(), op_offload=st.booleans()
     )
-    kinds = ("reserve", "alloc", "alloc", "reset") + (("compute",) if compute else ())
+    kinds = ("reserve", "alloc", "alloc", "reset") + (("compute", "eval_callback") if compute else ())
     steps = [Step("sched_new", params=draw(params))]
     for _ in range(draw(st.integers(1, max_steps))):
         kind = draw(st.sampled_from(kinds + ("sched_new",)))
         if kind == "sched_new":
             steps.append(Step("sched_new", params=draw(params)))
-        elif kind == "reset":
-            steps.append(Step("reset"))
+        elif kind in ("reset", "eval_callback"):
+            steps.append(Step(kind))
         else:
             steps.append(Step(kind, draw(st.sampled_from(names))))
     return Scenario(fit_max_size(layout, specs), tuple(zip(names, specs)), tuple(steps))

@@ -9,7 +9,7 @@ import pytest
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.ggml.build import build_ggml_base, coverage_build
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.tools.coverage import lines, measure
 
 
@@ -36,3 +36,30 @@ def test_a_coverage_build_counts_what_a_run_reaches_and_tells_unreachable_branch
     assert any(not why for _, why in missed)  # reachable, not reached by one small scenario
     report = "\n".join(lines(list(fns.values())))
     assert "ggml_backend_sched_split_graph" in report and "branches reachable from the public API" in report
+
+
+@pytest.mark.engine
+def test_an_eval_callback_step_reaches_compute_splits_callback_path() -> None:
+    """What the coverage list showed no example reached: with ``eval_callback``
+    (``ggml_backend_sched_set_eval_callback``, asking for each MUL_MAT), ``compute_splits``
+    computes each split in pieces; the same compute without it takes none of those branches.
+    The values are those of the CPU alone either way."""
+    lib = build_ggml_base("ggml-0.25.3", coverage=True)
+    build = coverage_build(lib)
+    b = GraphBuilder()
+    y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 4)), name="y")
+    g = b.build(b.op("add", b.op("mul_mat", b.weight("w2", (16, 16), device=1), y, name="z"), y, name="o"))
+    reached: list[tuple[int, list[int]]] = []
+    for callback in (False, True):
+        for gcda in build.rglob("*.gcda"):
+            gcda.unlink()
+        steps = (Step("sched_new", params=SchedParams(64, False, False)),) + ((Step("eval_callback"),) if callback else ()) + (Step("compute", "g"),)
+        f = Fuzzer(FuzzConfig(database=None, lib=str(lib)))
+        try:
+            assert f.check("same-values", Scenario(BackendLayout((BackendSpec("gpu"), BackendSpec("cpu"))), (("g", g),), steps)) == []
+        finally:
+            f.close()
+        splits = next(fn for fn in measure(build, lib.parent / "ggml") if fn.name.startswith("ggml_backend_sched_compute_splits("))
+        reached.append((splits.branches_hit, [line for line, source, _ in splits.missed if "callback_eval(t, true" in source]))
+    (plain, plain_missed), (called, called_missed) = reached
+    assert called > plain + 5 and len(called_missed) < len(plain_missed), reached
