@@ -263,7 +263,10 @@ def export(args: argparse.Namespace) -> int:
     ``--check``, each built against the build it was found on and run."""
     from ..cases.export import ExportError, build_and_run
 
-    cases = load_all(args.cases)
+    try:
+        cases = load_all(args.cases)
+    except CaseError as e:
+        return bad_case(e)
     single = len(args.cases) == 1 and not Path(args.cases[0]).is_dir()
     failed = 0
     for case in cases:

@@ -202,8 +202,12 @@ def test_a_llama_same_logits_reproducer_runs_the_calls_again_on_the_cpu_alone(tm
 
 
 def test_a_case_no_program_can_show_alone_gets_a_clear_error(tmp_path: Path) -> None:
-    """A policy-only finding (reuse-sound: no ggml call), a figure ggml's API does not tell, a
-    llama.cpp counter of the seeds' build."""
+    """A truncated case file (left as it is), a policy-only finding (reuse-sound: no ggml call), a
+    figure ggml's API does not tell, a llama.cpp counter of the seeds' build."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"property": ')
+    r = _cli("export", str(bad), "-o", str(tmp_path / "out"))
+    assert r.returncode == 2 and f"{bad}: not valid JSON (truncated?)" in r.stderr and bad.read_text() == '{"property": '
     counters = replace(_case("4e6374f1c3"), property="llama-counters-agree")
     with pytest.raises(ExportError, match="compares two runs or counters"):
         export_llama_case(counters, tmp_path, None)
