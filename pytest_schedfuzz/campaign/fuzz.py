@@ -263,10 +263,10 @@ class Fuzzer:
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws
         drawn: list[st.SearchStrategy[Workload | Scenario | LlamaWorkload]] = []
-        if d.captured == "scenarios" and self.captured_pool():
-            drawn.append(captured_scenarios(self.captured_pool(), p.max_gpu, p.max_steps, self.policy))
-        if d.captured == "workloads" and self.captured_pool():
-            drawn.append(captured_workloads(self.captured_pool(), p.max_gpu, d.max_ubatches, self.policy))
+        if d.captured and self.captured_pool():
+            pool = self.captured_pool()
+            drawn.append(captured_scenarios(pool, p.max_gpu, p.max_steps, self.policy) if d.captured == "scenarios"
+                         else captured_workloads(pool, p.max_gpu, d.max_ubatches, self.policy))
         if d.kind in ("scenarios", "both"):
             drawn.append(scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu))
         if d.kind in ("workloads", "both"):

@@ -237,7 +237,7 @@ def features(scenario: Scenario) -> list[str]:
         "gpu asynchronous": any(b.asynchronous for b in scenario.layout.backends),
         "forced assignments": any(g.forced for _, g in scenario.graphs),
         # ggml_backend_sched_set_eval_callback, then a compute: compute_splits computes in pieces
-        "eval callback (computed with)": any(s.kind == "compute" for s in scenario.steps[next((i for i, s in enumerate(scenario.steps) if s.kind == "eval_callback"), len(scenario.steps)):]),
+        "eval callback (computed with)": "compute" in [s.kind for s in scenario.steps][_first(scenario, "eval_callback"):],
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
@@ -248,6 +248,11 @@ def features(scenario: Scenario) -> list[str]:
             g.label.startswith(CAPTURED_LABEL) and f", n_ubatch {CONTEXTS[1].n_ubatch}, " in g.label for _, g in scenario.graphs),
     }
     return [k for k, v in checks.items() if v]
+
+
+def _first(scenario: Scenario, kind: str) -> int:
+    """The index of the scenario's first step of ``kind`` (past the last step if none)."""
+    return next((i for i, s in enumerate(scenario.steps) if s.kind == kind), len(scenario.steps))
 
 
 def _after_reservation(scenario: Scenario) -> bool:

@@ -307,7 +307,7 @@ def _judge(case: Case, scenario: Scenario, seen: Seen) -> tuple[str, str]:
     difference in the case's terms, and the declarations it needs (the prediction's figures)."""
     step, what = case.step, _what(case)
     if case.property not in _OBSERVABLE:
-        return f"    bool reproduced = {_verdict(case, scenario)};", ""
+        return f"    bool reproduced = {_verdict(case)};", ""
     if what not in _OBSERVABLE[case.property]:
         raise ExportError(f"{case.path}: a {case.property}[what={what}] finding: ggml's public API does not tell a program "
                           f"{'the split inputs or the graph copy' if what in ('graph_size', 'graph-copy') else what} (schedfuzz reads them from its debug log)")
@@ -359,9 +359,14 @@ def _judge(case: Case, scenario: Scenario, seen: Seen) -> tuple[str, str]:
     return f"{run_fresh}    bool reproduced = {cond};\n{said}", ""
 
 
-def _verdict(case: Case, scenario: Scenario) -> str:
+def death_condition(case: Case, died: str) -> str:
+    """The C condition that the run died as the case did, ``died`` (a C condition) being that it
+    died at the case's step: killed by a signal for a ``kind=crash`` finding, else by ggml's abort."""
+    return f"{died} && !out.aborted && out.signal != 0" if "kind=crash" in case.signature else f"{died} && out.aborted"
+
+
+def _verdict(case: Case) -> str:
     """The C condition on the run's outcome under which the finding reproduces."""
-    kind = case.signature.split("kind=")[1].split(",")[0].rstrip("]") if "kind=" in case.signature else "abort"
     if "race=" in case.signature:  # a race: its symptom (an abort, a crash, wrong values) depends on the timing
         return f"out.died_at == {case.step} || out.differs_at == {case.step}"
     if case.property == "no-same-size-realloc":
@@ -372,9 +377,7 @@ def _verdict(case: Case, scenario: Scenario) -> str:
         return (f'(out.died_at == {case.step} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL)'
                 f" || (out.replanned_at == {case.step} && strcmp(out.replanned, {reason}) == 0)")
     if case.property == "no-abort":
-        if kind == "crash":
-            return f"out.died_at == {case.step} && !out.aborted && out.signal != 0"
-        return f"out.died_at == {case.step} && out.aborted"
+        return death_condition(case, f"out.died_at == {case.step}")
     return f"out.differs_at == {case.step}"
 
 

@@ -28,7 +28,7 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
-from .export import PROCESS_C, RPC_SERVER, ExportError, c_string, gpu_config, gpu_declarations
+from .export import PROCESS_C, RPC_SERVER, ExportError, c_string, death_condition, gpu_config, gpu_declarations
 
 EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
@@ -154,7 +154,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     if case.property == "llama-same-logits":
         verdict = "logits_differ(&out)"
     elif case.property != "llama-no-same-size-realloc":
-        verdict = f"{died} && {'!out.aborted && out.signal != 0' if 'kind=crash' in case.signature else 'out.aborted'}"
+        verdict = death_condition(case, died)
     elif not earlier:
         verdict = f'{died} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL'
     else:

@@ -292,7 +292,7 @@ def export(args: argparse.Namespace) -> int:
                 failed += 1
                 continue
             expected = case.expected_failure_on(version) is not None
-            built_on = args.llama_lib or "llama.cpp-0.3.36" if case.llama is not None else lib
+            built_on = (args.llama_lib or "llama.cpp-0.3.36") if case.llama is not None else lib
             print(f"  check on {built_on}: {built.verdict} (exit {built.code}); expected: {'reproduces' if expected else 'does not reproduce'}")
             with (out / "REPORT.md").open("a") as f:
                 f.write(f"\n## Checked\n`schedfuzz export --check` built it against {built_on} (ggml {version}) and ran it: "
