@@ -22,6 +22,19 @@ from .graph import CGraph
 BLAS_MIN_BATCH = 32  # ggml-blas.cpp: min_batch in supports_op
 
 
+def op_batch_size(ggml_op: str, ne: tuple[int, ...]) -> int:
+    """``get_op_batch_size`` (ggml-cuda.cu; ggml-vulkan's is the same): the tokens of a routed
+    expert matmul and of a rope are ``ne[2]``; ``GET_ROWS`` is never offloaded; a matmul's batch
+    is ``ne[1]``, any other op's its rows (``ggml_nrows``)."""
+    if ggml_op == "GET_ROWS":
+        return 0
+    if ggml_op == "MUL_MAT":
+        return ne[1]
+    if ggml_op in ("MUL_MAT_ID", "ROPE", "ROPE_BACK"):
+        return ne[2]
+    return ne[1] * ne[2] * ne[3]
+
+
 class Backends:
     """The scheduler's view of a layout: ``supports_op``, ``supports_buft``, ``offload_op``."""
 
@@ -63,9 +76,12 @@ class Backends:
         return buft == own if not self.layout.is_host_buft(own) else self.layout.is_host_buft(buft)
 
     def offload_op(self, b: int, g: CGraph, t: int) -> bool:
-        """``ggml_backend_offload_op``: a gpu's threshold on ``ne[1]``; no other backend offloads."""
-        threshold = self.layout.backends[b].offload_min_batch
-        return threshold is not None and g.ne1[t] >= threshold
+        """``ggml_backend_offload_op``: a gpu's threshold on ``ne[1]``, or with ``cuda_batch`` on
+        the batch as ggml-cuda's ``get_op_batch_size`` measures it; no other backend offloads."""
+        spec = self.layout.backends[b]
+        if spec.offload_min_batch is None:
+            return False
+        return (op_batch_size(g.ggml_op[t], g.layout[t][1]) if spec.cuda_batch else g.ne1[t]) >= spec.offload_min_batch
 
     def buffer_type(self, b: int) -> BufferType:
         """What ggml-alloc asks of backend ``b``'s compute buffer type (``sched->bufts[b]``):

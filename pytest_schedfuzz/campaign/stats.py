@@ -229,6 +229,7 @@ def features(scenario: Scenario) -> list[str]:
         "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
         "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
         "gpu offload_op": any(b.offload_min_batch for b in scenario.layout.backends),
+        "gpu offload_op by ggml-cuda's batch (routed experts)": any(b.cuda_batch for b in scenario.layout.backends),
         "gpu host buffer": scenario.layout.host_buffer_of is not None,
         "gpu shared buffer type": any(b.shared_buft for b in scenario.layout.backends),
         "gpu max_size (chunks)": any(b.max_size for b in scenario.layout.backends),

@@ -56,7 +56,7 @@ def buffers_text(scenario: Scenario, record: StepRecord) -> str:
             limits += [name for name, on in (("host buffer", b.host_buffer), ("CPU's buffer type", b.shared_buft),
                                               ("asynchronous", b.asynchronous)) if on]
             if b.offload_min_batch is not None:
-                limits.append(f"offload_op batch >= {b.offload_min_batch}")
+                limits.append(f"offload_op batch{' (as ggml-cuda measures it)' if b.cuda_batch else ''} >= {b.offload_min_batch}")
             if b.unsupported:
                 limits.append("no " + "/".join(b.unsupported))
         buf = _bytes(size) if size is not None else "?"

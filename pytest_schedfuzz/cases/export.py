@@ -279,7 +279,7 @@ def gpu_config(b: BackendSpec) -> str:
             f".alignment = {b.alignment}, .host_buffer = {int(b.host_buffer)}, .shared_buft = {int(b.shared_buft)}, "
             f".graph_optimize = {int(b.graph_optimize)}, .async = {int(b.asynchronous)}, .delay_us = {b.delay_us}, "
             f".unsupported = {c_string(','.join(b.unsupported))}, .memory = {b.memory or 0}, .corrupt_op = {c_string(b.corrupt_op)}, "
-            f".fuse = {int(b.fuse)} }}")
+            f".fuse = {int(b.fuse)}, .cuda_batch = {int(b.cuda_batch)} }}")
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,7 @@ def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
     if dv.tensor_split:
         cands.append(replace(w, devices=replace(dv, tensor_split=())))
     for k, g in enumerate(dv.gpus):
-        plain = BackendSpec("gpu", asynchronous=g.asynchronous, offload_min_batch=g.offload_min_batch)
+        plain = BackendSpec("gpu", asynchronous=g.asynchronous, offload_min_batch=g.offload_min_batch, cuda_batch=g.cuda_batch)
         if g != plain:
             cands.append(replace(w, devices=replace(dv, gpus=dv.gpus[:k] + (plain,) + dv.gpus[k + 1 :])))
     if w.model.n_layer > 1:

@@ -48,12 +48,14 @@ class FakeGpuConfig(ctypes.Structure):
         ("memory", ctypes.c_size_t),
         ("corrupt_op", ctypes.c_char * 32),
         ("fuse", ctypes.c_int),
+        ("cuda_batch", ctypes.c_int),
     ]
 
     @staticmethod
     def of(b: BackendSpec) -> FakeGpuConfig:
         return FakeGpuConfig(b.offload_min_batch or 0, b.max_size or 0, b.alignment, b.host_buffer, b.shared_buft, b.graph_optimize,
-                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode(), b.memory or 0, b.corrupt_op.encode(), b.fuse)
+                             b.asynchronous, b.delay_us, ",".join(b.unsupported).encode(), b.memory or 0, b.corrupt_op.encode(), b.fuse,
+                             b.cuda_batch)
 
 
 def load_fake_gpu() -> ctypes.CDLL:
@@ -101,6 +103,22 @@ class Channel:
         data = (json.dumps(msg) + "\n").encode()
         while data:
             data = data[os.write(self.fd, data) :]
+
+
+def gcov_dump() -> None:
+    """Write the counts of a coverage build of ggml (``schedfuzz coverage``) now: ``abort()``
+    skips the exit handlers that would, so every scenario that ends in a ggml abort (a finding,
+    an oracle under ``GGML_SCHED_DEBUG_REALLOC``) would otherwise be missing from the figure. A
+    no-op on every other build (no ``__gcov_dump`` in the library)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libggml-base.so" in line}
+        for path in paths:
+            dump = getattr(ctypes.CDLL(path), "__gcov_dump", None)
+            if dump is not None:
+                dump()
+    except Exception:
+        pass  # the process dies anyway; a figure without these counts is still a figure
 
 
 class Ggml:
@@ -163,6 +181,7 @@ class Ggml:
             self.chan.send({"abort": {"step": self.step, "message": (message or b"").decode(errors="replace")}})
         except Exception:
             pass  # ggml aborts anyway; the parent then reports a crash
+        gcov_dump()
 
     def check_bindings(self) -> str:
         """Check ggml-python's bindings against the loaded library where a mismatch matters:

@@ -3,7 +3,8 @@
  *
  *   - its own buffer type, which no other backend supports (or, "shared", the CPU's buffer type,
  *     as accelerator devices such as BLAS use it);
- *   - offload_op for ops whose batch (ne[1]) reaches a threshold, as GPU backends do;
+ *   - offload_op for ops whose batch (ne[1], or as ggml-cuda and ggml-vulkan measure it: see
+ *     op_batch_size) reaches a threshold, as GPU backends do;
  *   - a configurable supports_op (the ops it refuses, by ggml_op_name);
  *   - a maximum buffer size (the allocator splits its buffers into chunks; a larger request fails,
  *     as a device allocation would) and an alignment;
@@ -50,6 +51,7 @@ struct fake_gpu_config {
     size_t  memory;              /* 0: 16 GiB */
     char    corrupt_op[32];      /* a planted fault: 1 is added to the first element of each result of this op */
     int     fuse;                /* graph_optimize fuses (fake_gpu_fuse), where ggml passes add_alloc_dep */
+    int     cuda_batch;          /* offload_op measures an op's batch as ggml-cuda does (op_batch_size), not by ne[1] */
 };
 
 /* ------------------------------------------------------------------ asynchronous queue */
@@ -558,9 +560,27 @@ static bool dev_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t
     return gpu->cfg.shared_buft ? ggml_backend_buft_is_host(buft) : buft == &gpu->buft;
 }
 
+/* ggml-cuda's get_op_batch_size (ggml-vulkan's ggml_vk_get_op_batch_size is the same): a routed
+ * expert matmul and a rope count tokens in ne[2], GET_ROWS is never offloaded, others by rows */
+static int64_t op_batch_size(const struct ggml_tensor * op) {
+    switch (op->op) {
+        case GGML_OP_GET_ROWS:
+            return 0;
+        case GGML_OP_MUL_MAT:
+            return op->ne[1];
+        case GGML_OP_MUL_MAT_ID:
+        case GGML_OP_ROPE:
+        case GGML_OP_ROPE_BACK:
+            return op->ne[2];
+        default:
+            return ggml_nrows(op);
+    }
+}
+
 static bool dev_offload_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {
     struct fake_gpu * gpu = gpu_of_dev(dev);
-    return gpu->cfg.offload_min_batch > 0 && op->ne[1] >= gpu->cfg.offload_min_batch;
+    int64_t batch = gpu->cfg.cuda_batch ? op_batch_size(op) : op->ne[1];
+    return gpu->cfg.offload_min_batch > 0 && batch >= gpu->cfg.offload_min_batch;
 }
 
 static ggml_backend_event_t dev_event_new(ggml_backend_dev_t dev) {

@@ -216,6 +216,9 @@ class BackendSpec:
     type. ``gpu`` is schedfuzz's GPU-like device (``ggml/fake_gpu.c``), with the fields below:
 
     * ``offload_min_batch``: its ``offload_op`` accepts ops whose batch (``ne[1]``) is at least this;
+    * ``cuda_batch``: that batch is measured as ggml-cuda and ggml-vulkan measure it
+      (``get_op_batch_size``: ``ne[2]`` for ``MUL_MAT_ID`` and ``ROPE``, never for ``GET_ROWS``,
+      the rows for the rest), so that a routed-expert matmul is offloaded by its tokens;
     * ``max_size``: the maximum size of a buffer of its buffer type (ggml-alloc splits larger
       compute buffers into chunks; the device refuses a larger allocation);
     * ``alignment`` of its buffers; ``unsupported``: ops (as ``ggml_op_name`` names them) its
@@ -247,6 +250,7 @@ class BackendSpec:
     memory: int | None = None
     corrupt_op: str = ""
     fuse: bool = False
+    cuda_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
@@ -255,6 +259,8 @@ class BackendSpec:
             raise SpecError(f"backend {self.kind!r}: only a gpu backend takes device settings ({self.to_json()})")
         if self.offload_min_batch is not None and self.offload_min_batch < 1:
             raise SpecError(f"offload_min_batch {self.offload_min_batch}: must be at least 1")
+        if self.cuda_batch and self.offload_min_batch is None:
+            raise SpecError("cuda_batch: measures offload_op's batch, so it needs an offload_min_batch")
         if self.max_size is not None and self.max_size < 1024:
             raise SpecError(f"max_size {self.max_size}: must be at least 1024 bytes")
         if self.alignment < 1 or self.alignment & (self.alignment - 1) or self.alignment > 4096:

@@ -40,16 +40,19 @@ GPU_REFUSABLE = ("UNARY", "ROPE", "SOFT_MAX", "FLASH_ATTN_EXT", "GET_ROWS", "CON
 
 @st.composite
 def gpus(draw: st.DrawFn) -> BackendSpec:
-    """A GPU-like device (``ggml/fake_gpu.c``): offloading large batches or not, refusing a
+    """A GPU-like device (``ggml/fake_gpu.c``): offloading large batches or not (measured by
+    ``ne[1]`` or as ggml-cuda measures them, which offloads routed experts by tokens), refusing a
     few ops, with or without a host buffer type, sharing the CPU's buffer type now and then, a
     maximum buffer size (in bytes, raised by ``fit_max_size`` to the largest tensor), an
     alignment, reordering splits, fusing (keeping the fusions' inputs alive: dependency nodes
     in 0.25.3's graph copy), and asynchronous with a delay."""
     shared = draw(st.integers(0, 4)) == 4  # the simplest draw (0) is a device with its own buffer type
     asynchronous = draw(st.booleans())
+    offload = draw(st.sampled_from((None, 8, 32)))
     return BackendSpec(
         "gpu",
-        offload_min_batch=draw(st.sampled_from((None, 8, 32))),
+        offload_min_batch=offload,
+        cuda_batch=offload is not None and draw(st.booleans()),
         max_size=draw(st.sampled_from((None, 16384, 65536, 1 << 20))),
         alignment=draw(st.sampled_from((32, 128, 512))),
         unsupported=tuple(draw(st.lists(st.sampled_from(GPU_REFUSABLE), max_size=2, unique=True))),

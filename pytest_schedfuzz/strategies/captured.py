@@ -5,11 +5,13 @@ drawn scheduler parameters, where the scheduler is kept exactly when the reuse p
 ``llama_context::sched_reserve`` decides (``sim.driver.Driver``):
 
 - ``captured_scenarios``: in drawn sequences of reserves, allocs, computes (their inputs filled
-  by the values oracle, ``ggml.values``), splits and re-reservations (``sched_new``);
+  by the values oracle, ``ggml.values``), splits, eval callbacks and re-reservations (``sched_new``);
 - ``captured_workloads``: in llama.cpp's own order, as a server would drive it: its reservation
   (the worst-case graphs ``sched_reserve`` reserved, in its order), then ubatches of the graphs
   llama.cpp built for its decodes, in a drawn order, and re-reservations (``sched_new`` with drawn
-  parameters, then the reservation again), as after a ``llama_set_*`` call."""
+  parameters, then the reservation again), as after a ``llama_set_*`` call; now and then with an
+  eval callback on every scheduler (``cparams.cb_eval``, as llama-imatrix sets it: llama.cpp hands
+  it to ``ggml_backend_sched_set_eval_callback`` before it computes)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,10 @@ def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
     cur = draw(params)
     steps = [Step("sched_new", params=cur)]
     for _ in range(draw(st.integers(1, max_steps))):
-        kind = draw(st.sampled_from(("reserve", "alloc", "alloc", "compute", "split", "sched_new")))
+        kind = draw(st.sampled_from(("reserve", "alloc", "alloc", "compute", "split", "sched_new", "eval_callback")))
+        if kind == "eval_callback":
+            steps.append(Step(kind))
+            continue
         if kind != "sched_new":
             steps.append(Step(kind, draw(st.sampled_from(names))))
             continue
@@ -63,12 +68,13 @@ def captured_workloads(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
     max_nodes = max((s.params.max_nodes for s in base.steps if s.params is not None), default=1024)
     params = st.builds(SchedParams, st.just(max_nodes), parallel=st.booleans(), op_offload=st.booleans())
     cur = draw(params)
-    steps = [Step("sched_new", params=cur), *reservation]
+    cb_eval = [Step("eval_callback")] if draw(st.integers(0, 3)) == 3 else []
+    steps = [Step("sched_new", params=cur), *cb_eval, *reservation]
     for _ in range(draw(st.integers(1, max_ubatches))):
         if draw(st.integers(0, 7)) == 7:  # a reconfiguration: the policy decides, the reservation follows
             new = draw(params)
             reuse = bool(policy(new, cur))
-            steps += [Step("sched_new", params=new, reuse=reuse), *reservation]
+            steps += [Step("sched_new", params=new, reuse=reuse), *([] if reuse else cb_eval), *reservation]
             cur = cur if reuse else new
         steps.append(Step("compute", draw(st.sampled_from(decodes))))  # llama_decode: alloc the ubatch's graph, compute it
     return Scenario(fit_max_size(layout, [g for _, g in graphs]), graphs, tuple(steps))

@@ -63,3 +63,38 @@ def test_an_eval_callback_step_reaches_compute_splits_callback_path() -> None:
         reached.append((splits.branches_hit, [line for line, source, _ in splits.missed if "callback_eval(t, true" in source]))
     (plain, plain_missed), (called, called_missed) = reached
     assert called > plain + 5 and len(called_missed) < len(plain_missed), reached
+
+
+@pytest.mark.engine
+def test_a_routed_expert_matmul_offloaded_by_cuda_batch_copies_only_the_used_experts() -> None:
+    """What the coverage list showed no example reached: a ``MUL_MAT_ID`` whose experts are in
+    host memory, offloaded to a device whose ``offload_op`` measures its batch as ggml-cuda does
+    (``ne[2]``: tokens), makes ``compute_splits`` copy only the experts the ids use. Measured by
+    ``ne[1]`` (the used experts per token) the op stays on the CPU and none of it runs. The engine
+    agrees with the reference on where the op goes, and its values are those of the CPU alone."""
+    lib = build_ggml_base("ggml-0.25.3", coverage=True)
+    build = coverage_build(lib)
+    b = GraphBuilder()
+    x = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 8)), name="y")
+    moe = b.op("mul_mat_id", b.weight("exps", (16, 16, 8), device=1), b.op("reshape", x, name="moe_in", ne=[16, 1, 8]),
+               b.input("ids", (2, 8), "i32"), name="moe")
+    g = b.build(b.op("cont", b.op("view", moe, name="moe_v", ne=[16, 8], nb=[16 * 4 * 2]), name="out"))
+    reached = []
+    for cuda_batch in (False, True):
+        for gcda in build.rglob("*.gcda"):
+            gcda.unlink()
+        gpu = BackendSpec("gpu", offload_min_batch=8, cuda_batch=cuda_batch)
+        sc = Scenario(BackendLayout((gpu, BackendSpec("cpu"))), (("g", g),),
+                      (Step("sched_new", params=SchedParams(64, False, True)), Step("reserve", "g"), Step("compute", "g")))
+        f = Fuzzer(FuzzConfig(database=None, lib=str(lib)))
+        try:
+            assert f.check("matches-reference", sc) == [] and f.check("same-values", sc) == []
+            step = f.predict(sc).records[2]
+            moe_backend = step.node_backends[step.node_names.index("moe")]
+        finally:
+            f.close()
+        splits = next(fn for fn in measure(build, lib.parent / "ggml") if fn.name.startswith("ggml_backend_sched_compute_splits("))
+        reached.append((moe_backend, [line for line, source, _ in splits.missed if "copy_experts(first_id, last_id)" in source]))
+    (plain_backend, plain_missed), (cuda_backend, cuda_missed) = reached
+    assert (plain_backend, cuda_backend) == (1, 0), reached  # the CPU, then the device
+    assert len(cuda_missed) < len(plain_missed), reached
