@@ -35,7 +35,8 @@ PROFILES: dict[str, Profile] = {
     "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40),
     # ci: deterministic (seed 0), and spends its budget: examples until each property's share
     # (llama.cpp workloads too: the llama.cpp properties' unit gets one share per property it judges)
-    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, llama_examples=None),
+    # (two GPU-like devices: peer copies between them, cpy_tensor_async)
+    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, max_gpu=2, llama_examples=None),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
         examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,

@@ -14,6 +14,7 @@
  *   - optionally (0.25.3) fusions in graph_optimize, whose inputs it asks the scheduler to keep
  *     alive until the fused node (add_alloc_dep: dependency nodes in the scheduler's graph copy),
  *     as Metal, Vulkan and CUDA do; see fake_gpu_fuse;
+ *   - peer copies between two such devices (cpy_tensor_async, as ggml-cuda's);
  *   - events always; optionally asynchronous execution: compute and async copies run in order on
  *     a thread of the device's own, each after a delay, so missing synchronisation changes results;
  *   - a memory size: it reports its free memory (what it has not allocated of it) and refuses an
@@ -360,6 +361,26 @@ static enum ggml_status backend_graph_compute(ggml_backend_t backend, struct ggm
     return GGML_STATUS_SUCCESS;
 }
 
+/* a peer copy, as ggml-cuda's cpy_tensor_async: only between two GPU-like devices' own buffers
+ * (else false, and the scheduler copies synchronously); queued on the destination once the
+ * source has done what it was given (ggml-cuda records an event on the source's stream and
+ * makes the destination's wait for it) */
+static bool backend_cpy_tensor_async(ggml_backend_t backend_src, ggml_backend_t backend_dst, const struct ggml_tensor * src, struct ggml_tensor * dst) {
+    if (backend_src->iface.graph_compute != backend_graph_compute || backend_dst->iface.graph_compute != backend_graph_compute) {
+        return false;
+    }
+    struct fake_gpu * from = gpu_of(backend_src);
+    struct fake_gpu * to = gpu_of(backend_dst);
+    struct ggml_tensor * src_base = src->view_src ? src->view_src : (struct ggml_tensor *) src;
+    struct ggml_tensor * dst_base = dst->view_src ? dst->view_src : dst;
+    if (src_base->buffer == NULL || dst_base->buffer == NULL || src_base->buffer->buft != &from->buft || dst_base->buffer->buft != &to->buft) {
+        return false;
+    }
+    drain(from);
+    submit(to, (struct task) { .kind = TASK_MEMCPY, .dst = dst->data, .src = src->data, .size = ggml_nbytes(src) });
+    return true;
+}
+
 static void backend_event_record(ggml_backend_t backend, ggml_backend_event_t event) {
     struct fake_gpu_event * ev = event->context;
     submit(gpu_of(backend), (struct task) { .kind = TASK_RECORD, .event = ev, .seq = event_last(ev, 1) });
@@ -483,7 +504,7 @@ static const struct ggml_backend_i fake_backend_i = {
     .free               = backend_free,
     .set_tensor_async   = backend_set_tensor_async,
     .get_tensor_async   = backend_get_tensor_async,
-    .cpy_tensor_async   = NULL,
+    .cpy_tensor_async   = backend_cpy_tensor_async,
     .synchronize        = backend_synchronize,
     .graph_plan_create  = NULL,
     .graph_plan_free    = NULL,

@@ -33,6 +33,33 @@ _UNREACHABLE = (
     (re.compile(r"GGML_ASSERT|GGML_ABORT|\bassert\s*\("), "an assertion's failing side: taken only by a bug"),
     (re.compile(r"GGML_LOG_ERROR|return false;|return NULL;"), "an error path (a buffer or an allocation refused, bad input)"),
 )
+# ... and so is the side of an ``if`` that enters a body doing one of these (the error is reported
+# or passed on there, not on the ``if`` line): a failed allocation, a backend's failed status
+_ERROR_BODY = re.compile(r"GGML_ABORT|GGML_LOG_ERROR|return false;|return NULL;|return nullptr;|return GGML_STATUS_\w*FAILED|return ec;")
+_ERROR_BODY_WHY = "the side of an if that enters an error path (a failed allocation, a backend's failed status)"
+
+
+def _guarded_body(text: list[str], line: int) -> str:
+    """The statements an ``if`` on ``line`` (1-based) guards, up to its closing brace (a few
+    lines at most): where a branch's error handling is written."""
+    head = text[line - 1].strip()
+    if not head.startswith(("if ", "if(", "} else if")) or not head.endswith("{"):
+        return ""
+    body = []
+    for row in text[line : line + 6]:
+        if row.strip().startswith("}"):
+            break
+        body.append(row)
+    return "\n".join(body)
+
+
+def unreachable_why(text: list[str], line: int) -> str:
+    """Why no caller of the public API can take the missed side of a branch on ``line``
+    (1-based), or "" if one could: an assertion's failing side, an error path on the line, or an
+    ``if`` whose body is an error path."""
+    source = text[line - 1] if line <= len(text) else ""
+    why = next((w for pattern, w in _UNREACHABLE if pattern.search(source)), "")
+    return why or (_ERROR_BODY_WHY if _ERROR_BODY.search(_guarded_body(text, line)) else "")
 
 
 @dataclass
@@ -48,6 +75,7 @@ class Function:
     branches: int = 0
     branches_hit: int = 0
     missed: list[tuple[int, str, str]] = field(default_factory=list)
+    reached_lines: set[int] = field(default_factory=set)
 
     @property
     def reachable(self) -> int:
@@ -85,16 +113,18 @@ def measure(build: Path, src: Path) -> list[Function]:
                     continue
                 fn.lines += 1
                 fn.lines_hit += ln["count"] > 0
+                if ln["count"] > 0:
+                    fn.reached_lines.add(ln["line_number"])
                 source = text[ln["line_number"] - 1].strip() if ln["line_number"] <= len(text) else ""
-                for b in ln.get("branches", ()):
-                    if b.get("throw"):
-                        continue  # C++ exception edges: no code path of ggml's
-                    fn.branches += 1
-                    if b["count"] > 0:
-                        fn.branches_hit += 1
-                    else:
-                        why = next((w for pattern, w in _UNREACHABLE if pattern.search(source)), "")
-                        fn.missed.append((ln["line_number"], source, why))
+                branches = [b for b in ln.get("branches", ()) if not b.get("throw")]  # C++ exception edges: no code path of ggml's
+                fn.branches += len(branches)
+                fn.branches_hit += sum(b["count"] > 0 for b in branches)
+                missed = sum(b["count"] == 0 for b in branches)
+                why = unreachable_why(text, ln["line_number"])
+                # each condition is a pair of sides, of which only one is the failing one: a line
+                # whose both sides no example took (its function never ran) keeps one reachable
+                unreachable = min(missed, len(branches) // 2) if why else 0
+                fn.missed += [(ln["line_number"], source, why if k < unreachable else "") for k in range(missed)]
             out.extend(fns.values())
     return sorted(out, key=lambda f: (f.source, f.line))
 

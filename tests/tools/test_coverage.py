@@ -98,3 +98,34 @@ def test_a_routed_expert_matmul_offloaded_by_cuda_batch_copies_only_the_used_exp
     (plain_backend, plain_missed), (cuda_backend, cuda_missed) = reached
     assert (plain_backend, cuda_backend) == (1, 0), reached  # the CPU, then the device
     assert len(cuda_missed) < len(plain_missed), reached
+
+
+@pytest.mark.engine
+def test_a_copy_between_two_gpu_like_devices_is_a_peer_copy() -> None:
+    """What the coverage list showed no example reached: ``compute_splits`` hands a split input
+    from one GPU-like device to another to the destination's ``cpy_tensor_async`` (a peer copy,
+    as ggml-cuda's), which takes it; from the CPU it refuses and the copy is synchronous. The
+    values are those of the CPU alone either way."""
+    lib = build_ggml_base("ggml-0.25.3", coverage=True)
+    build = coverage_build(lib)
+    b = GraphBuilder()
+    y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 4)), name="y")
+    g = b.build(b.op("add", b.op("mul_mat", b.weight("w2", (16, 16), device=1), y, name="z"), y, name="o"))
+    reached = []
+    for first in ("rpc", "gpu"):
+        for gcda in build.rglob("*.gcda"):
+            gcda.unlink()
+        layout = BackendLayout((BackendSpec(first), BackendSpec("gpu"), BackendSpec("cpu")))
+        sc = Scenario(layout, (("g", g),), (Step("sched_new", params=SchedParams(64, False, False)), Step("compute", "g")))
+        f = Fuzzer(FuzzConfig(database=None, lib=str(lib)))
+        try:
+            assert f.check("same-values", sc) == []
+        finally:
+            f.close()
+        splits = next(fn for fn in measure(build, lib.parent / "ggml") if fn.name.startswith("ggml_backend_sched_compute_splits("))
+        text = next((lib.parent / "ggml").rglob("ggml-backend.cpp")).read_text().splitlines()
+        asked = next(n for n in range(splits.line, len(text)) if "cpy_tensor_async(input_backend" in text[n - 1])
+        # refused, the scheduler waits for the source and copies synchronously (the next line)
+        reached.append((asked in splits.reached_lines, asked + 1 in splits.reached_lines))
+    from_rpc, from_gpu = reached
+    assert from_rpc == (True, True) and from_gpu == (True, False), reached
