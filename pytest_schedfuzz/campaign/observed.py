@@ -23,7 +23,6 @@ replay that cannot run is a harness error.
 
 from __future__ import annotations
 
-import json
 import re
 import zlib
 from collections.abc import Callable
@@ -46,7 +45,7 @@ SIZE_FINDINGS = ("no-same-size-realloc[", "matches-reference[what=graph_size]", 
 def sampled(scenario: Scenario, every: int = SAMPLE_EVERY) -> bool:
     """Whether ``scenario`` is in the run's sample: one in ``every``, chosen by its content, so that
     a replay of the same case is sampled again."""
-    return zlib.crc32(json.dumps(scenario.to_json(), sort_keys=True).encode()) % every == 0
+    return zlib.crc32(scenario.dumps().encode()) % every == 0
 
 
 def first_rereservation(trace: Trace, same_size: bool = False) -> ReallocEvent | None:

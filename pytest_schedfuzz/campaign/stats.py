@@ -230,6 +230,9 @@ def features(scenario: Scenario) -> list[str]:
         "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
         "gpu offload_op": any(b.offload_min_batch for b in scenario.layout.backends),
         "gpu offload_op by ggml-cuda's batch (routed experts)": any(b.cuda_batch for b in scenario.layout.backends),
+        "2+ GPU-like devices (peer copies)": sum(b.kind == "gpu" for b in scenario.layout.backends) >= 2,
+        # one op reading many tensors in a chain: more than GGML_SCHED_MAX_SPLIT_INPUTS may be copied into one split
+        "more than 30 caches and inputs": any(sum(t.role in ("cache", "input") for t in g.tensors) > 30 for _, g in scenario.graphs),
         "gpu host buffer": scenario.layout.host_buffer_of is not None,
         "gpu shared buffer type": any(b.shared_buft for b in scenario.layout.backends),
         "gpu max_size (chunks)": any(b.max_size for b in scenario.layout.backends),

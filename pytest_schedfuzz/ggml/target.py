@@ -78,8 +78,12 @@ class Worker:
         return worker, dict(msg["hello"])
 
     def send(self, msg: dict[str, Any]) -> None:
+        self.send_text(json.dumps(msg))
+
+    def send_text(self, line: str) -> None:
+        """One message already written as JSON (a scenario's own cached text)."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.write((line + "\n").encode())
         self.proc.stdin.flush()
 
     def recv(self, timeout: float) -> dict[str, Any]:
@@ -238,7 +242,7 @@ class GgmlTarget(WorkerTarget):
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
-                worker.send({"scenario": scenario.to_json(), "endpoints": endpoints})
+                worker.send_text(f'{{"scenario": {scenario.dumps()}, "endpoints": {json.dumps(endpoints)}}}')
                 abort = self._collect(worker, records)
                 break
             except _Unreachable as e:

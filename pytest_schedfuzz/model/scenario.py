@@ -452,6 +452,11 @@ class Scenario:
         }
 
     def dumps(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
+        # once per scenario: it is written for the worker, for the run's sample and for the corpus
         return json.dumps(self.to_json(), sort_keys=True)
 
     @staticmethod

@@ -185,11 +185,23 @@ def _view_leaf(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
     g.pool.append(g.b.op("add", g.b.op("view_tensor", src, name=f"vt{k}"), g.b.weight(f"w{k}", (d,), draw(g.device)), name=f"vta{k}"))
 
 
+def _fan_in(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
+    """A chain summing many tensors, each a cache on a drawn device or an input (as attention
+    over many sequences' caches reads them): past 30 (``GGML_SCHED_MAX_SPLIT_INPUTS``) copies into
+    one split, 0.15.3 starts a new split and 0.25.3 grows the split's inputs; past 30 inputs under
+    pipeline parallelism, 0.25.3 grows the graph's inputs (0.15.3 aborts)."""
+    acc = a
+    for i in range(draw(st.integers(2, 40))):
+        other = g.b.cache(f"fan{k}_{i}", (d, g.n_tokens), draw(g.device)) if draw(st.booleans()) else g.b.input(f"fan{k}_{i}", (d, g.n_tokens))
+        acc = g.b.op("add", acc, other, name=f"fanadd{k}_{i}")
+    g.pool.append(acc)
+
+
 # the op kinds ``graphs`` grows a graph with, in the order they are drawn from
 _GROW: dict[str, Callable[[st.DrawFn, _Growing, str, int, int], None]] = {
     "mul_mat": _mul_mat, "binary": _binary, "unary": _unary, "transpose": _transpose, "concat": _concat, "get_rows": _get_rows,
     "soft_max": _soft_max, "set_rows": _set_rows, "rope": _rope, "flash_attn": _flash_attn, "mul_mat_id": _mul_mat_id, "cpy": _cpy,
-    "view_leaf": _view_leaf,
+    "view_leaf": _view_leaf, "fan_in": _fan_in,
 }
 
 

@@ -3,7 +3,8 @@
 1. reference ÷ engine, scheduling the same llama-like graph (reserve + alloc) at about 1k,
    2k, 4k and 8k nodes, against the Debug engine the harness runs and, when given or built, a
    Release build of the same ggml; per-node cost from 1k to 8k for each;
-2. harness overhead: a full fuzzing step ÷ the bare engine calls it contains;
+2. harness overhead: a full fuzzing step ÷ the bare engine calls it contains, and where the
+   step's time goes, phase by phase (``_phases``);
 3. examples per second of each property under the dev and ci profiles;
 4. time to the first failure of each planted fault of the plugin's tests (median of seeds);
 5. examples per second with pytest-xdist ``-n 1`` against ``-n 2`` (500 examples per property
@@ -163,10 +164,29 @@ def overhead(repeats: int) -> dict[str, Any]:
 
         step = _median(full, repeats)
         engine = _median(lambda: _engine_seconds(bare, sc), repeats)
+        parts = [_phases(fuzzer, sc) for _ in range(repeats)]
     finally:
         fuzzer.close()
         bare.close()
-    return {"step_s": step, "engine_s": engine, "ratio": step / engine, "nodes": sum(g.n_ops for _, g in graphs)}
+    phases = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+    phases["properties, ggml's figures and reruns"] = max(0.0, step - phases.pop("round trip") - phases["reference"])
+    return {"step_s": step, "engine_s": engine, "ratio": step / engine, "nodes": sum(g.n_ops for _, g in graphs), "phases_s": phases}
+
+
+def _phases(fuzzer: Fuzzer, sc: Scenario) -> dict[str, float]:
+    """Where a full step's time goes: the worker's round trip (its ggml calls, with ggml's debug
+    log parsed as it is printed; building the graphs through ctypes; the rest: reading the
+    assignments and splits, the values check, the pipe and JSON both ways), and the reference.
+    What a full step spends beyond these is the properties' judging and ggml's own figures."""
+    t0 = time.perf_counter()
+    trace = fuzzer.engines.run(sc)
+    t1 = time.perf_counter()
+    fuzzer.predict(sc)
+    t2 = time.perf_counter()
+    ggml = sum(r.seconds for r in trace.records)
+    build = sum(r.build_seconds for r in trace.records)
+    return {"round trip": t1 - t0, "ggml calls (debug log parsed as printed)": ggml, "graph build through ctypes": build,
+            "worker's observation, values check, pipe and JSON": max(0.0, t1 - t0 - ggml - build), "reference": t2 - t1}
 
 
 def examples_per_second(examples: int) -> dict[str, dict[str, float]]:
@@ -295,6 +315,7 @@ def report(r: dict[str, Any]) -> str:
     if "overhead" in r:
         o = r["overhead"]
         lines.append(f"harness overhead: full step {o['step_s'] * 1e3:.1f} ms / bare engine calls {o['engine_s'] * 1e3:.1f} ms = {o['ratio']:.1f}x ({o['nodes']} nodes)")
+        lines += [f"  {name:<52} {s * 1e3:7.1f} ms  {s / o['engine_s']:6.1f}x the bare calls" for name, s in o.get("phases_s", {}).items()]
     if "examples_per_s" in r:
         lines.append("examples per second:")
         for profile, row in r["examples_per_s"].items():

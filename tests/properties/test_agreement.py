@@ -55,7 +55,7 @@ def test_engine_and_reference_agree_on_300_scenarios_with_every_kind_of_realloc(
 
     # the seed is one under which every kind occurs: a leaf-count re-plan is rare (a leaf more or
     # fewer usually moves other leafs to positions of another buffer type: "backend ids changed")
-    @seed(42)
+    @seed(1)
     @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(st.one_of(
         st.integers(0, 2).flatmap(lambda n: scenarios(max_rpc=2).filter(lambda s: s.layout.n_rpc == n)),
