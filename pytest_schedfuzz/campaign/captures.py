@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from ..cases.capture import CAPTURED_LABEL, CaptureError, capture
 from ..engine import TargetError
-from ..model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
+from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
 from ..model.llama_model import ModelSpec
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
@@ -40,13 +40,19 @@ def traffic(n_ubatch: int) -> tuple[Call, ...]:
 def pool_workloads() -> tuple[tuple[str, LlamaWorkload], ...]:
     """The pool's workloads, by name (family and context): each family at each of ``CONTEXTS``
     on an RPC device beside the CPU, flash attention on for the dense model (its graphs have
-    FLASH_ATTN_EXT and the probe), off for the others."""
+    FLASH_ATTN_EXT and the probe), off for the others; and the MoE model with its experts on the
+    CPU (``-ot exps=CPU``, as ``-ncmoe`` does): offloaded by a GPU-like device's ``offload_op``,
+    its routed-expert matmuls copy only the experts a batch uses."""
     out = []
     for kind, model in MODELS.items():
         for ctx in CONTEXTS:
             w = LlamaWorkload(model, Devices(n_rpc=1), replace(ctx, flash_attn="on" if kind == "dense" else "off"), traffic(ctx.n_ubatch))
             w.validate()
             out.append((f"{kind}, n_ubatch {ctx.n_ubatch}, n_ctx {ctx.n_ctx}", w))
+    ctx = CONTEXTS[-1]
+    w = LlamaWorkload(MODELS["moe"], Devices(n_rpc=1, overrides=(("exps", CPU_DEVICE),)), replace(ctx, flash_attn="off"), traffic(ctx.n_ubatch))
+    w.validate()
+    out.append((f"moe experts on the CPU, n_ubatch {ctx.n_ubatch}, n_ctx {ctx.n_ctx}", w))
     return tuple(out)
 
 

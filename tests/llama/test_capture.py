@@ -193,7 +193,8 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
     weight's device, draws devices, forced nodes, parameters and steps anew, and every drawn
     scenario is valid; matches-reference's examples include them."""
     pool = fuzzer.captured_pool()
-    assert len(pool) == 8 and fuzzer.stats.captured_missing == {} and fuzzer.stats.captured_families == {"dense": 2, "hybrid": 2, "mamba2": 2, "moe": 2}
+    assert len(pool) == 9 and fuzzer.stats.captured_missing == {}
+    assert fuzzer.stats.captured_families == {"dense": 2, "hybrid": 2, "mamba2": 2, "moe": 2, "moe experts on the CPU": 1}
     # two sizes of ubatch and KV cache per family: the worst-case reservation's tokens and KV cells
     sizes = {(g.geometry["inp_tokens"].ne[0], next(t.ne[1] for t in g.tensors if t.name.startswith("cache_") or t.name.startswith("cache_r")))
              for sc in pool for name, g in sc.graphs if name.endswith("-reserve")}
@@ -254,7 +255,8 @@ def test_no_same_size_realloc_fuzzes_llama_cpps_graphs_in_llama_cpps_order(fuzze
         base = next(b for b in pool if [n for n, _ in b.graphs] == [n for n, _ in sc.graphs])
         reservation = [s for s in base.steps[1:] if s.kind != "alloc"]
         assert "llama.cpp's graphs after llama.cpp's reservation (captured)" in features(sc)
-        assert list(sc.steps[1:1 + len(reservation)]) == reservation  # llama.cpp's reservation, in its order
+        cb_eval = int(sc.steps[1].kind == "eval_callback")  # cparams.cb_eval, set on the new scheduler
+        assert list(sc.steps[1 + cb_eval:1 + cb_eval + len(reservation)]) == reservation  # llama.cpp's reservation, in its order
         assert {s.graph for s in sc.steps if s.kind == "compute"} <= {s.graph for s in base.steps if s.kind == "alloc"}
         # a node forced in one graph is forced alike in every graph that has it
         extra = [dict(g.forced[len(h.forced):]) for (_, g), (_, h) in zip(sc.graphs, base.graphs)]
@@ -263,10 +265,11 @@ def test_no_same_size_realloc_fuzzes_llama_cpps_graphs_in_llama_cpps_order(fuzze
         seen.update("forced" for e in extra if e)
         seen.update("reconfigured" for s in sc.steps[1:] if s.kind == "sched_new")
         seen.update("op offload" for s in sc.steps if s.params is not None and s.params.op_offload)
+        seen.update("eval callback" for _ in range(cb_eval))
         assert _reuses(sc) == _reuses(sc, can_reuse)
 
     drawn()
-    assert {"gpu", "rpc", "forced", "reconfigured", "op offload"} <= seen, seen
+    assert {"gpu", "rpc", "forced", "reconfigured", "op offload", "eval callback"} <= seen, seen
 
 
 @pytest.mark.engine
