@@ -94,6 +94,7 @@ class _Growing:
     roots: list[str]
     n_tokens: int
     device: st.SearchStrategy[int]
+    cpu: int  # the CPU's index: the last backend
 
 
 def _mul_mat(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
@@ -163,7 +164,8 @@ def _flash_attn(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
 def _mul_mat_id(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
     b = g.b
     n_exp, n_used, d_out = 4, 2, draw(st.sampled_from(DIMS))
-    experts = b.weight(f"exps{k}", (d, d_out, n_exp), draw(g.device))
+    # half the time in host memory, as -ncmoe and -ot exps=CPU keep them: offloaded, only the used ones are copied
+    experts = b.weight(f"exps{k}", (d, d_out, n_exp), g.cpu if draw(st.booleans()) else draw(g.device))
     ids = b.input(f"eids{k}", (n_used, g.n_tokens), "i32")
     out = b.op("mul_mat_id", experts, b.op("reshape", a, name=f"moe_in{k}", ne=[d, 1, g.n_tokens]), ids, name=f"moe{k}")
     first = b.op("view", out, name=f"moe_v{k}", ne=[d_out, g.n_tokens], nb=[d_out * 4 * n_used])
@@ -213,7 +215,7 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
     b = GraphBuilder()
     n_tokens = draw(st.sampled_from((1, 2, 4, 8, 32, 40)))  # 32 and more: BLAS's min batch
     device = st.integers(0, layout.n - 1)
-    g = _Growing(b, [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))], [], n_tokens, device)
+    g = _Growing(b, [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))], [], n_tokens, device, layout.n - 1)
     for k in range(draw(st.integers(1, max_ops))):
         a = draw(st.sampled_from(g.pool))
         _GROW[draw(st.sampled_from(tuple(_GROW)))](draw, g, a, b.shape(a)[0], k)
