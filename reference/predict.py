@@ -70,7 +70,9 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
                 assert step.params is not None
                 if not (step.reuse and sched is not None):
                     sched = scheduler(scenario.layout, step.params, rules)
-                records.append(StepRecord(i, step.kind, n_copies=sched.n_copies, buffer_sizes=sched.buffer_sizes(), reused=step.reuse))
+                # ggml_backend_sched_new: sched->bufts[b] = bufts ? bufts[b] : the backend's default
+                records.append(StepRecord(i, step.kind, n_copies=sched.n_copies, buffer_sizes=sched.buffer_sizes(), reused=step.reuse,
+                                          buffer_types=tuple(sched.backends.bufts)))
                 continue
             assert sched is not None, "the first step must be sched_new"
             if step.kind == "reset":

@@ -243,6 +243,30 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
 
 
 FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")
+OBSERVE_SOURCE = Path(__file__).with_name("observe.c")
+
+
+def _compiler(what: str) -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise BuildError(f"no C compiler (cc/gcc) to build {what}: install gcc")
+    return cc
+
+
+def build_observe() -> Path:
+    """``libschedfuzz-observe.so`` (``ggml/observe.c``: the graph worker's log buffer and
+    assignment snapshot); it includes no ggml header, so one build serves every ggml. Cached by
+    its source."""
+    digest = hashlib.sha1(OBSERVE_SOURCE.read_bytes()).hexdigest()[:16]
+    out = cache_dir() / "observe" / digest / "libschedfuzz-observe.so"
+    if out.exists():
+        return out
+    cc = _compiler("the observation helper")
+
+    def compile_to(tmp: Path) -> None:
+        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", str(tmp), str(OBSERVE_SOURCE)])
+
+    return atomic_write(out, compile_to, 0o777)
 
 
 def ggml_source_for(lib_file: str) -> Path:
@@ -296,9 +320,7 @@ def build_fake_gpu(lib_file: str) -> Path:
     out = cache_dir() / "fake_gpu" / digest / "libschedfuzz-fake-gpu.so"
     if out.exists():
         return out
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise BuildError("no C compiler (cc/gcc) to build the GPU-like device: install gcc")
+    cc = _compiler("the GPU-like device")
     flags = ["-DSCHEDFUZZ_OPTIMIZE_PARAMS"] if "ggml_backend_graph_optimize_params" in impl else []
     linked = base_library(lib_dir).name
 

@@ -25,10 +25,10 @@ class CpuOnly:
     """The leaf contents of one scenario (from its seed) and what every weight and cache holds
     in the CPU-only computation, carried from compute step to compute step."""
 
-    def __init__(self, eng: Ggml, scenario: Scenario) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, seed: int | None = None) -> None:
         self.eng = eng
         self.scenario = scenario
-        self.seed = values.scenario_seed(scenario)
+        self.seed = values.scenario_seed(scenario) if seed is None else seed  # the parent sends it: no second JSON
         self.shadow: dict[tuple[Any, ...], bytes] = {}
         self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
         self.ones = values.ones_leafs(scenario)

@@ -14,7 +14,7 @@ from typing import Any
 from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendSpec, TensorSpec
 from ..model.shapes import Geometry
-from .build import BuildError, build_fake_gpu, ggml_source_location
+from .build import BuildError, build_fake_gpu, build_observe, ggml_source_location
 from .lib import import_ggml, loaded_library_path
 from .schedlog import SchedLog
 
@@ -77,6 +77,20 @@ def load_fake_gpu() -> ctypes.CDLL:
     return lib
 
 
+def load_observe() -> ctypes.CDLL:
+    """``libschedfuzz-observe.so`` (``ggml/observe.c``), built on first use (cached on disk)."""
+    try:
+        lib = ctypes.CDLL(str(build_observe()))
+    except BuildError as e:
+        raise TargetError(f"the observation helper cannot be built: {e}") from None
+    lib.schedfuzz_observe_init.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.schedfuzz_observe_arm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.schedfuzz_observe_disarm.restype = ctypes.c_int
+    lib.schedfuzz_log_take.restype = ctypes.c_void_p
+    lib.schedfuzz_log_take.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    return lib
+
+
 class GeometryMismatch(TargetError):
     """ggml built a tensor whose layout differs from what ``shapes`` inferred for the spec."""
 
@@ -124,9 +138,10 @@ def gcov_dump() -> None:
 class Ggml:
     """ggml-python as loaded in this process, with the log and abort callbacks installed.
 
-    ``ggml_log_set`` routes all ggml logging to ``log`` (a ``SchedLog``); ``ggml_set_abort_callback``
-    reports an abort on the channel (with the step being run) before ggml calls ``abort()``.
-    The callback objects are kept on ``self``: ggml holds only their C pointers.
+    ``ggml_log_set`` routes all ggml logging to ``observe.c``'s buffer, which ``drain_log`` hands
+    to ``log`` (a ``SchedLog``); ``ggml_set_abort_callback`` reports an abort on the channel (with
+    the step being run) before ggml calls ``abort()``. The callback objects are kept on ``self``:
+    ggml holds only their C pointers.
     """
 
     def __init__(self, chan: Channel) -> None:
@@ -135,6 +150,8 @@ class Ggml:
         self.lib = self.g.ggml.lib
         # ggml-python 0.0.45 declares these restypes as int NewTypes: ctypes truncates to 32 bits
         self.lib.ggml_backend_sched_get_tensor_backend.restype = ctypes.c_void_p
+        self.lib.ggml_backend_sched_get_backend.restype = ctypes.c_void_p
+        self.lib.ggml_backend_sched_get_buffer_type.restype = ctypes.c_void_p
         for fn in ("ggml_backend_get_device", "ggml_backend_dev_host_buffer_type", "ggml_backend_get_default_buffer_type"):
             getattr(self.lib, fn).restype = ctypes.c_void_p
             getattr(self.lib, fn).argtypes = [ctypes.c_void_p]
@@ -142,7 +159,10 @@ class Ggml:
         self.log = SchedLog()
         # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
         self.backends: dict[tuple[str, str], int] = {}
-        self._log_cb = self.g.ggml_log_callback(self._on_log)
+        self.observe = load_observe()
+        get_backend = ctypes.cast(self.lib.ggml_backend_sched_get_tensor_backend, ctypes.c_void_p).value
+        self.observe.schedfuzz_observe_init(get_backend, self.g.GGML_LOG_LEVEL_ERROR)
+        self._log_cb = ctypes.cast(self.observe.schedfuzz_log, self.g.ggml_log_callback)
         self.g.ggml_log_set(self._log_cb, None)
         self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
         self.g.ggml_set_abort_callback(self._abort_cb)
@@ -166,15 +186,14 @@ class Ggml:
         except Exception as e:  # an exception must not unwind into C
             self.log.errors.append(f"realloc callback failed: {e!r}")
 
-    def _on_log(self, level: int, text: bytes | None, user_data: int | None) -> None:
-        try:
-            line = (text or b"").decode(errors="replace")
-            if level == self.g.GGML_LOG_LEVEL_ERROR:
-                # ggml's errors also go to stderr: a crash's report then carries them
-                os.write(2, line.encode())
-            self.log.feed(line)
-        except Exception as e:  # an exception must not unwind into C
-            self.log.errors.append(f"log callback failed: {e!r}")
+    def drain_log(self) -> None:
+        """Hand what ggml logged since the last call to ``log``."""
+        n, lost = ctypes.c_size_t(0), ctypes.c_int(0)
+        text = self.observe.schedfuzz_log_take(ctypes.byref(n), ctypes.byref(lost))
+        if lost.value:
+            self.log.errors.append("some of ggml's log was lost: the observation helper could not grow its buffer")
+        if n.value:
+            self.log.feed_fragments(ctypes.string_at(text, n.value).decode(errors="replace"))
 
     def _on_abort(self, message: bytes | None) -> None:
         try:
@@ -402,8 +421,11 @@ class Built:
     nodes: list[Ptr]
     leafs: list[Ptr]
     inputs: list[Ptr]
-    # each node's srcs (addresses) as built: the scheduler later points some at input copies
+    # each node's srcs (addresses) as built, read on a scheduler with n_copies > 1 only (``input_leafs``):
+    # the scheduler later points some at input copies
     srcs: list[tuple[int, ...]] = field(default_factory=list)
+    names: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # of the nodes and the leafs
+    observed: Any = None  # the nodes, then the leafs, as a C array for ``observe.c``'s snapshot
 
     def node_names(self, eng: Ggml) -> tuple[str, ...]:
         return tuple(eng.name_of(t) for t in self.nodes)

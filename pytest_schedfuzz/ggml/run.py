@@ -48,7 +48,7 @@ class ScenarioRun:
     Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
     """
 
-    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str]) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], seed: int | None = None) -> None:
         self.eng = eng
         self.g = eng.g
         self.scenario = scenario
@@ -57,16 +57,18 @@ class ScenarioRun:
         self.sched: int | None = None
         self.counts: SizeCounts | None = None  # of the last ggml_backend_sched_split_graph on this scheduler
         self.built: list[Built] = []
-        self.geometry_checked: set[int] = set()  # specs built once already (``materialize``)
+        # per spec built once already (``materialize``): ggml builds a spec alike each time, so its
+        # geometry is checked and its node and leaf names are read the first time only
+        self.tensor_names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self.persistent = _Persistent()
-        self.cpu_only = CpuOnly(eng, scenario)  # the values check of compute steps
+        self.cpu_only = CpuOnly(eng, scenario, seed)  # the values check of compute steps
         self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
         try:
             self.backends, self.rpc_endpoints = init_backends(eng, scenario.layout, endpoints)
             self.names = [self.g.ggml_backend_name(b).decode() for b in self.backends]
             if len(set(self.names)) != len(self.names):
                 raise TargetError(f"backend names are not unique: {self.names}")
-            self.index_of = {b: i for i, b in enumerate(self.backends)}
+            self._backend_array = (ctypes.c_void_p * len(self.backends))(*self.backends)
             self._alloc_persistent()
         except BaseException:
             self.close()
@@ -74,7 +76,9 @@ class ScenarioRun:
 
     def _alloc_persistent(self) -> None:
         """Weights (buffer usage WEIGHTS) and caches (usage ANY) of all graphs: per device and
-        role, one context allocated with ``ggml_backend_alloc_ctx_tensors`` and zeroed."""
+        role, one context allocated with ``ggml_backend_alloc_ctx_tensors``, and filled with the
+        values oracle's contents where a step computes (nothing else reads them: an RPC device
+        would take a round trip per tensor)."""
         g = self.g
         unique: dict[tuple[Any, ...], TensorSpec] = {}
         for _, spec in self.scenario.graphs:
@@ -96,6 +100,8 @@ class ScenarioRun:
             self.persistent.buffers.append(buf)
             usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
             g.ggml_backend_buffer_set_usage(buf, usage)
+        if not any(st.kind == "compute" for st in self.scenario.steps):
+            return
         for _, spec in self.scenario.graphs:
             for t in spec.tensors:
                 key = tensor_key(t)
@@ -111,8 +117,7 @@ class ScenarioRun:
         ``spec.geometry`` (the first time the scenario builds it: ggml builds a spec alike each
         time); the roots go to ``ggml_build_forward_expand`` in order."""
         g, eng = self.g, self.eng
-        check = id(spec) not in self.geometry_checked  # the scenario holds its specs: ids are stable
-        self.geometry_checked.add(id(spec))
+        check = id(spec) not in self.tensor_names  # the scenario holds its specs: ids are stable
         size = len(spec.tensors) + 1  # ggml_visit_parents asserts n_nodes, n_leafs < size
         ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
         built = Built(ctx, None, {}, [], [], [])
@@ -141,23 +146,28 @@ class ScenarioRun:
         if cg.n_nodes != len(built.nodes):
             raise TargetError("ggml_cgraph's layout in ggml-python does not match the loaded ggml")
         built.leafs = [cg.leafs[i] for i in range(cg.n_leafs)]
-        built.srcs = [tuple(ctypes.addressof(s.contents) for s in n.contents.src if s) for n in built.nodes]
+        built.observed = (ctypes.c_void_p * (len(built.nodes) + len(built.leafs)))(
+            *[ctypes.addressof(t.contents) for t in (*built.nodes, *built.leafs)])
+        if check:
+            self.tensor_names[id(spec)] = (built.node_names(eng), built.leaf_names(eng))
+        built.names = self.tensor_names[id(spec)]
         # the previous graph stays alive: while its tensors exist, no new tensor can take the
         # address of one the scheduler's hash table may still hold (a reserve does not reset first)
         while len(self.built) > 2:
             g.ggml_free(self.built.pop(0).ctx)
         return built
 
-    def _backend_index(self, t: Ptr) -> int:
-        b = self.eng.lib.ggml_backend_sched_get_tensor_backend(self.sched, t)
-        return -1 if b is None else self.index_of[b]
+    def _arm_snapshot(self, built: Built) -> Any:
+        """Have ``observe.c`` read every node's and leaf's backend at the step's split printout
+        (inside ``ggml_backend_sched_split_graph``, while the hash table is live); its output array."""
+        out = (ctypes.c_int * len(built.observed))()
+        self.eng.observe.schedfuzz_observe_arm(self.sched, built.observed, len(built.observed), self._backend_array, len(self.backends), out)
+        return out
 
-    def _snapshot(self, built: Built) -> Snapshot:
-        return Snapshot(
-            tuple(self._backend_index(t) for t in built.nodes),
-            tuple(self._backend_index(t) for t in built.leafs),
-            True,
-        )
+    def _snapshot(self, built: Built, out: Any) -> Snapshot:
+        n = len(built.nodes)
+        got = list(out)
+        return Snapshot(tuple(got[:n]), tuple(got[n:]), True)
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -174,7 +184,7 @@ class ScenarioRun:
             else:
                 self._new_sched(st.params)
             n_copies = g.ggml_backend_sched_get_n_copies(self.sched)
-            return StepRecord(index, st.kind, n_copies=n_copies, buffer_sizes=self._sizes(), reused=st.reuse)
+            return StepRecord(index, st.kind, n_copies=n_copies, buffer_sizes=self._sizes(), reused=st.reuse, buffer_types=self._buffer_types())
         if self.sched is None:
             raise TargetError(f"step {index}: {st.kind} before any sched_new")
         if st.kind == "reset":
@@ -189,13 +199,12 @@ class ScenarioRun:
         built = self.materialize(spec)
         build_seconds = time.perf_counter() - t_build
         snap = Snapshot()
-
-        def on_split_print() -> None:
-            nonlocal snap
-            snap = self._snapshot(built)
-
-        self.eng.log.begin(on_split_print)
+        self.eng.drain_log()  # what earlier calls logged: no part of this step
+        self.eng.log.begin()
+        out = self._arm_snapshot(built)
         self.eng.said = []
+        if g.ggml_backend_sched_get_n_copies(self.sched) > 1:  # as built: split_graph points some srcs at input copies
+            built.srcs = [tuple(ctypes.addressof(s.contents) for s in n.contents.src if s) for n in built.nodes]
         # like llama_context::graph_reserve and ::decode: reset (forget the previous graph's
         # assignments and copies), apply the graph's own assignments, then reserve or alloc
         t0 = time.perf_counter()
@@ -211,15 +220,18 @@ class ScenarioRun:
             ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
         n_dep_nodes = self._dep_nodes()  # of this step's one split_graph
         seconds = time.perf_counter() - t0
+        if self.eng.observe.schedfuzz_observe_disarm():
+            snap = self._snapshot(built, out)
         if st.kind != "reserve":
             if not snap.taken:  # a graph without nodes prints no split: read the live hash table
-                snap = self._snapshot(built)
+                self.eng.observe.schedfuzz_observe_snapshot()
+                snap = self._snapshot(built, out)
             if ok and st.kind == "compute":
                 inputs = self.cpu_only.inputs(index, spec)
                 self._set_inputs(inputs, built)
                 ok = g.ggml_backend_sched_graph_compute(self.sched, built.gf) == g.GGML_STATUS_SUCCESS
                 self._round_trip()
-        self.eng.log.on_split_print = None
+        self.eng.drain_log()
         record = replace(self._record(index, st.kind, built, snap, ok, n_dep_nodes), seconds=seconds, build_seconds=build_seconds)
         if ok and st.kind == "compute":
             # once a step's values are undetermined, so are the caches every later step reads
@@ -258,6 +270,27 @@ class ScenarioRun:
         if self.eng.set_realloc_callback is not None:
             self.eng.set_realloc_callback(self.sched, self.eng._realloc_cb, None)
         self.counts = None
+
+    def _buffer_types(self) -> tuple[str, ...]:
+        """The buffer type the scheduler allocates each of its backends' compute buffers in
+        (``ggml_backend_sched_get_n_backends``, ``_get_backend``, ``_get_buffer_type``), named as
+        ``BackendLayout.buft`` names them: a backend's default buffer type by that backend's own
+        buffers, a gpu's host buffer type ``<gpu>_Host``; anything else, or a backend at another
+        position than given, by what ggml says."""
+        lib, layout = self.eng.lib, self.scenario.layout
+        known = {lib.ggml_backend_get_default_buffer_type(b): layout.buffer_buft(i) for i, b in enumerate(self.backends)}
+        for i, (b, spec) in enumerate(zip(self.backends, layout.backends)):
+            if spec.host_buffer:
+                known[lib.ggml_backend_dev_host_buffer_type(lib.ggml_backend_get_device(b))] = f"{layout.name(i)}_Host"
+        out = []
+        for i in range(lib.ggml_backend_sched_get_n_backends(self.sched)):
+            b = lib.ggml_backend_sched_get_backend(self.sched, i)
+            if i >= len(self.backends) or b != self.backends[i]:
+                out.append(f"backend #{i} is not the one given")
+                continue
+            buft = lib.ggml_backend_sched_get_buffer_type(self.sched, ctypes.c_void_p(b))
+            out.append(known.get(buft) or f"{self.g.ggml_backend_buft_name(buft).decode()} (unknown)")
+        return tuple(out)
 
     def _bufts(self) -> Any:
         """``NULL`` (every backend's default buffer type), or, when a gpu has a host buffer type,
@@ -322,9 +355,9 @@ class ScenarioRun:
         return StepRecord(
             index,
             kind,
-            node_names=built.node_names(self.eng),
+            node_names=built.names[0],
             node_backends=snap.nodes,
-            leaf_names=built.leaf_names(self.eng),
+            leaf_names=built.names[1],
             leaf_backends=snap.leafs,
             splits=splits,
             n_copies=n_copies,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _HEADER = re.compile(r"^## SPLIT #(\d+): (.*) # (\d+) inputs$", re.DOTALL)
@@ -65,38 +64,31 @@ class LoggedRealloc:
     reason: str
 
 
+# ends each fragment in the graph worker's gathered log (``observe.c``)
+SEP = "\x1e"
+
+
 @dataclass
 class SchedLog:
-    """Collects one step's worth of ggml log: feed it every fragment the log callback gets.
+    """Collects one step's worth of ggml log: feed it every fragment the log callback gets
+    (``feed``), or the fragments gathered by ``observe.c``, each ended by ``SEP`` (``feed_fragments``)."""
 
-    ``on_split_print`` is called once, at the first ``## SPLIT #0`` header, i.e. from inside
-    ``ggml_backend_sched_split_graph`` right after every node got its backend and before the
-    scheduler can reset its hash table (``ggml_backend_sched_reserve`` resets it on return).
-    """
-
-    on_split_print: Callable[[], None] | None = None
     splits: list[LoggedSplit] = field(default_factory=list)
     reallocs: list[LoggedRealloc] = field(default_factory=list)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))  # the last lines, for error messages
     errors: list[str] = field(default_factory=list)
     _pieces: list[str] = field(default_factory=list)
     _reason: str = ""
-    _printed: bool = False
 
-    def begin(self, on_split_print: Callable[[], None] | None = None) -> None:
+    def begin(self) -> None:
         """Forget the previous step."""
-        self.on_split_print = on_split_print
         self.splits, self.reallocs, self.errors = [], [], []
-        self._reason, self._printed = "", False
+        self._reason = ""
 
     def feed(self, text: str) -> None:
         while True:
             head, newline, text = text.partition("\n")
             if head:
-                if not self._pieces and head.startswith("## SPLIT #0:") and not self._printed:
-                    self._printed = True
-                    if self.on_split_print is not None:
-                        self.on_split_print()
                 self._pieces.append(head)
             if not newline:
                 return
@@ -104,17 +96,28 @@ class SchedLog:
             if pieces:
                 self._line(pieces)
 
+    def feed_fragments(self, text: str) -> None:
+        """As ``feed`` of each fragment of ``text`` in turn, a line at a time."""
+        *lines, rest = text.split("\n")
+        for line in lines:
+            pieces = self._pieces + [p for p in line.split(SEP) if p]
+            self._pieces = []
+            if pieces:
+                self._line(pieces)
+        self._pieces += [p for p in rest.split(SEP) if p]
+
     def _line(self, pieces: list[str]) -> None:
         line = "".join(pieces)
         self.tail.append(line)
         if line.startswith("## SPLIT #"):
             self._header(pieces)
         elif line.startswith("node #"):
-            m = _NODE.match(line)
-            if m is None:
-                self.errors.append(f"unreadable node line: {line!r}")
-            elif self.splits and self.splits[-1].first_node is None:
-                self.splits[-1].first_node = int(m.group(1))
+            if self.splits and self.splits[-1].first_node is None:  # only a split's first node line is read
+                m = _NODE.match(line)
+                if m is None:
+                    self.errors.append(f"unreadable node line: {line!r}")
+                else:
+                    self.splits[-1].first_node = int(m.group(1))
         elif line.startswith(_NEEDS):
             reason = line[len(_NEEDS) :]
             self._reason = reason.removeprefix("graph has ")

@@ -27,6 +27,7 @@ from ..model.trace import Abort, Trace
 from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
 from .lib import LIB_ENV, child_env, resolve_lib
 from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spawn
+from .values import scenario_seed
 
 
 class WorkerGone(Exception):
@@ -242,7 +243,8 @@ class GgmlTarget(WorkerTarget):
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
-                worker.send_text(f'{{"scenario": {scenario.dumps()}, "endpoints": {json.dumps(endpoints)}}}')
+                seed = scenario_seed(scenario)
+                worker.send_text(f'{{"scenario": {scenario.dumps()}, "endpoints": {json.dumps(endpoints)}, "seed": {seed}}}')
                 abort = self._collect(worker, records)
                 break
             except _Unreachable as e:

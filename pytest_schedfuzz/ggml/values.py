@@ -17,7 +17,6 @@ comparison of a scheduled compute with the same graph computed on the CPU backen
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 
 import numpy as np
@@ -31,9 +30,8 @@ POSITION_RANGE = 1 << 16
 
 
 def scenario_seed(scenario: Scenario) -> int:
-    """A 64-bit seed from the scenario's JSON."""
-    text = json.dumps(scenario.to_json(), sort_keys=True).encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little")
+    """A 64-bit seed from the scenario's JSON (``Scenario.dumps``: written once per scenario)."""
+    return int.from_bytes(hashlib.sha256(scenario.dumps().encode()).digest()[:8], "little")
 
 
 def _rng(seed: int, *key: object) -> np.random.Generator:

@@ -5,7 +5,8 @@ descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever 
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request ``{"scenario": <Scenario JSON>, "endpoints": ["127.0.0.1:P", ...]}``, answered with one
+* request ``{"scenario": <Scenario JSON>, "endpoints": ["127.0.0.1:P", ...], "seed": N}`` (the
+  values oracle's seed, ``values.scenario_seed``), answered with one
   ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
   and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
@@ -31,7 +32,6 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict
 
 from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
@@ -74,17 +74,17 @@ def probe_scenario() -> Scenario:
     )
 
 
-def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None) -> list[StepRecord]:
+def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, seed: int | None = None) -> list[StepRecord]:
     """Run every step, sending each record on ``chan`` as soon as it exists."""
     records: list[StepRecord] = []
     eng.step = 0  # backends and weights are set up as part of step 0
-    run = ScenarioRun(eng, scenario, endpoints)
+    run = ScenarioRun(eng, scenario, endpoints, seed)
     try:
         for i, st in enumerate(scenario.steps):
             eng.step = i
             records.append(run.step(i, st))
             if chan is not None:
-                chan.send({"record": asdict(records[-1])})
+                chan.send({"record": records[-1].to_json()})
     finally:
         run.close()
     return records
@@ -117,7 +117,7 @@ def main() -> None:
         req = json.loads(line)
         eng.step = -1
         try:
-            run_scenario(eng, Scenario.from_json(req["scenario"]), req["endpoints"], chan)
+            run_scenario(eng, Scenario.from_json(req["scenario"]), req["endpoints"], chan, req.get("seed"))
             chan.send({"done": True})
         except Unsupported as e:
             chan.send({"unsupported": str(e)})

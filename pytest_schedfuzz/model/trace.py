@@ -114,6 +114,8 @@ class StepRecord:
     n_nodes: int = 0
     n_leafs: int = 0
     buffer_sizes: tuple[int, ...] = ()
+    # sched_new steps: the buffer type of each backend's compute buffer (``BackendLayout.buft``'s names)
+    buffer_types: tuple[str, ...] = ()
     events: tuple[ReallocEvent, ...] = ()
     reused: bool = False
     ok: bool = True
@@ -127,6 +129,15 @@ class StepRecord:
     @property
     def n_splits(self) -> int:
         return len(self.splits)
+
+    def to_json(self) -> dict[str, Any]:
+        """As ``dataclasses.asdict``, without its deep copies (the worker sends one per step)."""
+        d = dict(self.__dict__)
+        d["splits"] = [s.__dict__ for s in self.splits]
+        d["events"] = [e.__dict__ for e in self.events]
+        d["counts"] = self.counts.__dict__ if self.counts else None
+        d["prev_counts"] = self.prev_counts.__dict__ if self.prev_counts else None
+        return d
 
 
 @dataclass(frozen=True)
@@ -157,7 +168,7 @@ class Trace:
             StepRecord(
                 **{
                     **r,
-                    **{k: tuple(r[k]) for k in ("node_names", "node_backends", "leaf_names", "leaf_backends", "buffer_sizes")},
+                    **{k: tuple(r.get(k, ())) for k in ("node_names", "node_backends", "leaf_names", "leaf_backends", "buffer_sizes", "buffer_types")},
                     "splits": tuple(Split(s["backend"], s["i_start"], s["i_end"], tuple(s["inputs"])) for s in r["splits"]),
                     "events": tuple(ReallocEvent(**e) for e in r["events"]),
                     **{k: SizeCounts(**r[k]) if r.get(k) else None for k in ("counts", "prev_counts")},

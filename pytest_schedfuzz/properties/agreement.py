@@ -1,5 +1,5 @@
 """matches-reference: the engine against the reference, step by step: assignment, splits and their
-inputs, graph_size, the graph copy, realloc events, allocation results and buffer sizes."""
+inputs, graph_size, the graph copy, realloc events, allocation results, buffer types and sizes."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], s
         return "events", f"realloc events: engine {[e.describe() for e in r.events]}, reference {[e.describe() for e in p.events]}"
     if r.kind in ("reserve", "alloc", "compute", "split") and r.ok != p.ok:
         return "allocation", f"engine {'allocated' if r.ok else 'failed to allocate'}, reference predicts {'success' if p.ok else 'a refused buffer'}"
+    if r.buffer_types and r.buffer_types != p.buffer_types:
+        return "buffer-types", f"the scheduler's compute buffer types: engine {list(r.buffer_types)}, reference {list(p.buffer_types)}"
     if r.buffer_sizes and r.buffer_sizes != p.buffer_sizes:
         k = _first_diff(r.buffer_sizes, p.buffer_sizes)
         return "buffers", (f"{layout_name(k)}'s compute buffer: engine {r.buffer_sizes[k]} bytes, reference {p.buffer_sizes[k] if k < len(p.buffer_sizes) else '-'} "

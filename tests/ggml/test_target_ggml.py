@@ -14,7 +14,7 @@ import pytest
 from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
 from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
 from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
-from pytest_schedfuzz.ggml.schedlog import SchedLog
+from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
@@ -224,34 +224,73 @@ def test_geometry_check() -> None:
         check_geometry("t", want, Geometry("f32", want.ne, want.nb, "src"))
 
 
+FRAGMENTS = [
+    "\n## SPLIT #0: CPU # 0 inputs", "\n",
+    "node #  0 (  GET_ROWS):             inp_embd (   1K) [  CPU         ] use=1,c=0:", "   token_embd (  32K) [  CPU         ]", "\n",
+    "\n## SPLIT #1: RPC0[127.0.0.1:5] # 2 inputs", ": ", "[inp_embd (   1K)] ", "[Kcur-0 (rope) (x) (  12K)] ", "\n",
+    "node #  3 (   MUL_MAT):               Qcur-0 (   1K) [RPC0[         ] use=1,c=0:", "\n",
+    "ggml_gallocr_needs_realloc: src 1 (Kcur-0 (rope)) of node k_store-0 is not valid\n",
+    "ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve\n",
+    "ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 0)\n",
+    "ggml_gallocr_needs_realloc: graph has different number of leafs\n",
+    "ggml_gallocr_alloc_graph: reallocating buffers automatically\n",
+    "ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 1)\n",
+]
+
+
+def _parsed(log: SchedLog) -> tuple[object, ...]:
+    return (log.errors, [(s.backend_name, s.inputs, s.first_node) for s in log.splits], [(r.via, r.backend_ids_changed, r.reason) for r in log.reallocs])
+
+
 def test_schedlog_reads_fragments() -> None:
-    seen: list[int] = []
     log = SchedLog()
-    log.begin(lambda: seen.append(len(log.splits)))
-    fragments = [
-        "\n## SPLIT #0: CPU # 0 inputs", "\n",
-        "node #  0 (  GET_ROWS):             inp_embd (   1K) [  CPU         ] use=1,c=0:", "   token_embd (  32K) [  CPU         ]", "\n",
-        "\n## SPLIT #1: RPC0[127.0.0.1:5] # 2 inputs", ": ", "[inp_embd (   1K)] ", "[Kcur-0 (rope) (x) (  12K)] ", "\n",
-        "node #  3 (   MUL_MAT):               Qcur-0 (   1K) [RPC0[         ] use=1,c=0:", "\n",
-        "ggml_gallocr_needs_realloc: src 1 (Kcur-0 (rope)) of node k_store-0 is not valid\n",
-        "ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve\n",
-        "ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 0)\n",
-        "ggml_gallocr_needs_realloc: graph has different number of leafs\n",
-        "ggml_gallocr_alloc_graph: reallocating buffers automatically\n",
-        "ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = 1)\n",
-    ]
-    for f in fragments:
+    log.begin()
+    for f in FRAGMENTS:
         log.feed(f)
-    assert seen == [0] and not log.errors
-    assert [(s.backend_name, s.inputs, s.first_node) for s in log.splits] == [
-        ("CPU", [], 0),
-        ("RPC0[127.0.0.1:5]", ["inp_embd", "Kcur-0 (rope) (x)"], 3),
-    ]
-    assert [(r.via, r.backend_ids_changed, r.reason) for r in log.reallocs] == [
-        ("sched", False, "src 1 (Kcur-0 (rope)) of node k_store-0 is not valid"),
-        ("gallocr", False, "different number of leafs"),
-        ("sched", True, "backend ids changed"),
-    ]
+    assert _parsed(log) == (
+        [],
+        [("CPU", [], 0), ("RPC0[127.0.0.1:5]", ["inp_embd", "Kcur-0 (rope) (x)"], 3)],
+        [("sched", False, "src 1 (Kcur-0 (rope)) of node k_store-0 is not valid"), ("gallocr", False, "different number of leafs"),
+         ("sched", True, "backend ids changed")],
+    )
+    gathered = SchedLog()
+    gathered.begin()
+    gathered.feed_fragments("".join(f + SEP for f in FRAGMENTS))  # as observe.c gathers them
+    assert _parsed(gathered) == _parsed(log)
+
+
+def test_observe_gathers_the_log_and_reads_backends_at_the_first_split_header() -> None:
+    """observe.c, driven as ggml drives it: the fragments come back whole, and every tensor's
+    backend is read once, when "## SPLIT #0:" starts a line (inside split_graph), not before."""
+    import ctypes
+
+    from pytest_schedfuzz.ggml.engine import load_observe
+
+    lib = load_observe()
+    calls: list[int] = []
+    backends = (ctypes.c_void_p * 2)(0x1000, 0x2000)
+
+    @ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    def get_backend(sched: int, tensor: int) -> int:
+        calls.append(tensor)
+        return {1: 0x2000, 2: 0x1000}.get(tensor, 0)
+
+    log_fn = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(ctypes.cast(lib.schedfuzz_log, ctypes.c_void_p).value)
+    lib.schedfuzz_observe_init(ctypes.cast(get_backend, ctypes.c_void_p).value, 4)
+    tensors = (ctypes.c_void_p * 3)(1, 2, 3)
+    out = (ctypes.c_int * 3)(7, 7, 7)
+    lib.schedfuzz_observe_arm(None, tensors, 3, backends, 2, out)
+    log_fn(1, b"a line begun, ", None)
+    log_fn(1, b"## SPLIT #0: not at a line start, ", None)  # mid-line: no snapshot
+    log_fn(1, b"this\n", None)
+    assert calls == []
+    for f in FRAGMENTS:
+        log_fn(1, f.encode(), None)
+    assert calls == [1, 2, 3] and list(out) == [1, 0, -1]  # once, at SPLIT #0, not again at #1
+    assert lib.schedfuzz_observe_disarm() == 1
+    n, lost = ctypes.c_size_t(0), ctypes.c_int(0)
+    text = ctypes.string_at(lib.schedfuzz_log_take(ctypes.byref(n), ctypes.byref(lost)), n.value).decode()
+    assert lost.value == 0 and text.split(SEP)[3:-1] == FRAGMENTS
 
 
 @pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])

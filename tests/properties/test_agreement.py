@@ -147,3 +147,24 @@ def test_engine_and_reference_agree_with_a_blas_backend():
 
         agree()
     assert blas_nodes > 0  # the BLAS backend did take nodes
+
+
+def test_the_schedulers_buffer_types_are_read_from_ggml_and_judged(engine: GgmlTarget):
+    """``ggml_backend_sched_get_backend`` and ``_get_buffer_type`` of every backend after
+    ``sched_new``: a gpu's host buffer type for the CPU (as llama.cpp passes it), the defaults
+    otherwise; a reference that forgets the host buffer type is caught as what=buffer-types."""
+    from dataclasses import replace
+
+    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.sim.models import ModelShape, llama_graph
+
+    m = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=3)
+    for host in (True, False):
+        layout = BackendLayout((BackendSpec("gpu", host_buffer=host), BackendSpec("rpc"), BackendSpec("gpu", shared_buft=True), BackendSpec("cpu")))
+        scenario = Scenario(layout, (("g", llama_graph(m, 4, 16)),), (Step("sched_new", params=SchedParams(4096)), Step("alloc", "g")))
+        trace, prediction = graph_trace(engine.run(scenario)), predict(scenario, rules=engine_rules(engine))
+        assert trace.records[0].buffer_types == ("GPU0", "RPC0", "CPU", "GPU0_Host" if host else "CPU")
+        assert not matches_reference(scenario, trace, prediction)
+        wrong = replace(prediction, records=(replace(prediction.records[0], buffer_types=("GPU0", "RPC0", "CPU", "CPU")), *prediction.records[1:]))
+        found = matches_reference(scenario, trace, wrong)
+        assert bool(found) == host and all(v.facts["what"] == "buffer-types" for v in found)

@@ -1,0 +1,129 @@
+/* The graph worker's observation of ggml, in C (``ggml.observe``).
+ *
+ * 1. ggml's log, gathered: ``schedfuzz_log`` is the ``ggml_log_callback``. Each call's text is
+ *    appended to one buffer and ended by SEP, so that the parser (``schedlog.SchedLog``) still
+ *    sees every GGML_LOG_DEBUG fragment (a split header is one fragment per input) without a
+ *    Python callback per fragment: print_assignments logs several per node.
+ * 2. The backend of every node and leaf: read with ggml_backend_sched_get_tensor_backend when
+ *    the first "## SPLIT #0:" header starts a line, i.e. inside ggml_backend_sched_split_graph,
+ *    once every node has its backend and before ggml_backend_sched_reserve resets the hash table.
+ *
+ * No ggml header is needed: the one ggml function called is handed in as a pointer, and the
+ * log level of errors as a number (both by the worker, from the library it loaded).
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SEP '\x1e'
+
+typedef void *(*get_tensor_backend_t)(void *sched, void *tensor);
+
+static get_tensor_backend_t get_tensor_backend;
+static int error_level = -1;
+
+static char *text;
+static size_t len, cap;
+static int failed; /* an allocation failed: the parser is told, never a silent loss */
+static int line_start = 1; /* the last fragment ended a line */
+
+static void *sched;
+static void **tensors, **backends;
+static int n_tensors, n_backends;
+static int *out;
+static int armed, taken;
+
+void schedfuzz_observe_init(void *get_backend_fn, int error_level_value) {
+    get_tensor_backend = (get_tensor_backend_t)get_backend_fn;
+    error_level = error_level_value;
+}
+
+static void append(const char *s, size_t n) {
+    if (len + n + 1 > cap) {
+        size_t want = cap ? cap : 1 << 16;
+        while (len + n + 1 > want) want *= 2;
+        char *grown = realloc(text, want);
+        if (!grown) {
+            failed = 1;
+            return;
+        }
+        text = grown;
+        cap = want;
+    }
+    memcpy(text + len, s, n);
+    len += n;
+}
+
+/* each tensor's backend index (-1: none): what the scheduler's hash table holds now */
+void schedfuzz_observe_snapshot(void) {
+    for (int i = 0; i < n_tensors; i++) {
+        void *b = get_tensor_backend(sched, tensors[i]);
+        out[i] = -1;
+        for (int k = 0; k < n_backends; k++) {
+            if (backends[k] == b) {
+                out[i] = k;
+                break;
+            }
+        }
+    }
+    taken = 1;
+}
+
+void schedfuzz_log(int level, const char *s, void *user_data) {
+    (void)user_data;
+    if (!s) return;
+    size_t n = strlen(s);
+    if (level == error_level) {
+        /* ggml's errors also go to stderr: a crash's report then carries them */
+        ssize_t w = write(2, s, n);
+        (void)w;
+    }
+    if (armed && !taken) {
+        /* the header is logged as "\n## SPLIT #0: ...": it starts a line after its newlines */
+        const char *head = s;
+        int starts = line_start;
+        while (*head == '\n') {
+            head++;
+            starts = 1;
+        }
+        if (starts && strncmp(head, "## SPLIT #0:", 12) == 0) schedfuzz_observe_snapshot();
+    }
+    append(s, n);
+    append((const char[]){SEP}, 1);
+    if (n) line_start = s[n - 1] == '\n';
+}
+
+/* take the snapshot at the next split printout, into out[0 .. n) */
+void schedfuzz_observe_arm(void *sched_, void **tensors_, int n_tensors_, void **backends_, int n_backends_, int *out_) {
+    sched = sched_;
+    tensors = tensors_;
+    n_tensors = n_tensors_;
+    backends = backends_;
+    n_backends = n_backends_;
+    out = out_;
+    armed = 1;
+    taken = 0;
+}
+
+/* whether the snapshot was taken since arming; disarms */
+int schedfuzz_observe_disarm(void) {
+    armed = 0;
+    return taken;
+}
+
+/* the log gathered since the last call (``*n`` bytes, not NUL-terminated), freed by the
+ * next call; ``*lost`` is set when some of it could not be kept */
+const char *schedfuzz_log_take(size_t *n, int *lost) {
+    static char *given;
+    free(given);
+    given = NULL;
+    *n = len;
+    *lost = failed;
+    failed = 0;
+    if (!text) return "";
+    given = text;
+    text = NULL;
+    len = cap = 0;
+    return given;
+}
