@@ -308,6 +308,10 @@ def _judge(case: Case, scenario: Scenario, seen: Seen) -> tuple[str, str]:
     step, what = case.step, _what(case)
     if case.property not in _OBSERVABLE:
         return f"    bool reproduced = {_verdict(case)};", ""
+    if what == "buffer-types":
+        raise ExportError(f"{case.path}: a {case.property}[what={what}] finding is not exported yet: its reproducer would compare "
+                          "ggml_backend_sched_get_buffer_type of each backend after ggml_backend_sched_new with the reference's; "
+                          "replay it with `schedfuzz replay`")
     if what not in _OBSERVABLE[case.property]:
         raise ExportError(f"{case.path}: a {case.property}[what={what}] finding: ggml's public API does not tell a program "
                           f"{'the split inputs or the graph copy' if what in ('graph_size', 'graph-copy') else what} (schedfuzz reads them from its debug log)")

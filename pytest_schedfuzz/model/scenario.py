@@ -528,7 +528,9 @@ class GraphBuilder:
         return self._geo[name].ne
 
     def build(self, *roots: str, label: str = "") -> GraphSpec:
-        return GraphSpec(tuple(self.tensors), tuple(roots), tuple(self.forced), label)
+        spec = GraphSpec(tuple(self.tensors), tuple(roots), tuple(self.forced), label)
+        spec.__dict__["geometry"] = dict(self._geo)  # inferred as each op was added: not again (cached_property's slot)
+        return spec
 
 
 def reshaped(spec: GraphSpec, leaf: str, dim: int) -> GraphSpec | None:

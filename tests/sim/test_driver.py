@@ -65,3 +65,22 @@ def test_topology_ignores_shapes_only():
 def test_workload_json_round_trip():
     w = workload(Reconfigure(SchedParams(2048, parallel=True), out_of_memory=True), Ubatch(3, 1, 9))
     assert Workload.from_json(w.to_json()) == w
+
+
+def test_a_built_spec_carries_the_geometry_a_fresh_inference_gives():
+    """``GraphBuilder.build`` hands its spec the shapes it inferred op by op (so they are not
+    inferred twice per example): they must be what ``GraphSpec.geometry`` infers from scratch."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+    from hypothesis import strategies as st
+
+    from pytest_schedfuzz.model.scenario import GraphSpec
+    from pytest_schedfuzz.strategies import scenarios, workloads
+
+    @seed(5)
+    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate,))
+    @given(st.one_of(scenarios(2, 6, True, 4, 50, False, 2), workloads(max_ubatches=6, max_gpu=2).map(Driver().scenario)))
+    def same(scenario) -> None:  # type: ignore[no-untyped-def]
+        for _, g in scenario.graphs:
+            assert GraphSpec(g.tensors, g.roots, g.forced, g.label).geometry == g.geometry
+
+    same()
