@@ -1,12 +1,11 @@
 """A graph spec as a networkx ``DiGraph`` of tensors, in ggml's own node and leaf order.
 
-Vertices are tensor names; an edge ``src -> dst`` carries the ``slot`` of ``src`` in
-``dst->src[]``. Every vertex carries what the scheduler reads from a ``ggml_tensor``: its op,
+Vertices are tensor names, each with its op and ``src[]``; an edge ``src -> dst`` carries the
+``slot`` of ``src`` in ``dst->src[]``. ``CGraph`` orders them as ggml does and holds, as index
+arrays (nodes first, in graph order), what the scheduler reads from a ``ggml_tensor``: its op,
 whether it is a view op, its view source, the backend whose buffer holds it (pre-allocated
-weights and caches), the buffer usage, the input/output flags and its ``ggml_nbytes``.
-
-``CGraph`` then flattens that into index arrays (nodes first, in graph order) so the passes
-can be written as the plain loops of ``ggml-backend.cpp``.
+weights and caches), the buffer usage, the input/output flags and its ``ggml_nbytes``, so that
+the passes can be written as the plain loops of ``ggml-backend.cpp``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from pytest_schedfuzz.model.shapes import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS
 
 
 def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
-    """The spec's tensors and their ``src`` edges, with the attributes the scheduler reads.
+    """The spec's tensors and their ``src`` edges: each vertex carries its op and its ``src[]``
+    (what ``ggml_visit_parents_graph`` walks), each edge the slot of ``src`` in ``dst->src[]``.
 
     >>> from pytest_schedfuzz.model.scenario import GraphBuilder
     >>> b = GraphBuilder(); w = b.weight("w", (4, 4), device=0); x = b.input("x", (4, 2))
@@ -28,31 +28,8 @@ def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
     >>> sorted(g.edges(data="slot"))
     [('w', 'y', 0), ('x', 'y', 1)]
     """
-    geo = spec.geometry
     g = nx.DiGraph()
-    g.add_nodes_from(
-        (
-            t.name,
-            {
-                "op": t.op,
-                "ggml_op": GGML_OP_NAMES[t.op],
-                "srcs": t.srcs,
-                "view_op": t.op in VIEW_OPS,
-                "view_src": geo[t.name].view_src,
-                "buffer": t.device if t.role in ("weight", "cache") else None,
-                "weights": t.role == "weight",
-                "input": t.role == "input",
-                "output": t.output,
-                "nbytes": nbytes(geo[t.name]),
-                "type": geo[t.name].type,
-                "ne0": geo[t.name].ne[0],
-                "ne1": geo[t.name].ne[1],
-                "contiguous": is_contiguous(geo[t.name]),
-                "layout": (geo[t.name].type, geo[t.name].ne, geo[t.name].nb),
-            },
-        )
-        for t in spec.tensors
-    )
+    g.add_nodes_from((t.name, {"op": t.op, "srcs": t.srcs}) for t in spec.tensors)
     g.add_edges_from((src, t.name, {"slot": slot}) for t in spec.tensors for slot, src in enumerate(t.srcs) if src not in (None, t.name))
     return g
 
@@ -139,6 +116,8 @@ class CGraph:
 
     @staticmethod
     def build(spec: GraphSpec) -> CGraph:
+        """The graph in ggml's order (``forward_order`` over ``tensor_graph``), then what the
+        scheduler reads from each ``ggml_tensor``, read from the spec and its geometry."""
         g = tensor_graph(spec)
         nodes, leafs = forward_order(g, spec.roots)
         names = nodes + leafs
@@ -148,27 +127,29 @@ class CGraph:
             if extra not in index:
                 index[extra] = len(names)
                 names.append(extra)
-        data = dict(g.nodes(data=True))
-        a = [data[n] for n in names]
+        by_name, geometry = spec.by_name, spec.geometry
+        ts = [by_name[n] for n in names]
+        gs = [geometry[n] for n in names]
+        pre = [t.role in ("weight", "cache") for t in ts]  # pre-allocated: in a buffer of their device
         cg = CGraph(
             names=names,
             n_nodes=len(nodes),
             n_leafs=len(leafs),
-            op=[x["op"] for x in a],
-            ggml_op=[x["ggml_op"] for x in a],
-            view_op=[x["view_op"] for x in a],
-            view_src=[index[x["view_src"]] if x["view_src"] else -1 for x in a],
-            buffer=[x["buffer"] if x["buffer"] is not None else -1 for x in a],
-            weights=[x["weights"] for x in a],
-            input=[x["input"] for x in a],
-            output=[x["output"] for x in a],
-            nbytes=[x["nbytes"] for x in a],
-            type=[x["type"] for x in a],
-            ne0=[x["ne0"] for x in a],
-            ne1=[x["ne1"] for x in a],
-            contiguous=[x["contiguous"] for x in a],
-            layout=[x["layout"] for x in a],
-            srcs=[tuple(index[s] if s is not None else -1 for s in x["srcs"]) for x in a],
+            op=[t.op for t in ts],
+            ggml_op=[GGML_OP_NAMES[t.op] for t in ts],
+            view_op=[t.op in VIEW_OPS for t in ts],
+            view_src=[index[x.view_src] if x.view_src else -1 for x in gs],
+            buffer=[t.device if p and t.device is not None else -1 for t, p in zip(ts, pre)],
+            weights=[t.role == "weight" for t in ts],
+            input=[t.role == "input" for t in ts],
+            output=[t.output for t in ts],
+            nbytes=[nbytes(x) for x in gs],
+            type=[x.type for x in gs],
+            ne0=[x.ne[0] for x in gs],
+            ne1=[x.ne[1] for x in gs],
+            contiguous=[is_contiguous(x) for x in gs],
+            layout=[(x.type, x.ne, x.nb) for x in gs],
+            srcs=[tuple(index[s] if s is not None else -1 for s in t.srcs) for t in ts],
         )
         cg.refs = [
             Ref(n, not cg.has_data(t) and cg.view_src[t] < 0, cg.nbytes[t], cg.ggml_op[t], names[cg.view_src[t]] if cg.view_src[t] >= 0 else None,

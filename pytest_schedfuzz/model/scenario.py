@@ -75,9 +75,9 @@ class TensorSpec:
     def is_leaf(self) -> bool:
         return self.op == "none"
 
-    @property
+    @cached_property
     def srcs(self) -> tuple[str | None, ...]:
-        """Names in ggml's ``src[]`` order (see ``shapes.ggml_srcs``)."""
+        """Names in ggml's ``src[]`` order (see ``shapes.ggml_srcs``); read by every pass."""
         if self.is_leaf:
             return ()
         return tuple(self.name if s == CAST_SELF else s for s in ggml_srcs(self.op, self.args))
@@ -497,7 +497,7 @@ class GraphBuilder:
         if t.name in self._geo:
             raise SpecError(f"tensor {t.name!r} is defined twice")
         self._geo[t.name] = geo
-        self.tensors.append(TensorSpec(**{**t.__dict__, "ne": tuple(geo.ne)}))
+        self.tensors.append(replace(t, ne=tuple(geo.ne)))
         return t.name
 
     def leaf(self, name: str, ne: Sequence[int], type: str = "f32", role: str = "input", device: int | None = None) -> str:
