@@ -16,7 +16,9 @@ from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
 from pytest_schedfuzz.sim.driver import Driver
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
-GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None]
+GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None and load_case(p).expect != "pass"]
+# coverage seeds: cases that hold, replayed by every run for the branches they reach (``schedfuzz coverage``)
+SEEDS = [p for p in case_files(CORPUS) if load_case(p).scenario is not None and load_case(p).expect == "pass"]
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +56,11 @@ def test_message_step_and_graphs_agree_with_the_scenario(path: Path, fuzzers: di
         assert case.scenario.steps[found[0].step].kind == case.scenario.steps[case.step].kind
     else:
         assert (found[0].step, found[0].message) == (case.step, case.message)
+
+
+@pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem[-10:])
+def test_coverage_seeds_hold_on_both_ggmls(path: Path, fuzzers: dict[str, Fuzzer]) -> None:
+    case = load_case(path)
+    assert case.scenario is not None
+    for lib, fuzzer in fuzzers.items():
+        assert fuzzer.check(case.property, case.scenario) == [], f"{path.name} on {lib}"

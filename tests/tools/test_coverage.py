@@ -4,11 +4,14 @@ runs reach in the scheduler and the allocator, and tells the branches no caller 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.ggml.build import build_ggml_base, coverage_build
+from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
 from pytest_schedfuzz.tools.coverage import lines, measure
 
@@ -129,3 +132,22 @@ def test_a_copy_between_two_gpu_like_devices_is_a_peer_copy() -> None:
         reached.append((asked in splits.reached_lines, asked + 1 in splits.reached_lines))
     from_rpc, from_gpu = reached
     assert from_rpc == (True, True) and from_gpu == (True, False), reached
+
+
+@pytest.mark.engine
+def test_the_corpus_seed_copies_only_the_used_experts() -> None:
+    """The starter corpus's coverage seed (replayed by every ci run, so that the figure does not
+    hang on a rare draw) takes ``compute_splits``' used-experts copy on ggml 0.15.3."""
+    from pytest_schedfuzz.cases.corpus import case_files, load_case
+
+    seed = next(load_case(p) for p in case_files(Path(__file__).resolve().parents[2] / "corpus") if "used-experts" in p.name)
+    assert seed.scenario is not None and seed.expect == "pass"
+    lib = build_ggml_base("ggml-0.15.3", coverage=True)
+    build = coverage_build(lib)
+    for gcda in build.rglob("*.gcda"):
+        gcda.unlink()
+    with GgmlTarget(lib=str(lib)) as t:
+        trace = t.run(seed.scenario)
+    assert trace.abort is None
+    splits = next(fn for fn in measure(build, lib.parent / "ggml") if fn.name.startswith("ggml_backend_sched_compute_splits("))
+    assert not [line for line, source, _ in splits.missed if "copy_experts(first_id, last_id)" in source]
