@@ -16,9 +16,9 @@ from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
 from pytest_schedfuzz.sim.driver import Driver
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
-GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None and load_case(p).expect != "pass"]
-# coverage seeds: cases that hold, replayed by every run for the branches they reach (``schedfuzz coverage``)
-SEEDS = [p for p in case_files(CORPUS) if load_case(p).scenario is not None and load_case(p).expect == "pass"]
+# coverage seeds: scenarios that hold, replayed by every run for the branches they reach (``schedfuzz coverage``)
+SEEDS = [p for p in case_files(CORPUS) if load_case(p).scenario is not None and load_case(p).workload is None and load_case(p).expect == "pass"]
+GRAPH_CASES = [p for p in case_files(CORPUS) if load_case(p).scenario is not None and p not in SEEDS]
 
 
 @pytest.fixture(scope="module")
