@@ -119,20 +119,34 @@ class Channel:
             data = data[os.write(self.fd, data) :]
 
 
-def gcov_dump() -> None:
-    """Write the counts of a coverage build of ggml (``schedfuzz coverage``) now: ``abort()``
-    skips the exit handlers that would, so every scenario that ends in a ggml abort (a finding,
-    an oracle under ``GGML_SCHED_DEBUG_REALLOC``) would otherwise be missing from the figure. A
-    no-op on every other build (no ``__gcov_dump`` in the library)."""
+def gcov_dump(reset: bool = False) -> None:
+    """Write the counts of a coverage build of ggml (``schedfuzz coverage``) now, and with
+    ``reset`` start counting afresh (no count is then written twice). ``abort()`` skips the exit
+    handlers that would write them, and a crash kills the process with every count it holds: the
+    worker writes them after each scenario and from ggml's abort callback, so that a scenario that
+    ends in an abort (a finding, an oracle under ``GGML_SCHED_DEBUG_REALLOC``) or a later crash of
+    the same worker takes no other scenario's counts with it. A no-op on every other build (no
+    ``__gcov_dump`` in the library)."""
     try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libggml-base.so" in line}
-        for path in paths:
-            dump = getattr(ctypes.CDLL(path), "__gcov_dump", None)
+        for lib in _loaded_ggml_base():
+            dump = getattr(lib, "__gcov_dump", None)
             if dump is not None:
                 dump()
+                if reset:
+                    getattr(lib, "__gcov_reset")()
     except Exception:
         pass  # the process dies anyway; a figure without these counts is still a figure
+
+
+def _loaded_ggml_base() -> list[ctypes.CDLL]:
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libggml-base.so" in line}
+    return [ctypes.CDLL(path) for path in sorted(paths)]
+
+
+def coverage_build() -> bool:
+    """Whether the loaded ``libggml-base`` counts coverage (``schedfuzz coverage``'s build)."""
+    return any(hasattr(lib, "__gcov_dump") for lib in _loaded_ggml_base())
 
 
 class Ggml:

@@ -37,7 +37,7 @@ from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
 from ..model.trace import StepRecord
 from .backends import RpcUnreachable
-from .engine import OBSERVE_SPLITS, Channel, Ggml
+from .engine import OBSERVE_SPLITS, Channel, Ggml, coverage_build, gcov_dump
 from .lib import die_with_parent
 from .run import ScenarioRun
 
@@ -113,19 +113,23 @@ def main() -> None:
         chan.send({"fatal": no_realloc_fix(eng.info()["lib"])})
         raise SystemExit(2)
     chan.send({"hello": eng.info()})
+    coverage = coverage_build()
     for line in sys.stdin.buffer:
         req = json.loads(line)
         eng.step = -1
+        reply: dict[str, object]
         try:
             run_scenario(eng, Scenario.from_json(req["scenario"]), req["endpoints"], chan, req.get("seed"))
-            chan.send({"done": True})
+            reply = {"done": True}
         except Unsupported as e:
-            chan.send({"unsupported": str(e)})
+            reply = {"unsupported": str(e)}
         except RpcUnreachable as e:
-            chan.send({"unreachable": str(e)})
+            reply = {"unreachable": str(e)}
         except Exception:
-            chan.send({"error": {"step": eng.step, "message": traceback.format_exc()}})
-
+            reply = {"error": {"step": eng.step, "message": traceback.format_exc()}}
+        if coverage:
+            gcov_dump(reset=True)  # before the reply: a later crash of this worker must not take this scenario's counts
+        chan.send(reply)
 
 if __name__ == "__main__":
     main()

@@ -82,8 +82,12 @@ class TensorSpec:
             return ()
         return tuple(self.name if s == CAST_SELF else s for s in ggml_srcs(self.op, self.args))
 
+    @cached_property
+    def _params(self) -> dict[str, Any]:
+        return dict(self.params)
+
     def param(self, key: str, default: Any = None) -> Any:
-        return dict(self.params).get(key, default)
+        return self._params.get(key, default)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "op": self.op, "type": self.type, "ne": list(self.ne)}
