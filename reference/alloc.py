@@ -41,6 +41,8 @@ Address = tuple[int, int]  # struct buffer_address: (chunk, offset)
 # how the reference ends the message of a failure it predicts in placing a tensor: a plan that
 # fits its buffers never fails there, so such a failure is always a failed reservation's plan
 KEPT_PLAN = "the plan of a reservation that failed to allocate"
+# ... or the plan a ``ggml_gallocr_reserve_n_size`` measurement recorded, having freed the buffers it found too small
+MEASURED_PLAN = "the plan of a reserve_size measurement, whose buffers that had to grow it freed (no_alloc)"
 
 
 class AllocAbort(Exception):
@@ -244,6 +246,7 @@ class Gallocr:
         self.buffers: list[list[int] | None] = [None] * len(bufts)
         self.plan: Plan | None = None
         self.realloc_reason: str | None = None  # what the last alloc_graph's needs_realloc said
+        self.unfit = KEPT_PLAN
         self.hash: dict[str, HashNode] = {}
         self.srcs: dict[str, tuple[Ref | None, ...]] = {}
 
@@ -361,10 +364,11 @@ class Gallocr:
         return TensorAlloc(hn.buffer_id, t.nbytes, hn.addr)
 
     def reserve_n(self, nodes: tuple[Ref, ...], node_srcs: tuple[tuple[Ref | None, ...], ...], leafs: tuple[Ref, ...],
-                  node_ids: tuple[int, ...] | None, leaf_ids: tuple[int, ...] | None) -> bool:
-        """``ggml_gallocr_reserve_n``: place the graph, record the plan, then grow each buffer
+                  node_ids: tuple[int, ...] | None, leaf_ids: tuple[int, ...] | None, no_alloc: bool = False) -> bool:
+        """``ggml_gallocr_reserve_n_impl``: place the graph, record the plan, then grow each buffer
         whose chunks grew (buffers never shrink). False, with the plan kept, when a buffer type
-        refuses a chunk: that buffer is then NULL."""
+        refuses a chunk: that buffer is then NULL. With ``no_alloc`` (``reserve_n_size``) a buffer
+        that would have to grow is freed and left NULL."""
         for talloc in self.buf_tallocs:
             talloc.reset()
         self.alloc_graph_impl(nodes, node_srcs, leafs, node_ids, leaf_ids)
@@ -373,6 +377,7 @@ class Gallocr:
             [tuple(self._talloc(s) if s is not None else None for s in srcs) for srcs in node_srcs],
             [self._talloc(leaf) for leaf in leafs],
         )
+        self.unfit = MEASURED_PLAN if no_alloc else KEPT_PLAN  # why this plan may not fit its buffers
         for i in range(self.n_buffers):
             same = next((j for j in range(i) if self.buf_tallocs[j] is self.buf_tallocs[i]), None)
             if same is not None:
@@ -380,13 +385,23 @@ class Gallocr:
             talloc, cur = self.buf_tallocs[i], self.buffers[i]
             new_sizes = [talloc.max_size(c) for c in range(len(talloc.chunks))]
             realloc = cur is None or any(new > (cur[c] if c < len(cur) else 0) for c, new in enumerate(new_sizes))
-            if realloc:
+            if realloc and no_alloc:
+                self.buffers[i] = None  # ggml_vbuffer_free, then NULL
+            elif realloc:
                 chunks = [self.bufts[i].alloc_buffer(size) for size in new_sizes]  # ggml_vbuffer_alloc
                 if any(c is None for c in chunks):
                     self.buffers[i] = None
                     return False
                 self.buffers[i] = chunks  # type: ignore[assignment]
         return True
+
+    def reserve_n_size(self, nodes: tuple[Ref, ...], node_srcs: tuple[tuple[Ref | None, ...], ...], leafs: tuple[Ref, ...],
+                       node_ids: tuple[int, ...] | None, leaf_ids: tuple[int, ...] | None) -> tuple[int, ...]:
+        """``ggml_gallocr_reserve_n_size``: ``reserve_n`` with ``no_alloc``, then each buffer's
+        size as the sum of its allocator's chunks (a buffer type used twice counts twice)."""
+        if not self.reserve_n(nodes, node_srcs, leafs, node_ids, leaf_ids, no_alloc=True):
+            raise AllocAbort("GGML_ASSERT(ggml_gallocr_reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, /*no_alloc =*/ true)) failed")
+        return tuple(sum(talloc.max_size(c) for c in range(len(talloc.chunks))) for talloc in self.buf_tallocs)
 
     def needs_realloc(self, nodes: tuple[Ref, ...], node_srcs: tuple[tuple[Ref | None, ...], ...], leafs: tuple[Ref, ...]) -> str | None:
         """``ggml_gallocr_needs_realloc``: ggml's reason the plan does not fit, or None if it does."""
@@ -428,17 +443,17 @@ class Gallocr:
         if buf is None:
             raise NullBufferCrash(
                 f"SIGSEGV in ggml_vbuffer_tensor_alloc: the {self.bufts[talloc.buffer_id].name} buffer planned to hold "
-                f"{t.name} is NULL: {KEPT_PLAN}")
+                f"{t.name} is NULL: {self.unfit}")
         chunk, offset = talloc.addr
         if chunk >= len(buf):  # ggml_backend_buffer_get_base(NULL chunk)
             raise AllocAbort(f"GGML_ASSERT(buffer) failed ({t.name}: chunk {chunk} of the {self.bufts[talloc.buffer_id].name} buffer "
-                             f"does not exist): {KEPT_PLAN}")
+                             f"does not exist): {self.unfit}")
         if offset + t.nbytes > buf[chunk]:  # ggml_backend_tensor_alloc
             raise AllocAbort(
                 "GGML_ASSERT(ggml_backend_buffer_is_meta(buffer) || (char *) addr + ggml_backend_buffer_get_alloc_size(buffer, tensor) <= "
                 f"(char *) ggml_backend_buffer_get_base(buffer) + ggml_backend_buffer_get_size(buffer)) failed ({t.name} planned at "
                 f"{offset}..{offset + t.nbytes} of the {self.bufts[talloc.buffer_id].name} buffer's chunk {chunk} of {buf[chunk]} bytes): "
-                f"{KEPT_PLAN}")
+                f"{self.unfit}")
 
     def get_buffer_size(self, buffer_id: int) -> int:
         """``ggml_gallocr_get_buffer_size``: a buffer shared with an earlier id counts 0."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from pytest_schedfuzz.model.scenario import Scenario, Step
 from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
@@ -57,7 +58,9 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
     Steps mirror the calls a ``llama_context`` makes: ``reserve``, ``alloc`` and ``split``
     (``ggml_backend_sched_split_graph`` alone, as llama.cpp probes where ops go) reset the
     scheduler and apply the graph's forced assignments first; ``compute`` allocates like
-    ``alloc``; a ``sched_new`` with ``reuse`` keeps the current scheduler (and its params).
+    ``alloc``; ``reserve_size`` (``ggml_backend_sched_reserve_size``, llama.cpp's memory estimate)
+    resets again itself, so the forced assignments are gone when it splits, and records the sizes
+    it measured; a ``sched_new`` with ``reuse`` keeps the current scheduler (and its params).
     A predicted abort ends the prediction, as it ends the engine. ``scheduler`` lets a test
     plant a fault in one pass (a subclass overriding it).
     """
@@ -94,6 +97,10 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
                 (result, ok), events = sched.reserve(g), []
             elif step.kind == "split":
                 result, events, ok = sched.split_graph(g), [], True
+            elif step.kind == "reserve_size":
+                result, measured = sched.reserve_size(g)
+                records.append(replace(_record(i, step, sched, result, [], g.names, g.n_nodes, True), buffer_sizes=measured))
+                continue
             else:
                 result, events, ok = sched.alloc_graph(g, i)
             records.append(_record(i, step, sched, result, events, g.names, g.n_nodes, ok))

@@ -126,6 +126,21 @@ class Scheduler:
         self.reset()
         return result, True
 
+    def reserve_size(self, g: CGraph) -> tuple[SplitResult, tuple[int, ...]]:
+        """``ggml_backend_sched_reserve_size``: reset (the user's assignments go too), split, then
+        ``ggml_gallocr_reserve_n_size``: the plan of the measured graph, and the sizes its buffers
+        would need; a buffer that would have to grow is freed and left NULL (``no_alloc``)."""
+        self._check_hash_size(g, "measure_graph")
+        self.reset()
+        self.synchronize()
+        result = self.split_graph(g)
+        copy = result.copy
+        try:
+            sizes = self.galloc.reserve_n_size(copy.nodes, copy.node_srcs, copy.leafs, copy.node_backend_ids, copy.leaf_backend_ids)
+        except AllocAbort as e:
+            raise SchedAbort(str(e)) from None
+        return result, sizes
+
     def alloc_graph(self, g: CGraph, step: int) -> tuple[SplitResult, list[ReallocEvent], bool]:
         """``ggml_backend_sched_alloc_graph``: split, then ``ggml_backend_sched_alloc_splits``;
         false when that fails (``is_alloc`` stays false)."""

@@ -242,6 +242,8 @@ def features(scenario: Scenario) -> list[str]:
         "forced assignments": any(g.forced for _, g in scenario.graphs),
         # ggml_backend_sched_set_eval_callback, then a compute: compute_splits computes in pieces
         "eval callback (computed with)": "compute" in [s.kind for s in scenario.steps][_first(scenario, "eval_callback"):],
+        # ggml_backend_sched_reserve_size (llama.cpp's memory estimate), then a graph scheduled after it
+        "reserve_size (then another step)": _first(scenario, "reserve_size") < len(scenario.steps) - 1,
         "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),

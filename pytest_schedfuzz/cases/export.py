@@ -46,7 +46,7 @@ from .corpus import Case
 EXPORTED = ("no-same-size-realloc", "no-abort", "same-values", "matches-reference", "reuse-equivalent")
 REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = 1, 0, 77
 _TYPES = {"f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "i32": "GGML_TYPE_I32", "i64": "GGML_TYPE_I64", "q8_0": "GGML_TYPE_Q8_0"}
-_STEP_KINDS = {"reserve": "STEP_RESERVE", "alloc": "STEP_ALLOC", "compute": "STEP_COMPUTE", "split": "STEP_SPLIT"}
+_STEP_KINDS = {"reserve": "STEP_RESERVE", "alloc": "STEP_ALLOC", "compute": "STEP_COMPUTE", "split": "STEP_SPLIT", "reserve_size": "STEP_RESERVE_SIZE"}
 
 
 class ExportError(ValueError):
@@ -699,8 +699,8 @@ _TEMPLATE = r"""/* schedfuzz reproducer: {signature}
 {gpu}
 enum {{ N_BACKENDS = {n_backends}, N_RPC = {n_rpc}, CPU_THREADS = {cpu_threads}, MAX_BUILT = 3 }};
 #define RPC_THREADS "2"  /* as the harness's RPC servers */
-enum step_kind {{ STEP_RESERVE, STEP_ALLOC, STEP_COMPUTE, STEP_SPLIT }};
-static const char * KIND_NAMES[] = {{ "reserve", "alloc", "compute", "split" }};
+enum step_kind {{ STEP_RESERVE, STEP_ALLOC, STEP_COMPUTE, STEP_SPLIT, STEP_RESERVE_SIZE }};
+static const char * KIND_NAMES[] = {{ "reserve", "alloc", "compute", "split", "reserve_size" }};
 
 struct blob {{ size_t offset, size; }};  /* bytes in data.bin */
 struct graph {{
@@ -953,6 +953,12 @@ static void step_graph(int index, enum step_kind kind, int g, const struct blob 
     bool ok = true;
     if (kind == STEP_RESERVE) ok = ggml_backend_sched_reserve(sched, b->gf);
     else if (kind == STEP_SPLIT) ggml_backend_sched_split_graph(sched, b->gf);
+    else if (kind == STEP_RESERVE_SIZE) {{
+        /* llama.cpp's memory estimate: the sizes a reservation would need, no buffer allocated */
+        size_t sizes[N_BACKENDS];
+        ggml_backend_sched_reserve_size(sched, b->gf, sizes);
+        for (int i = 0; i < N_BACKENDS; i++) printf("    %s: reserve_size measured %zu bytes\n", BACKEND_NAMES[i], sizes[i]);
+    }}
     else ok = ggml_backend_sched_alloc_graph(sched, b->gf);
     if (ok && kind == STEP_COMPUTE) {{
         for (int k = 0; k < GRAPHS[g].n_inputs; k++) {{

@@ -166,6 +166,8 @@ class Ggml:
         self.lib.ggml_backend_sched_get_tensor_backend.restype = ctypes.c_void_p
         self.lib.ggml_backend_sched_get_backend.restype = ctypes.c_void_p
         self.lib.ggml_backend_sched_get_buffer_type.restype = ctypes.c_void_p
+        self.lib.ggml_backend_sched_reserve_size.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.ggml_backend_sched_reserve_size.restype = None
         for fn in ("ggml_backend_get_device", "ggml_backend_dev_host_buffer_type", "ggml_backend_get_default_buffer_type"):
             getattr(self.lib, fn).restype = ctypes.c_void_p
             getattr(self.lib, fn).argtypes = [ctypes.c_void_p]

@@ -216,13 +216,17 @@ class ScenarioRun:
         elif st.kind == "split":  # llama.cpp's probe of where ops go (its flash-attention check)
             g.ggml_backend_sched_split_graph(self.sched, built.gf)
             ok = True
+        elif st.kind == "reserve_size":  # llama.cpp's memory estimate: no buffer allocated
+            measured = (ctypes.c_size_t * len(self.backends))()
+            self.eng.lib.ggml_backend_sched_reserve_size(self.sched, built.gf, measured)
+            ok = True
         else:
             ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
         n_dep_nodes = self._dep_nodes()  # of this step's one split_graph
         seconds = time.perf_counter() - t0
         if self.eng.observe.schedfuzz_observe_disarm():
             snap = self._snapshot(built, out)
-        if st.kind != "reserve":
+        if st.kind not in ("reserve", "reserve_size"):  # both reset the scheduler: no hash table to read after
             if not snap.taken:  # a graph without nodes prints no split: read the live hash table
                 self.eng.observe.schedfuzz_observe_snapshot()
                 snap = self._snapshot(built, out)
@@ -233,6 +237,8 @@ class ScenarioRun:
                 self._round_trip()
         self.eng.drain_log()
         record = replace(self._record(index, st.kind, built, snap, ok, n_dep_nodes), seconds=seconds, build_seconds=build_seconds)
+        if st.kind == "reserve_size":
+            record = replace(record, buffer_sizes=tuple(measured))
         if ok and st.kind == "compute":
             # once a step's values are undetermined, so are the caches every later step reads
             self.cpu_only.off = self.cpu_only.off or values.undetermined(spec)

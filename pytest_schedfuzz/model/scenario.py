@@ -22,8 +22,11 @@ ROLES = ("weight", "cache", "input", "")
 BACKEND_KINDS = ("rpc", "gpu", "blas", "cpu")
 # eval_callback: ggml_backend_sched_set_eval_callback on the current scheduler, with a callback that
 # asks for every MUL_MAT and MUL_MAT_ID result, as llama.cpp's imatrix tool does (EVAL_CALLBACK_OPS)
-STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset", "split", "eval_callback")
+# reserve_size: ggml_backend_sched_reserve_size, the measurement llama.cpp's memory estimate makes (the
+# compute buffer sizes a reservation would need, with no buffer allocated)
+STEP_KINDS = ("sched_new", "reserve", "alloc", "compute", "reset", "split", "eval_callback", "reserve_size")
 EVAL_CALLBACK_OPS = ("MUL_MAT", "MUL_MAT_ID")
+GRAPH_STEP_KINDS = ("reserve", "alloc", "compute", "split", "reserve_size")  # the steps that schedule a graph
 # explicit limits on what a scenario may ask of the engine (case files are checked against them)
 MAX_ELEMENTS = 2**26  # per tensor: 256 MiB of f32
 MAX_TENSORS = 100_000  # per graph
@@ -442,7 +445,7 @@ class Scenario:
                 raise SpecError(f"step {i}: sched_new needs params")
             if s.kind == "sched_new" and s.params is not None and not 1 <= s.params.max_nodes <= MAX_NODES:
                 raise SpecError(f"step {i}: max_nodes {s.params.max_nodes} is outside 1 .. {MAX_NODES:,} (2**24)")
-            if s.kind in ("reserve", "alloc", "compute", "split") and s.graph not in self.graph_map:
+            if s.kind in GRAPH_STEP_KINDS and s.graph not in self.graph_map:
                 raise SpecError(f"step {i}: unknown graph {s.graph!r}")
             if s.kind == "sched_new" and s.reuse and i == 0:
                 raise SpecError("step 0: nothing to reuse")

@@ -96,8 +96,9 @@ class StepRecord:
     ``prev_counts`` the previous split_graph's on the same scheduler (``None``: none since
     ``ggml_backend_sched_new``). ``graph_size`` and ``n_nodes``/``n_leafs`` (the scheduled graph
     copy's, as in ggml's own realloc message) are derived from them (``properties.derived``).
-    ``buffer_sizes`` is ``ggml_backend_sched_get_buffer_size`` of each backend after
-    the step, and ``ok`` whether the step's reserve or alloc succeeded.
+    ``buffer_sizes`` is ``ggml_backend_sched_get_buffer_size`` of each backend after the step (of
+    a ``reserve_size`` step: the sizes ``ggml_backend_sched_reserve_size`` measured), and ``ok``
+    whether the step's reserve or alloc succeeded.
     """
 
     index: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from reference.alloc import KEPT_PLAN
+from reference.alloc import KEPT_PLAN, MEASURED_PLAN
 
 from ..model.scenario import Scenario, Step
 from ..model.trace import Abort, Trace
@@ -99,6 +99,7 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     # buffers (NULL, or older and smaller) cannot hold it. Whether that shows as a crash or an
     # assert depends on which buffer the first misplaced tensor is in
     # (only if ggml's abort is the one predicted: another abort at that step is another finding)
+    measured = prediction.abort is not None and MEASURED_PLAN in prediction.abort.message and not unlike_prediction(a, prediction.abort)
     kept = prediction.abort is not None and KEPT_PLAN in prediction.abort.message and not unlike_prediction(a, prediction.abort)
     if kept or "failed to allocate" in a.message or any(not r.ok for r in trace.records if r.kind in ("reserve", "alloc", "compute")):
         # ggml could not allocate a buffer (it logged so, said no to an earlier step, or the
@@ -107,6 +108,11 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts.pop("during", None)
         if kept:
             facts = {"after": "failed allocation", "plan": "kept", "kind": a.kind}
+    if measured:
+        # the reference's ggml-alloc explains it too: a reserve_size measurement recorded its graph's
+        # plan and freed the buffers too small for it (no_alloc), and a later alloc of a graph that
+        # plan fits places its tensors in them
+        facts = {"after": "reserve_size", "plan": "measured", "kind": a.kind}
     # a crash has no assert text: its last output (ggml's, the C library's) is the explanation
     tail = "\n".join(a.message.strip().splitlines()[-12:]) if a.kind == "crash" else ""
     detail = f"\nlast output:\n{tail}" if tail and tail != first else ""

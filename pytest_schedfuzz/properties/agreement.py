@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model.scenario import Scenario
+from ..model.scenario import GRAPH_STEP_KINDS, Scenario
 from ..model.trace import ReallocEvent, StepRecord, Trace
 from .aborts import unlike_prediction
 from .base import Violation, normalize_reason
@@ -36,13 +36,13 @@ def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], s
         return "splits", f"split #{k}: engine {es}, reference {ps} ({r.n_splits} vs {p.n_splits} splits)"
     if (r.counts is not None or r.graph_size) and r.graph_size != p.graph_size:
         return "graph_size", f"graph_size engine {r.graph_size}, reference {p.graph_size}"
-    if r.kind in ("reserve", "alloc", "compute", "split") and (r.n_copies, r.n_nodes, r.n_leafs) != (p.n_copies, p.n_nodes, p.n_leafs):
+    if r.kind in GRAPH_STEP_KINDS and (r.n_copies, r.n_nodes, r.n_leafs) != (p.n_copies, p.n_nodes, p.n_leafs):
         return "graph-copy", (f"the scheduled graph copy: engine n_copies {r.n_copies}, {r.n_nodes} nodes, {r.n_leafs} leafs; "
                               f"reference n_copies {p.n_copies}, {p.n_nodes} nodes, {p.n_leafs} leafs")
     ek, pk = [_event_key(e) for e in r.events], [_event_key(e) for e in p.events]
     if ek != pk:
         return "events", f"realloc events: engine {[e.describe() for e in r.events]}, reference {[e.describe() for e in p.events]}"
-    if r.kind in ("reserve", "alloc", "compute", "split") and r.ok != p.ok:
+    if r.kind in GRAPH_STEP_KINDS and r.ok != p.ok:
         return "allocation", f"engine {'allocated' if r.ok else 'failed to allocate'}, reference predicts {'success' if p.ok else 'a refused buffer'}"
     if r.buffer_types and r.buffer_types != p.buffer_types:
         return "buffer-types", f"the scheduler's compute buffer types: engine {list(r.buffer_types)}, reference {list(p.buffer_types)}"

@@ -385,7 +385,7 @@ def scenarios(
     params = st.builds(
         SchedParams, max_nodes=st.integers(2 * biggest + 16, max(4096, 4 * biggest)), parallel=st.booleans(), op_offload=st.booleans()
     )
-    kinds = ("reserve", "alloc", "alloc", "reset") + (("compute", "eval_callback") if compute else ())
+    kinds = ("reserve", "alloc", "alloc", "reset", "reserve_size") + (("compute", "eval_callback") if compute else ())
     steps = [Step("sched_new", params=draw(params))]
     for _ in range(draw(st.integers(1, max_steps))):
         kind = draw(st.sampled_from(kinds + ("sched_new",)))
