@@ -30,6 +30,9 @@ from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spa
 from .values import scenario_seed
 
 
+WORKER = "pytest_schedfuzz.ggml.worker"
+
+
 class WorkerGone(Exception):
     """The worker closed its protocol channel (it exited or died)."""
 
@@ -45,7 +48,7 @@ class _Unreachable(Exception):
 class Worker:
     """One worker process: JSON requests on its stdin, JSON lines from its stdout, stderr to a file."""
 
-    def __init__(self, env: dict[str, str], module: str = "pytest_schedfuzz.ggml.worker") -> None:
+    def __init__(self, env: dict[str, str], module: str = WORKER) -> None:
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
         self.proc = spawn(
             [sys.executable, "-m", module],
@@ -62,10 +65,11 @@ class Worker:
         self._buf = b""
 
     @staticmethod
-    def start(env: dict[str, str], module: str, timeout: float, what: str) -> tuple[Worker, dict[str, str]]:
-        """A started worker and its ``hello`` (engine info); a ``TargetError`` with the worker's
-        own words if it dies, refuses (``fatal``) or is silent for ``timeout`` s."""
-        worker = Worker(env, module)
+    def start(env: dict[str, str], module: str, timeout: float, what: str, spawned: Worker | None = None) -> tuple[Worker, dict[str, str]]:
+        """A started worker (``spawned``, or a new one) and its ``hello`` (engine info); a
+        ``TargetError`` with the worker's own words if it dies, refuses (``fatal``) or is silent
+        for ``timeout`` s."""
+        worker = spawned or Worker(env, module)
         try:
             msg = worker.recv(timeout)
         except (WorkerGone, WorkerTimeout) as e:
@@ -210,20 +214,39 @@ class GgmlTarget(WorkerTarget):
         self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
         self.engine: dict[str, str] = {}
         self._worker: Worker | None = None
+        self._spare: Worker | None = None
 
     @property
     def worker_pid(self) -> int | None:
         return self._worker.proc.pid if self._worker is not None else None
 
-    def _start_worker(self) -> Worker:
+    def _env(self) -> dict[str, str]:
         env = child_env(self.lib_dir, **({"SCHEDFUZZ_BARE": "1"} if self.bare else {"GGML_SCHED_DEBUG": "2"}))
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)  # it turns same-size reallocations into aborts
         if self.debug_realloc:
             env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))
         if self.bare:
             env.pop("GGML_SCHED_DEBUG", None)
-        worker, self.engine = Worker.start(env, "pytest_schedfuzz.ggml.worker", self.start_timeout, "ggml")
+        return env
+
+    def _start_worker(self) -> Worker:
+        """The spare worker started with the last one (else a new one); and a new spare, which
+        starts while this one works: a scenario after an abort or a crash (a finding, a known
+        bug, its confirmation on a fresh worker) then waits for no worker to start."""
+        env = self._env()
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.proc.poll() is not None:
+            spare.close()
+            spare = None
+        worker, self.engine = Worker.start(env, WORKER, self.start_timeout, "ggml", spare)
+        self._spare = Worker(env, WORKER)
         return worker
+
+    def close(self) -> None:
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
+        super().close()
 
     def run(self, scenario: Scenario) -> Trace:
         """Run ``scenario``; a worker or RPC server killed from outside (``SIGKILL``/``SIGTERM``:
@@ -281,7 +304,9 @@ class GgmlTarget(WorkerTarget):
         killed = self.servers.killed()
         if killed:
             return self._trace(records, None), "; ".join(killed)
-        dead = self.servers.dead()  # an RPC server crash shows in the worker as an abort
+        # an RPC server crash shows in the worker as an abort: give a dying server its moment (not
+        # where the scenario had none: a ggml abort on the CPU alone waited for nothing)
+        dead = self.servers.dead(grace=0.2 if scenario.layout.n_rpc else 0.0)
         if dead:
             abort = Abort(abort.step, abort.kind, abort.message + "\n" + "\n".join(dead))
         if abort.kind == "timeout":

@@ -198,7 +198,7 @@ def test_close_leaves_no_process() -> None:
 
 def test_other_library_dir(tmp_path: Path, target: GgmlTarget) -> None:
     lib = tmp_path / "lib"
-    shutil.copytree(Path(target.engine["lib"]).parent, lib)
+    shutil.copytree(Path(target.start()["lib"]).parent, lib)
     with GgmlTarget(lib=str(lib)) as t:
         trace = t.run(scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A")))
     assert trace.abort is None
