@@ -62,9 +62,9 @@ def test_engine_and_reference_agree_on_300_scenarios_with_every_kind_of_realloc(
     def agree(scenario: Scenario) -> None:
         nonlocal parallel
         trace, prediction = graph_trace(engine.run(scenario)), predict(scenario, rules=rules)
-        found = no_abort(scenario, trace, prediction) + matches_reference(scenario, trace, prediction)
-        # the starter corpus's known crash after reserve_size, predicted as it happens, is agreement
-        found = [v for v in found if v.facts.get("plan") != "measured"]
+        # an abort the reference predicts (a known upstream bug: the draws meet some) is agreement
+        # where it happens as predicted, which matches-reference judges; any other is no-abort's
+        found = matches_reference(scenario, trace, prediction) + (no_abort(scenario, trace, prediction) if prediction.abort is None else [])
         assert not found, str(found[0])
         seen[scenario.layout.n_rpc] += 1
         kinds.update(event_kind(e) for e in trace.events)

@@ -149,5 +149,10 @@ def test_the_corpus_seed_copies_only_the_used_experts() -> None:
     with GgmlTarget(lib=str(lib)) as t:
         trace = t.run(seed.scenario)
     assert trace.abort is None
-    splits = next(fn for fn in measure(build, lib.parent / "ggml") if fn.name.startswith("ggml_backend_sched_compute_splits("))
-    assert not [line for line, source, _ in splits.missed if "copy_experts(first_id, last_id)" in source]
+    # the copy of a run of used experts (its lambda) and its call after the loop; the call on a gap
+    # between used experts needs ids with holes, and the values oracle's ids count up from 0
+    fns = measure(build, lib.parent / "ggml")
+    copy = next(fn for fn in fns if fn.name.startswith("ggml_backend_sched_compute_splits(") and "lambda" in fn.name)
+    splits = next(fn for fn in fns if fn.name.startswith("ggml_backend_sched_compute_splits(") and "lambda" not in fn.name)
+    assert copy.lines_hit == copy.lines and copy.reachable_hit == copy.reachable > 0
+    assert len([line for line, source, _ in splits.missed if "copy_experts(first_id, last_id)" in source]) <= 1
