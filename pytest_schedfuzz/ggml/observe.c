@@ -55,11 +55,13 @@ static void append(const char *s, size_t n) {
     len += n;
 }
 
-/* each tensor's backend index (-1: none): what the scheduler's hash table holds now */
+/* each tensor's backend index (-1: none; UNKNOWN: a backend not among those given, which the
+ * harness reports as its own error): what the scheduler's hash table holds now */
+#define UNKNOWN (-2)
 void schedfuzz_observe_snapshot(void) {
     for (int i = 0; i < n_tensors; i++) {
         void *b = get_tensor_backend(sched, tensors[i]);
-        out[i] = -1;
+        out[i] = b ? UNKNOWN : -1;
         for (int k = 0; k < n_backends; k++) {
             if (backends[k] == b) {
                 out[i] = k;

@@ -18,6 +18,9 @@ from .cpu_only import CpuOnly, tensor_key
 from .engine import OBSERVE_SPLITS, Built, Ggml, Ptr, check_geometry
 
 
+UNKNOWN_BACKEND = -2  # observe.c's index for a backend pointer not among the scenario's
+
+
 @dataclass
 class Snapshot:
     """Backend index (-1: none) of every node and leaf, read while the hash table is live."""
@@ -167,6 +170,10 @@ class ScenarioRun:
     def _snapshot(self, built: Built, out: Any) -> Snapshot:
         n = len(built.nodes)
         got = list(out)
+        if UNKNOWN_BACKEND in got:
+            k = got.index(UNKNOWN_BACKEND)
+            raise TargetError(f"ggml_backend_sched_get_tensor_backend gave {'node' if k < n else 'leaf'} #{k if k < n else k - n} "
+                              "a backend the scheduler was not given")
         return Snapshot(tuple(got[:n]), tuple(got[n:]), True)
 
     # -- steps ---------------------------------------------------------------------------
