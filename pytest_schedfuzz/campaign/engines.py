@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,32 @@ from .profiles import FuzzConfig
 from .stats import Stats
 
 CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
+
+
+class Meanwhile:
+    """A computation run at most once, while an engine works: what it returns or raises is kept
+    for ``result`` (an error of the reference must not leave the engine's worker unread)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._value = self.fn()
+        except BaseException as e:  # Ctrl-C too: raised by ``result``, once the engine's reply is read
+            self._error = e
+
+    def result(self) -> Any:
+        self()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class Engines:
@@ -99,9 +126,18 @@ class Engines:
             return "available"
         return self.info().get("gpu_device", "available")
 
-    def run(self, scenario: Scenario) -> Trace:
-        """The graph engine's trace, with the figures ggml does not tell derived."""
-        trace = derived.graph_trace(self.target.run(scenario))
+    def run(self, scenario: Scenario, meanwhile: Meanwhile | None = None) -> Trace:
+        """The graph engine's trace, with the figures ggml does not tell derived. ``meanwhile``
+        (the reference's prediction) runs while the built-in engine's worker, another process,
+        runs the scenario; after the run on any other target."""
+        from ..ggml.target import GgmlTarget
+
+        if isinstance(self.target, GgmlTarget):
+            trace = derived.graph_trace(self.target.run(scenario, meanwhile))
+        else:
+            trace = derived.graph_trace(self.target.run(scenario))
+            if meanwhile is not None:
+                meanwhile()
         self.stats.add_trace(trace)
         return trace
 

@@ -43,7 +43,7 @@ from ..strategies.llama import FAMILIES, llama_workloads
 from . import observed
 from .captures import captured_pool
 from .causes import causes_told_apart, switches_told_apart
-from .engines import Engines
+from .engines import Engines, Meanwhile
 from .known import KnownBugs
 from .profiles import FuzzConfig, load_spec, new_seed
 from .stats import Stats
@@ -217,8 +217,9 @@ class Fuzzer:
         p = props.PROPERTIES[prop]
         if props.ENGINE not in p.needs:
             return p.judge(scenario, props.Observed())
-        trace = self.engines.confirmed(scenario, self.engines.run(scenario))
-        prediction = self.predict(scenario) if props.REFERENCE in p.needs else Trace(())
+        reference = Meanwhile(lambda: self.predict(scenario)) if props.REFERENCE in p.needs else None
+        trace = self.engines.confirmed(scenario, self.engines.run(scenario, reference))
+        prediction = reference.result() if reference is not None else Trace(())
         found = props.no_abort(scenario, trace, prediction)
         if prop != "no-abort" and not (found and props.FRESH in p.needs):
             fresh = self.engines.run(props.fresh_variant(scenario)) if props.FRESH in p.needs else Trace(())

@@ -243,7 +243,8 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
 
 
 FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")
-OBSERVE_SOURCE = Path(__file__).with_name("observe.c")
+# the graph worker's helpers: its log buffer and assignment snapshot, its graph builder
+HELPER_SOURCES = (Path(__file__).with_name("observe.c"), Path(__file__).with_name("graph.c"))
 
 
 def _compiler(what: str) -> str:
@@ -253,18 +254,18 @@ def _compiler(what: str) -> str:
     return cc
 
 
-def build_observe() -> Path:
-    """``libschedfuzz-observe.so`` (``ggml/observe.c``: the graph worker's log buffer and
-    assignment snapshot); it includes no ggml header, so one build serves every ggml. Cached by
-    its source."""
-    digest = hashlib.sha1(OBSERVE_SOURCE.read_bytes()).hexdigest()[:16]
-    out = cache_dir() / "observe" / digest / "libschedfuzz-observe.so"
+def build_helpers() -> Path:
+    """``libschedfuzz-worker.so``: the graph worker's helpers (``ggml/observe.c``: its log
+    buffer and assignment snapshot; ``ggml/graph.c``: its graph builder). They include no ggml
+    header, so one build serves every ggml. Cached by their source."""
+    digest = hashlib.sha1(b"".join(f.read_bytes() for f in HELPER_SOURCES)).hexdigest()[:16]
+    out = cache_dir() / "worker" / digest / "libschedfuzz-worker.so"
     if out.exists():
         return out
-    cc = _compiler("the observation helper")
+    cc = _compiler("the graph worker's helpers")
 
     def compile_to(tmp: Path) -> None:
-        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", str(tmp), str(OBSERVE_SOURCE)])
+        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", str(tmp), *map(str, HELPER_SOURCES)])
 
     return atomic_write(out, compile_to, 0o777)
 

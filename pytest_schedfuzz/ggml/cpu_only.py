@@ -13,7 +13,7 @@ from typing import Any
 from ..engine import TargetError
 from ..model.scenario import GraphSpec, Scenario, TensorSpec
 from . import values
-from .engine import Ggml, Ptr
+from .engine import Built, Ggml, GraphProgram, Ptr
 
 
 def tensor_key(t: TensorSpec) -> tuple[Any, ...]:
@@ -32,6 +32,7 @@ class CpuOnly:
         self.shadow: dict[tuple[Any, ...], bytes] = {}
         self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
         self.ones = values.ones_leafs(scenario)
+        self.programs: dict[int, GraphProgram] = {}  # per spec: its CPU-only graph for graph.c
 
     def persistent_bytes(self, spec: GraphSpec, t: TensorSpec) -> bytes:
         """What weight or cache ``t`` holds before the first step (kept for the CPU-only run)."""
@@ -44,14 +45,14 @@ class CpuOnly:
         """What every input holds at compute step ``index`` (``values.leaf_bytes``)."""
         return values.step_inputs(self.seed, index, spec)
 
-    def compare(self, index: int, spec: GraphSpec, tensors: dict[str, Ptr], inputs: dict[str, bytes], cpu: int) -> str:
+    def compare(self, index: int, spec: GraphSpec, built: Built, inputs: dict[str, bytes], cpu: int) -> str:
         """The first of the step's roots, outputs and caches whose bytes differ from the same
         graph computed on the CPU backend ``cpu`` alone (``solo``); "" if none."""
         want = self.solo(index, spec, inputs, cpu)
         geo = spec.geometry
         tolerant = any(b.kind == "blas" for b in self.scenario.layout.backends)
         for name in values.compared(spec):
-            diff = values.difference(name, geo[name], self.eng.read(tensors[name]), want[name], tolerant)
+            diff = values.difference(name, geo[name], self.eng.read(built.tensor(self.eng, name)), want[name], tolerant)
             if diff:
                 return diff
         return ""
@@ -60,16 +61,14 @@ class CpuOnly:
         """``spec`` computed on ``cpu`` alone, every tensor in one buffer of its own, from the same
         leaf contents; the compared tensors' bytes. The caches it leaves are the next compute's."""
         g, eng = self.eng.g, self.eng
-        size = len(spec.tensors) + 1
-        ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
+        program = self.programs.get(id(spec))
+        if program is None:
+            program = self.programs[id(spec)] = eng.program(spec, spec.geometry_rows, None)
+        ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         buf = None
         try:
-            tensors: dict[str, Ptr] = {}
-            for t in spec.tensors:
-                tensors[t.name] = eng.new_leaf(ctx, t) if t.is_leaf else eng.new_op(ctx, t, [tensors[a] if a is not None else None for a in t.args])
-            gf = g.ggml_new_graph_custom(ctx, size, False)
-            for root in spec.roots:
-                g.ggml_build_forward_expand(gf, tensors[root])
+            gf, addresses = eng.build_graph(ctx, program)
+            tensors = {t.name: eng.tensor(a) for t, a in zip(spec.tensors, addresses)}
             buf = g.ggml_backend_alloc_ctx_tensors(ctx, cpu)
             if not buf:
                 raise TargetError(f"step {index}: could not allocate the CPU-only graph")

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import ctypes
 import json
+from array import array
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 from ..engine import TargetError, Unsupported
-from ..model.scenario import BackendSpec, TensorSpec
+from ..model.scenario import BackendSpec, GraphSpec, TensorSpec
 from ..model.shapes import Geometry
-from .build import BuildError, build_fake_gpu, build_observe, ggml_source_location
+from .build import BuildError, build_fake_gpu, build_helpers, ggml_source_location
 from .lib import import_ggml, loaded_library_path
 from .schedlog import SchedLog
 
@@ -77,17 +79,27 @@ def load_fake_gpu() -> ctypes.CDLL:
     return lib
 
 
-def load_observe() -> ctypes.CDLL:
-    """``libschedfuzz-observe.so`` (``ggml/observe.c``), built on first use (cached on disk)."""
+def load_helpers() -> ctypes.CDLL:
+    """``libschedfuzz-worker.so`` (``ggml/observe.c``, ``ggml/graph.c``), built on first use
+    (cached on disk); a ``TargetError`` if its ops are not ``GraphProgram.OPS``."""
     try:
-        lib = ctypes.CDLL(str(build_observe()))
+        lib = ctypes.CDLL(str(build_helpers()))
     except BuildError as e:
-        raise TargetError(f"the observation helper cannot be built: {e}") from None
+        raise TargetError(f"the graph worker's helpers cannot be built: {e}") from None
     lib.schedfuzz_observe_init.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.schedfuzz_observe_arm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.schedfuzz_observe_disarm.restype = ctypes.c_int
     lib.schedfuzz_log_take.restype = ctypes.c_void_p
     lib.schedfuzz_log_take.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    for fn in ("schedfuzz_graph_fn_names", "schedfuzz_graph_op_names"):
+        getattr(lib, fn).restype = ctypes.c_char_p
+    if lib.schedfuzz_graph_op_names().decode().rstrip(",").split(",") != list(GraphProgram.OPS) or (
+            lib.schedfuzz_graph_record_words() != GraphProgram.WORDS):
+        raise TargetError("graph.c's ops or record layout and engine.GraphProgram's differ")
+    lib.schedfuzz_graph_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.schedfuzz_graph_build.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     return lib
 
 
@@ -175,10 +187,11 @@ class Ggml:
         self.log = SchedLog()
         # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
         self.backends: dict[tuple[str, str], int] = {}
-        self.observe = load_observe()
+        self.helpers = load_helpers()
         get_backend = ctypes.cast(self.lib.ggml_backend_sched_get_tensor_backend, ctypes.c_void_p).value
-        self.observe.schedfuzz_observe_init(get_backend, self.g.GGML_LOG_LEVEL_ERROR)
-        self._log_cb = ctypes.cast(self.observe.schedfuzz_log, self.g.ggml_log_callback)
+        self.helpers.schedfuzz_observe_init(get_backend, self.g.GGML_LOG_LEVEL_ERROR)
+        self._log_cb = ctypes.cast(self.helpers.schedfuzz_log, self.g.ggml_log_callback)
+        self._init_graph_builder()
         self.g.ggml_log_set(self._log_cb, None)
         self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
         self.g.ggml_set_abort_callback(self._abort_cb)
@@ -196,6 +209,17 @@ class Ggml:
             self.set_realloc_callback.restype = None
             self._realloc_cb = REALLOC_CALLBACK(self._on_realloc)
 
+    def _init_graph_builder(self) -> None:
+        """Hand ``graph.c`` the loaded library's constructors (by name; NULL where it has none) and
+        where ``ggml_tensor`` keeps the fields it reads and writes (ggml-python's layout, which
+        ``check_bindings`` checks against the library)."""
+        names = self.helpers.schedfuzz_graph_fn_names().decode().rstrip(",").split(",")
+        fns = (ctypes.c_void_p * len(names))(*[ctypes.cast(getattr(self.lib, n), ctypes.c_void_p).value if hasattr(self.lib, n) else None for n in names])
+        t = self.g.ggml_tensor
+        offsets = (ctypes.c_size_t * 6)(t.type.offset, t.ne.offset, t.nb.offset, t.op_params.offset, t.view_src.offset, t.view_offs.offset)
+        self.helpers.schedfuzz_graph_init(fns, offsets, len(t().op_params))
+        self._graph_fns = fns  # graph.c keeps pointers only
+
     def _on_realloc(self, sched: int | None, graph: int | None, backend_ids_changed: bool, graph_size_changed: bool, user_data: int | None) -> None:
         try:
             self.said.append((bool(backend_ids_changed), bool(graph_size_changed)))
@@ -205,7 +229,7 @@ class Ggml:
     def drain_log(self) -> None:
         """Hand what ggml logged since the last call to ``log``."""
         n, lost = ctypes.c_size_t(0), ctypes.c_int(0)
-        text = self.observe.schedfuzz_log_take(ctypes.byref(n), ctypes.byref(lost))
+        text = self.helpers.schedfuzz_log_take(ctypes.byref(n), ctypes.byref(lost))
         if lost.value:
             self.log.errors.append("some of ggml's log was lost: the observation helper could not grow its buffer")
         if n.value:
@@ -298,11 +322,11 @@ class Ggml:
         """The graph's input leafs, and how many of them a non-view node reads (the graph inputs
         0.15.3's pass 5 collects with ``n_copies > 1``; 0.25.3's pass 6 takes every input leaf).
         ggml collects graph inputs only with ``n_copies > 1``: the nodes are not walked otherwise."""
-        flag = self.g.GGML_TENSOR_FLAG_INPUT
-        inputs = {ctypes.addressof(t.contents) for t in built.leafs if t.contents.flags & flag}
+        flag, at = self.g.GGML_TENSOR_FLAG_INPUT, self.g.ggml_tensor.flags.offset
+        inputs = {t for t in built.leafs if ctypes.c_int.from_address(t + at).value & flag}
         if n_copies <= 1:
             return len(inputs), 0
-        read = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(node) not in VIEW_OP_NAMES for src in srcs if src in inputs}
+        read = {src for node, srcs in zip(built.nodes, built.srcs) if self.op_name(self.tensor(node)) not in VIEW_OP_NAMES for src in srcs if src in inputs}
         return len(inputs), len(read)
 
     def read(self, t: Ptr) -> bytes:
@@ -314,6 +338,11 @@ class Ggml:
 
     def name_of(self, t: Ptr) -> str:
         return bytes(t.contents.name).split(b"\0", 1)[0].decode(errors="replace")
+
+    def names_at(self, addresses: Sequence[int]) -> tuple[str, ...]:
+        """The names of the tensors at ``addresses`` (``ggml_tensor.name``, NUL-ended)."""
+        at = self.g.ggml_tensor.name.offset
+        return tuple(ctypes.string_at(a + at).decode(errors="replace") for a in addresses)
 
     def geometry_of(self, t: Ptr) -> Geometry:
         c = t.contents
@@ -342,111 +371,179 @@ class Ggml:
         self.g.ggml_set_name(p, t.name.encode())
         return p
 
-    def new_op(self, ctx: int, t: TensorSpec, a: list[Ptr | None]) -> Ptr:
-        """The ggml call that builds op ``t.op`` over ``a`` (the spec's ``args``, in call order);
-        then the spec's ``op_params`` words, where it has them, over the constructor's."""
-        p = self._construct(ctx, t, a)
-        words = t.param("op_params")
-        if words is not None and p:
-            params = p.contents.op_params
-            for i in range(len(params)):
-                params[i] = int(words[i]) if i < len(words) else 0
-        return p
+    def program(self, spec: GraphSpec, rows: Sequence[Sequence[Any]], persistent: Callable[[TensorSpec], int] | None) -> GraphProgram:
+        """``spec`` encoded for ``graph.c``, each tensor checked against its ``rows`` entry
+        (``GraphSpec.geometry_rows``). ``persistent`` gives the scenario's tensor of a weight or
+        a cache; without it (the values check's CPU-only graph) every leaf is a new tensor,
+        neither named an input nor flagged."""
+        GP = GraphProgram
+        index = {t.name: i for i, t in enumerate(spec.tensors)}
+        types, codes = self.types, GP.CODES
+        new_k = not self.ggml_version.startswith("0.15.")  # ssm_scan's K, top_k and clamp as 0.25.3 has them
+        program: list[int] = []
+        reals: list[float] = []
+        words: list[int] = []
+        names = bytearray()
+        for t, row in zip(spec.tensors, rows):
+            ints = [0] * 8
+            real = [0.0] * 4
+            ne = t.ne
+            flags = GP.OUTPUT if t.output and persistent is not None else 0
+            ptr = len(names)
+            if t.is_leaf:
+                if persistent is not None and t.role in ("weight", "cache"):
+                    op, ptr = codes["persistent"], persistent(t)
+                else:
+                    op = codes["leaf"]
+                    flags |= GP.NAME | (GP.INPUT if persistent is not None else 0)
+            else:
+                op = codes.get(t.op, -1)
+                flags |= GP.NAME | (GP.INPLACE if t.param("inplace") else 0) | (GP.NEW_K if new_k and t.op == "ssm_scan" else 0)
+                ne, ints, real = self._op_record(t, ints, real, new_k)
+            if flags & GP.NAME:
+                names += t.name.encode() + b"\0"
+            w = t.param("op_params") if not t.is_leaf else None
+            args = [index[a] if a is not None else -1 for a in t.args] + [-1] * (8 - len(t.args))
+            vsrc = row[9]
+            program += [op, types[t.type], max(len(ne), 1), *ne, *[1] * (4 - len(ne)), *args, flags, *ints, ptr,
+                        len(words) if w is not None else -1, len(w) if w is not None else 0,
+                        types[row[0]], *row[1:9], index[vsrc] if vsrc is not None else -1, row[10]]
+            if w is not None:
+                words += [int(x) for x in w]
+            reals += real
+        n = len(spec.tensors)
+        return GraphProgram(array("q", program), array("d", reals), bytes(names), array("i", words or [0]),
+                            array("i", [index[r] for r in spec.roots]), n, index)
 
-    def _construct(self, ctx: int, t: TensorSpec, a: list[Ptr | None]) -> Ptr:
-        g, op, P = self.g, t.op, t.param
+    def _op_record(self, t: TensorSpec, ints: list[int], real: list[float], new_k: bool) -> tuple[tuple[int, ...], list[int], list[float]]:
+        """An op's record fields: the shape its constructor takes (views and reshapes), its integer
+        and real parameters, as ``graph.c``'s ``construct`` reads them."""
+        op, P = t.op, t.param
+        ne: tuple[int, ...] = ()
         if op == "fill":
-            return getattr(g, "ggml_fill_inplace" if P("inplace") else "ggml_fill")(ctx, a[0], float(P("value", 0.0)))
-        if op == "cast":
-            return g.ggml_cast(ctx, a[0], self.types[str(P("type"))])
-        if P("inplace") and op != "rope":
-            if op == "scale":
-                return g.ggml_scale_inplace(ctx, a[0], float(P("scale", 1.0)))
-            return getattr(g, f"ggml_{op}_inplace")(ctx, *a)
-        if op == "pad":
-            return g.ggml_pad_ext(ctx, a[0], *[int(x) for x in P("pad")])
-        if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "step", "cumsum"):
-            return getattr(g, f"ggml_{op}")(ctx, *a)
-        if op == "top_k":
-            if self.ggml_version.startswith("0.15."):  # there ggml_top_k is an argsort and a view: not this op
+            real[0] = float(P("value", 0.0))
+        elif op == "cast":
+            ints[0] = self.types[str(P("type"))]
+        elif op == "scale":
+            real[0] = float(P("scale", 1.0))
+        elif op == "pad":
+            ints[:8] = [int(x) for x in P("pad")]
+        elif op == "top_k":
+            if not new_k:  # there ggml_top_k is an argsort and a view: not this op
                 raise Unsupported(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
-            fn = self.lib.ggml_top_k
-            fn.restype, fn.argtypes = ctypes.POINTER(g.ggml_tensor), [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            return fn(ctx, a[0], int(P("k")))
-        if op == "ssm_scan":
-            if self.ggml_version.startswith("0.15."):
-                return g.ggml_ssm_scan(ctx, *a)
-            # 0.25.3 added K (the states kept), which ggml-python's binding does not pass
-            fn = self.lib.ggml_ssm_scan
-            fn.restype, fn.argtypes = ctypes.POINTER(g.ggml_tensor), [ctypes.c_void_p] * 8 + [ctypes.c_int64]
-            return fn(ctx, *a, int(P("k", 1)))
-        if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
-            return getattr(g, f"ggml_{op}")(ctx, a[0], a[1])
-        if op in ("silu", "transpose", "view_tensor", "sum_rows"):
-            return getattr(g, f"ggml_{op}")(ctx, a[0])
-        if op == "cont":
-            ne = P("ne")
-            return g.ggml_cont(ctx, a[0]) if ne is None else g.ggml_cont_4d(ctx, a[0], *(list(ne) + [1] * (4 - len(ne))))
-        if op == "argsort":
-            return g.ggml_argsort(ctx, a[0], int(P("order", 0)))
-        if op == "clamp":
-            return g.ggml_clamp(ctx, a[0], float(P("min", 0.0)), float(P("max", 1.0)))
-        if op == "glu":
-            if a[1] is None:
-                return g.ggml_glu(ctx, a[0], int(P("glu", 2)), bool(P("swapped", False)))
-            return g.ggml_glu_split(ctx, a[0], a[1], int(P("glu", 2)))
-        if op == "mul_mat_id":
-            return g.ggml_mul_mat_id(ctx, a[0], a[1], a[2])
-        if op == "set_rows":
-            return g.ggml_set_rows(ctx, a[0], a[1], a[2])
-        if op == "scale":
-            return g.ggml_scale(ctx, a[0], float(P("scale", 1.0)))
-        if op == "rms_norm":
-            return g.ggml_rms_norm(ctx, a[0], float(P("eps", 1e-6)))
-        if op == "rope":
-            # ggml_rope_ext(a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
-            #               ext_factor, attn_factor, beta_fast, beta_slow)
-            rope = g.ggml_rope_ext_inplace if P("inplace") else g.ggml_rope_ext
-            return rope(ctx, a[0], a[1], a[2], int(P("n_dims")), int(P("mode", 0)), 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
-        if op == "soft_max_ext":
-            return g.ggml_soft_max_ext(ctx, a[0], a[1], float(P("scale", 1.0)), float(P("max_bias", 0.0)))
-        if op == "flash_attn_ext":
-            return g.ggml_flash_attn_ext(
-                ctx, a[0], a[1], a[2], a[3], float(P("scale", 1.0)), float(P("max_bias", 0.0)), float(P("logit_softcap", 0.0))
-            )
-        if op == "concat":
-            return g.ggml_concat(ctx, a[0], a[1], int(P("dim", 0)))
-        if op == "permute":
-            return g.ggml_permute(ctx, a[0], *[int(x) for x in P("axes")])
-        if op == "reshape":
-            ne = [int(x) for x in P("ne")]
-            return getattr(g, f"ggml_reshape_{len(ne)}d")(ctx, a[0], *ne)
-        if op == "view":
-            ne, nb = [int(x) for x in P("ne")], [int(x) for x in P("nb", ())]
-            return getattr(g, f"ggml_view_{len(ne)}d")(ctx, a[0], *ne, *nb, int(P("offset", 0)))
-        raise TargetError(f"tensor {t.name!r}: op {op!r} has no ggml builder here")
+            ints[0] = int(P("k"))
+        elif op == "ssm_scan":
+            ints[0] = int(P("k", 1))  # 0.25.3 added K, the states kept
+        elif op == "cont" and P("ne") is not None:
+            cne = [int(x) for x in P("ne")]
+            ints[:5] = [*cne, *[1] * (4 - len(cne)), 1]
+        elif op == "argsort":
+            ints[0] = int(P("order", 0))
+        elif op == "clamp":
+            if not new_k:  # there ggml_clamp returns a view of its source: not the op the spec describes
+                raise Unsupported(f"tensor {t.name!r}: ggml 0.15.3's ggml_clamp works in place")
+            real[:2] = [float(P("min", 0.0)), float(P("max", 1.0))]
+        elif op == "glu":
+            ints[:2] = [int(P("glu", 2)), int(bool(P("swapped", False)))]
+        elif op == "rms_norm":
+            real[0] = float(P("eps", 1e-6))
+        elif op == "rope":
+            ints[:2] = [int(P("n_dims")), int(P("mode", 0))]
+        elif op == "soft_max_ext":
+            real[:2] = [float(P("scale", 1.0)), float(P("max_bias", 0.0))]
+        elif op == "flash_attn_ext":
+            real[:3] = [float(P("scale", 1.0)), float(P("max_bias", 0.0)), float(P("logit_softcap", 0.0))]
+        elif op == "concat":
+            ints[0] = int(P("dim", 0))
+        elif op == "permute":
+            ints[:4] = [int(x) for x in P("axes")]
+        elif op == "reshape":
+            ne = tuple(int(x) for x in P("ne"))
+        elif op == "view":
+            ne = tuple(int(x) for x in P("ne"))
+            nb = [int(x) for x in P("nb", ())]
+            ints[:4] = [*nb, *[0] * (3 - len(nb)), int(P("offset", 0))]
+        return ne, ints, real
+
+    def build_graph(self, ctx: int, program: GraphProgram) -> tuple[Ptr, list[int]]:
+        """``program`` run in ``ctx`` by ``graph.c``: the cgraph of its roots and every tensor's
+        address, in spec order. ggml made a tensor unlike its geometry row: ``GeometryMismatch``."""
+        n = program.n
+        tensors = (ctypes.c_void_p * n)()
+        graph, failed, missing = ctypes.c_void_p(), ctypes.c_int(-1), ctypes.c_int(-1)
+        size = n + 1  # ggml_visit_parents asserts n_nodes, n_leafs < size
+        addr = GraphProgram.address
+        got = self.helpers.schedfuzz_graph_build(ctx, addr(program.records), addr(program.reals), n, program.names, addr(program.words), addr(program.roots),
+                                                  len(program.roots), size, 1, tensors, ctypes.byref(graph), ctypes.byref(failed),
+                                                  ctypes.byref(missing))
+        names = list(program.index)
+        if got >= 0:
+            p = self.tensor(tensors[got])
+            rec = program.records[got * GraphProgram.WORDS + GraphProgram.GEO: (got + 1) * GraphProgram.WORDS]
+            want = Geometry(self.type_names.get(rec[0], f"type#{rec[0]}"), tuple(rec[1:5]), tuple(rec[5:9]),
+                            names[rec[9]] if rec[9] >= 0 else None, rec[10] if rec[9] >= 0 else 0)
+            check_geometry(names[got], want, self.geometry_of(p))
+            raise TargetError(f"tensor {names[got]!r}: graph.c and the harness disagree on its geometry")
+        if got == GraphProgram.MISSING:
+            fn = self.helpers.schedfuzz_graph_fn_names().decode().split(",")[missing.value]
+            raise Unsupported(f"tensor {names[failed.value]!r}: this ggml has no {fn}()")
+        if got != GraphProgram.OK:
+            what = "its graph" if failed.value >= n else f"tensor {names[failed.value]!r}"
+            raise TargetError(f"graph.c could not build {what} (error {got})")
+        return ctypes.cast(graph, ctypes.POINTER(self.g.ggml_cgraph)), list(tensors)
+
+    def tensor(self, address: int) -> Ptr:
+        """The ``ggml_tensor`` at ``address``, as ggml-python's functions take it."""
+        return ctypes.cast(address, ctypes.POINTER(self.g.ggml_tensor))
+
+
+@dataclass(frozen=True)
+class GraphProgram:
+    """A graph spec encoded for ``graph.c``: per tensor, in spec order, a record of ``WORDS``
+    int64 words (op, type, shape, arguments as record indices, flags, integer parameters, the
+    persistent tensor or the name's offset, op_params words, then the geometry ggml must give
+    it) and four doubles; the names, NUL-ended; the op_params words; the roots as indices."""
+
+    OPS: ClassVar[tuple[str, ...]] = (
+        "leaf", "persistent", "fill", "cast", "pad", "argmax", "ssm_conv", "sub", "sum", "log", "exp", "step", "cumsum", "top_k",
+        "ssm_scan", "get_rows", "mul_mat", "add", "mul", "div", "cpy", "silu", "transpose", "view_tensor", "sum_rows", "cont",
+        "argsort", "clamp", "glu", "mul_mat_id", "set_rows", "scale", "rms_norm", "rope", "soft_max_ext", "flash_attn_ext",
+        "concat", "permute", "reshape", "view")
+    CODES: ClassVar[dict[str, int]] = {name: i for i, name in enumerate(OPS)}
+    WORDS: ClassVar[int] = 38
+    GEO: ClassVar[int] = 27  # where the geometry starts in a record
+    INPUT, OUTPUT, INPLACE, NEW_K, NAME = 1, 2, 4, 8, 16  # flags
+    OK, NULL, MISSING, BAD_OP = -1, -2, -3, -4  # graph.c's results besides a record index
+
+    records: array[int]
+    reals: array[float]
+    names: bytes
+    words: array[int]
+    roots: array[int]
+    n: int
+    index: dict[str, int]
+
+    @staticmethod
+    def address(a: array[Any]) -> int:
+        return a.buffer_info()[0]
 
 
 @dataclass
 class Built:
-    """A graph spec materialized in a fresh no_alloc context: tensors by name, and the cgraph."""
+    """A graph spec materialized in a fresh no_alloc context: its tensors' addresses in spec
+    order (``index``: by name), the cgraph, and the addresses of its nodes and leafs."""
 
     ctx: int
     gf: Ptr
-    tensors: dict[str, Ptr]
-    nodes: list[Ptr]
-    leafs: list[Ptr]
-    inputs: list[Ptr]
+    tensors: list[int]
+    index: dict[str, int]
+    nodes: list[int]
+    leafs: list[int]
     # each node's srcs (addresses) as built, read on a scheduler with n_copies > 1 only (``input_leafs``):
     # the scheduler later points some at input copies
     srcs: list[tuple[int, ...]] = field(default_factory=list)
     names: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # of the nodes and the leafs
     observed: Any = None  # the nodes, then the leafs, as a C array for ``observe.c``'s snapshot
 
-    def node_names(self, eng: Ggml) -> tuple[str, ...]:
-        return tuple(eng.name_of(t) for t in self.nodes)
-
-    def leaf_names(self, eng: Ggml) -> tuple[str, ...]:
-        return tuple(eng.name_of(t) for t in self.leafs)
-
-
+    def tensor(self, eng: Ggml, name: str) -> Ptr:
+        return eng.tensor(self.tensors[self.index[name]])

@@ -15,7 +15,7 @@ from ..model.trace import ReallocEvent, SizeCounts, Split, StepRecord
 from . import values
 from .backends import init_backends
 from .cpu_only import CpuOnly, tensor_key
-from .engine import OBSERVE_SPLITS, Built, Ggml, Ptr, check_geometry
+from .engine import OBSERVE_SPLITS, Built, Ggml, GraphProgram, Ptr
 
 
 UNKNOWN_BACKEND = -2  # observe.c's index for a backend pointer not among the scenario's
@@ -51,7 +51,8 @@ class ScenarioRun:
     Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
     """
 
-    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], seed: int | None = None) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], seed: int | None = None,
+                 geometry: dict[str, list[list[Any]]] | None = None) -> None:
         self.eng = eng
         self.g = eng.g
         self.scenario = scenario
@@ -60,9 +61,11 @@ class ScenarioRun:
         self.sched: int | None = None
         self.counts: SizeCounts | None = None  # of the last ggml_backend_sched_split_graph on this scheduler
         self.built: list[Built] = []
-        # per spec built once already (``materialize``): ggml builds a spec alike each time, so its
-        # geometry is checked and its node and leaf names are read the first time only
+        # per spec (``materialize``): its program for graph.c, and its node and leaf names as ggml
+        # gave them the first time (ggml builds a program alike each time)
+        self.programs: dict[int, GraphProgram] = {}
         self.tensor_names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self.geometry = geometry or {}  # each graph's geometry rows, as the parent inferred them
         self.persistent = _Persistent()
         self.cpu_only = CpuOnly(eng, scenario, seed)  # the values check of compute steps
         self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
@@ -115,44 +118,29 @@ class ScenarioRun:
     # -- graphs --------------------------------------------------------------------------
 
     def materialize(self, spec: GraphSpec) -> Built:
-        """A fresh context and cgraph for ``spec``: inputs (``ggml_set_input``) and ops are new,
-        weights and caches are the scenario's; every tensor is named and checked against
-        ``spec.geometry`` (the first time the scenario builds it: ggml builds a spec alike each
-        time); the roots go to ``ggml_build_forward_expand`` in order."""
+        """A fresh context and cgraph for ``spec``, built by ``graph.c`` from the spec's program
+        (encoded once per scenario): inputs (``ggml_set_input``) and ops are new, weights and
+        caches are the scenario's; every tensor is named and checked against the spec's geometry
+        (as the parent inferred it, else inferred here); the roots go to
+        ``ggml_build_forward_expand`` in order. The node and leaf names are read from ggml the
+        first time (ggml builds a program alike each time)."""
         g, eng = self.g, self.eng
-        check = id(spec) not in self.tensor_names  # the scenario holds its specs: ids are stable
-        size = len(spec.tensors) + 1  # ggml_visit_parents asserts n_nodes, n_leafs < size
-        ctx = eng.new_context(len(spec.tensors), g.ggml_graph_overhead_custom(size, False))
-        built = Built(ctx, None, {}, [], [], [])
+        program = self.programs.get(id(spec))  # the scenario holds its specs: ids are stable
+        if program is None:
+            rows = self.geometry.get(self._graph_name(spec)) or spec.geometry_rows
+            program = self.programs[id(spec)] = eng.program(spec, rows, lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
+        ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
+        built = Built(ctx, None, [], program.index, [], [])
         self.built.append(built)
-        geo = spec.geometry
-        for t in spec.tensors:
-            if t.role in ("weight", "cache"):
-                p = self.persistent.tensors[tensor_key(t)]
-            elif t.is_leaf:
-                p = eng.new_leaf(ctx, t)
-                g.ggml_set_input(p)
-                built.inputs.append(p)
-            else:
-                p = eng.new_op(ctx, t, [built.tensors[a] if a is not None else None for a in t.args])
-                g.ggml_set_name(p, t.name.encode())
-            if t.output:
-                g.ggml_set_output(p)
-            if check:
-                check_geometry(t.name, geo[t.name], eng.geometry_of(p))
-            built.tensors[t.name] = p
-        built.gf = g.ggml_new_graph_custom(ctx, size, False)
-        for root in spec.roots:
-            g.ggml_build_forward_expand(built.gf, built.tensors[root])
-        built.nodes = [g.ggml_graph_node(built.gf, i) for i in range(g.ggml_graph_n_nodes(built.gf))]
+        built.gf, built.tensors = eng.build_graph(ctx, program)
         cg = built.gf.contents
-        if cg.n_nodes != len(built.nodes):
+        if cg.n_nodes != g.ggml_graph_n_nodes(built.gf):
             raise TargetError("ggml_cgraph's layout in ggml-python does not match the loaded ggml")
-        built.leafs = [cg.leafs[i] for i in range(cg.n_leafs)]
-        built.observed = (ctypes.c_void_p * (len(built.nodes) + len(built.leafs)))(
-            *[ctypes.addressof(t.contents) for t in (*built.nodes, *built.leafs)])
-        if check:
-            self.tensor_names[id(spec)] = (built.node_names(eng), built.leaf_names(eng))
+        built.nodes = ctypes.cast(cg.nodes, ctypes.POINTER(ctypes.c_void_p))[: cg.n_nodes]
+        built.leafs = ctypes.cast(cg.leafs, ctypes.POINTER(ctypes.c_void_p))[: cg.n_leafs]
+        built.observed = (ctypes.c_void_p * (len(built.nodes) + len(built.leafs)))(*built.nodes, *built.leafs)
+        if id(spec) not in self.tensor_names:
+            self.tensor_names[id(spec)] = (eng.names_at(built.nodes), eng.names_at(built.leafs))
         built.names = self.tensor_names[id(spec)]
         # the previous graph stays alive: while its tensors exist, no new tensor can take the
         # address of one the scheduler's hash table may still hold (a reserve does not reset first)
@@ -160,11 +148,14 @@ class ScenarioRun:
             g.ggml_free(self.built.pop(0).ctx)
         return built
 
+    def _graph_name(self, spec: GraphSpec) -> str:
+        return next(name for name, s in self.scenario.graphs if s is spec)
+
     def _arm_snapshot(self, built: Built) -> Any:
         """Have ``observe.c`` read every node's and leaf's backend at the step's split printout
         (inside ``ggml_backend_sched_split_graph``, while the hash table is live); its output array."""
         out = (ctypes.c_int * len(built.observed))()
-        self.eng.observe.schedfuzz_observe_arm(self.sched, built.observed, len(built.observed), self._backend_array, len(self.backends), out)
+        self.eng.helpers.schedfuzz_observe_arm(self.sched, built.observed, len(built.observed), self._backend_array, len(self.backends), out)
         return out
 
     def _snapshot(self, built: Built, out: Any) -> Snapshot:
@@ -211,7 +202,7 @@ class ScenarioRun:
         out = self._arm_snapshot(built)
         self.eng.said = []
         if g.ggml_backend_sched_get_n_copies(self.sched) > 1:  # as built: split_graph points some srcs at input copies
-            built.srcs = [tuple(ctypes.addressof(s.contents) for s in n.contents.src if s) for n in built.nodes]
+            built.srcs = [tuple(ctypes.addressof(s.contents) for s in self.eng.tensor(n).contents.src if s) for n in built.nodes]
         # like llama_context::graph_reserve and ::decode: reset (forget the previous graph's
         # assignments and copies), apply the graph's own assignments, then reserve or alloc
         t0 = time.perf_counter()
@@ -231,11 +222,11 @@ class ScenarioRun:
             ok = bool(g.ggml_backend_sched_alloc_graph(self.sched, built.gf))
         n_dep_nodes = self._dep_nodes()  # of this step's one split_graph
         seconds = time.perf_counter() - t0
-        if self.eng.observe.schedfuzz_observe_disarm():
+        if self.eng.helpers.schedfuzz_observe_disarm():
             snap = self._snapshot(built, out)
         if st.kind not in ("reserve", "reserve_size"):  # both reset the scheduler: no hash table to read after
             if not snap.taken:  # a graph without nodes prints no split: read the live hash table
-                self.eng.observe.schedfuzz_observe_snapshot()
+                self.eng.helpers.schedfuzz_observe_snapshot()
                 snap = self._snapshot(built, out)
             if ok and st.kind == "compute":
                 inputs = self.cpu_only.inputs(index, spec)
@@ -250,7 +241,7 @@ class ScenarioRun:
             # once a step's values are undetermined, so are the caches every later step reads
             self.cpu_only.off = self.cpu_only.off or values.undetermined(spec)
             if self.cpu_only.off is None:
-                diff = self.cpu_only.compare(index, spec, built.tensors, inputs, self.backends[-1])
+                diff = self.cpu_only.compare(index, spec, built, inputs, self.backends[-1])
                 record = replace(record, values=diff, values_checked=len(values.compared(spec)))
         return record
 
@@ -318,15 +309,14 @@ class ScenarioRun:
 
     def _force(self, spec: GraphSpec, built: Built) -> None:
         for name, backend in spec.forced:
-            self.g.ggml_backend_sched_set_tensor_backend(self.sched, built.tensors[name], self.backends[backend])
+            self.g.ggml_backend_sched_set_tensor_backend(self.sched, built.tensor(self.eng, name), self.backends[backend])
 
     def _set_inputs(self, inputs: dict[str, bytes], built: Built) -> None:
         """Write ``inputs`` into those the graph uses."""
-        in_graph = {ctypes.addressof(t.contents) for t in built.leafs}
+        in_graph = set(built.leafs)
         for name, data in inputs.items():
-            p = built.tensors[name]
-            if ctypes.addressof(p.contents) in in_graph:
-                self.g.ggml_backend_tensor_set(p, data, 0, len(data))
+            if built.tensors[built.index[name]] in in_graph:
+                self.g.ggml_backend_tensor_set(built.tensor(self.eng, name), data, 0, len(data))
 
     def _with_ggml_decisions(self, index: int, events: tuple[ReallocEvent, ...]) -> tuple[ReallocEvent, ...]:
         """The scheduler's reallocations (``via`` sched: ``alloc_splits`` re-reserving) with ggml's

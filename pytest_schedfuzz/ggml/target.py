@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import IO, Any
 
 from ..engine import TargetError, Unsupported
@@ -248,26 +249,31 @@ class GgmlTarget(WorkerTarget):
             self._spare = None
         super().close()
 
-    def run(self, scenario: Scenario) -> Trace:
+    def run(self, scenario: Scenario, meanwhile: Callable[[], None] | None = None) -> Trace:
         """Run ``scenario``; a worker or RPC server killed from outside (``SIGKILL``/``SIGTERM``:
         an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
-        ``TargetError`` if that happens again."""
+        ``TargetError`` if that happens again. ``meanwhile`` is called once the worker has the
+        scenario, while it runs (the caller makes it idempotent: a run may be sent again)."""
+        scenario.check()  # here, once per scenario: the worker takes what it is sent as valid
         for attempt in range(2):
-            trace, infra = self._run_once(scenario)
+            trace, infra = self._run_once(scenario, meanwhile)
             if infra is None:
                 return trace
             if attempt:
                 raise TargetError(f"infrastructure fault, twice in a row (not ggml): {infra}")
         raise AssertionError("unreachable")
 
-    def _run_once(self, scenario: Scenario) -> tuple[Trace, str | None]:
+    def _run_once(self, scenario: Scenario, meanwhile: Callable[[], None] | None) -> tuple[Trace, str | None]:
         for attempt in range(2):
             endpoints = self.servers.ensure(scenario.layout.n_rpc)
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
                 seed = scenario_seed(scenario)
-                worker.send_text(f'{{"scenario": {scenario.dumps()}, "endpoints": {json.dumps(endpoints)}, "seed": {seed}}}')
+                geometry = json.dumps({name: spec.geometry_rows for name, spec in scenario.graphs})
+                worker.send_text(f'{{"scenario": {scenario.dumps()}, "endpoints": {json.dumps(endpoints)}, "seed": {seed}, "geometry": {geometry}}}')
+                if meanwhile is not None:
+                    meanwhile()
                 abort = self._collect(worker, records)
                 break
             except _Unreachable as e:

@@ -5,8 +5,9 @@ descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever 
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request ``{"scenario": <Scenario JSON>, "endpoints": ["127.0.0.1:P", ...], "seed": N}`` (the
-  values oracle's seed, ``values.scenario_seed``), answered with one
+* request ``{"scenario": <Scenario JSON>, "endpoints": ["127.0.0.1:P", ...], "seed": N,
+  "geometry": {graph: rows}}`` (the values oracle's seed, ``values.scenario_seed``; each graph's
+  ``GraphSpec.geometry_rows``; the scenario is taken as valid: the parent validated it), answered with one
   ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
   and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
@@ -32,6 +33,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
@@ -74,11 +76,12 @@ def probe_scenario() -> Scenario:
     )
 
 
-def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, seed: int | None = None) -> list[StepRecord]:
+def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, seed: int | None = None,
+                 geometry: dict[str, list[list[Any]]] | None = None) -> list[StepRecord]:
     """Run every step, sending each record on ``chan`` as soon as it exists."""
     records: list[StepRecord] = []
     eng.step = 0  # backends and weights are set up as part of step 0
-    run = ScenarioRun(eng, scenario, endpoints, seed)
+    run = ScenarioRun(eng, scenario, endpoints, seed, geometry)
     try:
         for i, st in enumerate(scenario.steps):
             eng.step = i
@@ -119,7 +122,7 @@ def main() -> None:
         eng.step = -1
         reply: dict[str, object]
         try:
-            run_scenario(eng, Scenario.from_json(req["scenario"]), req["endpoints"], chan, req.get("seed"))
+            run_scenario(eng, Scenario.from_json(req["scenario"], trusted=True), req["endpoints"], chan, req.get("seed"), req.get("geometry"))
             reply = {"done": True}
         except Unsupported as e:
             reply = {"unsupported": str(e)}

@@ -264,9 +264,9 @@ def test_observe_gathers_the_log_and_reads_backends_at_the_first_split_header() 
     backend is read once, when "## SPLIT #0:" starts a line (inside split_graph), not before."""
     import ctypes
 
-    from pytest_schedfuzz.ggml.engine import load_observe
+    from pytest_schedfuzz.ggml.engine import load_helpers
 
-    lib = load_observe()
+    lib = load_helpers()
     calls: list[int] = []
     backends = (ctypes.c_void_p * 2)(0x1000, 0x2000)
 
@@ -400,3 +400,62 @@ def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_p
         trace = fuzzer.engines.confirmed(Scenario(RPC_CPU, (), ()), fuzzer.engines.run(Scenario(RPC_CPU, (), ())))
         assert (trace.abort is not None) == hangs and slow.seen == [60.0, 300.0] and slow.step_timeout == 60.0
         assert fuzzer.stats.unconfirmed == (0 if hangs else 1)
+
+
+# every op of the spec language that llama_graph does not make, over inputs x and y (8 x 4, f32) and
+# xs, computed first and kept (a view_tensor's source: see the strategies' ``_view_leaf``)
+OP_CASES: list[tuple[str, tuple[str | None, ...], dict[str, object]]] = [
+    ("sub", ("x", "y"), {}), ("div", ("x", "y"), {}), ("add", ("x", "y"), {"inplace": True}), ("mul", ("x", "y"), {"inplace": True}),
+    ("scale", ("x",), {"scale": 0.5, "inplace": True}), ("silu", ("x",), {"inplace": True}), ("sum", ("x",), {}), ("log", ("x",), {}),
+    ("exp", ("x",), {}), ("step", ("x",), {}), ("cumsum", ("x",), {}), ("argmax", ("x",), {}), ("argsort", ("x",), {"order": 1}),
+    ("clamp", ("x",), {"min": -0.5, "max": 0.25}), ("sum_rows", ("x",), {}), ("concat", ("x", "y"), {"dim": 1}),
+    ("pad", ("x",), {"pad": (1, 0, 0, 2, 0, 0, 0, 0)}), ("cast", ("x",), {"type": "f16"}), ("fill", ("x",), {"value": 3.0}),
+    ("fill", ("x",), {"value": 2.0, "inplace": True}), ("glu", ("x", None), {"glu": 2, "swapped": True}), ("glu", ("x", "y"), {"glu": 0}),
+    ("cont", ("x",), {"ne": (4, 8)}), ("top_k", ("x",), {"k": 3}), ("view_tensor", ("xs",), {}), ("permute", ("x",), {"axes": (1, 0, 2, 3)}),
+    ("view", ("x",), {"ne": (4, 2), "nb": (32,), "offset": 4}), ("reshape", ("x",), {"ne": (2, 16)}), ("transpose", ("x",), {}),
+    ("rms_norm", ("x",), {"eps": 1e-5}), ("soft_max_ext", ("x", None), {"scale": 0.5}),
+]
+
+
+@pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
+def test_graph_c_builds_every_op_with_the_geometry_shapes_infers(lib: str) -> None:
+    """graph.c (the worker's graph builder) makes each op with ggml's own constructor, checked
+    against the spec's geometry, and the CPU-only values check's graph alike: every op computes,
+    its node where the reference orders it. 0.15.3's top_k and clamp are other ops: refused by name."""
+    from reference.predict import predict
+
+    assert {op for op, _, _ in OP_CASES} | {"get_rows", "mul_mat", "mul_mat_id", "rope", "flash_attn_ext", "cpy", "set_rows", "ssm_conv",
+                                             "ssm_scan"} == __import__("pytest_schedfuzz.model.shapes", fromlist=["OPS"]).OPS
+    with GgmlTarget(lib) as target:
+        for op, args, params in OP_CASES:
+            b = GraphBuilder()
+            b.input("x", (8, 4))
+            b.input("y", (8, 4))
+            b.op("scale", "x", name="xs", output=True, scale=2.0)
+            out = b.op(op, *args, name="out", **params)
+            if op == "view_tensor":  # a leaf: an op reads it
+                out = b.op("add", out, b.weight("w", (8, 4), device=0), name="last")
+            sc = scenario(BackendLayout.of("cpu"), {"g": b.build("xs", out)}, sched_new(), Step("compute", "g"))
+            if op in ("top_k", "clamp") and lib == "ggml-0.15.3":
+                with pytest.raises(Unsupported, match="GGML_OP_TOP_K is ggml 0.25.3's|0.15.3's ggml_clamp works in place"):
+                    target.run(sc)
+                continue
+            trace = target.run(sc)
+            assert trace.abort is None and trace.records[1].ok, (op, trace.abort)
+            assert trace.records[1].values == "" and trace.records[1].values_checked, (op, trace.records[1].values)
+            want = predict(sc, rules=rules_for(target.engine["ggml_version"])[0]).records[1]
+            assert (trace.records[1].node_names, trace.records[1].leaf_names) == (want.node_names, want.leaf_names), op
+
+
+def test_graph_c_reports_a_tensor_ggml_makes_unlike_its_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A geometry row the parent sends that ggml does not give (a planted fault in the shape
+    inference's rows) is a harness error naming the tensor and the field, not a run."""
+    b = GraphBuilder()
+    b.input("x", (8, 4))
+    spec = b.build(b.op("transpose", "x", name="xt"))
+    rows = [list(r) for r in spec.geometry_rows]
+    rows[1][6] = 99  # nb[1] of xt
+    spec.__dict__["geometry_rows"] = rows
+    with GgmlTarget() as target:
+        with pytest.raises(TargetError, match=r"tensor 'xt': shapes.infer and ggml disagree: nb: spec \(32, 99, 128, 128\), ggml \(32, 4, 128, 128\)"):
+            target.run(scenario(BackendLayout.of("cpu"), {"g": spec}, sched_new(), Step("alloc", "g")))
