@@ -21,6 +21,7 @@ names of the copy are unique but for the source views of split inputs, which are
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .graph import Ref
@@ -181,7 +182,7 @@ class DynTallocr:
         return self.chunks[chunk].max_size if chunk < len(self.chunks) else 0
 
 
-@dataclass
+@dataclass(slots=True)
 class HashNode:
     """``struct hash_node`` (zeroed by ``ggml_gallocr_alloc_graph_impl``)."""
 
@@ -247,29 +248,20 @@ class Gallocr:
         self.plan: Plan | None = None
         self.realloc_reason: str | None = None  # what the last alloc_graph's needs_realloc said
         self.unfit = KEPT_PLAN
-        self.hash: dict[str, HashNode] = {}
+        self.hash: defaultdict[str, HashNode] = defaultdict(HashNode)  # by tensor name; zeroed on first get
         self.srcs: dict[str, tuple[Ref | None, ...]] = {}
 
     @property
     def n_buffers(self) -> int:
         return len(self.bufts)
 
-    def hash_get(self, t: Ref | str) -> HashNode:
-        """``ggml_gallocr_hash_get`` (of a tensor or a tensor's name)."""
-        name = t if isinstance(t, str) else t.name
-        hn = self.hash.get(name)
-        if hn is None:
-            hn = self.hash[name] = HashNode()
-        return hn
+    def hash_get(self, t: Ref) -> HashNode:
+        """``ggml_gallocr_hash_get`` (``self.hash[name]`` where only a name is at hand)."""
+        return self.hash[t.name]
 
     def is_own(self, t: Ref) -> bool:
         """``ggml_gallocr_is_own``."""
         return self.hash_get(t).allocated
-
-    def is_allocated(self, t: Ref) -> bool:
-        """``ggml_gallocr_is_allocated``: data set elsewhere (a weight, a cache, a view of one),
-        or allocated here. In a fresh graph a tensor has a buffer only when it has data."""
-        return (not t.needs_memory and t.view_src is None) or self.is_own(t)
 
     def free_extra_space(self, node: Ref, parent: Ref) -> None:
         """``ggml_gallocr_free_extra_space``: give back what the parent had beyond the node's size."""
@@ -290,8 +282,10 @@ class Gallocr:
         branch that reuses a view's source never runs."""
         if buffer_id < 0:
             raise AllocAbort("GGML_ASSERT(buffer_id >= 0) failed")
-        hn = self.hash_get(node)
-        if self.is_allocated(node) or node.view_src is not None:
+        hn = self.hash[node.name]
+        # ggml_gallocr_is_allocated: data set elsewhere (a weight, a cache, a view of one) or allocated
+        # here (in a fresh graph a tensor has a buffer only when it has data); and views are not allocated
+        if node.view_src is not None or not node.needs_memory or hn.allocated:
             return
         hn.allocated = True
         if node.op in self.inplace_ops:
@@ -320,7 +314,8 @@ class Gallocr:
         """``ggml_gallocr_alloc_graph_impl``: allocate the leafs, count children and views
         (allocating graph inputs first), then allocate each node and free each parent whose last
         child (and view) it was."""
-        self.hash = {}
+        self.hash = defaultdict(HashNode)
+        hash_ = self.hash
         self.srcs = dict(zip((n.name for n in nodes), node_srcs))
         tensors = {t.name: t for t in (*leafs, *nodes)}
         buffer_id = lambda ids, i: ids[i] if ids is not None else 0  # get_node_buffer_id
@@ -328,13 +323,13 @@ class Gallocr:
             self.allocate_node(leaf, buffer_id(leaf_ids, i))
         for i, (node, srcs) in enumerate(zip(nodes, node_srcs)):
             if node.view_src is not None and node.op != "NONE":
-                self.hash_get(node.view_src).n_views += 1
+                hash_[node.view_src].n_views += 1
             if node.input:
                 self.allocate_node(node, buffer_id(node_ids, i))
             for src in srcs:
                 if src is None:
                     continue
-                self.hash_get(src).n_children += 1
+                hash_[src.name].n_children += 1
                 if src.input:
                     self.allocate_node(src, buffer_id(node_ids, i))
         for i, (node, srcs) in enumerate(zip(nodes, node_srcs)):
@@ -346,11 +341,11 @@ class Gallocr:
             for parent in srcs:
                 if parent is None:
                     continue
-                p_hn = self.hash_get(parent)
+                p_hn = hash_[parent.name]
                 p_hn.n_children -= 1
                 if p_hn.n_children == 0 and p_hn.n_views == 0:
                     if parent.view_src is not None:
-                        view_src = self.hash_get(parent.view_src)
+                        view_src = hash_[parent.view_src]
                         view_src.n_views -= 1
                         if view_src.n_views == 0 and view_src.n_children == 0 and view_src.allocated:
                             self.free_node(tensors[parent.view_src])

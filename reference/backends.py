@@ -116,16 +116,19 @@ def fake_gpu_reorder(nodes: list[int], root: Callable[[int], int], srcs_of: Call
     depends on node ``j`` when it shares ``j``'s storage (``root``: the view source, else itself)
     or one of its ``srcs_of`` does.
 
+    The C code compares each node with every earlier one; here each storage keeps the depth of
+    the deepest earlier node on it, which gives the same depths in one pass.
+
     >>> fake_gpu_reorder([0, 1, 2, 3], lambda t: t, {0: [], 1: [0], 2: [], 3: [2]}.__getitem__)
     [0, 2, 1, 3]
     """
     depth: dict[int, int] = {}
-    for k, i in enumerate(nodes):
-        d = 0
-        for j in nodes[:k]:
-            if depth[j] + 1 > d and (root(i) == root(j) or any(root(s) == root(j) for s in srcs_of(i))):
-                d = depth[j] + 1
+    deepest: dict[int, int] = {}  # storage root -> the depth of the deepest node so far on it
+    for i in nodes:
+        own = root(i)
+        d = max((deepest[r] + 1 for r in {own, *(root(s) for s in srcs_of(i))} if r in deepest), default=0)
         depth[i] = d
+        deepest[own] = max(deepest.get(own, 0), d)
     return sorted(nodes, key=depth.__getitem__)
 
 

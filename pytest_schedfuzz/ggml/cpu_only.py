@@ -8,12 +8,13 @@ removes the scheduler from the computation.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from ..engine import TargetError
 from ..model.scenario import GraphSpec, Scenario, TensorSpec
 from . import values
-from .engine import Built, Ggml, GraphProgram, Ptr
+from .engine import Built, Ggml, GraphProgram
 
 
 def tensor_key(t: TensorSpec) -> tuple[Any, ...]:
@@ -28,11 +29,18 @@ class CpuOnly:
     def __init__(self, eng: Ggml, scenario: Scenario, seed: int | None = None) -> None:
         self.eng = eng
         self.scenario = scenario
-        self.seed = values.scenario_seed(scenario) if seed is None else seed  # the parent sends it: no second JSON
+        self._seed = seed  # the parent sends it where a step computes: no second JSON
         self.shadow: dict[tuple[Any, ...], bytes] = {}
         self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
-        self.ones = values.ones_leafs(scenario)
         self.programs: dict[int, GraphProgram] = {}  # per spec: its CPU-only graph for graph.c
+
+    @cached_property
+    def seed(self) -> int:
+        return values.scenario_seed(self.scenario) if self._seed is None else self._seed
+
+    @cached_property
+    def ones(self) -> frozenset[str]:
+        return values.ones_leafs(self.scenario)
 
     def persistent_bytes(self, spec: GraphSpec, t: TensorSpec) -> bytes:
         """What weight or cache ``t`` holds before the first step (kept for the CPU-only run)."""

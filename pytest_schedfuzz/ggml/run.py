@@ -51,8 +51,7 @@ class ScenarioRun:
     Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
     """
 
-    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], seed: int | None = None,
-                 geometry: dict[str, list[list[Any]]] | None = None) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], seed: int | None = None) -> None:
         self.eng = eng
         self.g = eng.g
         self.scenario = scenario
@@ -65,7 +64,6 @@ class ScenarioRun:
         # gave them the first time (ggml builds a program alike each time)
         self.programs: dict[int, GraphProgram] = {}
         self.tensor_names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-        self.geometry = geometry or {}  # each graph's geometry rows, as the parent inferred them
         self.persistent = _Persistent()
         self.cpu_only = CpuOnly(eng, scenario, seed)  # the values check of compute steps
         self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
@@ -121,14 +119,14 @@ class ScenarioRun:
         """A fresh context and cgraph for ``spec``, built by ``graph.c`` from the spec's program
         (encoded once per scenario): inputs (``ggml_set_input``) and ops are new, weights and
         caches are the scenario's; every tensor is named and checked against the spec's geometry
-        (as the parent inferred it, else inferred here); the roots go to
+        (as the parent inferred it: it comes with the pickled spec); the roots go to
         ``ggml_build_forward_expand`` in order. The node and leaf names are read from ggml the
         first time (ggml builds a program alike each time)."""
         g, eng = self.g, self.eng
         program = self.programs.get(id(spec))  # the scenario holds its specs: ids are stable
         if program is None:
-            rows = self.geometry.get(self._graph_name(spec)) or spec.geometry_rows
-            program = self.programs[id(spec)] = eng.program(spec, rows, lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
+            program = self.programs[id(spec)] = eng.program(spec, spec.geometry_rows,
+                                                            lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         built = Built(ctx, None, [], program.index, [], [])
         self.built.append(built)
@@ -147,9 +145,6 @@ class ScenarioRun:
         while len(self.built) > 2:
             g.ggml_free(self.built.pop(0).ctx)
         return built
-
-    def _graph_name(self, spec: GraphSpec) -> str:
-        return next(name for name, s in self.scenario.graphs if s is spec)
 
     def _arm_snapshot(self, built: Built) -> Any:
         """Have ``observe.c`` read every node's and leaf's backend at the step's split printout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import selectors
 import signal
@@ -87,9 +88,17 @@ class Worker:
         self.send_text(json.dumps(msg))
 
     def send_text(self, line: str) -> None:
-        """One message already written as JSON (a scenario's own cached text)."""
+        """One message already written as JSON."""
         assert self.proc.stdin is not None
         self.proc.stdin.write((line + "\n").encode())
+        self.proc.stdin.flush()
+
+    def send_pickled(self, msg: dict[str, Any]) -> None:
+        """One message as a pickle, after its length (8 bytes, little-endian): the graph worker's
+        requests, whose scenarios a JSON round trip cost several ms each way (``worker.read_request``)."""
+        assert self.proc.stdin is not None
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.write(len(data).to_bytes(8, "little") + data)
         self.proc.stdin.flush()
 
     def recv(self, timeout: float) -> dict[str, Any]:
@@ -269,9 +278,9 @@ class GgmlTarget(WorkerTarget):
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
-                seed = scenario_seed(scenario)
-                geometry = json.dumps({name: spec.geometry_rows for name, spec in scenario.graphs})
-                worker.send_text(f'{{"scenario": {scenario.dumps()}, "endpoints": {json.dumps(endpoints)}, "seed": {seed}, "geometry": {geometry}}}')
+                # the values oracle's seed hashes the scenario's JSON: only where a step computes
+                seed = scenario_seed(scenario) if any(s.kind == "compute" for s in scenario.steps) else None
+                worker.send_pickled({"scenario": scenario, "endpoints": endpoints, "seed": seed})
                 if meanwhile is not None:
                     meanwhile()
                 abort = self._collect(worker, records)

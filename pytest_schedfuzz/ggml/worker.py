@@ -5,9 +5,10 @@ descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever 
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request ``{"scenario": <Scenario JSON>, "endpoints": ["127.0.0.1:P", ...], "seed": N,
-  "geometry": {graph: rows}}`` (the values oracle's seed, ``values.scenario_seed``; each graph's
-  ``GraphSpec.geometry_rows``; the scenario is taken as valid: the parent validated it), answered with one
+* request (a pickle after its length, ``Worker.send_pickled``: JSON cost several ms each way)
+  ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...], "seed": N}`` (the values oracle's
+  seed, ``values.scenario_seed``, where a step computes; the scenario comes validated, with its
+  graphs' geometry inferred, by the parent, which is this worker's only writer), answered with one
   ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
   and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
@@ -28,12 +29,12 @@ What is observed, and how:
 
 from __future__ import annotations
 
-import json
 import os
+import pickle
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
@@ -76,12 +77,11 @@ def probe_scenario() -> Scenario:
     )
 
 
-def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, seed: int | None = None,
-                 geometry: dict[str, list[list[Any]]] | None = None) -> list[StepRecord]:
+def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, seed: int | None = None) -> list[StepRecord]:
     """Run every step, sending each record on ``chan`` as soon as it exists."""
     records: list[StepRecord] = []
     eng.step = 0  # backends and weights are set up as part of step 0
-    run = ScenarioRun(eng, scenario, endpoints, seed, geometry)
+    run = ScenarioRun(eng, scenario, endpoints, seed)
     try:
         for i, st in enumerate(scenario.steps):
             eng.step = i
@@ -91,6 +91,15 @@ def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: 
     finally:
         run.close()
     return records
+
+
+def read_request(stream: BinaryIO) -> dict[str, Any] | None:
+    """The next request (``Worker.send_pickled``), or None once the parent has closed the pipe."""
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    req: dict[str, Any] = pickle.loads(stream.read(int.from_bytes(head, "little")))
+    return req
 
 
 def main() -> None:
@@ -117,12 +126,11 @@ def main() -> None:
         raise SystemExit(2)
     chan.send({"hello": eng.info()})
     coverage = coverage_build()
-    for line in sys.stdin.buffer:
-        req = json.loads(line)
+    while (req := read_request(sys.stdin.buffer)) is not None:
         eng.step = -1
         reply: dict[str, object]
         try:
-            run_scenario(eng, Scenario.from_json(req["scenario"], trusted=True), req["endpoints"], chan, req.get("seed"), req.get("geometry"))
+            run_scenario(eng, req["scenario"], req["endpoints"], chan, req["seed"])
             reply = {"done": True}
         except Unsupported as e:
             reply = {"unsupported": str(e)}

@@ -154,7 +154,16 @@ class GraphSpec:
         return [[g.type, *g.ne, *g.nb, g.view_src, g.view_offs] for g in (geo[t.name] for t in self.tensors)]
 
     def validate(self, n_backends: int | None = None) -> None:
-        """Raise ``SpecError`` naming the first problem: names, ops, order, shapes, devices."""
+        """Raise ``SpecError`` naming the first problem: names, ops, order, shapes, devices. A
+        spec is immutable: once valid for ``n_backends``, it is not checked again (a captured
+        graph is drawn into many scenarios)."""
+        valid_for: set[int | None] = self.__dict__.setdefault("_valid_for", set())
+        if n_backends in valid_for:
+            return
+        self._check(n_backends)
+        valid_for.add(n_backends)
+
+    def _check(self, n_backends: int | None) -> None:
         seen: set[str] = set()
         for t in self.tensors:
             if not t.name or len(t.name) >= 64:
@@ -476,6 +485,10 @@ class Scenario:
 
     def dumps(self) -> str:
         return self._text
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled for the engine's worker: without its JSON text (tens of kB), which it never reads
+        return {k: v for k, v in self.__dict__.items() if k != "_text"}
 
     @cached_property
     def _text(self) -> str:
