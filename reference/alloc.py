@@ -421,13 +421,15 @@ class Gallocr:
         if self.realloc_reason is not None and (self.n_buffers != 1 or not self.reserve_n(nodes, node_srcs, leafs, None, None)):
             return False
         assert self.plan is not None
-        placed = [*zip(leafs, self.plan.leafs)]
+        for leaf, talloc in zip(leafs, self.plan.leafs):
+            if leaf.needs_memory and talloc.buffer_id >= 0:
+                self.init_tensor(leaf, talloc)
         for node, srcs, dst, planned in zip(nodes, node_srcs, self.plan.dst, self.plan.srcs):
-            placed += [(s, a) for s, a in zip(srcs, planned) if s is not None and a is not None]
-            placed.append((node, dst))
-        for t, talloc in placed:
-            if t.needs_memory and talloc.buffer_id >= 0:
-                self.init_tensor(t, talloc)
+            for src, talloc in zip(srcs, planned):
+                if src is not None and talloc is not None and src.needs_memory and talloc.buffer_id >= 0:
+                    self.init_tensor(src, talloc)
+            if node.needs_memory and dst.buffer_id >= 0:
+                self.init_tensor(node, dst)
         return True
 
     def init_tensor(self, t: Ref, talloc: TensorAlloc) -> None:

@@ -46,6 +46,7 @@ class Backends:
         # ...and that of the backend's own buffers (its weights and caches)
         self.buffer_bufts = [layout.buffer_buft(i) for i in range(layout.n)]
         self.kinds = [b.kind for b in layout.backends]
+        self._supports_buft: dict[tuple[int, str], bool] = {}
 
     def supports_op(self, b: int, g: CGraph, t: int) -> bool:
         """``ggml_backend_supports_op(backends[b], t)``."""
@@ -71,9 +72,14 @@ class Backends:
 
     def supports_buft(self, b: int, buft: str) -> bool:
         """``ggml_backend_supports_buft``: RPC and a gpu only their own; CPU, BLAS and a gpu that
-        shares the CPU's buffer type every host buffer type."""
-        own = self.buffer_bufts[b]
-        return buft == own if not self.layout.is_host_buft(own) else self.layout.is_host_buft(buft)
+        shares the CPU's buffer type every host buffer type. (Asked for every tensor of every
+        pass: answered once per pair.)"""
+        key = (b, buft)
+        ok = self._supports_buft.get(key)
+        if ok is None:
+            own = self.buffer_bufts[b]
+            ok = self._supports_buft[key] = buft == own if not self.layout.is_host_buft(own) else self.layout.is_host_buft(buft)
+        return ok
 
     def offload_op(self, b: int, g: CGraph, t: int) -> bool:
         """``ggml_backend_offload_op``: a gpu's threshold on ``ne[1]``, or with ``cuda_batch`` on

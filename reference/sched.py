@@ -400,7 +400,7 @@ class Scheduler:
                 src_backend = ids[src]
                 if src_backend == -1:
                     raise SchedAbort("GGML_ASSERT(src_backend_id != -1) failed")
-                ref = self.ref(g, src)
+                ref = g.refs[src]
                 if not self.rules.all_input_leafs_are_graph_inputs and g.input[src] and n_copies > 1 and (src, src_backend) not in copies:
                     copies[(src, src_backend)] = self.graph_input_copies(g, src, src_backend)
                     if limit is not None and len(graph_inputs) >= limit:
@@ -438,7 +438,7 @@ class Scheduler:
 
     def graph_input_copies(self, g: CGraph, t: int, backend: int) -> list[Ref]:
         """The ``n_copies`` copies of a graph input: copy ``cur_copy`` is the input itself."""
-        return [self.ref(g, t) if c == self.cur_copy else self.copy_ref(g, t, backend, c, flagged=True) for c in range(self.n_copies)]
+        return [g.refs[t] if c == self.cur_copy else self.copy_ref(g, t, backend, c, flagged=True) for c in range(self.n_copies)]
 
     def split_order(self, g: CGraph, split: Split, node_srcs: dict[int, list[Ref | None]]) -> list[int]:
         """The split's nodes after ``ggml_backend_graph_optimize`` on its backend (called per split
@@ -450,7 +450,7 @@ class Scheduler:
         def srcs_of(t: int) -> list[int]:
             # a src the scheduler replaced by an input copy is no node of this split
             current = node_srcs.get(t)
-            return [s for k, s in enumerate(g.srcs[t]) if s >= 0 and (current is None or current[k] is self.ref(g, s))]
+            return [s for k, s in enumerate(g.srcs[t]) if s >= 0 and (current is None or current[k] is g.refs[s])]
 
         return fake_gpu_reorder(order, lambda t: g.view_src[t] if g.view_src[t] >= 0 else t, srcs_of)
 
@@ -462,9 +462,6 @@ class Scheduler:
         refs = {r.name: r for t in order for r in srcs_of(t) if r is not None}
         kept = fake_gpu_fuse(order, lambda t: [r.name if r is not None else None for r in srcs_of(t)], lambda t: g.names[t])
         return {t: [refs[n] for n in names] for t, names in kept.items()}
-
-    def ref(self, g: CGraph, t: int) -> Ref:
-        return g.refs[t]
 
     def copy_ref(self, g: CGraph, t: int, backend: int, c: int, flagged: bool | None = None) -> Ref:
         """``ggml_dup_tensor_layout`` of ``t``, named ``BACKEND#name#c`` like ggml. A graph input's
@@ -484,7 +481,7 @@ class Scheduler:
         self.leaf_backend_ids, self.prev_leaf_backend_ids = self.prev_leaf_backend_ids, self.leaf_backend_ids
 
         def srcs_of(t: int) -> tuple[Ref | None, ...]:
-            return tuple(node_srcs[t]) if t in node_srcs else tuple(self.ref(g, s) if s >= 0 else None for s in g.srcs[t])
+            return tuple(node_srcs[t]) if t in node_srcs else tuple(g.refs[s] if s >= 0 else None for s in g.srcs[t])
 
         # each split optimized by its backend: its order, and the tensors kept alive until a node
         orders = [self.split_order(g, split, node_srcs) for split in splits]
@@ -502,13 +499,13 @@ class Scheduler:
             for name in split.inputs:
                 src = index[name]
                 nodes.append(Ref(f"{name} (view)", False, g.nbytes[src]))
-                srcs.append((self.ref(g, src),))
+                srcs.append((g.refs[src],))
                 node_ids.append(ids[src])
                 nodes.append(self.copy_ref(g, src, split.backend, self.cur_copy))
                 srcs.append(())
                 node_ids.append(split.backend)
             for t in order:
-                nodes.append(self.ref(g, t))
+                nodes.append(g.refs[t])
                 srcs.append(srcs_of(t))
                 node_ids.append(ids[t])
                 # a dependency node: a view of the first kept tensor, with GGML_MAX_SRC of them as srcs
@@ -530,7 +527,7 @@ class Scheduler:
                         leafs.append(self.copy_ref(g, index[name], split.backend, c))
                         leaf_ids.append(split.backend)
         for t in g.leaf_ids:
-            leafs.append(self.ref(g, t))
+            leafs.append(g.refs[t])
             leaf_ids.append(ids[t])
 
         if graph_inputs:
