@@ -174,6 +174,41 @@ def test_unreachable_endpoint_is_retried(target: GgmlTarget, monkeypatch: pytest
     assert trace.abort is None and trace.records[-1].ok and len(given) == 2
 
 
+def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_the_reply(target: GgmlTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``meanwhile`` (the fuzzer's reference prediction) runs once the worker has the scenario,
+    before its records are read, once even when the scenario is sent twice (an RPC server that
+    did not answer); what it raises comes after the reply is read, and the worker, still in
+    step, runs the next scenario."""
+    from pytest_schedfuzz.campaign.engines import Meanwhile
+
+    sc = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A"))
+    target.run(sc)
+    pid = target.worker_pid
+    calls: list[int | None] = []
+
+    def predict() -> None:
+        calls.append(target.worker_pid)
+        raise ValueError("the reference failed")
+
+    later = Meanwhile(predict)
+    trace = target.run(sc, later)
+    assert trace.abort is None and trace.records[-1].ok and calls == [pid]
+    with pytest.raises(ValueError, match="the reference failed"):
+        later.result()
+    assert calls == [pid]  # not called again
+    assert target.run(sc).records[-1].ok and target.worker_pid == pid
+    real, given = target.servers.ensure, []
+
+    def first_one_dead(n: int) -> list[str]:
+        given.append([f"127.0.0.1:{free_port()}"] if not given else real(n))
+        return given[-1]
+
+    monkeypatch.setattr(target.servers, "ensure", first_one_dead)
+    counted: list[int] = []
+    later = Meanwhile(lambda: counted.append(1))
+    assert target.run(sc, later).records[-1].ok and len(given) == 2 and counted == [1]
+
+
 def test_step_timeout() -> None:
     with GgmlTarget(step_timeout=1e-4) as t:
         trace = t.run(scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A")))
