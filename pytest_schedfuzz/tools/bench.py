@@ -188,7 +188,7 @@ def _as_drawn(sc: Scenario) -> Scenario:
 
 def _phases(fuzzer: Fuzzer, sc: Scenario) -> dict[str, float]:
     """Where a full step's time goes: the worker's round trip (its ggml calls, with ggml's debug
-    log parsed as it is printed; building the graphs through ctypes; the rest: reading the
+    log parsed as it is printed; building the graphs (their programs encoded, graph.c); the rest: reading the
     assignments and splits, the values check, the pipe and JSON both ways), and the reference.
     What a full step spends beyond these is the properties' judging and ggml's own figures."""
     t0 = time.perf_counter()
@@ -198,7 +198,7 @@ def _phases(fuzzer: Fuzzer, sc: Scenario) -> dict[str, float]:
     t2 = time.perf_counter()
     ggml = sum(r.seconds for r in trace.records)
     build = sum(r.build_seconds for r in trace.records)
-    return {"round trip": t1 - t0, "ggml calls (debug log parsed as printed)": ggml, "graph build through ctypes": build,
+    return {"round trip": t1 - t0, "ggml calls (debug log parsed as printed)": ggml, "graph build (program encoding, graph.c)": build,
             "worker's observation, values check, pipe and JSON": max(0.0, t1 - t0 - ggml - build), "reference": t2 - t1}
 
 
