@@ -71,7 +71,7 @@ class CpuOnly:
         g, eng = self.eng.g, self.eng
         program = self.programs.get(id(spec))
         if program is None:
-            program = self.programs[id(spec)] = eng.program(spec, spec.geometry_rows, None)
+            program = self.programs[id(spec)] = eng.program(spec, None)
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         buf = None
         try:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import json
-from array import array
 import os
-from dataclasses import dataclass, field
+from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -98,7 +98,7 @@ def load_helpers() -> ctypes.CDLL:
         raise TargetError("graph.c's ops or record layout and engine.GraphProgram's differ")
     lib.schedfuzz_graph_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.schedfuzz_graph_build.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p,
                                           ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     return lib
 
@@ -371,23 +371,21 @@ class Ggml:
         self.g.ggml_set_name(p, t.name.encode())
         return p
 
-    def program(self, spec: GraphSpec, rows: Sequence[Sequence[Any]], persistent: Callable[[TensorSpec], int] | None) -> GraphProgram:
-        """``spec`` encoded for ``graph.c``, each tensor checked against its ``rows`` entry
-        (``GraphSpec.geometry_rows``). ``persistent`` gives the scenario's tensor of a weight or
-        a cache; without it (the values check's CPU-only graph) every leaf is a new tensor,
-        neither named an input nor flagged."""
+    def program(self, spec: GraphSpec, persistent: Callable[[TensorSpec], int] | None) -> GraphProgram:
+        """``spec`` encoded for ``graph.c``, each tensor to be checked against ``spec.geometry``
+        (the parent's inference: it comes with the pickled spec). ``persistent`` gives the
+        scenario's tensor of a weight or a cache; without it (the values check's CPU-only graph)
+        every leaf is a new tensor, neither named an input nor flagged."""
         GP = GraphProgram
         index = {t.name: i for i, t in enumerate(spec.tensors)}
-        types, codes = self.types, GP.CODES
+        types, codes, geometry = self.types, GP.CODES, spec.geometry
         new_k = not self.ggml_version.startswith("0.15.")  # ssm_scan's K, top_k and clamp as 0.25.3 has them
         program: list[int] = []
         reals: list[float] = []
         words: list[int] = []
         names = bytearray()
-        for t, row in zip(spec.tensors, rows):
-            ints = [0] * 8
-            real = [0.0] * 4
-            ne = t.ne
+        for t in spec.tensors:
+            ne, ints, real = t.ne, [0] * 8, [0.0] * 4
             flags = GP.OUTPUT if t.output and persistent is not None else 0
             ptr = len(names)
             if t.is_leaf:
@@ -399,15 +397,15 @@ class Ggml:
             else:
                 op = codes.get(t.op, -1)
                 flags |= GP.NAME | (GP.INPLACE if t.param("inplace") else 0) | (GP.NEW_K if new_k and t.op == "ssm_scan" else 0)
-                ne, ints, real = self._op_record(t, ints, real, new_k)
+                ne, ints, real = self._op_record(t, new_k)
             if flags & GP.NAME:
                 names += t.name.encode() + b"\0"
             w = t.param("op_params") if not t.is_leaf else None
             args = [index[a] if a is not None else -1 for a in t.args] + [-1] * (8 - len(t.args))
-            vsrc = row[9]
+            geo = geometry[t.name]
             program += [op, types[t.type], max(len(ne), 1), *ne, *[1] * (4 - len(ne)), *args, flags, *ints, ptr,
                         len(words) if w is not None else -1, len(w) if w is not None else 0,
-                        types[row[0]], *row[1:9], index[vsrc] if vsrc is not None else -1, row[10]]
+                        types[geo.type], *geo.ne, *geo.nb, index[geo.view_src] if geo.view_src is not None else -1, geo.view_offs]
             if w is not None:
                 words += [int(x) for x in w]
             reals += real
@@ -415,11 +413,12 @@ class Ggml:
         return GraphProgram(array("q", program), array("d", reals), bytes(names), array("i", words or [0]),
                             array("i", [index[r] for r in spec.roots]), n, index)
 
-    def _op_record(self, t: TensorSpec, ints: list[int], real: list[float], new_k: bool) -> tuple[tuple[int, ...], list[int], list[float]]:
-        """An op's record fields: the shape its constructor takes (views and reshapes), its integer
-        and real parameters, as ``graph.c``'s ``construct`` reads them."""
+    def _op_record(self, t: TensorSpec, new_k: bool) -> tuple[tuple[int, ...], list[int], list[float]]:
+        """An op's record fields: the shape its constructor takes (views and reshapes), its eight
+        integer and four real parameters, as ``graph.c``'s ``construct`` reads them."""
         op, P = t.op, t.param
         ne: tuple[int, ...] = ()
+        ints, real = [0] * 8, [0.0] * 4
         if op == "fill":
             real[0] = float(P("value", 0.0))
         elif op == "cast":
@@ -474,8 +473,9 @@ class Ggml:
         size = n + 1  # ggml_visit_parents asserts n_nodes, n_leafs < size
         addr = GraphProgram.address
         got = self.helpers.schedfuzz_graph_build(ctx, addr(program.records), addr(program.reals), n, program.names, addr(program.words), addr(program.roots),
-                                                  len(program.roots), size, 1, tensors, ctypes.byref(graph), ctypes.byref(failed),
-                                                  ctypes.byref(missing))
+                                                  len(program.roots), size, tensors, ctypes.byref(graph), ctypes.byref(failed), ctypes.byref(missing))
+        if got == GraphProgram.OK:
+            return ctypes.cast(graph, ctypes.POINTER(self.g.ggml_cgraph)), list(tensors)
         names = list(program.index)
         if got >= 0:
             p = self.tensor(tensors[got])
@@ -487,10 +487,8 @@ class Ggml:
         if got == GraphProgram.MISSING:
             fn = self.helpers.schedfuzz_graph_fn_names().decode().split(",")[missing.value]
             raise Unsupported(f"tensor {names[failed.value]!r}: this ggml has no {fn}()")
-        if got != GraphProgram.OK:
-            what = "its graph" if failed.value >= n else f"tensor {names[failed.value]!r}"
-            raise TargetError(f"graph.c could not build {what} (error {got})")
-        return ctypes.cast(graph, ctypes.POINTER(self.g.ggml_cgraph)), list(tensors)
+        what = "its graph" if failed.value >= n else f"tensor {names[failed.value]!r}"
+        raise TargetError(f"graph.c could not build {what} (error {got})")
 
     def tensor(self, address: int) -> Ptr:
         """The ``ggml_tensor`` at ``address``, as ggml-python's functions take it."""

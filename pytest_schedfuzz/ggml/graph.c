@@ -225,11 +225,11 @@ static int same_geometry(T *t, const int64_t *g, T *const *tensors) {
 
 /* Run the program's ``n`` records in ``ctx`` into ``tensors``, then make the graph of ``roots``
  * (a ``ggml_new_graph_custom`` of ``graph_size``) into ``*graph``. Returns BUILD_OK; or the index
- * of the first record whose tensor ggml made with another geometry than the spec's (when
- * ``check``: the graph is then not made); or BUILD_NULL / BUILD_MISSING / BUILD_BAD_OP with
- * ``*failed`` the record's index (and ``*missing`` the constructor absent from this ggml). */
+ * of the first record whose tensor ggml made with another geometry than the spec's (the graph is
+ * then not made); or BUILD_NULL / BUILD_MISSING / BUILD_BAD_OP with ``*failed`` the record's
+ * index (and ``*missing`` the constructor absent from this ggml). */
 int schedfuzz_graph_build(C *ctx, const int64_t *program, const double *reals, int n, const char *names, const int32_t *words,
-                          const int32_t *roots, int n_roots, size_t graph_size, int check, T **tensors, void **graph, int *failed, int *missing) {
+                          const int32_t *roots, int n_roots, size_t graph_size, T **tensors, void **graph, int *failed, int *missing) {
     *graph = NULL;
     for (int i = 0; i < n; i++) {
         const int64_t *r = program + (size_t)i * RECORD_WORDS;
@@ -260,7 +260,7 @@ int schedfuzz_graph_build(C *ctx, const int64_t *program, const double *reals, i
             for (int k = 0; k < op_params_words; k++)
                 params[k] = k < r[R_N_WORDS] ? words[r[R_WORDS] + k] : 0;
         }
-        if (check && !same_geometry(t, r + R_GEO, tensors))
+        if (!same_geometry(t, r + R_GEO, tensors))
             return i;
     }
     void *gf = ((void *(*)(C *, size_t, bool))fns[F_ggml_new_graph_custom])(ctx, graph_size, false);

@@ -125,8 +125,7 @@ class ScenarioRun:
         g, eng = self.g, self.eng
         program = self.programs.get(id(spec))  # the scenario holds its specs: ids are stable
         if program is None:
-            program = self.programs[id(spec)] = eng.program(spec, spec.geometry_rows,
-                                                            lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
+            program = self.programs[id(spec)] = eng.program(spec, lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         built = Built(ctx, None, [], program.index, [], [])
         self.built.append(built)

@@ -263,7 +263,7 @@ class GgmlTarget(WorkerTarget):
         an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
         ``TargetError`` if that happens again. ``meanwhile`` is called once the worker has the
         scenario, while it runs (the caller makes it idempotent: a run may be sent again)."""
-        scenario.check()  # here, once per scenario: the worker takes what it is sent as valid
+        scenario.validate()  # here: the worker takes what it is sent as valid (a graph is checked once)
         for attempt in range(2):
             trace, infra = self._run_once(scenario, meanwhile)
             if infra is None:

@@ -146,13 +146,6 @@ class GraphSpec:
             geo[t.name] = infer(t.op, args, t.args, dict(t.params))
         return geo
 
-    @cached_property
-    def geometry_rows(self) -> list[list[Any]]:
-        """``geometry`` as plain rows in tensor order (type, ne[4], nb[4], view source, view
-        offset): what the engine's worker checks every tensor ggml makes against."""
-        geo = self.geometry
-        return [[g.type, *g.ne, *g.nb, g.view_src, g.view_offs] for g in (geo[t.name] for t in self.tensors)]
-
     def validate(self, n_backends: int | None = None) -> None:
         """Raise ``SpecError`` naming the first problem: names, ops, order, shapes, devices. A
         spec is immutable: once valid for ``n_backends``, it is not checked again (a captured
@@ -466,15 +459,6 @@ class Scenario:
             if s.kind == "sched_new" and s.reuse and i == 0:
                 raise SpecError("step 0: nothing to reuse")
 
-    def check(self) -> None:
-        """``validate``, once per scenario (a scenario is immutable: later calls cost nothing)."""
-        self._valid  # noqa: B018 (the property validates)
-
-    @cached_property
-    def _valid(self) -> bool:
-        self.validate()
-        return True
-
     def to_json(self) -> dict[str, Any]:
         return {
             "version": FORMAT_VERSION,
@@ -496,9 +480,7 @@ class Scenario:
         return json.dumps(self.to_json(), sort_keys=True)
 
     @staticmethod
-    def from_json(d: Mapping[str, Any], trusted: bool = False) -> Scenario:
-        """The scenario ``d`` holds, validated (``trusted``: the engine's worker, sent one its
-        parent has validated, skips that)."""
+    def from_json(d: Mapping[str, Any]) -> Scenario:
         version = d.get("version")
         if version != FORMAT_VERSION:
             raise SpecError(f"scenario format version {version!r} is not supported (this schedfuzz reads {FORMAT_VERSION})")
@@ -512,8 +494,7 @@ class Scenario:
             if isinstance(e, SpecError):
                 raise
             raise SpecError(f"malformed scenario: {type(e).__name__}: {e}") from None
-        if not trusted:
-            sc.check()
+        sc.validate()
         return sc
 
 

@@ -482,15 +482,14 @@ def test_graph_c_builds_every_op_with_the_geometry_shapes_infers(lib: str) -> No
             assert (trace.records[1].node_names, trace.records[1].leaf_names) == (want.node_names, want.leaf_names), op
 
 
-def test_graph_c_reports_a_tensor_ggml_makes_unlike_its_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A geometry row the parent sends that ggml does not give (a planted fault in the shape
-    inference's rows) is a harness error naming the tensor and the field, not a run."""
+def test_graph_c_reports_a_tensor_ggml_makes_unlike_its_geometry() -> None:
+    """A geometry the parent sends that ggml does not give (a planted fault in the shape
+    inference: nb[1] of a transpose) is a harness error naming the tensor and the field, not a run."""
     b = GraphBuilder()
     b.input("x", (8, 4))
     spec = b.build(b.op("transpose", "x", name="xt"))
-    rows = [list(r) for r in spec.geometry_rows]
-    rows[1][6] = 99  # nb[1] of xt
-    spec.__dict__["geometry_rows"] = rows
+    xt = spec.geometry["xt"]
+    spec.__dict__["geometry"] = {**spec.geometry, "xt": Geometry(xt.type, xt.ne, (xt.nb[0], 99, *xt.nb[2:]), xt.view_src, xt.view_offs)}
     with GgmlTarget() as target:
         with pytest.raises(TargetError, match=r"tensor 'xt': shapes.infer and ggml disagree: nb: spec \(32, 99, 128, 128\), ggml \(32, 4, 128, 128\)"):
             target.run(scenario(BackendLayout.of("cpu"), {"g": spec}, sched_new(), Step("alloc", "g")))
