@@ -158,16 +158,34 @@ class Worker:
 
 
 class WorkerTarget(ABC):
-    """What both real targets share: a worker process started on demand (``_start_worker``),
-    RPC servers, and their shutdown."""
+    """What both real targets share: a worker process started on demand, with a spare started
+    beside it, RPC servers, and their shutdown."""
 
     engine: dict[str, str]
     servers: RpcServers
-    _worker: Worker | None
+    start_timeout: float
+    _worker: Worker | None = None
+    _spare: Worker | None = None
+    module: str  # the worker's module
+    what: str  # the worker's name in errors
 
     @abstractmethod
+    def _env(self) -> dict[str, str]:
+        """The worker's environment."""
+
     def _start_worker(self) -> Worker:
-        """Start the target's worker process and read its hello."""
+        """The spare worker started with the last one (else a new one), its hello read; and a new
+        spare, which starts while this one works: a run after an abort or a crash (a finding, a
+        known bug, its confirmation on a fresh worker) then waits for no worker to start (a
+        llama.cpp worker takes about half a second)."""
+        env = self._env()
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.proc.poll() is not None:
+            spare.close()
+            spare = None
+        worker, self.engine = Worker.start(env, self.module, self.start_timeout, self.what, spare)
+        self._spare = Worker(env, self.module)
+        return worker
 
     def start(self) -> dict[str, str]:
         """Start the worker now (it otherwise starts with the first run); the engine's description."""
@@ -185,9 +203,10 @@ class WorkerTarget(ABC):
         return self._worker
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        for worker in (self._spare, self._worker):
+            if worker is not None:
+                worker.close()
+        self._worker = self._spare = None
         self.servers.close()
 
     def __enter__(self) -> Any:
@@ -207,6 +226,8 @@ class GgmlTarget(WorkerTarget):
     realloc in ``ggml_backend_sched_alloc_splits`` (an independent oracle for that property).
     """
 
+    module, what = WORKER, "ggml"
+
     def __init__(
         self,
         lib: str | None = None,
@@ -223,8 +244,6 @@ class GgmlTarget(WorkerTarget):
         self.start_timeout = start_timeout
         self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
         self.engine: dict[str, str] = {}
-        self._worker: Worker | None = None
-        self._spare: Worker | None = None
 
     @property
     def worker_pid(self) -> int | None:
@@ -238,25 +257,6 @@ class GgmlTarget(WorkerTarget):
         if self.bare:
             env.pop("GGML_SCHED_DEBUG", None)
         return env
-
-    def _start_worker(self) -> Worker:
-        """The spare worker started with the last one (else a new one); and a new spare, which
-        starts while this one works: a scenario after an abort or a crash (a finding, a known
-        bug, its confirmation on a fresh worker) then waits for no worker to start."""
-        env = self._env()
-        spare, self._spare = self._spare, None
-        if spare is not None and spare.proc.poll() is not None:
-            spare.close()
-            spare = None
-        worker, self.engine = Worker.start(env, WORKER, self.start_timeout, "ggml", spare)
-        self._spare = Worker(env, WORKER)
-        return worker
-
-    def close(self) -> None:
-        if self._spare is not None:
-            self._spare.close()
-            self._spare = None
-        super().close()
 
     def run(self, scenario: Scenario, meanwhile: Callable[[], None] | None = None) -> Trace:
         """Run ``scenario``; a worker or RPC server killed from outside (``SIGKILL``/``SIGTERM``:

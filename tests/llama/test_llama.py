@@ -154,11 +154,16 @@ def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
     # llama.cpp 0.3.36 asserts in output_reserve when embeddings without pooling output every
     # token past a limit of one output (llama-server sets no limit with embeddings)
     bad = replace(STEADY, ctx=replace(STEADY.ctx, embeddings=True, n_outputs_max=1, n_outputs_max_per_seq=1), calls=(decode((0, 2, "last")),))
+    target.start()
+    spare = target._spare
+    assert spare is not None
     trace = llama_trace(target.run(bad))
     (v,) = LLAMA_CHECKS["llama-no-abort"](bad, trace)
     assert v.step == 0 and "n_outputs_max" in v.message
+    assert target._worker is None  # the aborted worker is gone: the next workload takes the spare, started meanwhile
     assert llama_trace(target.run(STEADY)).abort is None
-    pids = target.servers.pids
+    assert target._worker is not None and target._worker.proc.pid == spare.proc.pid and target._spare is not None
+    pids = target.servers.pids + [target._worker.proc.pid, target._spare.proc.pid]
     target.close()
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
