@@ -4,6 +4,7 @@ and a replay that cannot run is a harness error, never an empty result."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def test_ggml_s_figures_at_the_first_re_reservation_are_compared_with_the_derive
 def test_the_sample_is_one_in_ten_and_stable() -> None:
     sc = three_steps()
     assert observed.sampled(sc) == observed.sampled(sc) and observed.sampled(sc, every=1)
+    assert observed.sampled(Scenario.from_json(json.loads(sc.dumps()))) == observed.sampled(sc)  # a replay from its case file
     variants = [Scenario(sc.layout, sc.graphs, sc.steps[:2] + (Step("alloc", "g"),) * k) for k in range(1, 201)]
     assert 5 <= sum(observed.sampled(v) for v in variants) <= 40
 
