@@ -11,6 +11,7 @@ the passes can be written as the plain loops of ``ggml-backend.cpp``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -70,9 +71,9 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
     return nodes, leafs
 
 
-@dataclass(frozen=True)
-class Ref:
-    """A tensor of the scheduled graph copy as the allocator sees it.
+class Ref(NamedTuple):
+    """A tensor of the scheduled graph copy as the allocator sees it (a tuple: the graph copy
+    makes thousands of them per step).
 
     ``needs_memory`` is ``!tensor->data && !tensor->view_src``: the tensor is allocated by
     ggml-alloc and checked against the plan by ``ggml_gallocr_needs_realloc``.
@@ -117,7 +118,8 @@ class CGraph:
     @staticmethod
     def build(spec: GraphSpec) -> CGraph:
         """The graph in ggml's order (``forward_order`` over ``tensor_graph``), then what the
-        scheduler reads from each ``ggml_tensor``, read from the spec and its geometry."""
+        scheduler reads from each ``ggml_tensor``, read from the spec and its geometry (one
+        pass over the tensors: this is most of the reference's work per graph)."""
         g = tensor_graph(spec)
         nodes, leafs = forward_order(g, spec.roots)
         names = nodes + leafs
@@ -128,40 +130,35 @@ class CGraph:
                 index[extra] = len(names)
                 names.append(extra)
         by_name, geometry = spec.by_name, spec.geometry
-        ts = [by_name[n] for n in names]
-        gs = [geometry[n] for n in names]
-        pre = [t.role in ("weight", "cache") for t in ts]  # pre-allocated: in a buffer of their device
-        cg = CGraph(
-            names=names,
-            n_nodes=len(nodes),
-            n_leafs=len(leafs),
-            op=[t.op for t in ts],
-            ggml_op=[GGML_OP_NAMES[t.op] for t in ts],
-            view_op=[t.op in VIEW_OPS for t in ts],
-            view_src=[index[x.view_src] if x.view_src else -1 for x in gs],
-            buffer=[t.device if p and t.device is not None else -1 for t, p in zip(ts, pre)],
-            weights=[t.role == "weight" for t in ts],
-            input=[t.role == "input" for t in ts],
-            output=[t.output for t in ts],
-            nbytes=[nbytes(x) for x in gs],
-            type=[x.type for x in gs],
-            ne0=[x.ne[0] for x in gs],
-            ne1=[x.ne[1] for x in gs],
-            contiguous=[is_contiguous(x) for x in gs],
-            layout=[(x.type, x.ne, x.nb) for x in gs],
-            srcs=[tuple(index[s] if s is not None else -1 for s in t.srcs) for t in ts],
-        )
-        cg.refs = [
-            Ref(n, not cg.has_data(t) and cg.view_src[t] < 0, cg.nbytes[t], cg.ggml_op[t], names[cg.view_src[t]] if cg.view_src[t] >= 0 else None,
-                cg.input[t], cg.output[t], cg.layout[t])
-            for t, n in enumerate(names)
-        ]
+        n = len(names)
+        cg = CGraph(names, len(nodes), len(leafs), *([] for _ in range(16)))  # every column, then refs
+        for name in names:
+            t, x = by_name[name], geometry[name]
+            pre = t.role in ("weight", "cache")  # pre-allocated: in a buffer of their device
+            cg.op.append(t.op)
+            cg.ggml_op.append(GGML_OP_NAMES[t.op])
+            cg.view_op.append(t.op in VIEW_OPS)
+            cg.view_src.append(index[x.view_src] if x.view_src else -1)
+            cg.buffer.append(t.device if pre and t.device is not None else -1)
+            cg.weights.append(t.role == "weight")
+            cg.input.append(t.role == "input")
+            cg.output.append(t.output)
+            cg.nbytes.append(nbytes(x))
+            cg.type.append(x.type)
+            cg.ne0.append(x.ne[0])
+            cg.ne1.append(x.ne[1])
+            cg.contiguous.append(is_contiguous(x))
+            cg.layout.append((x.type, x.ne, x.nb))
+            cg.srcs.append(tuple(index[s] if s is not None else -1 for s in t.srcs))
+        buffer, view_src = cg.buffer, cg.view_src
+        for t in range(n):
+            v = view_src[t]
+            # tensor->data != NULL in a fresh graph: pre-allocated tensors and views of them
+            has_data = buffer[t] >= 0 or (v >= 0 and buffer[v] >= 0)
+            cg.refs.append(Ref(names[t], not has_data and v < 0, cg.nbytes[t], cg.ggml_op[t], names[v] if v >= 0 else None,
+                               cg.input[t], cg.output[t], cg.layout[t]))
         return cg
 
     @property
     def leaf_ids(self) -> range:
         return range(self.n_nodes, self.n_nodes + self.n_leafs)
-
-    def has_data(self, t: int) -> bool:
-        """``tensor->data != NULL`` in a fresh graph: pre-allocated tensors and views of them."""
-        return self.buffer[t] >= 0 or (self.view_src[t] >= 0 and self.buffer[self.view_src[t]] >= 0)

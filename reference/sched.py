@@ -16,7 +16,7 @@ a buffer type is a string from ``BackendLayout.buft``, a tensor copy a ``Ref``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pytest_schedfuzz.model.scenario import BackendLayout
 from pytest_schedfuzz.model.trace import ReallocEvent, Split
@@ -533,7 +533,7 @@ class Scheduler:
         if graph_inputs:
             # the graph inputs themselves (their copy cur_copy) are flagged output too
             flag = {g.names[t] for t in graph_inputs}
-            out = lambda r: replace(r, output=True) if r is not None and r.name in flag else r
+            out = lambda r: r._replace(output=True) if r is not None and r.name in flag else r
             nodes, leafs = [out(r) for r in nodes], [out(r) for r in leafs]
             srcs = [tuple(out(r) for r in rs) for rs in srcs]
         _write(self.node_backend_ids, node_ids)
