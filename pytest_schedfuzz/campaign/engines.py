@@ -141,9 +141,10 @@ class Engines:
         self.stats.add_trace(trace)
         return trace
 
-    def run_llama(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
-        """llama.cpp's trace of ``workload``, its graph sizes derived (with ``capture``, its graphs too)."""
-        return derived.llama_trace(self.llama_target.run(workload, logits, capture))
+    def run_llama(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Meanwhile | None = None) -> LlamaTrace:
+        """llama.cpp's trace of ``workload``, its graph sizes derived (with ``capture``, its graphs
+        too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload."""
+        return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile))
 
     def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
         """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh

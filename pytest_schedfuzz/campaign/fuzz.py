@@ -179,13 +179,17 @@ class Fuzzer:
             if extra:
                 self.stats.ggml_figures_disagree += 1
                 found = extra + [v for v in found if v.property != "llama-no-same-size-realloc"]
-        if capture:
-            found += self.against_reference(workload, trace)
+        # llama-matches-reference judges the captured graphs while llama.cpp runs the workload
+        # again on the CPU alone (llama-same-logits), where it does
+        reference = Meanwhile(lambda: self.against_reference(workload, trace)) if capture else None
         if logits and trace.abort is None:
-            cpu = self.engines.run_llama(cpu_only(workload), True)
+            cpu = self.engines.run_llama(cpu_only(workload), True, meanwhile=reference)
+            found += reference.result() if reference is not None else []
             self.stats.llama_logits_compared += 1
             self.stats.llama_logit_rows += sum(len(c.logits) for c in trace.calls)
             found += llama_same_logits(workload, trace, cpu)
+        elif reference is not None:
+            found += reference.result()
         return found
 
     def against_reference(self, workload: LlamaWorkload, trace: LlamaTrace) -> list[props.Violation]:

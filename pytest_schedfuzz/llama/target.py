@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -94,10 +95,12 @@ class LlamaTarget(WorkerTarget):
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
-    def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
+    def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Callable[[], None] | None = None) -> LlamaTrace:
         """Run ``workload`` on llama.cpp; with ``logits``, each decode's record also carries the
         logits of its first and last output (``CallRecord.logits``); with ``capture``, each reserve
-        and alloc the graph llama.cpp handed the scheduler and where ggml put it (``SchedCall.capture``)."""
+        and alloc the graph llama.cpp handed the scheduler and where ggml put it (``SchedCall.capture``).
+        ``meanwhile`` is called once the worker has the workload, while it runs (the caller makes
+        it idempotent: a workload may be sent again)."""
         model_path = write_model(workload.model, self.models)
         lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
         for attempt in range(2):
@@ -107,6 +110,8 @@ class LlamaTarget(WorkerTarget):
             try:
                 worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths,
                              "logits": logits, "capture": capture})
+                if meanwhile is not None:
+                    meanwhile()
                 result = self._collect(worker, calls)
             except BaseException:
                 self._worker = None

@@ -250,8 +250,10 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
         def __init__(self, trace: LlamaTrace) -> None:
             self.trace, self.runs = trace, 0
 
-        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
+        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None) -> LlamaTrace:
             self.runs += 1
+            if meanwhile is not None:
+                meanwhile()
             return self.trace
 
         def close(self) -> None:
@@ -266,6 +268,34 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
     fuzzer.engines._llama = Fake(LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", -3), CallRecord(1, "seq_rm", 0))))
     found = fuzzer.check_llama(LLAMA_GROUP, w)
     assert fuzzer.engines._llama.runs == 1 and [v.property for v in found] == ["llama-no-abort"]
+    fuzzer.engines._llama = None
+
+
+def test_the_reference_judges_the_captured_graphs_while_llama_cpp_runs_the_cpu_only_workload() -> None:
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.properties import LLAMA_GROUP
+
+    w = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    judged_during: list[tuple[bool, int, int]] = []  # (logits run, not captured before meanwhile, after)
+
+    class Fake:
+        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None) -> LlamaTrace:
+            before = sum(fuzzer.stats.llama_not_captured.values())
+            if meanwhile is not None:
+                meanwhile()
+            judged_during.append((logits, before, sum(fuzzer.stats.llama_not_captured.values())))
+            return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", 0), CallRecord(1, "decode", 0)))
+
+        def close(self) -> None:
+            pass
+
+    fuzzer.engines._llama = Fake()
+    # no graph was captured: the reference counts the workload as not captured, during the second run
+    assert fuzzer.check_llama(LLAMA_GROUP, w) == []
+    assert judged_during == [(True, 0, 0), (True, 0, 1)]
     fuzzer.engines._llama = None
 
 
@@ -505,7 +535,7 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
         def __init__(self, kind: str, comes_back: bool) -> None:
             self.call_timeout, self.kind, self.comes_back, self.seen = 60.0, kind, comes_back, []
 
-        def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False) -> LlamaTrace:
+        def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None) -> LlamaTrace:
             self.seen.append(self.call_timeout)
             if len(self.seen) == 1 or self.comes_back:
                 return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),), LlamaAbort(0, self.kind, "gone"))
