@@ -29,12 +29,13 @@ import ctypes
 import json
 import os
 import re
+import struct
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..ggml.engine import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
@@ -90,6 +91,49 @@ class CGraphHead(ctypes.Structure):
     ]
 
 
+class RawTensor(NamedTuple):
+    """The fields of a ``ggml_tensor`` the worker reads, from one copy of its bytes (a ctypes
+    read per field cost a captured graph about 30% of a workload's time in the worker)."""
+
+    type: int
+    buffer: int
+    ne: tuple[int, ...]
+    nb: tuple[int, ...]
+    op: int
+    op_params: tuple[int, ...]
+    flags: int
+    src: tuple[int, ...]
+    view_src: int
+    view_offs: int
+    name: str
+
+    @staticmethod
+    def reader(layout: type[ctypes.Structure]) -> Callable[[int], RawTensor]:
+        """A reader of tensors laid out as ``layout`` (ggml-python's ``ggml_tensor``, checked
+        against the library by the worker's startup probe): ``struct`` formats at its offsets."""
+        codes = {"type": "i", "buffer": "Q", "ne": "q", "nb": "Q", "op": "i", "op_params": "i", "flags": "i", "src": "Q", "view_src": "Q",
+                 "view_offs": "Q", "name": "s"}
+        fmt, at, spans, k = "<", 0, {}, 0
+        for name, code in codes.items():
+            f = getattr(layout, name)
+            n = f.size if code == "s" else f.size // struct.calcsize("<" + code)
+            fmt += "x" * (f.offset - at) + f"{n}{code}"
+            at = f.offset + f.size
+            width = 1 if code == "s" else n
+            spans[name] = slice(k, k + width)
+            k += width
+        unpack, size = struct.Struct(fmt).unpack_from, ctypes.sizeof(layout)
+        ne, nb, params, src = spans["ne"], spans["nb"], spans["op_params"], spans["src"]
+        i = {name: spans[name].start for name in ("type", "buffer", "op", "flags", "view_src", "view_offs", "name")}
+
+        def read(ptr: int) -> RawTensor:
+            v = unpack(ctypes.string_at(ptr, size))
+            return RawTensor(v[i["type"]], v[i["buffer"]], v[ne], v[nb], v[i["op"]], v[params], v[i["flags"]], v[src], v[i["view_src"]],
+                             v[i["view_offs"]], v[i["name"]].split(b"\0", 1)[0].decode(errors="replace"))
+
+        return read
+
+
 class Llama:
     """libllama (llama-cpp-python's bindings) and ggml (ggml-python's, on the same libraries)."""
 
@@ -140,6 +184,8 @@ class Llama:
         self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
         self.n_scheds = 0
         self.op_names: dict[int, str] = {}  # ggml_op_name, as the loaded library names its ops
+        self.type_names: dict[int, str] = {}  # ggml_type_name
+        self.tensor = RawTensor.reader(self.g.ggml_tensor)
         self.inputs_read = 0  # of the graph being split (HOOK_SPLIT_BEGIN)
         self.placement: list[str] = []  # PLACEMENT lines since the model was loaded
         self.n_model_lines = 0  # ... of which the model's loading wrote
@@ -355,10 +401,9 @@ class Llama:
         split_graph's pass 5 made of it (``BACKEND#NAME#COPY``): only op offload (pass 1's
         ``ggml_backend_sched_backend_id_from_cur``) puts such a node on another backend than the CPU,
         so its move between two splits is op offload's, whatever else the graphs differ in."""
-        t = ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents
-        for x in t.src:
+        for x in self.tensor(tensor).src:
             if x:
-                name = self._name(ctypes.cast(x, ctypes.c_void_p).value)
+                name = self._name(x)
                 if name in host_weights or (name.count("#") >= 2 and name.split("#", 1)[1].rsplit("#", 1)[0] in host_weights):
                     return True
         return False
@@ -381,28 +426,30 @@ class Llama:
         ref = {nodes[i]: f"n{i}" for i in range(head.n_nodes)} | {leafs[i]: f"l{i}" for i in range(head.n_leafs)}
         glib = self.glib
 
+        bufts: dict[int, tuple[str, int]] = {}  # buffer -> its buffer type's name, its usage
+
         def read(ptr: int) -> dict[str, Any]:
-            t = ctypes.cast(ptr, ctypes.POINTER(self.g.ggml_tensor)).contents
-            srcs = [ctypes.cast(x, ctypes.c_void_p).value for x in t.src]
+            t = self.tensor(ptr)
+            srcs = list(t.src)
             while srcs and not srcs[-1]:
                 srcs.pop()
             params = list(t.op_params)
             while params and params[-1] == 0:
                 params.pop()
             out: dict[str, Any] = {
-                "name": self._name(ptr), "op": self._op_name(t.op), "desc": glib.ggml_op_desc(ctypes.c_void_p(ptr)).decode(),
-                "type": glib.ggml_type_name(t.type).decode(), "ne": [int(x) for x in t.ne], "nb": [int(x) for x in t.nb],
-                "flags": int(t.flags), "src": [ref.get(x, "?") if x else None for x in srcs],
+                "name": t.name, "op": self._op_name(t.op), "desc": glib.ggml_op_desc(ctypes.c_void_p(ptr)).decode(),
+                "type": self._type_name(t.type), "ne": list(t.ne), "nb": list(t.nb), "flags": t.flags, "src": [ref.get(x, "?") if x else None for x in srcs],
             }
             if params:
                 out["op_params"] = params
-            view = ctypes.cast(t.view_src, ctypes.c_void_p).value
-            if view:
-                out["view_src"], out["view_offs"] = ref.get(view, "?"), int(t.view_offs)
+            if t.view_src:
+                out["view_src"], out["view_offs"] = ref.get(t.view_src, "?"), t.view_offs
             if t.buffer:
-                buft = glib.ggml_backend_buffer_get_type(t.buffer)
-                out["buft"] = glib.ggml_backend_buft_name(ctypes.c_void_p(buft)).decode()
-                out["usage"] = int(glib.ggml_backend_buffer_get_usage(t.buffer))
+                if t.buffer not in bufts:
+                    buf = ctypes.c_void_p(t.buffer)
+                    buft = glib.ggml_backend_buffer_get_type(buf)
+                    bufts[t.buffer] = (glib.ggml_backend_buft_name(ctypes.c_void_p(buft)).decode(), int(glib.ggml_backend_buffer_get_usage(buf)))
+                out["buft"], out["usage"] = bufts[t.buffer]
             return out
 
         s = ctypes.c_void_p(sched)
@@ -427,7 +474,7 @@ class Llama:
                 for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))]
 
     def _name(self, tensor: int) -> str:
-        return bytes(ctypes.cast(tensor, ctypes.POINTER(self.g.ggml_tensor)).contents.name).split(b"\0", 1)[0].decode(errors="replace")
+        return self.tensor(tensor).name
 
     def _read_graph(self, graph: int) -> dict[str, Any]:
         """Node and leaf counts of the graph handed to the scheduler, its input leafs' shapes (they
@@ -438,11 +485,11 @@ class Llama:
         inputs: dict[str, list[int]] = {}
         host_weights = set()
         for i in range(head.n_leafs):
-            t = ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents
+            t = self.tensor(leafs[i])
             if t.flags & TENSOR_FLAG_INPUT:
-                inputs[self._name(leafs[i])] = [int(x) for x in t.ne]
+                inputs[t.name] = list(t.ne)
             elif t.buffer and self.glib.ggml_backend_buffer_get_usage(t.buffer) == BUFFER_USAGE_WEIGHTS and self.glib.ggml_backend_buffer_is_host(t.buffer):
-                host_weights.add(self._name(leafs[i]))
+                host_weights.add(t.name)
         return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs, "host_weights": host_weights}
 
     def _inputs_read(self, graph: int) -> int:
@@ -450,19 +497,24 @@ class Llama:
         replaces the sources it copies in (its pass 5 rewrites ``src``)."""
         head = CGraphHead.from_address(graph)
         leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
-        inputs = {leafs[i] for i in range(head.n_leafs) if ctypes.cast(leafs[i], ctypes.POINTER(self.g.ggml_tensor)).contents.flags & TENSOR_FLAG_INPUT}
+        inputs = {leafs[i] for i in range(head.n_leafs) if self.tensor(leafs[i]).flags & TENSOR_FLAG_INPUT}
         nodes = ctypes.cast(head.nodes, ctypes.POINTER(ctypes.c_void_p))
         read = set()
         for i in range(head.n_nodes if inputs else 0):
-            t = ctypes.cast(nodes[i], ctypes.POINTER(self.g.ggml_tensor)).contents
+            t = self.tensor(nodes[i])
             if self._op_name(t.op) not in VIEW_OP_NAMES:
-                read.update(a for a in (ctypes.cast(x, ctypes.c_void_p).value for x in t.src) if a in inputs)
+                read.update(a for a in t.src if a in inputs)
         return len(read)
 
     def _op_name(self, op: int) -> str:
         if op not in self.op_names:
             self.op_names[op] = self.glib.ggml_op_name(op).decode()
         return self.op_names[op]
+
+    def _type_name(self, type_: int) -> str:
+        if type_ not in self.type_names:
+            self.type_names[type_] = self.glib.ggml_type_name(type_).decode()
+        return self.type_names[type_]
 
     # ------------------------------------------------------------------ running a workload
 
