@@ -116,6 +116,17 @@ class CGraph:
     refs: list[Ref] = field(default_factory=list)  # each tensor as the allocator sees it
 
     @staticmethod
+    def of(spec: GraphSpec) -> CGraph:
+        """``build(spec)``, once per spec: a spec is immutable and nothing the scheduler does
+        changes its graph, and a spec can be in many scenarios (llama.cpp's captured graphs,
+        each drawn into many; a scenario's steps on the same graph)."""
+        derived = spec.derived
+        cached: CGraph | None = derived.get("reference.CGraph")
+        if cached is None:
+            cached = derived["reference.CGraph"] = CGraph.build(spec)
+        return cached
+
+    @staticmethod
     def build(spec: GraphSpec) -> CGraph:
         """The graph in ggml's order (``forward_order`` over ``tensor_graph``), then what the
         scheduler reads from each ``ggml_tensor``, read from the spec and its geometry (one

@@ -66,7 +66,6 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
     """
     sched: Scheduler | None = None
     records: list[StepRecord] = []
-    cgraphs: dict[str, CGraph] = {}  # a graph is built once however many steps use it
     for i, step in enumerate(scenario.steps):
         try:
             if step.kind == "sched_new":
@@ -91,8 +90,7 @@ def _predict(scenario: Scenario, scheduler: type[Scheduler], rules: Rules) -> Pr
             sched.reset()
             for name, backend in spec.forced:
                 sched.set_tensor_backend(name, backend)
-            name = step.graph or ""
-            g = cgraphs.get(name) or cgraphs.setdefault(name, CGraph.build(spec))
+            g = CGraph.of(spec)
             if step.kind == "reserve":
                 (result, ok), events = sched.reserve(g), []
             elif step.kind == "split":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -253,6 +254,24 @@ def graph_spec(graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLa
     return spec
 
 
+_RECENT: OrderedDict[tuple[str, tuple[str, ...], BackendLayout], GraphSpec] = OrderedDict()
+RECENT_SPECS = 64  # about a third of a llama.cpp campaign's captured graphs repeat a recent one (a mutated workload's)
+
+
+def _recent_spec(key: str, graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout, label: str) -> GraphSpec:
+    """``graph_spec`` of a graph captured again (``key``: its ``repr``), from the last
+    ``RECENT_SPECS`` made: made, validated and ordered by the reference once."""
+    k = (key, tuple(bufts), layout)
+    spec = _RECENT.get(k)
+    if spec is None:
+        spec = _RECENT[k] = graph_spec(graph, bufts, layout, label)
+        if len(_RECENT) > RECENT_SPECS:
+            _RECENT.popitem(last=False)
+    else:
+        _RECENT.move_to_end(k)
+    return spec.relabeled(label)
+
+
 def _roots(nodes: Sequence[Mapping[str, Any]], names: Sequence[str], n_leafs: int) -> tuple[str, ...]:
     """What to hand ``ggml_build_forward_expand``, in order, for ggml's node and leaf order: every
     node in its order, and before each the leafs up to the last one it reads, in theirs (ggml
@@ -383,7 +402,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
         key = repr(g)
         if key not in graphs:
             name = f"g{len(specs)}-c{call}-{s.kind}"
-            specs.append((name, graph_spec(g, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))
+            specs.append((name, _recent_spec(key, g, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))
             graphs[key] = name
             for t in cap["nodes"]:
                 k = str(t["desc"]) if t["op"] in ("UNARY", "GLU") else str(t["op"])

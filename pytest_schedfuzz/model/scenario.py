@@ -203,6 +203,25 @@ class GraphSpec:
     def n_ops(self) -> int:
         return sum(1 for t in self.tensors if not t.is_leaf)
 
+    @property
+    def derived(self) -> dict[str, Any]:
+        """What a judge derives from the spec (the reference's graph of it), kept with it: never
+        pickled for the engine's worker, and shared with its ``relabeled`` copies."""
+        return self.__dict__.setdefault("_derived", {})  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_derived"}
+
+    def relabeled(self, label: str) -> GraphSpec:
+        """This spec under another label, with what was derived from its tensors (geometry,
+        validity, ``derived``): the label is a name, nothing is derived from it."""
+        if label == self.label:
+            return self
+        copy = replace(self, label=label)
+        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in ("tensors", "roots", "forced", "label"))
+        copy.__dict__["_derived"] = self.derived
+        return copy
+
     def __repr__(self) -> str:
         return f"GraphSpec({self.label or 'graph'}: {self.n_ops} ops, {len(self.tensors) - self.n_ops} leafs)"
 

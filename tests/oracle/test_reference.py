@@ -6,6 +6,7 @@ Each test names the rule of ``ggml_backend_sched_split_graph`` / ``ggml-alloc.c`
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import pytest
@@ -62,6 +63,18 @@ def test_node_order_is_ggml_post_order():
     # roots are expanded in turn: an earlier root's subgraph comes first
     spec2 = b.build(z, s)
     assert forward_order(tensor_graph(spec2), spec2.roots)[0] == ["y", "z", "s"]
+
+
+def test_a_spec_s_graph_is_built_once_and_never_sent_to_the_engine():
+    """A spec in many scenarios (a captured llama.cpp graph) is ordered and read once; its
+    reference graph stays out of the pickle the engine's worker is sent."""
+    spec = _mm(8)
+    sc = Scenario(BackendLayout.of("cpu"), (("g", spec),), (Step("sched_new", params=SchedParams(64)), Step("alloc", "g")))
+    first = predict(sc)
+    assert CGraph.of(spec) is CGraph.of(spec) and predict(sc) == first
+    sent = pickle.loads(pickle.dumps(spec))
+    assert spec.derived and "_derived" not in sent.__dict__ and sent == spec
+    assert CGraph.of(spec.relabeled("another name")) is CGraph.of(spec)
 
 
 # ----------------------------------------------------------------------------- pass 1
