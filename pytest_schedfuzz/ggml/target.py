@@ -48,7 +48,8 @@ class _Unreachable(Exception):
 
 
 class Worker:
-    """One worker process: JSON requests on its stdin, JSON lines from its stdout, stderr to a file."""
+    """One worker process: requests on its stdin (JSON lines, or pickles: ``send_pickled``),
+    pickled messages from its stdout (``engine.Channel``), stderr to a file."""
 
     def __init__(self, env: dict[str, str], module: str = WORKER) -> None:
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
@@ -102,18 +103,20 @@ class Worker:
         self.proc.stdin.flush()
 
     def recv(self, timeout: float) -> dict[str, Any]:
-        """The next message; ``WorkerGone`` when the worker is gone, ``WorkerTimeout`` after ``timeout`` s."""
+        """The next message (``engine.Channel``); ``WorkerGone`` when the worker is gone,
+        ``WorkerTimeout`` after ``timeout`` s."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
+        while len(self._buf) < 8 or len(self._buf) < 8 + int.from_bytes(self._buf[:8], "little"):
             left = deadline - time.monotonic()
             if left <= 0 or not self._sel.select(left):
                 raise WorkerTimeout()
-            chunk = os.read(self._out, 1 << 16)
+            chunk = os.read(self._out, 1 << 20)
             if not chunk:
                 raise WorkerGone()
             self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        msg: dict[str, Any] = json.loads(line)
+        end = 8 + int.from_bytes(self._buf[:8], "little")
+        msg: dict[str, Any] = pickle.loads(self._buf[8:end])
+        self._buf = self._buf[end:]
         return msg
 
     def stderr_tail(self, n: int = 3000) -> str:

@@ -1,12 +1,12 @@
 """The process that runs scenarios on the real ggml: ``python -m pytest_schedfuzz.ggml.worker``.
 
-Protocol: JSON lines. The worker reads requests on stdin and writes replies on the file
+Protocol: messages pickled after their length (``engine.Channel``, ``target.Worker.recv``; JSON
+cost several ms each way). The worker reads requests on stdin and writes replies on the file
 descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever ggml or Python
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request (a pickle after its length, ``Worker.send_pickled``: JSON cost several ms each way)
-  ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...], "seed": N}`` (the values oracle's
+* request (``Worker.send_pickled``) ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...], "seed": N}`` (the values oracle's
   seed, ``values.scenario_seed``, where a step computes; the scenario comes validated, with its
   graphs' geometry inferred, by the parent, which is this worker's only writer), answered with one
   ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;

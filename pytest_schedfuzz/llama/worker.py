@@ -1,8 +1,9 @@
 """The process that runs server-like workloads on the real llama.cpp:
 ``python -m pytest_schedfuzz.llama.worker`` (started by ``llama_target.LlamaTarget``).
 
-Protocol: JSON lines, as ``ggml.worker``: replies go to the file descriptor that was stdout, and fd 1
-is pointed at stderr so that llama.cpp's and ggml's prints cannot corrupt them.
+Protocol: requests are JSON lines; replies are pickled messages, as ``ggml.worker``'s, on the file
+descriptor that was stdout, and fd 1 is pointed at stderr so that llama.cpp's and ggml's prints
+cannot corrupt them.
 
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
 * request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``
