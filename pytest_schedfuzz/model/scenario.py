@@ -209,8 +209,17 @@ class GraphSpec:
         pickled for the engine's worker, and shared with its ``relabeled`` copies."""
         return self.__dict__.setdefault("_derived", {})  # type: ignore[no-any-return]
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_derived"}
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled for the engine's worker as rows of plain values (its geometry and validity
+        # with it, ``derived`` not): a third of the bytes, and 2.5x faster to write than the
+        # default; the parent writes one per graph per scenario
+        geometry = self.__dict__.get("geometry")
+        return (_unpickle_graph, (
+            tuple((t.name, t.op, t.type, t.ne, t.args, t.params, t.role, t.device, t.output) for t in self.tensors),
+            self.roots, self.forced, self.label,
+            None if geometry is None else tuple((k, g.type, g.ne, g.nb, g.view_src, g.view_offs) for k, g in geometry.items()),
+            self.__dict__.get("_valid_for", set()),
+        ))
 
     def relabeled(self, label: str) -> GraphSpec:
         """This spec under another label, with what was derived from its tensors (geometry,
@@ -241,6 +250,31 @@ class GraphSpec:
             forced=tuple((str(n), int(b)) for n, b in d.get("forced", ())),
             label=d.get("label", ""),
         )
+
+
+_TENSOR_FIELDS = tuple(f.name for f in fields(TensorSpec))
+_GEOMETRY_FIELDS = tuple(f.name for f in fields(Geometry))
+
+
+def _unpickle_graph(rows: tuple[tuple[Any, ...], ...], roots: tuple[str, ...], forced: tuple[tuple[str, int], ...], label: str,
+                    geometry: tuple[tuple[Any, ...], ...] | None, valid_for: set[int | None]) -> GraphSpec:
+    """``GraphSpec.__reduce__``'s rows made objects again (without their constructors' checks:
+    they were made and checked by the pickling side)."""
+    new = object.__new__
+    tensors = []
+    for row in rows:
+        t = new(TensorSpec)
+        t.__dict__.update(zip(_TENSOR_FIELDS, row))
+        tensors.append(t)
+    spec = new(GraphSpec)
+    spec.__dict__.update(tensors=tuple(tensors), roots=roots, forced=forced, label=label, _valid_for=valid_for)
+    if geometry is not None:
+        geo = {}
+        for row in geometry:
+            g = geo[row[0]] = new(Geometry)
+            g.__dict__.update(zip(_GEOMETRY_FIELDS, row[1:]))
+        spec.__dict__["geometry"] = geo
+    return spec
 
 
 @dataclass(frozen=True)
