@@ -387,26 +387,32 @@ class Ggml:
         reals: list[float] = []
         words: list[int] = []
         names = bytearray()
+        no_ints, no_reals, no_args, ones = [0] * 8, [0.0] * 4, [-1] * 8, (1, 1, 1, 1)
+        leaf_flags = GP.NAME | (GP.INPUT if persistent is not None else 0)
         for t in spec.tensors:
-            ne, ints, real = t.ne, [0] * 8, [0.0] * 4
+            ne, ints, real, args, w = t.ne, no_ints, no_reals, no_args, None
             flags = GP.OUTPUT if t.output and persistent is not None else 0
             ptr = len(names)
-            if t.is_leaf:
+            if t.op == "none":
                 if persistent is not None and t.role in ("weight", "cache"):
                     op, ptr = codes["persistent"], persistent(t)
                 else:
                     op = codes["leaf"]
-                    flags |= GP.NAME | (GP.INPUT if persistent is not None else 0)
+                    flags |= leaf_flags
             else:
                 op = codes.get(t.op, -1)
-                flags |= GP.NAME | (GP.INPLACE if t.param("inplace") else 0) | (GP.NEW_K if new_k and t.op == "ssm_scan" else 0)
-                ne, ints, real = self._op_record(t, new_k)
+                flags |= GP.NAME | (GP.NEW_K if new_k and t.op == "ssm_scan" else 0)
+                if t.params:
+                    flags |= GP.INPLACE if t.param("inplace") else 0
+                    w = t.param("op_params")
+                ne = ()
+                if t.op in OP_RECORDS:
+                    ne, ints, real = self._op_record(t, new_k)
+                args = [index[a] if a is not None else -1 for a in t.args] + no_args[len(t.args):]
             if flags & GP.NAME:
                 names += t.name.encode() + b"\0"
-            w = t.param("op_params") if not t.is_leaf else None
-            args = [index[a] if a is not None else -1 for a in t.args] + [-1] * (8 - len(t.args))
             geo = geometry[t.name]
-            program += [op, types[t.type], max(len(ne), 1), *ne, *[1] * (4 - len(ne)), *args, flags, *ints, ptr,
+            program += [op, types[t.type], max(len(ne), 1), *ne, *ones[len(ne):], *args, flags, *ints, ptr,
                         len(words) if w is not None else -1, len(w) if w is not None else 0,
                         types[geo.type], *geo.ne, *geo.nb, index[geo.view_src] if geo.view_src is not None else -1, geo.view_offs]
             if w is not None:
@@ -496,6 +502,12 @@ class Ggml:
     def tensor(self, address: int) -> Ptr:
         """The ``ggml_tensor`` at ``address``, as ggml-python's functions take it."""
         return ctypes.cast(address, ctypes.POINTER(self.g.ggml_tensor))
+
+
+# the ops whose record fields ``Ggml._op_record`` fills (a shape, integer or real parameters);
+# every other op's are zeros
+OP_RECORDS = frozenset({"fill", "cast", "scale", "pad", "top_k", "ssm_scan", "cont", "argsort", "clamp", "glu", "rms_norm", "rope",
+                        "soft_max_ext", "flash_attn_ext", "concat", "permute", "reshape", "view"})
 
 
 @dataclass(frozen=True)

@@ -159,26 +159,29 @@ class GraphSpec:
     def _check(self, n_backends: int | None) -> None:
         seen: set[str] = set()
         for t in self.tensors:
-            if not t.name or len(t.name) >= 64:
-                raise SpecError(f"tensor name {t.name!r} must have 1 to 63 characters")
-            if t.name in seen:
-                raise SpecError(f"tensor {t.name!r} is defined twice")
-            if not t.is_leaf and t.op not in OPS:
-                raise SpecError(f"tensor {t.name!r}: unknown op {t.op!r}")
+            name, leaf = t.name, t.op == "none"
+            if not name or len(name) >= 64:
+                raise SpecError(f"tensor name {name!r} must have 1 to 63 characters")
+            if name in seen:
+                raise SpecError(f"tensor {name!r} is defined twice")
+            if not leaf and t.op not in OPS:
+                raise SpecError(f"tensor {name!r}: unknown op {t.op!r}")
             if t.role not in ROLES:
-                raise SpecError(f"tensor {t.name!r}: unknown role {t.role!r}")
+                raise SpecError(f"tensor {name!r}: unknown role {t.role!r}")
             for a in t.args:
                 if a is not None and a not in seen:
                     # sources must be defined earlier: this also rules out cycles
-                    raise SpecError(f"tensor {t.name!r}: source {a!r} is not defined before it (or forms a cycle)")
+                    raise SpecError(f"tensor {name!r}: source {a!r} is not defined before it (or forms a cycle)")
             if t.role in ("weight", "cache"):
-                if not t.is_leaf or t.device is None:
-                    raise SpecError(f"tensor {t.name!r}: a {t.role} must be a leaf with a device")
+                if not leaf or t.device is None:
+                    raise SpecError(f"tensor {name!r}: a {t.role} must be a leaf with a device")
                 if n_backends is not None and not 0 <= t.device < n_backends:
-                    raise SpecError(f"tensor {t.name!r}: device {t.device} is not in the layout ({n_backends} backends)")
-            if t.is_leaf and t.role == "":
-                raise SpecError(f"leaf {t.name!r} needs a role (weight, cache or input)")
-            seen.add(t.name)
+                    raise SpecError(f"tensor {name!r}: device {t.device} is not in the layout ({n_backends} backends)")
+            if leaf and t.role == "":
+                raise SpecError(f"leaf {name!r} needs a role (weight, cache or input)")
+            if leaf and any(n < 0 for n in t.ne):
+                raise SpecError(f"tensor {name!r}: shape {list(t.ne)} has a negative dimension")
+            seen.add(name)
         for r in self.roots:
             if r not in seen:
                 raise SpecError(f"root {r!r} is not a tensor of the graph")
@@ -187,15 +190,14 @@ class GraphSpec:
                 raise SpecError(f"forced assignment names unknown tensor {name!r}")
             if n_backends is not None and not 0 <= backend < n_backends:
                 raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
-        for t in self.tensors:
-            if t.is_leaf and any(n < 0 for n in t.ne):
-                raise SpecError(f"tensor {t.name!r}: shape {list(t.ne)} has a negative dimension")
         geo = self.geometry
         for t in self.tensors:
-            if t.ne and tuple(geo[t.name].ne[: len(t.ne)]) != tuple(t.ne) or any(n != 1 for n in geo[t.name].ne[len(t.ne):]):
-                raise SpecError(f"tensor {t.name!r}: stored shape {list(t.ne)} but ops give {list(geo[t.name].ne)}")
-            if nelements(geo[t.name]) > MAX_ELEMENTS:
-                raise SpecError(f"tensor {t.name!r}: {nelements(geo[t.name]):,} elements, over the limit of {MAX_ELEMENTS:,} (2**26) per tensor")
+            g = geo[t.name]
+            ne, k = g.ne, len(t.ne)
+            if k and ne[:k] != tuple(t.ne) or any(n != 1 for n in ne[k:]):
+                raise SpecError(f"tensor {t.name!r}: stored shape {list(t.ne)} but ops give {list(ne)}")
+            if ne[0] * ne[1] * ne[2] * ne[3] > MAX_ELEMENTS:
+                raise SpecError(f"tensor {t.name!r}: {nelements(g):,} elements, over the limit of {MAX_ELEMENTS:,} (2**26) per tensor")
         if len(self.tensors) > MAX_TENSORS:
             raise SpecError(f"{len(self.tensors):,} tensors, over the limit of {MAX_TENSORS:,} per graph")
 
