@@ -256,6 +256,10 @@ class GraphSpec:
 
 _TENSOR_FIELDS = tuple(f.name for f in fields(TensorSpec))
 _GEOMETRY_FIELDS = tuple(f.name for f in fields(Geometry))
+# the rows ``GraphSpec.__reduce__`` writes, field by field
+if _TENSOR_FIELDS != ("name", "op", "type", "ne", "args", "params", "role", "device", "output") or (
+        _GEOMETRY_FIELDS != ("type", "ne", "nb", "view_src", "view_offs")):
+    raise ImportError("TensorSpec's or Geometry's fields changed: change GraphSpec.__reduce__'s rows with them")
 
 
 def _unpickle_graph(rows: tuple[tuple[Any, ...], ...], roots: tuple[str, ...], forced: tuple[tuple[str, int], ...], label: str,
