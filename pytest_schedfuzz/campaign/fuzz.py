@@ -183,7 +183,7 @@ class Fuzzer:
         # again on the CPU alone (llama-same-logits), where it does
         reference = Meanwhile(lambda: self.against_reference(workload, trace)) if capture else None
         if logits and trace.abort is None:
-            cpu = self.engines.run_llama(cpu_only(workload), True, meanwhile=reference)
+            cpu = self.engines.run_llama(cpu_only(workload, trace), True, meanwhile=reference)
             found += reference.result() if reference is not None else []
             self.stats.llama_logits_compared += 1
             self.stats.llama_logit_rows += sum(len(c.logits) for c in trace.calls)

@@ -313,14 +313,16 @@ def llama_features(w: LlamaWorkload) -> list[str]:
 
 
 def llama_observed(trace: LlamaTrace) -> list[str]:
-    """What llama.cpp's scheduler was seen doing in a run (as ggml reports it), for the same line:
-    pipeline parallelism, its fallback, op offload, a split for an op a device refused."""
+    """What llama.cpp's scheduler was seen doing in a run (as ggml and llama.cpp report it), for
+    the same line: pipeline parallelism, its fallback, op offload, flash attention "auto" resolved
+    off."""
     init = [s for c in trace.calls if c.kind == "init" for s in c.sched if s.kind == "new"]
     calls = [s for _, s in trace.sched_calls()]
     checks = {
         "observed: n_copies > 1": any(s.n_copies > 1 for s in calls),
         "observed: pipeline parallelism dropped (compute buffers did not fit)": len(init) > 1 and init[0].parallel and not init[-1].parallel,
         "observed: op offloaded to a device": any(s.offloaded for s in calls),
+        "observed: flash attention auto, off (a device refused it)": trace.flash_attn() == "off",
     }
     return [k for k, v in checks.items() if v]
 

@@ -144,7 +144,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         src = ggml_source_for(str(base_library(library_folder("ggml-0.25.3"))))
     gpus = bool(w.devices.gpus)
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
-    variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w))]
+    variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w, trace))]
                                                           if case.property == "llama-same-logits" else [])
     # the violation's step is its call, llama_init_from_model's (-1) as 0
     died = f"(out.died_at < 0 ? 0 : out.died_at) == {case.step}"

@@ -63,9 +63,10 @@ SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
 BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
-# llama.cpp's lines on where the model and the context went (llama_model_load, llama_context)
+# llama.cpp's lines on where the model and the context went (llama_model_load, llama_context), and
+# how the context resolved flash attention "auto" (llama_context::resolve_fused_ops)
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
-                       r"retrying without pipeline parallelism")
+                       r"retrying without pipeline parallelism|Flash Attention (?:enabled|not supported)")
 
 
 class HarnessError(RuntimeError):

@@ -123,7 +123,8 @@ class CallRecord:
     sched: tuple[SchedCall, ...] = ()
     error: tuple[str, ...] = ()  # what llama.cpp logged when the call failed (a context that did not initialize)
     # init: llama.cpp's lines on where the model went (its devices, layers offloaded, tensor
-    # overrides: from loading it) and the context (pipeline parallelism, and its fallback)
+    # overrides: from loading it) and the context (pipeline parallelism, and its fallback; how
+    # it resolved flash attention "auto")
     log: tuple[str, ...] = ()
     # decode, when asked for (llama-same-logits): the logits of its first and last output
     logits: tuple[tuple[float, ...], ...] = ()
@@ -144,6 +145,13 @@ class LlamaTrace:
     abort: LlamaAbort | None = None
     engine: Mapping[str, str] = field(default_factory=dict)
     perf: Mapping[str, int] = field(default_factory=dict)  # llama_perf_context: n_eval, n_p_eval, n_reused
+
+    def flash_attn(self) -> str | None:
+        """How the context resolved flash attention "auto", as llama.cpp logged it
+        (``llama_context::resolve_fused_ops``): "on", "off" (a device the layers are on refused
+        ``FLASH_ATTN_EXT``), or None where it resolved nothing (not "auto", or no context)."""
+        said = [line for c in self.calls if c.kind == "init" for line in c.log if "Flash Attention " in line]
+        return None if not said else "off" if "not supported" in said[-1] else "on"
 
     def sched_calls(self) -> list[tuple[int, SchedCall]]:
         """Every scheduler call with the index of the llama call it happened in, in order."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from reference.params import can_reuse
 
@@ -302,8 +303,9 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
 
 
 # the GPU-like device computes with the CPU backend's kernels: the same workload gives the same
-# logits to the last bit on every layout measured (RPC, GPU-like, overrides, pipeline parallelism);
-# the margin covers a kernel choice that a device's support changes (flash attention "auto")
+# logits to the last bit on every layout measured (RPC, GPU-like, overrides, pipeline parallelism,
+# ops a device refuses); the CPU-only run resolves flash attention as the devices' run did
+# (``cpu_only``): its kernels and the plain attention's differ by up to ~1.4e-3
 LOGITS_TOLERANCE = 1e-3
 
 
@@ -312,9 +314,13 @@ def compares_logits(w: LlamaWorkload) -> bool:
     return bool(w.devices.gpus) and not w.ctx.backend_samplers and any(c.kind == "decode" for c in w.calls)
 
 
-def cpu_only(w: LlamaWorkload) -> LlamaWorkload:
-    """``w`` with every weight, cache and op on the CPU (no device at all)."""
-    return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), w.ctx, w.calls, w.loras)
+def cpu_only(w: LlamaWorkload, trace: LlamaTrace | None) -> LlamaWorkload:
+    """``w`` with every weight, cache and op on the CPU (no device at all), and flash attention
+    as llama.cpp resolved "auto" in ``w``'s run (``trace``): a device that refuses
+    ``FLASH_ATTN_EXT`` turns it off there, where the CPU alone would keep it on."""
+    resolved = trace.flash_attn() if trace is not None and w.ctx.flash_attn == "auto" else None
+    ctx = replace(w.ctx, flash_attn=resolved) if resolved else w.ctx
+    return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), ctx, w.calls, w.loras)
 
 
 def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> list[Violation]:

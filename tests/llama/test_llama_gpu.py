@@ -11,6 +11,7 @@ import pytest
 from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.scenario import BackendSpec
+from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_only, llama_same_logits, out_of_memory
 
@@ -130,7 +131,7 @@ def test_an_op_the_device_refuses_splits_the_graph_around_it(target) -> None:
 def test_same_logits_holds_on_real_layouts_and_catches_a_device_that_corrupts_an_op(target) -> None:
     layouts = (Devices(n_rpc=0, gpus=(ASYNC, ASYNC)), Devices(n_rpc=1, gpus=(BackendSpec("gpu", offload_min_batch=8),), overrides=(("ffn_up", CPU_DEVICE),)),
                Devices(n_rpc=0, gpus=(BackendSpec("gpu", unsupported=("SOFT_MAX",), graph_optimize=True),)))
-    cpu = llama_trace(target.run(cpu_only(workload(layouts[0])), logits=True))
+    cpu = llama_trace(target.run(cpu_only(workload(layouts[0]), None), logits=True))
     assert sum(len(c.logits) for c in cpu.calls) == 6  # first and last output of each decode (one row for a single output)
     for dv in layouts:
         w = workload(dv)
@@ -138,6 +139,27 @@ def test_same_logits_holds_on_real_layouts_and_catches_a_device_that_corrupts_an
     planted = workload(Devices(n_rpc=0, gpus=(ASYNC, replace(ASYNC, corrupt_op="MUL_MAT"))))
     (v,) = llama_same_logits(planted, llama_trace(target.run(planted, logits=True)), cpu)
     assert v.step == 0 and v.facts == {"on": "GPU-like"} and "differ from the CPU-only run's" in v.message
+
+
+@pytest.mark.engine
+def test_the_cpu_only_run_resolves_flash_attention_as_the_devices_run_did(target) -> None:
+    """Flash attention "auto" with a GPU-like device that refuses FLASH_ATTN_EXT: llama.cpp turns
+    it off for the context (it logs so), where the CPU alone keeps it on, and the two attentions'
+    kernels differ by ~1e-3 (a ci run's false llama-same-logits finding). The CPU-only run takes
+    the resolution llama.cpp logged; a device that supports it leaves "auto" on."""
+    model = ModelSpec(kind="moe", n_layer=3, n_embd=128, n_head=4, n_head_kv=4, n_ff=16, n_expert=4, n_expert_used=2, seed=1)
+    calls = tuple(decode((0, n, "last" if n == 1 else "none")) for n in (1, 1, 64, 1, 64, 1))
+    ctx = ContextParams(n_ctx=256, n_batch=64, n_ubatch=32, n_seq_max=1, flash_attn="auto", op_offload=False)
+    for refused, resolved in (((), "on"), (("FLASH_ATTN_EXT",), "off")):
+        w = LlamaWorkload(model, Devices(n_rpc=1, gpus=(BackendSpec("gpu", unsupported=refused), GPU), overrides=((r"blk\.0\.", CPU_DEVICE),)), ctx, calls)
+        w.validate()
+        trace = llama_trace(target.run(w, logits=True))
+        assert trace.flash_attn() == resolved and cpu_only(w, trace).ctx.flash_attn == resolved
+        assert llama_same_logits(w, trace, llama_trace(target.run(cpu_only(w, trace), logits=True))) == []
+    # the comparison the property made before: against the CPU alone's own "auto" (on)
+    (v,) = llama_same_logits(w, trace, llama_trace(target.run(cpu_only(w, None), logits=True)))
+    assert "differ from the CPU-only run's" in v.message
+    assert "observed: flash attention auto, off (a device refused it)" in llama_observed(trace)
 
 
 @pytest.mark.engine
