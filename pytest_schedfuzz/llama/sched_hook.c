@@ -158,3 +158,25 @@ bool ggml_backend_sched_alloc_graph(void * sched, void * graph) {
     static graph_fn f;
     return graph_call(&f, "ggml_backend_sched_alloc_graph", HOOK_ALLOC_BEGIN, sched, graph);
 }
+
+/* the backend (its index among the scheduler's; -1: none) ggml's split_graph gave each of the
+ * n tensors: one call for a whole graph instead of one per tensor from Python */
+void schedfuzz_tensor_backends(void * sched, void * const * tensors, int n, int * out) {
+    static void * (*tensor_backend)(void *, void *);
+    static int (*n_backends)(void *);
+    static void * (*get_backend)(void *, int);
+    if (!tensor_backend) {
+        tensor_backend = (void * (*)(void *, void *)) real("ggml_backend_sched_get_tensor_backend");
+        n_backends = (int (*)(void *)) real("ggml_backend_sched_get_n_backends");
+        get_backend = (void * (*)(void *, int)) real("ggml_backend_sched_get_backend");
+    }
+    void * backends[64];
+    int nb = n_backends(sched);
+    if (nb > 64) nb = 64;
+    for (int j = 0; j < nb; j++) backends[j] = get_backend(sched, j);
+    for (int i = 0; i < n; i++) {
+        void * b = tensor_backend(sched, tensors[i]);
+        out[i] = -1;
+        for (int j = 0; j < nb && b; j++) if (backends[j] == b) { out[i] = j; break; }
+    }
+}

@@ -63,6 +63,8 @@ SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
 BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
+# the ops whose ggml_op_desc is not their ggml_op_name (it names their unary or GLU op)
+DESCRIBED_OPS = frozenset(("UNARY", "GLU"))
 # llama.cpp's lines on where the model and the context went (llama_model_load, llama_context), and
 # how the context resolved flash attention "auto" (llama_context::resolve_fused_ops)
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
@@ -177,9 +179,13 @@ class Llama:
         fn.restype = ctypes.c_char_p
         self.version = fn().decode()
         try:
-            set_hook = ctypes.CDLL(None).schedfuzz_set_hook
+            hook_lib = ctypes.CDLL(None)
+            set_hook = hook_lib.schedfuzz_set_hook
+            self.tensor_backends = hook_lib.schedfuzz_tensor_backends
         except AttributeError:
             raise RuntimeError("sched_hook.so is not preloaded (LD_PRELOAD): the scheduler cannot be observed") from None
+        self.tensor_backends.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        self.tensor_backends.restype = None
         self.call = -1
         self.log = SchedLog()
         self.sched_events: list[dict[str, Any]] = []
@@ -369,13 +375,12 @@ class Llama:
         n_copies = int(self.glib.ggml_backend_sched_get_n_copies(s))
         g = self._read_graph(graph)
         names = self.backends.get(sid, [])
-        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(len(names))}
         head = CGraphHead.from_address(graph)
         n_prev = len(self.last_backends.get((sid, "node"), []))
         moved, by_offload = "", False
         for what, array, n in (("node", head.nodes, head.n_nodes), ("leaf", head.leafs, head.n_leafs)):
             tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
-            ids = [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(tensors[i])), -1) for i in range(n)]
+            ids = self._backend_ids(sched, array, n)
             key = (sid, what)
             prev, self.last_backends[key] = self.last_backends.get(key, []), ids
             if not moved:
@@ -432,6 +437,7 @@ class Llama:
 
         def read(ptr: int) -> dict[str, Any]:
             t = self.tensor(ptr)
+            op = self._op_name(t.op)
             srcs = list(t.src)
             while srcs and not srcs[-1]:
                 srcs.pop()
@@ -439,7 +445,7 @@ class Llama:
             while params and params[-1] == 0:
                 params.pop()
             out: dict[str, Any] = {
-                "name": t.name, "op": self._op_name(t.op), "desc": glib.ggml_op_desc(ctypes.c_void_p(ptr)).decode(),
+                "name": t.name, "op": op, "desc": glib.ggml_op_desc(ctypes.c_void_p(ptr)).decode() if op in DESCRIBED_OPS else op,
                 "type": self._type_name(t.type), "ne": list(t.ne), "nb": list(t.nb), "flags": t.flags, "src": [ref.get(x, "?") if x else None for x in srcs],
             }
             if params:
@@ -464,10 +470,16 @@ class Llama:
         """The backend (its index among the scheduler's) ggml's split_graph gave each node and leaf,
         in the order they had when captured: a device's ``graph_optimize`` reorders the nodes of its
         split in the graph itself (a split's graph is a view of it)."""
-        s = ctypes.c_void_p(sched)
-        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
-        return {what: [index.get(self.glib.ggml_backend_sched_get_tensor_backend(s, ctypes.c_void_p(t)), -1) for t in tensors]
-                for what, tensors in order.items()}
+        return {what: self._backend_ids(sched, (ctypes.c_void_p * len(tensors))(*tensors), len(tensors)) for what, tensors in order.items()}
+
+    def _backend_ids(self, sched: int, tensors: Any, n: int) -> list[int]:
+        """``ggml_backend_sched_get_tensor_backend`` of each of the ``n`` tensors of the array
+        ``tensors`` (an address or a ctypes array), as the backend's index among the scheduler's
+        (-1: none); one call into ``sched_hook.c`` for them all."""
+        out = (ctypes.c_int * n)()
+        if n:
+            self.tensor_backends(sched, tensors, n, out)
+        return list(out)
 
     def _buffer_sizes(self, sched: int) -> list[int]:
         """``ggml_backend_sched_get_buffer_size`` of each of the scheduler's backends."""
