@@ -44,10 +44,16 @@ SEED_LLAMA = "llama.cpp-0.3.36-seed"
 SEED_GGML = "ggml-0.25.3-seed"
 SEED_BASE = "llama.cpp-0.3.36"  # the source it patches
 PATCHES = Path(__file__).resolve().parents[1] / "llama" / "patches"
+# requirements.txt's compiler flags for llama-cpp-python: optimized, but without NDEBUG (a Debug
+# build: asserts and ggml's debug log kept) and without inlining or sibling calls, so that a
+# crash's C stack names the functions an -O0 build's does (the known crashes are signed by them)
+OPTIMIZE = "-O1 -fno-inline -fno-optimize-sibling-calls"
 # llama-cpp-python's configuration (its CMakeLists.txt and requirements.txt's config settings:
-# Debug, shared libraries, RPC, the native CPU backend of ggml's default, RUNPATH $ORIGIN), less
-# what it builds beside libllama (common, llava/mtmd); tests, tools, examples, server, app off
+# Debug with OPTIMIZE, shared libraries, RPC, the native CPU backend of ggml's default, RUNPATH
+# $ORIGIN), less what it builds beside libllama (common, llava/mtmd); tests, tools, examples,
+# server, app off
 SEED_CMAKE_FLAGS = (
+    f"-DCMAKE_C_FLAGS={OPTIMIZE}", f"-DCMAKE_CXX_FLAGS={OPTIMIZE}",
     "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
     "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_MTMD=OFF",

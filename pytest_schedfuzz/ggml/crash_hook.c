@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 static void put(const char * s) {
@@ -23,17 +24,35 @@ static void put(const char * s) {
     (void) n;
 }
 
-static void on_fatal(int sig) {
+/* the instruction that faulted (NULL where this architecture's context is not read) */
+static void * faulting_pc(void * context) {
+    ucontext_t * uc = (ucontext_t *) context;
+#if defined(__x86_64__)
+    return (void *) uc->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+    return (void *) uc->uc_mcontext.pc;
+#else
+    (void) uc;
+    return NULL;
+#endif
+}
+
+static void on_fatal(int sig, siginfo_t * si, void * context) {
+    (void) si;
     void * frames[64];
     int n = backtrace(frames, 64);
+    void * pc = faulting_pc(context);
     char line[4200];
     snprintf(line, sizeof(line), "\nschedfuzz-crash %d\n", sig);
     put(line);
     for (int i = 0; i < n; i++) {
         Dl_info info;
         if (dladdr(frames[i], &info) && info.dli_fname != NULL) {
-            /* a return address points after the call: step back into it */
-            unsigned long off = (unsigned long) ((char *) frames[i] - (char *) info.dli_fbase) - (i > 0 ? 1 : 0);
+            /* a return address points after the call: step back into it. Not the faulting
+             * instruction itself: in an optimized build it can be a function's first byte,
+             * and one byte back is the function before it */
+            int back = i > 0 && frames[i] != pc;
+            unsigned long off = (unsigned long) ((char *) frames[i] - (char *) info.dli_fbase) - back;
             snprintf(line, sizeof(line), "schedfuzz-frame %s %lx\n", info.dli_fname, off);
             put(line);
         }
@@ -49,8 +68,8 @@ __attribute__((constructor)) static void install(void) {
     sigaltstack(&ss, NULL); /* a stack overflow must still be reported */
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_fatal;
-    sa.sa_flags = SA_ONSTACK | SA_RESETHAND;
+    sa.sa_sigaction = on_fatal;
+    sa.sa_flags = SA_ONSTACK | SA_RESETHAND | SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     const int sigs[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL };
     for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {

@@ -40,6 +40,7 @@ from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
 from ..model.trace import StepRecord
 from .backends import RpcUnreachable
+from .build import OPTIMIZE
 from .engine import OBSERVE_SPLITS, Channel, Ggml, coverage_build, gcov_dump
 from .lib import die_with_parent
 from .run import ScenarioRun
@@ -57,7 +58,8 @@ def no_realloc_fix(lib: str) -> str:
     if "/site-packages/llama_cpp/" in lib:
         return head + ("Rebuild llama-cpp-python as a Debug build: pip install --force-reinstall --no-cache-dir --no-binary "
                        "llama-cpp-python llama-cpp-python==0.3.36 --config-settings=cmake.build-type=Debug "
-                       "--config-settings=cmake.define.GGML_RPC=ON --config-settings=cmake.define.LLAVA_BUILD=OFF")
+                       "--config-settings=cmake.define.GGML_RPC=ON --config-settings=cmake.define.LLAVA_BUILD=OFF "
+                       f"'--config-settings=cmake.define.CMAKE_C_FLAGS={OPTIMIZE}' '--config-settings=cmake.define.CMAKE_CXX_FLAGS={OPTIMIZE}'")
     return head + "Configure your build with -DCMAKE_BUILD_TYPE=Debug -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON and build it again"
 
 
