@@ -166,7 +166,9 @@ def test_the_seed_is_compiled_as_the_pristine_build(seed_lib: Path) -> None:
         return {line.split("): ", 1)[-1] for line in info.splitlines() if "DW_AT_producer" in line}
 
     for name in ("libggml-cpu.so", "libggml-base.so"):
-        assert producers(seed_lib / name) == producers(_pristine_lib() / name), name
+        assert producers(seed_lib / name) == producers(_pristine_lib() / name), (
+            f"{name}: the seed and the installed llama-cpp-python were compiled with different flags; a llama-cpp-python "
+            "wheel from pip's cache (which ignores build settings) may predate requirements.txt's: reinstall it with --no-cache-dir")
 
 
 def _decode(*parts: tuple[int, int, str]):
