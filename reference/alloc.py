@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .graph import Ref
 
@@ -193,10 +194,9 @@ class HashNode:
     allocated: bool = False
 
 
-@dataclass
-class TensorAlloc:
+class TensorAlloc(NamedTuple):
     """``struct tensor_alloc``: where the plan put a tensor (``buffer_id`` -1 and size 0 for
-    tensors with data or a view source)."""
+    tensors with data or a view source). A tuple: a plan holds one per node and src."""
 
     buffer_id: int
     size_max: int
@@ -282,10 +282,12 @@ class Gallocr:
         branch that reuses a view's source never runs."""
         if buffer_id < 0:
             raise AllocAbort("GGML_ASSERT(buffer_id >= 0) failed")
-        hn = self.hash[node.name]
         # ggml_gallocr_is_allocated: data set elsewhere (a weight, a cache, a view of one) or allocated
         # here (in a fresh graph a tensor has a buffer only when it has data); and views are not allocated
-        if node.view_src is not None or not node.needs_memory or hn.allocated:
+        if node.view_src is not None or not node.needs_memory:
+            return
+        hn = self.hash[node.name]
+        if hn.allocated:
             return
         hn.allocated = True
         if node.op in self.inplace_ops:
@@ -314,30 +316,31 @@ class Gallocr:
         """``ggml_gallocr_alloc_graph_impl``: allocate the leafs, count children and views
         (allocating graph inputs first), then allocate each node and free each parent whose last
         child (and view) it was."""
-        self.hash = defaultdict(HashNode)
-        hash_ = self.hash
+        self.hash = hash_ = defaultdict(HashNode)
         self.srcs = dict(zip((n.name for n in nodes), node_srcs))
         tensors = {t.name: t for t in (*leafs, *nodes)}
-        buffer_id = lambda ids, i: ids[i] if ids is not None else 0  # get_node_buffer_id
-        for i, leaf in enumerate(leafs):
-            self.allocate_node(leaf, buffer_id(leaf_ids, i))
-        for i, (node, srcs) in enumerate(zip(nodes, node_srcs)):
+        allocate = self.allocate_node
+        # get_node_buffer_id: 0 without ids
+        leaf_ids = leaf_ids if leaf_ids is not None else (0,) * len(leafs)
+        node_ids = node_ids if node_ids is not None else (0,) * len(nodes)
+        for leaf, b in zip(leafs, leaf_ids):
+            allocate(leaf, b)
+        for node, srcs, b in zip(nodes, node_srcs, node_ids):
             if node.view_src is not None and node.op != "NONE":
                 hash_[node.view_src].n_views += 1
             if node.input:
-                self.allocate_node(node, buffer_id(node_ids, i))
+                allocate(node, b)
             for src in srcs:
                 if src is None:
                     continue
                 hash_[src.name].n_children += 1
                 if src.input:
-                    self.allocate_node(src, buffer_id(node_ids, i))
-        for i, (node, srcs) in enumerate(zip(nodes, node_srcs)):
-            b = buffer_id(node_ids, i)
+                    allocate(src, b)
+        for node, srcs, b in zip(nodes, node_srcs, node_ids):
             for parent in srcs:
                 if parent is not None:
-                    self.allocate_node(parent, b)
-            self.allocate_node(node, b)
+                    allocate(parent, b)
+            allocate(node, b)
             for parent in srcs:
                 if parent is None:
                     continue
@@ -352,10 +355,10 @@ class Gallocr:
                     elif p_hn.allocated:
                         self.free_node(parent)
 
-    def _talloc(self, t: Ref | None) -> TensorAlloc:
-        if t is None or t.view_src is not None or not t.needs_memory:
+    def _talloc(self, t: Ref) -> TensorAlloc:
+        if t.view_src is not None or not t.needs_memory:
             return NO_ALLOC
-        hn = self.hash_get(t)
+        hn = self.hash[t.name]
         return TensorAlloc(hn.buffer_id, t.nbytes, hn.addr)
 
     def reserve_n(self, nodes: tuple[Ref, ...], node_srcs: tuple[tuple[Ref | None, ...], ...], leafs: tuple[Ref, ...],
@@ -367,10 +370,12 @@ class Gallocr:
         for talloc in self.buf_tallocs:
             talloc.reset()
         self.alloc_graph_impl(nodes, node_srcs, leafs, node_ids, leaf_ids)
+        # every src is a node or a leaf of the graph: each tensor's record is made once
+        records = {t.name: self._talloc(t) for t in (*leafs, *nodes)}
         self.plan = Plan(
-            [self._talloc(n) for n in nodes],
-            [tuple(self._talloc(s) if s is not None else None for s in srcs) for srcs in node_srcs],
-            [self._talloc(leaf) for leaf in leafs],
+            [records[n.name] for n in nodes],
+            [tuple([records[s.name] if s is not None else None for s in srcs]) for srcs in node_srcs],
+            [records[leaf.name] for leaf in leafs],
         )
         self.unfit = MEASURED_PLAN if no_alloc else KEPT_PLAN  # why this plan may not fit its buffers
         for i in range(self.n_buffers):
@@ -409,7 +414,8 @@ class Gallocr:
             if not node_valid(dst, node):
                 return f"node {node.name} is not valid"
             for j, src in enumerate(srcs):
-                if src is not None and not node_valid((planned[j] if j < len(planned) else None) or NO_ALLOC, src):
+                # (a tensor ggml-alloc does not allocate is always valid: no call for it)
+                if src is not None and src.needs_memory and not node_valid((planned[j] if j < len(planned) else None) or NO_ALLOC, src):
                     return f"src {j} ({src.name}) of node {node.name} is not valid"
         return None
 
@@ -421,15 +427,20 @@ class Gallocr:
         if self.realloc_reason is not None and (self.n_buffers != 1 or not self.reserve_n(nodes, node_srcs, leafs, None, None)):
             return False
         assert self.plan is not None
+        # a tensor's data is set by its first init; ggml_gallocr_init_tensor skips it afterwards
+        done: set[str] = set()
         for leaf, talloc in zip(leafs, self.plan.leafs):
-            if leaf.needs_memory and talloc.buffer_id >= 0:
+            if leaf.needs_memory and talloc.buffer_id >= 0 and leaf.name not in done:
                 self.init_tensor(leaf, talloc)
+                done.add(leaf.name)
         for node, srcs, dst, planned in zip(nodes, node_srcs, self.plan.dst, self.plan.srcs):
             for src, talloc in zip(srcs, planned):
-                if src is not None and talloc is not None and src.needs_memory and talloc.buffer_id >= 0:
+                if src is not None and talloc is not None and src.needs_memory and talloc.buffer_id >= 0 and src.name not in done:
                     self.init_tensor(src, talloc)
-            if node.needs_memory and dst.buffer_id >= 0:
+                    done.add(src.name)
+            if node.needs_memory and dst.buffer_id >= 0 and node.name not in done:
                 self.init_tensor(node, dst)
+                done.add(node.name)
         return True
 
     def init_tensor(self, t: Ref, talloc: TensorAlloc) -> None:

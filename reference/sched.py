@@ -65,13 +65,13 @@ class GraphCopy:
     leaf_backend_ids: tuple[int, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SplitResult:
     """What one ``ggml_backend_sched_split_graph`` call leaves behind."""
 
-    node_backends: list[int]
-    leaf_backends: list[int]
-    splits: list[Split]
+    node_backends: tuple[int, ...]
+    leaf_backends: tuple[int, ...]
+    splits: tuple[Split, ...]
     copy: GraphCopy
     graph_size: int
 
@@ -103,6 +103,8 @@ class Scheduler:
         self.galloc = Gallocr([self.backends.buffer_type(b) for b in range(self.n_backends)], rules.inplace_ops)
         self.user_assignments: dict[str, int] = {}
         self.is_alloc = False
+        # (id(graph), user assignments, cur_copy) -> (graph, its split): see split_graph
+        self._split_cache: dict[tuple[int, tuple[tuple[str, int], ...], int], tuple[CGraph, SplitResult]] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -248,7 +250,28 @@ class Scheduler:
     # ------------------------------------------------------------------ ggml_backend_sched_split_graph
 
     def split_graph(self, g: CGraph) -> SplitResult:
-        """``ggml_backend_sched_split_graph``: passes 1 to 5, then the graph copy."""
+        """``ggml_backend_sched_split_graph``: passes 1 to 5, then the graph copy.
+
+        What the passes make depends only on the graph, the user's assignments and the input copy
+        in use (the scheduler splits after a reset, as every caller does: ``reserve`` resets, and
+        ``alloc_graph`` asserts ``!is_alloc``); the same graph split again in that state (reserve,
+        then alloc; each ubatch of a llama.cpp workload) is made once per scheduler. What the
+        split changes in the scheduler (the id arrays, ``debug_graph_size``) happens every time.
+        """
+        key = (id(g), tuple(self.user_assignments.items()), self.cur_copy)
+        made = self._split_cache.get(key)
+        if made is None or made[0] is not g:
+            made = self._split_cache[key] = (g, self._split(g))
+        result = made[1]
+        self.node_backend_ids, self.prev_node_backend_ids = self.prev_node_backend_ids, self.node_backend_ids
+        self.leaf_backend_ids, self.prev_leaf_backend_ids = self.prev_leaf_backend_ids, self.leaf_backend_ids
+        _write(self.node_backend_ids, result.copy.node_backend_ids)
+        _write(self.leaf_backend_ids, result.copy.leaf_backend_ids)
+        self.debug_prev_graph_size = self.debug_graph_size
+        self.debug_graph_size = result.graph_size
+        return result
+
+    def _split(self, g: CGraph) -> SplitResult:
         # tensor_backend_id(t) for every tensor: -1, or the user's assignment
         ids = [-1] * len(g.names)
         index = {n: i for i, n in enumerate(g.names)}
@@ -472,14 +495,10 @@ class Scheduler:
     def build_graph_copy(
         self, g: CGraph, ids: list[int], splits: list[Split], node_srcs: dict[int, list[Ref | None]], graph_inputs: list[int]
     ) -> SplitResult:
-        """The end of ``ggml_backend_sched_split_graph``: swap the id arrays, record graph_size,
-        and build ``sched->graph`` — per split, for each input a dependency view of the source
+        """The end of ``ggml_backend_sched_split_graph``: graph_size, and ``sched->graph`` — per split, for each input a dependency view of the source
         (on the source's backend) and the input copy (on the split's backend), then the
         split's nodes; leafs: with ``parallel`` the graph inputs' and the split inputs' copies,
         then the original leafs."""
-        self.node_backend_ids, self.prev_node_backend_ids = self.prev_node_backend_ids, self.node_backend_ids
-        self.leaf_backend_ids, self.prev_leaf_backend_ids = self.prev_leaf_backend_ids, self.leaf_backend_ids
-
         def srcs_of(t: int) -> tuple[Ref | None, ...]:
             return tuple(node_srcs[t]) if t in node_srcs else tuple(g.refs[s] if s >= 0 else None for s in g.srcs[t])
 
@@ -488,8 +507,6 @@ class Scheduler:
         kept = [self.alloc_deps(g, split, order, srcs_of) for split, order in zip(splits, orders)]
         n_inputs = len(graph_inputs) + sum(len(split.inputs) for split in splits)
         size = self.rules.graph_size(g.n_nodes, g.n_leafs, len(splits), n_inputs, self.n_copies, sum(dep_nodes(k) for k in kept))
-        self.debug_prev_graph_size = self.debug_graph_size
-        self.debug_graph_size = size
 
         index = {n: i for i, n in enumerate(g.names)}
         nodes: list[Ref] = []
@@ -536,10 +553,8 @@ class Scheduler:
             out = lambda r: r._replace(output=True) if r is not None and r.name in flag else r
             nodes, leafs = [out(r) for r in nodes], [out(r) for r in leafs]
             srcs = [tuple(out(r) for r in rs) for rs in srcs]
-        _write(self.node_backend_ids, node_ids)
-        _write(self.leaf_backend_ids, leaf_ids)
         copy = GraphCopy(tuple(nodes), tuple(srcs), tuple(node_ids), tuple(leafs), tuple(leaf_ids))
-        return SplitResult(ids[: g.n_nodes], ids[g.n_nodes : g.n_nodes + g.n_leafs], splits, copy, size)
+        return SplitResult(tuple(ids[: g.n_nodes]), tuple(ids[g.n_nodes : g.n_nodes + g.n_leafs]), tuple(splits), copy, size)
 
     # ------------------------------------------------------------------ ggml_backend_sched_alloc_splits
 
@@ -592,7 +607,7 @@ class Scheduler:
         return events, self.gallocr_alloc_graph(copy)
 
 
-def _write(arr: list[int], values: list[int]) -> None:
+def _write(arr: list[int], values: tuple[int, ...]) -> None:
     """Overwrite the start of a calloc'ed id array, growing it with zeros as needed."""
     if len(arr) < len(values):
         arr.extend([0] * (len(values) - len(arr)))
