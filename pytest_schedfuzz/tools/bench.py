@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +59,6 @@ def scaling_scenario(n_layer: int) -> Scenario:
     g = llama_graph(m, 32, 256)
     steps = (Step("sched_new", params=SchedParams(65536)), Step("reserve", "g"), Step("alloc", "g"))
     return Scenario(BackendLayout.of("rpc", "rpc", "cpu"), (("g", g),), steps)
-
-
-def _median(f: Callable[[], float], repeats: int) -> float:
-    return statistics.median(f() for _ in range(repeats))
 
 
 def _engine_seconds(target: GgmlTarget, sc: Scenario) -> float:
@@ -124,16 +119,20 @@ def scaling(repeats: int, release_lib: str | None) -> dict[str, Any]:
         for n_layer in LAYERS:
             sc = scaling_scenario(n_layer)
             g = sc.graph("g")
-            full = _median(lambda sc=sc: _reference_seconds(sc), repeats)
-            ref = _median(lambda sc=sc: _reference_schedule_seconds(sc), repeats)
-            row: dict[str, Any] = {"layers": n_layer, "nodes": g.n_ops, "reference_s": ref, "reference_predict_s": full}
-            pred = predict(sc).records[1]
-            row["splits"] = pred.n_splits
-            for name, target in engines.items():
+            for target in engines.values():
                 _engine_seconds(target, sc)  # warm up: servers, worker, persistent tensors
-                eng = _median(lambda target=target, sc=sc: _engine_seconds(target, sc), repeats)
-                row[f"{name}_s"] = eng
-                row[f"ratio_{name}"] = ref / eng
+            # each repetition times the reference and then every engine, so that the machine's
+            # slower and faster moments fall on all of them alike
+            timed: dict[str, list[float]] = {"reference_predict": [], "reference": [], **{name: [] for name in engines}}
+            for _ in range(repeats):
+                timed["reference_predict"].append(_reference_seconds(sc))
+                timed["reference"].append(_reference_schedule_seconds(sc))
+                for name, target in engines.items():
+                    timed[name].append(_engine_seconds(target, sc))
+            row: dict[str, Any] = {"layers": n_layer, "nodes": g.n_ops, "splits": predict(sc).records[1].n_splits}
+            row.update({f"{name}_s": statistics.median(times) for name, times in timed.items()})
+            for name in engines:
+                row[f"ratio_{name}"] = row["reference_s"] / row[f"{name}_s"]
             rows.append(row)
     finally:
         for t in engines.values():
@@ -165,8 +164,9 @@ def overhead(repeats: int) -> dict[str, Any]:
             fuzzer.check("matches-reference", fresh)
             return time.perf_counter() - t
 
-        step = _median(full, repeats)
-        engine = _median(lambda: _engine_seconds(bare, sc), repeats)
+        # alternately, as the scaling rows are timed
+        steps, engines = zip(*((full(), _engine_seconds(bare, sc)) for _ in range(repeats)))
+        step, engine = statistics.median(steps), statistics.median(engines)
         parts = [_phases(fuzzer, _as_drawn(sc)) for _ in range(repeats)]
     finally:
         fuzzer.close()
