@@ -132,7 +132,7 @@ def _structural_candidates(sc: Scenario) -> Iterator[Scenario]:
             yield Scenario(layout, tuple((n, _drop_device(sc.layout, g, dev)) for n, g in sc.graphs), sc.steps)
     for gi, (_, g) in enumerate(sc.graphs):
         for k in range(len(g.forced)):
-            yield _with_graph(sc, gi, replace(g, forced=g.forced[:k] + g.forced[k + 1 :]))
+            yield _with_graph(sc, gi, g.with_forced(g.forced[:k] + g.forced[k + 1 :]))
     # a root goes from every graph that has it (graphs of one model shrink together)
     for root in dict.fromkeys(r for _, g in sc.graphs for r in g.roots):
         graphs = tuple((n, _prune(replace(g, roots=tuple(r for r in g.roots if r != root))) if root in g.roots else g) for n, g in sc.graphs)

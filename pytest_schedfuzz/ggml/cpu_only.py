@@ -26,17 +26,16 @@ class CpuOnly:
     """The leaf contents of one scenario (from its seed) and what every weight and cache holds
     in the CPU-only computation, carried from compute step to compute step."""
 
-    def __init__(self, eng: Ggml, scenario: Scenario, seed: int | None = None) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario) -> None:
         self.eng = eng
         self.scenario = scenario
-        self._seed = seed  # the parent sends it where a step computes: no second JSON
         self.shadow: dict[tuple[Any, ...], bytes] = {}
         self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
         self.programs: dict[int, GraphProgram] = {}  # per spec: its CPU-only graph for graph.c
 
     @cached_property
     def seed(self) -> int:
-        return values.scenario_seed(self.scenario) if self._seed is None else self._seed
+        return values.scenario_seed(self.scenario)
 
     @cached_property
     def ones(self) -> frozenset[str]:

@@ -51,7 +51,7 @@ class ScenarioRun:
     Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
     """
 
-    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], seed: int | None = None) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str]) -> None:
         self.eng = eng
         self.g = eng.g
         self.scenario = scenario
@@ -65,7 +65,7 @@ class ScenarioRun:
         self.programs: dict[int, GraphProgram] = {}
         self.tensor_names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self.persistent = _Persistent()
-        self.cpu_only = CpuOnly(eng, scenario, seed)  # the values check of compute steps
+        self.cpu_only = CpuOnly(eng, scenario)  # the values check of compute steps
         self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
         try:
             self.backends, self.rpc_endpoints = init_backends(eng, scenario.layout, endpoints)

@@ -29,7 +29,6 @@ from ..model.trace import Abort, Trace
 from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
 from .lib import LIB_ENV, child_env, resolve_lib
 from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spawn
-from .values import scenario_seed
 
 
 WORKER = "pytest_schedfuzz.ggml.worker"
@@ -281,9 +280,7 @@ class GgmlTarget(WorkerTarget):
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
-                # the values oracle's seed hashes the scenario's JSON: only where a step computes
-                seed = scenario_seed(scenario) if any(s.kind == "compute" for s in scenario.steps) else None
-                worker.send_pickled({"scenario": scenario, "endpoints": endpoints, "seed": seed})
+                worker.send_pickled({"scenario": scenario, "endpoints": endpoints})
                 if meanwhile is not None:
                     meanwhile()
                 abort = self._collect(worker, records)

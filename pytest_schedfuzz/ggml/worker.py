@@ -6,9 +6,10 @@ descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever 
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request (``Worker.send_pickled``) ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...], "seed": N}`` (the values oracle's
-  seed, ``values.scenario_seed``, where a step computes; the scenario comes validated, with its
-  graphs' geometry inferred, by the parent, which is this worker's only writer), answered with one
+* request (``Worker.send_pickled``) ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...]}`` (the
+  scenario comes validated, with its graphs' geometry inferred, by the parent, which is this
+  worker's only writer; the values oracle's seed, ``values.scenario_seed``, is made here, where a
+  step computes, while the parent's reference predicts), answered with one
   ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
   and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
@@ -79,11 +80,11 @@ def probe_scenario() -> Scenario:
     )
 
 
-def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, seed: int | None = None) -> list[StepRecord]:
+def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None) -> list[StepRecord]:
     """Run every step, sending each record on ``chan`` as soon as it exists."""
     records: list[StepRecord] = []
     eng.step = 0  # backends and weights are set up as part of step 0
-    run = ScenarioRun(eng, scenario, endpoints, seed)
+    run = ScenarioRun(eng, scenario, endpoints)
     try:
         for i, st in enumerate(scenario.steps):
             eng.step = i
@@ -132,7 +133,7 @@ def main() -> None:
         eng.step = -1
         reply: dict[str, object]
         try:
-            run_scenario(eng, req["scenario"], req["endpoints"], chan, req["seed"])
+            run_scenario(eng, req["scenario"], req["endpoints"], chan)
             reply = {"done": True}
         except Unsupported as e:
             reply = {"unsupported": str(e)}

@@ -233,6 +233,17 @@ class GraphSpec:
         copy.__dict__["_derived"] = self.derived
         return copy
 
+    def with_forced(self, forced: tuple[tuple[str, int], ...]) -> GraphSpec:
+        """This spec with other forced assignments, with what was derived from its tensors alone
+        (``by_name``, geometry, ``derived``: the reference's graph applies forced assignments per
+        step); its validity is checked again, as it depends on them."""
+        if forced == self.forced:
+            return self
+        copy = replace(self, forced=forced)
+        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if k in ("by_name", "geometry"))
+        copy.__dict__["_derived"] = self.derived
+        return copy
+
     def __repr__(self) -> str:
         return f"GraphSpec({self.label or 'graph'}: {self.n_ops} ops, {len(self.tensors) - self.n_ops} leafs)"
 

@@ -44,7 +44,7 @@ def forced_views(scenario: Scenario) -> list[str]:
 
 def unforced_views_variant(scenario: Scenario) -> Scenario:
     """The same scenario without the backend assignments of view tensors."""
-    graphs = tuple((n, replace(g, forced=tuple(f for f in g.forced if g.by_name[f[0]].op not in VIEW_OPS))) for n, g in scenario.graphs)
+    graphs = tuple((n, g.with_forced(tuple(f for f in g.forced if g.by_name[f[0]].op not in VIEW_OPS))) for n, g in scenario.graphs)
     return replace(scenario, graphs=graphs)
 
 

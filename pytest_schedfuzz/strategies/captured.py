@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
 
 from hypothesis import strategies as st
 
@@ -30,7 +29,7 @@ from . import fit_max_size, gpus, written_device
 @st.composite
 def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_steps: int = 8,
                        policy: Policy = can_reuse) -> Scenario:
-    base = draw(st.sampled_from(list(pool)))
+    base = _base(draw, pool)
     layout = draw(_layouts(base.layout, max_gpu))
     graphs = tuple((name, draw(_forced(g, layout.n))) for name, g in base.graphs)
     max_nodes = max((s.params.max_nodes for s in base.steps if s.params is not None), default=1024)
@@ -58,7 +57,7 @@ def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
 @st.composite
 def captured_workloads(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_ubatches: int = 8,
                        policy: Policy = can_reuse) -> Scenario:
-    base = draw(st.sampled_from(list(pool)))
+    base = _base(draw, pool)
     layout = draw(_layouts(base.layout, max_gpu))
     graphs = draw(_forced_alike(base.graphs, layout.n))
     first = next(i for i, s in enumerate(base.steps) if s.kind == "sched_new")
@@ -80,6 +79,12 @@ def captured_workloads(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
     return Scenario(fit_max_size(layout, [g for _, g in graphs]), graphs, tuple(steps))
 
 
+def _base(draw: st.DrawFn, pool: Sequence[Scenario]) -> Scenario:
+    """A scenario of ``pool``, drawn by index: ``sampled_from`` hashes its elements at every draw,
+    here every tensor of every captured graph."""
+    return pool[draw(st.integers(0, len(pool) - 1))]
+
+
 @st.composite
 def _forced_alike(draw: st.DrawFn, graphs: Sequence[tuple[str, GraphSpec]], n_backends: int) -> tuple[tuple[str, GraphSpec], ...]:
     """``graphs`` with up to two more nodes forced onto drawn backends, by name, in every graph
@@ -91,7 +96,7 @@ def _forced_alike(draw: st.DrawFn, graphs: Sequence[tuple[str, GraphSpec]], n_ba
     out = []
     for name, g in graphs:
         here = [(n, b if (w := written_device(g.by_name, n)) is None else w) for n, b in extra if n in g.by_name]
-        out.append((name, replace(g, forced=g.forced + tuple(here)) if here else g))
+        out.append((name, g.with_forced(g.forced + tuple(here)) if here else g))
     return tuple(out)
 
 
@@ -115,7 +120,7 @@ def _forced(draw: st.DrawFn, g: GraphSpec, n_backends: int) -> GraphSpec:
     nodes = [t.name for t in g.tensors if not t.is_leaf and t.op not in VIEW_OPS and t.name not in taken]
     extra = draw(st.lists(st.tuples(st.sampled_from(nodes), st.integers(0, n_backends - 1)), max_size=2, unique_by=lambda f: f[0])) if nodes else []
     extra = [(name, b if (w := written_device(g.by_name, name)) is None else w) for name, b in extra]
-    return replace(g, forced=g.forced + tuple(extra)) if extra else g
+    return g.with_forced(g.forced + tuple(extra)) if extra else g
 
 
 __all__ = ["captured_scenarios", "captured_workloads"]
