@@ -493,3 +493,25 @@ def test_graph_c_reports_a_tensor_ggml_makes_unlike_its_geometry() -> None:
     with GgmlTarget() as target:
         with pytest.raises(TargetError, match=r"tensor 'xt': shapes.infer and ggml disagree: nb: spec \(32, 99, 128, 128\), ggml \(32, 4, 128, 128\)"):
             target.run(scenario(BackendLayout.of("cpu"), {"g": spec}, sched_new(), Step("alloc", "g")))
+
+
+def test_children_keep_their_bytecode_where_the_user_writes_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker or RPC server starts after every abort: under ``PYTHONDONTWRITEBYTECODE`` each
+    compiled ggml-python's bindings again. Children write their bytecode to schedfuzz's cache
+    instead (not next to the sources), and the next child reads it."""
+    import subprocess
+    import sys
+
+    from pytest_schedfuzz.ggml.lib import child_env
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    monkeypatch.setenv("SCHEDFUZZ_CACHE", str(tmp_path))
+    env = child_env(None)
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    code = "import sys; from pytest_schedfuzz.ggml.lib import import_ggml; import_ggml(); print(sys.dont_write_bytecode, sys.pycache_prefix)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", str(tmp_path / "pycache")]
+    assert list((tmp_path / "pycache").rglob("ggml/ggml.cpython-*.pyc"))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
+    assert "PYTHONPYCACHEPREFIX" not in child_env(None)  # the user's own choice otherwise
