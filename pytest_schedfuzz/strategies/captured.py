@@ -92,7 +92,7 @@ def _forced_alike(draw: st.DrawFn, graphs: Sequence[tuple[str, GraphSpec]], n_ba
     graph only, a reservation cannot dominate the graph that differs; a write into a cache onto
     the cache's device only, ``written_device``)."""
     names = sorted({t.name for _, g in graphs for t in g.tensors if not t.is_leaf and t.op not in VIEW_OPS} - {n for _, g in graphs for n, _ in g.forced})
-    extra = draw(st.lists(st.tuples(st.sampled_from(names), st.integers(0, n_backends - 1)), max_size=2, unique_by=lambda f: f[0])) if names else []
+    extra = _up_to_two(draw, names, n_backends)
     out = []
     for name, g in graphs:
         here = [(n, b if (w := written_device(g.by_name, n)) is None else w) for n, b in extra if n in g.by_name]
@@ -118,9 +118,19 @@ def _forced(draw: st.DrawFn, g: GraphSpec, n_backends: int) -> GraphSpec:
     strategy knows, ``written_device``)."""
     taken = {name for name, _ in g.forced}
     nodes = [t.name for t in g.tensors if not t.is_leaf and t.op not in VIEW_OPS and t.name not in taken]
-    extra = draw(st.lists(st.tuples(st.sampled_from(nodes), st.integers(0, n_backends - 1)), max_size=2, unique_by=lambda f: f[0])) if nodes else []
-    extra = [(name, b if (w := written_device(g.by_name, name)) is None else w) for name, b in extra]
+    extra = [(name, b if (w := written_device(g.by_name, name)) is None else w) for name, b in _up_to_two(draw, nodes, n_backends)]
     return g.with_forced(g.forced + tuple(extra)) if extra else g
+
+
+def _up_to_two(draw: st.DrawFn, names: Sequence[str], n_backends: int) -> list[tuple[str, int]]:
+    """Up to two of ``names``, each with a drawn backend. Drawn by index: a ``lists`` of
+    ``sampled_from`` hundreds of names was a new strategy to validate at every draw, a fifth of
+    the drawing of a captured scenario."""
+    out: dict[str, int] = {}
+    for _ in range(draw(st.integers(0, 2)) if names else 0):
+        name = names[draw(st.sampled_from(range(len(names))))]
+        out.setdefault(name, draw(st.integers(0, n_backends - 1)))
+    return list(out.items())
 
 
 __all__ = ["captured_scenarios", "captured_workloads"]
