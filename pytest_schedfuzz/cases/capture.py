@@ -369,6 +369,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
         raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured", kind="abort before a graph")
     layout: BackendLayout | None = None
     graphs: dict[str, str] = {}  # graph JSON -> its name
+    reprs: dict[tuple[int, int, int], str] = {}
     specs: list[tuple[str, GraphSpec]] = []
     steps: list[Step] = []
     seen: list[CapturedStep] = []
@@ -399,7 +400,9 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
         elif here != layout:
             raise CaptureError(f"call {call}: the scheduler's backends changed ({names}); a scenario has one layout", kind="backend")
         g = {"nodes": cap["nodes"], "leafs": cap["leafs"], "forced": cap["forced"]}
-        key = repr(g)
+        # a graph captured again in the workload comes as the same objects (LlamaTarget): one repr
+        same = (id(cap["nodes"]), id(cap["leafs"]), id(cap["forced"]))
+        key = reprs.get(same) or reprs.setdefault(same, repr(g))
         if key not in graphs:
             name = f"g{len(specs)}-c{call}-{s.kind}"
             specs.append((name, _recent_spec(key, g, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,7 @@ class LlamaTarget(WorkerTarget):
 
     def _collect(self, worker: Worker, calls: list[dict[str, Any]]) -> dict[str, int] | LlamaAbort | str:
         current = -1
+        graphs: dict[int, tuple[Any, ...]] = {}  # the graphs the workload captured, by the worker's id
         while True:
             try:
                 msg = worker.recv(self.call_timeout)
@@ -153,11 +154,13 @@ class LlamaTarget(WorkerTarget):
             if "begin" in msg:
                 current = int(msg["begin"])
             elif "call" in msg:
+                _with_graphs(msg["call"].get("sched", ()), graphs)
                 calls.append(msg["call"])
             elif "done" in msg:
                 return dict(msg["done"].get("perf", {}))
             elif "abort" in msg:
                 a = msg["abort"]
+                _with_graphs(a.get("sched", ()), graphs)
                 return LlamaAbort(int(a["call"]), "abort", a["message"], tuple(SchedCall.from_json(s) for s in a.get("sched", ())))
             elif "unreachable" in msg:
                 return str(msg["unreachable"])
@@ -165,3 +168,16 @@ class LlamaTarget(WorkerTarget):
                 raise TargetError(f"the llama.cpp worker failed (harness, not llama.cpp):\n{msg['error']}")
             else:
                 raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")
+
+
+def _with_graphs(records: Sequence[dict[str, Any]], graphs: dict[int, tuple[Any, ...]]) -> None:
+    """The worker sends a graph it captured before in the workload as ``same_graph``: put back the
+    one it sent with that ``graph_id`` (the same objects, which ``cases.capture`` keys once)."""
+    for s in records:
+        cap = s.get("capture")
+        if not cap:
+            continue
+        if "graph_id" in cap:
+            graphs[cap.pop("graph_id")] = (cap["nodes"], cap["leafs"], cap["forced"])
+        elif "same_graph" in cap:
+            cap["nodes"], cap["leafs"], cap["forced"] = graphs[cap.pop("same_graph")]

@@ -7,7 +7,9 @@ cannot corrupt them.
 
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
 * request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``
-  (with ``"capture": true``, every reserve and alloc record carries the graph whole), answered with
+  (with ``"capture": true``, every reserve and alloc record carries the graph whole, the first time
+  in the workload with a ``"graph_id"``, and again only as ``"same_graph": id``: half the graphs of
+  a workload are one it captured before, each ubatch of the same size), answered with
   ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
   ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
   RPC server does not answer; ``{"error": message}`` when the harness failed;
@@ -29,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import pickle
 import re
 import struct
 import sys
@@ -210,6 +213,7 @@ class Llama:
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self.capturing = False  # read every graph handed to reserve/alloc whole (cases.capture)
         self.captured: dict[str, Any] | None = None  # ... the one being split
+        self.graph_ids: dict[bytes, int] = {}  # the graphs this workload captured (pickled) -> their id
         self.forced: dict[int, dict[int, int]] = {}  # sched -> tensor -> backend llama.cpp set since the last reset
         self._hook = HOOK_T(self._on_sched)
         set_hook(self._hook)
@@ -416,9 +420,16 @@ class Llama:
         return False
 
     def _captured_into(self, rec: dict[str, Any], sched: int) -> None:
-        rec["capture"], self.captured = self.captured, None
-        del rec["capture"]["sched"]
-        rec["capture"]["buffer_sizes"] = self._buffer_sizes(sched)
+        cap = rec["capture"] = self.captured
+        self.captured = None
+        del cap["sched"]
+        cap["buffer_sizes"] = self._buffer_sizes(sched)
+        key = pickle.dumps((cap["nodes"], cap["leafs"], cap["forced"]), protocol=pickle.HIGHEST_PROTOCOL)
+        if key in self.graph_ids:
+            del cap["nodes"], cap["leafs"], cap["forced"]
+            cap["same_graph"] = self.graph_ids[key]
+        else:
+            cap["graph_id"] = self.graph_ids[key] = len(self.graph_ids)
 
     def _capture_graph(self, sched: int, graph: int) -> dict[str, Any]:
         """The graph handed to the scheduler, whole: every node and leaf with its op (and
@@ -813,6 +824,7 @@ def main() -> None:
             w = LlamaWorkload.from_json(req["workload"])
             eng.want_logits = bool(req.get("logits"))
             eng.capturing = bool(req.get("capture"))
+            eng.graph_ids = {}
             done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
             chan.send({"done": done})
         except ConnectionError as e:

@@ -105,6 +105,17 @@ def test_a_call_that_aborts_inside_ggml_is_captured_and_aborts_at_the_ggml_level
 
 
 @pytest.mark.engine
+def test_a_graph_captured_again_in_a_workload_is_sent_once(fuzzer: Fuzzer) -> None:
+    """The worker sends a graph it captured before in the same workload by its id (half of a
+    workload's graphs, each ubatch of a size seen): the trace holds the very objects sent first,
+    one per distinct graph, and nothing of the protocol."""
+    caps = [s.capture for _, s in fuzzer.engines.run_llama(workload(Devices(n_rpc=1)), capture=True).sched_calls() if s.capture is not None]
+    distinct = {repr((c["nodes"], c["leafs"], c["forced"])) for c in caps}
+    assert len({(id(c["nodes"]), id(c["leafs"]), id(c["forced"])) for c in caps}) == len(distinct) < len(caps)
+    assert not any("graph_id" in c or "same_graph" in c for c in caps)
+
+
+@pytest.mark.engine
 def test_pipeline_parallelism_on_two_asynchronous_gpu_like_devices_is_captured_whole(fuzzer: Fuzzer) -> None:
     w = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC)))
     captured = _captured(fuzzer, w)
