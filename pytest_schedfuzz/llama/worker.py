@@ -790,7 +790,10 @@ class Llama:
             self.adapters[call.n] = adapter
             return 0
         if k == "lora_free":
-            L.llama_adapter_lora_free(self.adapters.pop(call.n))
+            adapter = self.adapters.pop(call.n, None)
+            if adapter is None:  # its lora_load failed, and that call says why
+                return f"adapter {call.n} is not loaded: its lora_load failed"
+            L.llama_adapter_lora_free(adapter)
             return 0
         if k == "lora_set":
             chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]

@@ -509,6 +509,22 @@ def test_a_lora_adapter_written_with_gguf_loads_and_raises_max_nodes_by_six_per_
         assert all(check(w, trace) == [] for check in LLAMA_CHECKS.values())
 
 
+@pytest.mark.engine
+def test_an_adapter_that_failed_to_load_is_a_refused_call_then_a_refused_free(target, tmp_path, monkeypatch) -> None:
+    """A lora_load llama.cpp refuses leaves nothing to free: the lora_free after it is refused too,
+    not a harness error (a ci run under xdist met one: the worker raised a KeyError)."""
+    from pytest_schedfuzz.model.llama_model import LoraSpec
+
+    bad = tmp_path / "not-an-adapter.gguf"
+    bad.write_bytes(b"GGUF, but not really")
+    monkeypatch.setattr("pytest_schedfuzz.llama.target.write_lora", lambda *a: bad)
+    w = replace(LORA_W, loras=(LoraSpec(),), calls=(Call("lora_load", n=0), Call("lora_free", n=0), decode((0, 1, "last"))))
+    trace = llama_trace(target.run(w))
+    assert trace.abort is None
+    load, free, dec = [c for c in trace.calls if 0 <= c.index < 3]
+    assert "llama_adapter_lora_init failed" in str(load.rc) and free.rc == "adapter 0 is not loaded: its lora_load failed" and dec.rc == 0
+
+
 def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_changed_before() -> None:
     """The RPC client says the same for every server failure; a server that died says how, and
     one that refused a command is told apart by the last call that changed the devices' contents
