@@ -164,7 +164,7 @@ class Fuzzer:
         refused = out_of_memory(workload, trace)
         if refused:
             self.stats.llama_out_of_memory += 1
-            raise Unsupported(f"llama.cpp could not make the context on devices this full: {refused}")
+            raise Unsupported(f"llama.cpp could not make the context or load an adapter on devices this full: {refused}")
         unmade = unmade_calls(workload, trace)
         if unmade:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")

@@ -58,7 +58,7 @@ class Stats:
     llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
     llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
-    llama_out_of_memory: int = 0  # contexts llama.cpp could not make on GPU-like devices left little free memory (not judged)
+    llama_out_of_memory: int = 0  # contexts or adapters llama.cpp could not make on GPU-like devices left little free memory (not judged)
     llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
     llama_logit_rows: int = 0  # ... output rows compared
     llama_switch_reruns: int = 0  # workloads run again without a switch a new lost reservation names (``causes.switches_told_apart``)
@@ -187,7 +187,7 @@ class Stats:
             rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
             lines += [
                 f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs}); "
-                f"contexts that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
+                f"contexts or LoRA adapters that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
                 f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: workloads captured and predicted by the reference (llama-matches-reference) = {self.llama_captured}, "

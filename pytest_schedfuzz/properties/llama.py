@@ -257,15 +257,18 @@ def _last_change(w: LlamaWorkload, call: int) -> str:
 
 
 def out_of_memory(w: LlamaWorkload, trace: LlamaTrace) -> str:
-    """What refused the context, when a GPU-like device the workload left little free memory
-    (``Devices.gpu_free``) ran out of it while llama.cpp made the context: llama.cpp rightly
-    fails then (after retrying without pipeline parallelism), so the workload tests nothing. ""
-    otherwise."""
+    """What refused the context or a LoRA adapter, when a GPU-like device the workload left little
+    free memory (``Devices.gpu_free``) ran out of it: llama.cpp rightly fails then (a context
+    after retrying without pipeline parallelism), so the workload tests nothing. "" otherwise.
+    (The model stays loaded from workload to workload, so how full a device is depends on what
+    ran before: such a refusal need not come back on a replay.)"""
     if not w.devices.gpu_free:
         return ""
     for c in trace.calls:
         if c.kind == "init" and c.rc != 0:
             return next((x for x in c.error if re.search(r"GPU\d+: out of memory", x)), "")
+        if c.kind == "lora_load" and isinstance(c.rc, str) and re.search(r"failed to allocate GPU\d+ buffer", c.rc):
+            return c.rc
     return ""
 
 

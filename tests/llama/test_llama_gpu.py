@@ -116,6 +116,24 @@ def test_compute_buffers_that_do_not_fit_make_llama_drop_pipeline_parallelism(ta
     assert refused.calls[0].rc != 0 and out_of_memory(full, refused) and LLAMA_CHECKS["llama-no-abort"](full, refused) == []
 
 
+def test_an_adapter_a_full_device_refuses_is_out_of_memory_not_a_harness_error() -> None:
+    """A LoRA adapter llama.cpp cannot allocate on a GPU-like device left little free memory is
+    refused rightly, as a context is (not judged, counted); the message is llama.cpp's, as a ci
+    run under -n 2 met it. Elsewhere a refused load stays a call the harness could not make."""
+    from pytest_schedfuzz.model.llama_model import LoraSpec
+    from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaTrace, SchedCall
+    from pytest_schedfuzz.properties.llama import unmade_calls
+
+    said = ("llama_adapter_lora_init failed: alloc_tensor_range: failed to allocate GPU0 buffer of size 14336 / "
+            "llama_adapter_lora_init_from_file_ptr: failed to apply lora adapter: failed to allocate buffer for lora adapter")
+    full = LlamaWorkload(ModelSpec(n_layer=2), Devices(n_rpc=0, gpus=(ASYNC, ASYNC), gpu_free=(440_871, 1_246_974)), ContextParams(n_seq_max=1),
+                         (Call("lora_load", n=0), Call("lora_free", n=0)), (LoraSpec(),))
+    trace = LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "lora_load", said), CallRecord(1, "lora_free", "adapter 0 is not loaded: its lora_load failed")))
+    assert out_of_memory(full, trace) == said
+    roomy = replace(full, devices=replace(full.devices, gpu_free=()))
+    assert out_of_memory(roomy, trace) == "" and len(unmade_calls(roomy, trace)) == 2
+
+
 @pytest.mark.engine
 def test_an_op_the_device_refuses_splits_the_graph_around_it(target) -> None:
     plain = llama_trace(target.run(workload(Devices(n_rpc=0, gpus=(GPU,)))))
