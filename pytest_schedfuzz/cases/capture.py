@@ -402,7 +402,9 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
         g = {"nodes": cap["nodes"], "leafs": cap["leafs"], "forced": cap["forced"]}
         # a graph captured again in the workload comes as the same objects (LlamaTarget): one repr
         same = (id(cap["nodes"]), id(cap["leafs"]), id(cap["forced"]))
-        key = reprs.get(same) or reprs.setdefault(same, repr(g))
+        key = reprs.get(same)
+        if key is None:
+            key = reprs[same] = repr(g)
         if key not in graphs:
             name = f"g{len(specs)}-c{call}-{s.kind}"
             specs.append((name, _recent_spec(key, g, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))

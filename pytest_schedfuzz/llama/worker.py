@@ -666,6 +666,7 @@ class Llama:
         self._samplers = []
         self.model_for_loras, self.lora_paths = model, list(lora_paths)
         self.adapters: dict[int, Any] = {}  # workload adapter index -> llama_adapter_lora loaded on the model
+        self.graph_ids = {}  # a workload's captured graphs are numbered from 0
         # logits are compared only where the context computes them: not while it outputs embeddings, nor
         # with backend samplers (the graph samples; the logits it keeps are the samplers')
         self.embeddings, self.backend_samplers, self.logits = w.ctx.embeddings, w.ctx.backend_samplers, []
@@ -827,7 +828,6 @@ def main() -> None:
             w = LlamaWorkload.from_json(req["workload"])
             eng.want_logits = bool(req.get("logits"))
             eng.capturing = bool(req.get("capture"))
-            eng.graph_ids = {}
             done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
             chan.send({"done": done})
         except ConnectionError as e:

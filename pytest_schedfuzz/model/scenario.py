@@ -226,21 +226,20 @@ class GraphSpec:
     def relabeled(self, label: str) -> GraphSpec:
         """This spec under another label, with what was derived from its tensors (geometry,
         validity, ``derived``): the label is a name, nothing is derived from it."""
-        if label == self.label:
-            return self
-        copy = replace(self, label=label)
-        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in ("tensors", "roots", "forced", "label"))
-        copy.__dict__["_derived"] = self.derived
-        return copy
+        return self if label == self.label else self._sharing(True, label=label)
 
     def with_forced(self, forced: tuple[tuple[str, int], ...]) -> GraphSpec:
         """This spec with other forced assignments, with what was derived from its tensors alone
         (``by_name``, geometry, ``derived``: the reference's graph applies forced assignments per
         step); its validity is checked again, as it depends on them."""
-        if forced == self.forced:
-            return self
-        copy = replace(self, forced=forced)
-        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if k in ("by_name", "geometry"))
+        return self if forced == self.forced else self._sharing(False, forced=forced)
+
+    def _sharing(self, validity: bool, **changes: Any) -> GraphSpec:
+        """A copy with ``changes`` that shares what was derived from the tensors, and their
+        validity where ``changes`` cannot change it."""
+        copy = replace(self, **changes)
+        skip = {"tensors", "roots", "forced", "label"} | (set() if validity else {"_valid_for"})
+        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in skip)
         copy.__dict__["_derived"] = self.derived
         return copy
 
