@@ -1,88 +1,31 @@
-"""Local ggml RPC servers, and the bookkeeping that keeps no child process alive after us.
+"""Local ggml RPC servers.
 
 Each server is ``python -m pytest_schedfuzz.ggml.rpc_server --port P`` in its own session
 (so its own process group), listening on a free loopback port. A server is ready once its port
 accepts a TCP connection; ``ggml_backend_rpc_init`` on a port that is not listening yet fails
-inside ggml, so we poll rather than sleep. Every child started through ``spawn`` is stopped on
-``close()``, at interpreter exit (``atexit``) and on SIGTERM; a KeyboardInterrupt unwinds
-through ``close()``/atexit, and the children also die with their parent (``PR_SET_PDEATHSIG``).
+inside ggml, so we poll rather than sleep. Servers are stopped on ``close()`` and, as every
+child, at interpreter exit and on SIGTERM (``children``).
+
+Servers are not forked from a fork server as the workers are (``forkserver``): forked from one
+process, every server would have the same address layout, and a buffer handle of one server
+would then name a buffer of another too (the starter case where ggml 0.15.3 places a view of
+RPC0's cache in RPC1's split reproduces only with servers of their own).
 """
 
 from __future__ import annotations
 
-import atexit
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import IO
 
+from .children import KILLED_FROM_OUTSIDE, describe_exit, kill_group, spawn
 from .lib import child_env
-
-_children: dict[int, subprocess.Popen[bytes]] = {}
-_cleanup_installed = False
-
-
-def _kill_all() -> None:
-    for proc in list(_children.values()):
-        kill_group(proc)
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _kill_all()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _install_cleanup() -> None:
-    global _cleanup_installed
-    if _cleanup_installed:
-        return
-    _cleanup_installed = True
-    atexit.register(_kill_all)
-    # only the main thread may set handlers; never displace a handler somebody else installed
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def spawn(args: Sequence[str], env: dict[str, str], **kwargs: object) -> subprocess.Popen[bytes]:
-    """Start a child in its own session (process group), to be killed with the others at exit."""
-    _install_cleanup()
-    proc: subprocess.Popen[bytes] = subprocess.Popen(list(args), env=env, start_new_session=True, **kwargs)  # type: ignore[call-overload]
-    _children[proc.pid] = proc
-    return proc
-
-
-def kill_group(proc: subprocess.Popen[bytes], grace: float = 2.0) -> None:
-    """SIGTERM the child's process group, SIGKILL it after ``grace`` seconds, and reap it."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
-        if proc.poll() is not None:
-            break
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
-    _children.pop(proc.pid, None)
-
-
-def describe_exit(code: int) -> str:
-    """``Popen.returncode`` in words."""
-    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
 
 
 def free_port() -> int:
@@ -102,7 +45,6 @@ def port_accepts(port: int, timeout: float = 0.2) -> bool:
 
 
 # signals that end a process from outside (the OOM killer, a user, CI's timeout), not a crash
-KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class RpcServerError(RuntimeError):

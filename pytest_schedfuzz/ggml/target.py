@@ -27,11 +27,18 @@ from ..engine import TargetError, Unsupported
 from ..model.scenario import Scenario
 from ..model.trace import Abort, Trace
 from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
+from .forkserver import ForkedProc, Forker
 from .lib import LIB_ENV, child_env, resolve_lib
-from .rpc import KILLED_FROM_OUTSIDE, RpcServers, describe_exit, kill_group, spawn
+from .children import KILLED_FROM_OUTSIDE, describe_exit, kill_group, spawn
+from .rpc import RpcServers
 
 
 WORKER = "pytest_schedfuzz.ggml.worker"
+
+
+def worker_env(env: dict[str, str]) -> dict[str, str]:
+    """A worker's environment: ``env`` with the crash hook preloaded (``crash_hook.c``)."""
+    return with_preload(dict(env), build_preload(CRASH_HOOK))
 
 
 class WorkerGone(Exception):
@@ -50,15 +57,13 @@ class Worker:
     """One worker process: requests on its stdin (JSON lines, or pickles: ``send_pickled``),
     pickled messages from its stdout (``engine.Channel``), stderr to a file."""
 
-    def __init__(self, env: dict[str, str], module: str = WORKER) -> None:
+    def __init__(self, env: dict[str, str], module: str = WORKER, fork: Callable[[IO[bytes]], ForkedProc | None] | None = None) -> None:
+        """A new worker with ``env`` (``worker_env``): forked by ``fork`` where it gives one (a
+        fork server's ``spawn``), else a process of its own."""
         self.stderr: IO[bytes] = tempfile.TemporaryFile()
-        self.proc = spawn(
-            [sys.executable, "-m", module],
-            with_preload(dict(env), build_preload(CRASH_HOOK)),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-        )
+        proc = fork(self.stderr) if fork is not None else None
+        self.proc: subprocess.Popen[bytes] | ForkedProc = proc or spawn(
+            [sys.executable, "-m", module], env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
         assert self.proc.stdout is not None and self.proc.stdin is not None
         self._out = self.proc.stdout.fileno()
         os.set_blocking(self._out, False)
@@ -66,23 +71,20 @@ class Worker:
         self._sel.register(self._out, selectors.EVENT_READ)
         self._buf = b""
 
-    @staticmethod
-    def start(env: dict[str, str], module: str, timeout: float, what: str, spawned: Worker | None = None) -> tuple[Worker, dict[str, str]]:
-        """A started worker (``spawned``, or a new one) and its ``hello`` (engine info); a
-        ``TargetError`` with the worker's own words if it dies, refuses (``fatal``) or is silent
-        for ``timeout`` s."""
-        worker = spawned or Worker(env, module)
+    def hello(self, timeout: float, what: str) -> dict[str, str]:
+        """The worker's ``hello`` (engine info); a ``TargetError`` with the worker's own words if
+        it dies, refuses (``fatal``) or is silent for ``timeout`` s."""
         try:
-            msg = worker.recv(timeout)
+            msg = self.recv(timeout)
         except (WorkerGone, WorkerTimeout) as e:
-            how = "did not start in time" if isinstance(e, WorkerTimeout) else worker.death()
-            tail = worker.stderr_tail()
-            worker.close()
+            how = "did not start in time" if isinstance(e, WorkerTimeout) else self.death()
+            tail = self.stderr_tail()
+            self.close()
             raise TargetError(f"the {what} worker {how}:\n{tail}") from None
         if "hello" not in msg:
-            worker.close()
+            self.close()
             raise TargetError(f"the {what} worker refused to run: {msg.get('fatal', msg)}")
-        return worker, dict(msg["hello"])
+        return dict(msg["hello"])
 
     def send(self, msg: dict[str, Any]) -> None:
         self.send_text(json.dumps(msg))
@@ -168,7 +170,9 @@ class WorkerTarget(ABC):
     start_timeout: float
     _worker: Worker | None = None
     _spare: Worker | None = None
+    _forker: Forker | None = None  # ``forkserver``: workers forked from one that has imported everything
     module: str  # the worker's module
+    preload: tuple[str, ...] = ()  # modules its fork server imports besides (``forkserver``)
     what: str  # the worker's name in errors
 
     @abstractmethod
@@ -180,14 +184,23 @@ class WorkerTarget(ABC):
         spare, which starts while this one works: a run after an abort or a crash (a finding, a
         known bug, its confirmation on a fresh worker) then waits for no worker to start (a
         llama.cpp worker takes about half a second)."""
-        env = self._env()
+        env = worker_env(self._env())
         spare, self._spare = self._spare, None
         if spare is not None and spare.proc.poll() is not None:
             spare.close()
             spare = None
-        worker, self.engine = Worker.start(env, self.module, self.start_timeout, self.what, spare)
-        self._spare = Worker(env, self.module)
+        worker = spare or self._new_worker(env)
+        self.engine = worker.hello(self.start_timeout, self.what)
+        self._spare = self._new_worker(env)
         return worker
+
+    def _new_worker(self, env: dict[str, str]) -> Worker:
+        """A worker forked by this target's fork server for ``env`` (``forkserver``), else a
+        process of its own."""
+        if self._forker is None:
+            self._forker = Forker(self.module, self.preload, self.start_timeout)
+        forker = self._forker
+        return Worker(env, self.module, lambda stderr: forker.spawn(env, stderr))
 
     def start(self) -> dict[str, str]:
         """Start the worker now (it otherwise starts with the first run); the engine's description."""
@@ -209,6 +222,8 @@ class WorkerTarget(ABC):
             if worker is not None:
                 worker.close()
         self._worker = self._spare = None
+        if self._forker is not None:
+            self._forker.close()
         self.servers.close()
 
     def __enter__(self) -> Any:

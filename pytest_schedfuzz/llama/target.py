@@ -75,6 +75,7 @@ class LlamaTarget(WorkerTarget):
     any reallocation, printing ggml's graph size."""
 
     module, what = "pytest_schedfuzz.llama.worker", "llama.cpp"
+    preload = ("llama_cpp.llama_cpp",)  # its fork server maps libllama once (``Llama``)
 
     def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: int = 0) -> None:
         self.lib_dir = resolve_lib_dir(lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None)

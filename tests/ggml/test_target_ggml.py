@@ -15,7 +15,9 @@ from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_targe
 from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
 from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
 from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
-from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.forkserver import ForkServer
+from pytest_schedfuzz.ggml.lib import child_env
+from pytest_schedfuzz.ggml.target import GgmlTarget, worker_env
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
 from pytest_schedfuzz.properties.derived import graph_trace
@@ -224,8 +226,10 @@ def test_close_leaves_no_process() -> None:
     assert trace.abort is None
     pids, ports, worker = t.servers.pids, t.servers.ports, t.worker_pid
     assert len(pids) == 2 and worker is not None and all(port_accepts(p) for p in ports)
+    assert t._forker is not None and t._forker.server is not None and t._spare is not None
+    forks, spare = t._forker.server.proc.pid, t._spare.proc.pid
     t.close()
-    for pid in [*pids, worker]:
+    for pid in [*pids, worker, forks, spare]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not any(port_accepts(p) for p in ports)
@@ -515,3 +519,74 @@ def test_children_keep_their_bytecode_where_the_user_writes_none(tmp_path: Path,
     assert list((tmp_path / "pycache").rglob("ggml/ggml.cpython-*.pyc"))
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
     assert "PYTHONPYCACHEPREFIX" not in child_env(None)  # the user's own choice otherwise
+
+
+def _parent_and_command(pid: int) -> tuple[int, str]:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1]), Path(f"/proc/{pid}/cmdline").read_bytes().decode().replace("\0", " ")
+
+
+def test_workers_after_aborts_are_forked_from_one_server_and_end_as_processes_of_their_own_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker dies at every ggml abort: its successor is forked from the target's fork server
+    (which imported everything once), not started as a new Python process; an abort, a crash
+    signal and a kill from outside read as they do from a process of its own."""
+    aborting = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(max_nodes=16), Step("alloc", "A"))
+    clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    with GgmlTarget() as t:
+        workers = []
+        for _ in range(3):
+            trace = t.run(aborting)
+            assert trace.abort is not None and trace.abort.kind == "abort" and "hash_set.size" in trace.abort.message
+            assert t.run(clean).abort is None
+            workers.append(t.worker_pid)
+        assert t._forker is not None and t._forker.server is not None and len(set(workers)) == 3
+        server = t._forker.server.proc.pid
+        parent, command = _parent_and_command(workers[-1])
+        assert parent == server and "-m pytest_schedfuzz.ggml.forkserver" in command and "pytest_schedfuzz.ggml.worker" in command
+        # not the RPC servers (``rpc``: forked, they would share their address layout)
+        assert all(_parent_and_command(pid)[0] == os.getpid() for pid in t.servers.pids)
+        # a crash: the signal it died of, as from a process of its own
+        real, signals = t._collect, [signal.SIGSEGV]
+
+        def crash_the_worker_first(worker, records):  # type: ignore[no-untyped-def]
+            if signals:
+                os.kill(worker.proc.pid, signals.pop())
+            return real(worker, records)
+
+        monkeypatch.setattr(t, "_collect", crash_the_worker_first)
+        trace = t.run(clean)
+        assert trace.abort is not None and trace.abort.kind == "crash" and "was killed by SIGSEGV" in trace.abort.message
+        # the fork server killed from outside takes its workers with it: the scenario runs again on a new server
+        os.kill(server, signal.SIGKILL)
+        assert t.run(clean).abort is None
+        assert t._forker.server is not None and t._forker.server.proc.pid != server
+        assert _parent_and_command(t.worker_pid or 0)[0] == t._forker.server.proc.pid
+
+
+def test_a_fork_server_that_cannot_import_its_module_leaves_workers_to_start_as_processes_of_their_own() -> None:
+    env = worker_env(child_env(None))
+    assert ForkServer.start("pytest_schedfuzz.no_such_module", (), env, 60.0) is None
+    server = ForkServer.start("pytest_schedfuzz.ggml.worker", (), env, 60.0)
+    assert server is not None and server.alive()
+    server.close()
+    assert not server.alive()
+
+
+def test_a_new_environment_gets_a_new_fork_server_and_the_old_one_retires_once_its_workers_have_exited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker handed out before the environment changed lives on (a test's ``setenv``, then
+    the running worker's next scenario); its server exits once it is seen to exit."""
+    clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    with GgmlTarget() as t:
+        assert t.run(clean).abort is None
+        assert t._forker is not None and t._forker.server is not None
+        old, worker = t._forker.server, t._worker
+        monkeypatch.setenv("SCHEDFUZZ_TEST_ENV", "1")
+        assert t.run(clean).abort is None and t._worker is worker  # no new worker yet
+        t._spare.close()  # type: ignore[union-attr]
+        t._spare = None
+        fresh = t._new_worker(worker_env(t._env()))
+        assert t._forker.server is not old and old.alive() and old.live == {worker.proc.pid}  # type: ignore[union-attr]
+        assert t.run(clean).abort is None  # the old worker still runs
+        worker.close()  # type: ignore[union-attr]
+        assert not old.alive() and not old.live
+        fresh.close()

@@ -1,0 +1,85 @@
+"""Child processes: each started in a session of its own (so killed as a process group), none
+left alive after us (``close()``, interpreter exit, SIGTERM; and they die with their parent,
+``lib.die_with_parent``)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Protocol
+
+# how a child killed from outside ends: an infrastructure fault, not ggml
+KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+class Proc(Protocol):
+    """What ``kill_group`` uses of a child: a ``subprocess.Popen``, or a ``forkserver.ForkedProc``."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+_children: dict[int, subprocess.Popen[bytes]] = {}
+_cleanup_installed = False
+
+
+def _kill_all() -> None:
+    for proc in list(_children.values()):
+        kill_group(proc)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _kill_all()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_cleanup() -> None:
+    global _cleanup_installed
+    if _cleanup_installed:
+        return
+    _cleanup_installed = True
+    atexit.register(_kill_all)
+    # only the main thread may set handlers; never displace a handler somebody else installed
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def spawn(args: Sequence[str], env: dict[str, str], **kwargs: object) -> subprocess.Popen[bytes]:
+    """Start a child in its own session (process group), to be killed with the others at exit."""
+    _install_cleanup()
+    proc: subprocess.Popen[bytes] = subprocess.Popen(list(args), env=env, start_new_session=True, **kwargs)  # type: ignore[call-overload]
+    _children[proc.pid] = proc
+    return proc
+
+
+def kill_group(proc: Proc, grace: float = 2.0) -> None:
+    """SIGTERM the child's process group, SIGKILL it after ``grace`` seconds, and reap it."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
+    _children.pop(proc.pid, None)
+
+
+def describe_exit(code: int) -> str:
+    """``Popen.returncode`` in words."""
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
