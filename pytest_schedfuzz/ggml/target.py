@@ -26,10 +26,10 @@ from typing import IO, Any
 from ..engine import TargetError, Unsupported
 from ..model.scenario import Scenario
 from ..model.trace import Abort, Trace
+from .children import KILLED_FROM_OUTSIDE, describe_exit, kill_group, spawn
 from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
 from .forkserver import ForkedProc, Forker
 from .lib import LIB_ENV, child_env, resolve_lib
-from .children import KILLED_FROM_OUTSIDE, describe_exit, kill_group, spawn
 from .rpc import RpcServers
 
 
