@@ -396,17 +396,22 @@ def test_a_worker_killed_from_outside_is_restarted_and_the_scenario_run_again(mo
     clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
     with GgmlTarget() as t:
         assert t.run(clean).abort is None
-        real = t._collect
-        kills = [signal.SIGKILL]
-
-        def kill_the_worker_first(worker, records):  # type: ignore[no-untyped-def]
-            if kills:
-                os.kill(worker.proc.pid, kills.pop())
-            return real(worker, records)
-
-        monkeypatch.setattr(t, "_collect", kill_the_worker_first)
+        kills = _signal_the_worker_first(t, monkeypatch, signal.SIGKILL)
         trace = t.run(clean)
         assert trace.abort is None and trace.records[-1].ok and not kills
+
+
+def _signal_the_worker_first(t: GgmlTarget, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals) -> list[signal.Signals]:
+    """Have the next run send ``sig`` to its worker once it has the scenario; the signals not sent yet."""
+    real, signals = t._collect, [sig]
+
+    def signal_first(worker, records):  # type: ignore[no-untyped-def]
+        if signals:
+            os.kill(worker.proc.pid, signals.pop())
+        return real(worker, records)
+
+    monkeypatch.setattr(t, "_collect", signal_first)
+    return signals
 
 
 def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_patience():
@@ -546,14 +551,7 @@ def test_workers_after_aborts_are_forked_from_one_server_and_end_as_processes_of
         # not the RPC servers (``rpc``: forked, they would share their address layout)
         assert all(_parent_and_command(pid)[0] == os.getpid() for pid in t.servers.pids)
         # a crash: the signal it died of, as from a process of its own
-        real, signals = t._collect, [signal.SIGSEGV]
-
-        def crash_the_worker_first(worker, records):  # type: ignore[no-untyped-def]
-            if signals:
-                os.kill(worker.proc.pid, signals.pop())
-            return real(worker, records)
-
-        monkeypatch.setattr(t, "_collect", crash_the_worker_first)
+        _signal_the_worker_first(t, monkeypatch, signal.SIGSEGV)
         trace = t.run(clean)
         assert trace.abort is not None and trace.abort.kind == "crash" and "was killed by SIGSEGV" in trace.abort.message
         # the fork server killed from outside takes its workers with it: the scenario runs again on a new server
