@@ -157,6 +157,9 @@ def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
     target.start()
     spare = target._spare
     assert spare is not None
+    # forked by the target's fork server, which has libllama loaded (``ggml.forkserver``)
+    assert target._forker is not None and target._forker.server is not None
+    assert int(open(f"/proc/{spare.proc.pid}/stat").read().rsplit(")", 1)[1].split()[1]) == target._forker.server.proc.pid
     trace = llama_trace(target.run(bad))
     (v,) = LLAMA_CHECKS["llama-no-abort"](bad, trace)
     assert v.step == 0 and "n_outputs_max" in v.message
