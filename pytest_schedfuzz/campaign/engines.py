@@ -156,7 +156,7 @@ class Engines:
         a loaded machine only slowed finishes then, a hang does not."""
         if trace.abort is None or trace.abort.kind not in ("crash", "timeout") or not hasattr(self.target, "close"):
             return trace
-        self.target.close()  # the next run starts a fresh worker and fresh servers
+        getattr(self.target, "fresh", self.target.close)()  # the next run starts a fresh worker and fresh servers
         patient = trace.abort.kind == "timeout" and hasattr(self.target, "step_timeout")
         if patient:
             usual = self.target.step_timeout  # type: ignore[attr-defined]

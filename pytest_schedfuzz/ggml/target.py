@@ -217,6 +217,16 @@ class WorkerTarget(ABC):
             self._worker = self._start_worker()
         return self._worker
 
+    def fresh(self) -> None:
+        """The next run starts on a fresh worker and fresh RPC servers: what the confirmation of a
+        crash needs (``Engines.confirmed``). The spare has run nothing but the startup probe, and
+        the fork server never initializes ggml, so both are kept: a confirmation waits for no
+        Python process to start (``close`` would restart the fork server too)."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self.servers.close()
+
     def close(self) -> None:
         for worker in (self._spare, self._worker):
             if worker is not None:

@@ -414,6 +414,32 @@ def _signal_the_worker_first(t: GgmlTarget, monkeypatch: pytest.MonkeyPatch, sig
     return signals
 
 
+def test_a_crash_is_confirmed_on_the_spare_worker_and_fresh_rpc_servers_with_the_same_fork_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Engines.confirmed`` runs a crashed scenario again on a fresh worker and fresh RPC
+    servers: the spare (forked before the crash, it ran nothing but the startup probe), from the
+    fork server that forked the crashed one (it never initializes ggml), so that no Python
+    process has to start; a crash that does not come back is unconfirmed."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+
+    clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    try:
+        t = fuzzer.engines.target
+        assert isinstance(t, GgmlTarget) and t.run(clean).abort is None
+        assert t._forker is not None and t._forker.server is not None and t._spare is not None
+        server, spare, servers = t._forker.server.proc.pid, t._spare.proc.pid, set(t.servers.pids)
+        _signal_the_worker_first(t, monkeypatch, signal.SIGSEGV)
+        crashed = t.run(clean)
+        assert crashed.abort is not None and crashed.abort.kind == "crash"
+        again = fuzzer.engines.confirmed(clean, crashed)
+        assert again.abort is None and fuzzer.stats.unconfirmed == 1
+        assert t.worker_pid == spare and t._forker.server is not None and t._forker.server.proc.pid == server
+        assert t.servers.pids and not servers & set(t.servers.pids)
+    finally:
+        fuzzer.close()
+
+
 def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_patience():
     """A machine loaded by other work (pytest-xdist inside pytest-xdist) can stall a step past
     its timeout: the confirmation run gets five times the step timeout, so a slow step passes
