@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..ggml import values
-from ..ggml.build import FAKE_GPU_SOURCE, ggml_source_for
+from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
 from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
@@ -424,7 +424,7 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     written = [out / "repro.c", out / "data.bin", out / "CMakeLists.txt", out / "REPORT.md", out / "case.json"]
     written[0].write_text(source)
     written[1].write_bytes(bytes(prog.data))
-    (out / "rpc_server.c").write_text(RPC_SERVER)
+    (out / "rpc_server.c").write_text(RPC_SERVER_SOURCE.read_text())
     written.append(out / "rpc_server.c")
     written[2].write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
     if gpus:
@@ -558,24 +558,6 @@ target_compile_definitions(repro PRIVATE _GNU_SOURCE REPRO_DATA="${{CMAKE_CURREN
 set_property(TARGET repro PROPERTY C_STANDARD 11)
 target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
 set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
-"""
-
-RPC_SERVER = r"""/* an RPC server serving ggml's CPU device: repro-rpc-server HOST:PORT [THREADS] (started by repro) */
-#include "ggml-backend.h"
-#include "ggml-rpc.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-
-int main(int argc, char ** argv) {
-    if (argc != 2 && argc != 3) {
-        fprintf(stderr, "usage: %s HOST:PORT [THREADS]\n", argv[0]);
-        return 2;
-    }
-    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    ggml_backend_rpc_start_server(argv[1], NULL, argc == 3 ? (size_t) atoi(argv[2]) : 2, 1, &cpu);
-    return 3;
-}
 """
 
 PROCESS_C = r"""/* ------------------------------------------------------------------------ the processes */

@@ -21,14 +21,14 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from ..ggml.build import FAKE_GPU_SOURCE, ggml_source_for
+from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
 from ..ggml.lib import base_library, library_folder
 from ..llama.gguf_models import write_lora, write_model
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
-from .export import PROCESS_C, RPC_SERVER, ExportError, c_string, death_condition, gpu_config, gpu_declarations
+from .export import PROCESS_C, ExportError, c_string, death_condition, gpu_config, gpu_declarations
 
 EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
@@ -187,7 +187,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         for k, a in enumerate(w.loras):
             shutil.copyfile(write_lora(w.model, a, Path(tmp)), out / f"lora-{k}.gguf")
     (out / "repro.c").write_text(source)
-    (out / "rpc_server.c").write_text(RPC_SERVER)
+    (out / "rpc_server.c").write_text(RPC_SERVER_SOURCE.read_text())
     (out / "CMakeLists.txt").write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
     if gpus:
         shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..files import atomic_write, cache_dir
-from .lib import base_library, library_folder
+from .lib import LibError, base_library, library_folder, shared_library
 
 # built-in ggml -> (distribution, version, the ggml folder inside its source distribution)
 SOURCES = {
@@ -249,6 +249,7 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
 
 
 FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")
+RPC_SERVER_SOURCE = Path(__file__).with_name("rpc_server.c")
 # the graph worker's helpers: its log buffer and assignment snapshot, its graph builder
 HELPER_SOURCES = (Path(__file__).with_name("observe.c"), Path(__file__).with_name("graph.c"))
 
@@ -312,6 +313,28 @@ def ggml_source_location(lib_file: str) -> str | Path:
 
 def _is_ggml_source(root: Path) -> bool:
     return (root / "src" / "ggml-backend-impl.h").exists() and (root / "include" / "ggml.h").exists()
+
+
+def build_rpc_server(lib_dir: str | None) -> Path:
+    """``schedfuzz-rpc-server`` (``ggml/rpc_server.c``) linked against the ggml of ``lib_dir``
+    (``None``: ggml-python's own libraries), with the folder as its ``DT_RPATH`` so that the
+    libraries those load come from it too; cached by the source and the folder."""
+    folder = Path(lib_dir).resolve() if lib_dir else library_folder("ggml-0.15.3")
+    try:
+        libs = [shared_library(folder, "libggml"), shared_library(folder, "libggml-rpc")]
+    except LibError as e:
+        raise BuildError(f"the RPC server: {e} (ggml must be built with -DGGML_RPC=ON)") from None
+    digest = hashlib.sha1(RPC_SERVER_SOURCE.read_bytes() + str(folder).encode()).hexdigest()[:16]
+    out = cache_dir() / "rpc_server" / digest / "schedfuzz-rpc-server"
+    if out.exists():
+        return out
+    cc = _compiler("the RPC server")
+
+    def compile_to(tmp: Path) -> None:
+        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Werror", "-o", str(tmp), str(RPC_SERVER_SOURCE), "-L", str(folder),
+              *(f"-l:{lib.name}" for lib in libs), f"-Wl,-rpath,{folder}", "-Wl,--disable-new-dtags"])
+
+    return atomic_write(out, compile_to, 0o777)
 
 
 def build_fake_gpu(lib_file: str) -> Path:

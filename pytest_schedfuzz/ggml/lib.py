@@ -110,9 +110,14 @@ def library_folder(value: str | None) -> Path:
 
 def base_library(folder: Path) -> Path:
     """``folder``'s ``libggml-base`` by its shortest name (``libggml-base.so``: what links against it)."""
-    found = sorted(folder.glob("libggml-base.so*"), key=lambda p: len(p.name))
+    return shared_library(folder, "libggml-base")
+
+
+def shared_library(folder: Path, stem: str) -> Path:
+    """``folder``'s library ``stem`` by its shortest name (``libggml.so`` before ``libggml.so.0``)."""
+    found = sorted(folder.glob(f"{stem}.so*"), key=lambda p: len(p.name))
     if not found:
-        raise LibError(f"{folder}: no libggml-base.so there")
+        raise LibError(f"{folder}: no {stem}.so there")
     return found[0]
 
 

@@ -1,15 +1,16 @@
 """Local ggml RPC servers.
 
-Each server is ``python -m pytest_schedfuzz.ggml.rpc_server --port P`` in its own session
-(so its own process group), listening on a free loopback port. A server is ready once its port
-accepts a TCP connection; ``ggml_backend_rpc_init`` on a port that is not listening yet fails
-inside ggml, so we poll rather than sleep. Servers are stopped on ``close()`` and, as every
-child, at interpreter exit and on SIGTERM (``children``).
+Each server is ``schedfuzz-rpc-server 127.0.0.1:P THREADS`` (``ggml/rpc_server.c``, linked
+against the ggml under test: ``build.build_rpc_server``) in its own session (so its own process
+group), listening on a free loopback port. A server is ready once its port accepts a TCP
+connection; ``ggml_backend_rpc_init`` on a port that is not listening yet fails inside ggml, so
+we poll rather than sleep. Servers are stopped on ``close()`` and, as every child, at
+interpreter exit and on SIGTERM (``children``).
 
-Servers are not forked from a fork server as the workers are (``forkserver``): forked from one
-process, every server would have the same address layout, and a buffer handle of one server
-would then name a buffer of another too (the starter case where ggml 0.15.3 places a view of
-RPC0's cache in RPC1's split reproduces only with servers of their own).
+Servers are programs of their own, each exec'd, not forked from a fork server as the workers are
+(``forkserver``): forked from one process, every server would have the same address layout, and a
+buffer handle of one server would then name a buffer of another too (the starter case where ggml
+0.15.3 places a view of RPC0's cache in RPC1's split reproduces only with servers of their own).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import IO
 
+from .build import BuildError, build_rpc_server
 from .children import KILLED_FROM_OUTSIDE, describe_exit, kill_group, spawn
 from .lib import child_env
 
@@ -126,13 +128,21 @@ class RpcServers:
             return ""
         return f"; its last output:\n{tail}" if tail else ""
 
+    @cached_property
+    def program(self) -> Path:
+        """The server program for this ggml, built on first use (cached across runs)."""
+        try:
+            return build_rpc_server(self.lib_dir)
+        except BuildError as e:
+            raise RpcServerError(f"could not build the ggml RPC server: {e}") from None
+
     def _start(self) -> _Server:
         problems: list[str] = []
         self._logdir.mkdir(exist_ok=True)
         for _ in range(self.attempts):
             port = free_port()
             log = open(self._logdir / f"rpc-{port}.log", "w+b")
-            cmd = [sys.executable, "-m", "pytest_schedfuzz.ggml.rpc_server", "--port", str(port), "--threads", str(self.threads)]
+            cmd = [str(self.program), f"127.0.0.1:{port}", str(self.threads)]
             proc = spawn(cmd, child_env(self.lib_dir), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             server = _Server(port, proc, log)
             try:

@@ -13,10 +13,10 @@ import pytest
 
 from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
 from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
-from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
+from pytest_schedfuzz.ggml.rpc import RpcServerError, RpcServers, free_port, port_accepts
 from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
 from pytest_schedfuzz.ggml.forkserver import ForkServer
-from pytest_schedfuzz.ggml.lib import child_env
+from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib, shared_library
 from pytest_schedfuzz.ggml.target import GgmlTarget, worker_env
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
@@ -158,6 +158,27 @@ def test_dead_rpc_server_is_replaced(target: GgmlTarget) -> None:
     trace = target.run(sc)
     assert trace.abort is None and trace.records[-1].ok
     assert target.servers.pids[0] != victim
+
+
+@pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
+def test_rpc_servers_are_programs_linked_against_the_ggml_under_test(lib: str, tmp_path: Path) -> None:
+    """An RPC server is ``rpc_server.c``'s program, exec'd (its own address layout), and it maps
+    the very ggml files the worker loads (those of their sonames: ``lib.lib_overlay``), RPC
+    library included; a folder with no RPC library is a clear error naming it."""
+    folder = library_folder(lib)
+    with RpcServers(resolve_lib(lib)) as servers:
+        servers.ensure(2)
+        for pid in servers.pids:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert os.readlink(f"/proc/{pid}/exe").endswith("schedfuzz-rpc-server")
+            for stem in ("libggml-base", "libggml-rpc"):
+                mapped = {os.path.realpath(line.split(None, 5)[5]) for line in maps.splitlines() if f"/{stem}.so" in line}
+                assert mapped == {os.path.realpath(lib_overlay(folder) / shared_library(folder, stem).name)}
+    for f in folder.glob("libggml*.so*"):
+        if "rpc" not in f.name:
+            (tmp_path / f.name).symlink_to(f.resolve())
+    with RpcServers(str(tmp_path)) as servers, pytest.raises(RpcServerError, match=f"{tmp_path}: no libggml-rpc.so there"):
+        servers.ensure(1)
 
 
 def test_unreachable_endpoint_is_retried(target: GgmlTarget, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -537,7 +558,7 @@ def test_children_keep_their_bytecode_where_the_user_writes_none(tmp_path: Path,
     import subprocess
     import sys
 
-    from pytest_schedfuzz.ggml.lib import child_env
+    from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib, shared_library
 
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
