@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
@@ -78,6 +79,23 @@ def kill_group(proc: Proc, grace: float = 2.0) -> None:
             continue
     proc.wait()
     _children.pop(proc.pid, None)
+
+
+# include/linux/sched.h: do_exit() sets it (exit_signals) before it closes the process's files
+PF_EXITING = 0x4
+
+
+def exiting(pid: int) -> bool:
+    """Whether the process has begun to exit: ``PF_EXITING`` in ``/proc/PID/stat``, or a zombie, or
+    gone. The kernel sets the flag before it closes the process's sockets, so a peer that saw a
+    socket of the process close because the process died sees it set, with no wait."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    # pid (comm) state ppid pgrp session tty_nr tpgid flags ...; comm may hold spaces and parentheses
+    state, _ppid, _pgrp, _session, _tty, _tpgid, flags, *_ = stat.rpartition(")")[2].split()
+    return state in ("Z", "X") or bool(int(flags) & PF_EXITING)
 
 
 def describe_exit(code: int) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from .build import BuildError, build_rpc_server
-from .children import KILLED_FROM_OUTSIDE, describe_exit, kill_group, spawn
+from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
 from .lib import child_env
 
 
@@ -44,9 +44,6 @@ def port_accepts(port: int, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
-
-
-# signals that end a process from outside (the OOM killer, a user, CI's timeout), not a crash
 
 
 class RpcServerError(RuntimeError):
@@ -103,12 +100,17 @@ class RpcServers:
                 self._stop(server)
                 self._servers[i] = self._start()
 
-    def dead(self, grace: float = 0.2) -> list[str]:
-        """Servers that have exited (waiting up to ``grace`` s for one that is exiting now)."""
-        deadline = time.monotonic() + grace
-        while self._servers and all(s.proc.poll() is None for s in self._servers) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return [f"RPC server {s.endpoint} {describe_exit(s.proc.returncode)}{self._log_tail(s)}" for s in self._servers if s.proc.poll() is not None]
+    def dead(self, timeout: float = 10.0) -> list[str]:
+        """Servers that have exited, or are exiting now (``children.exiting``: waited for, up to
+        ``timeout`` s, for their exit status). A server whose death closed the worker's connection
+        is exiting by the time the worker reports it: nothing healthy is waited for."""
+        gone = [s for s in self._servers if s.proc.poll() is not None or exiting(s.proc.pid)]
+        deadline = time.monotonic() + timeout
+        while any(s.proc.poll() is None for s in gone) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return [f"RPC server {s.endpoint} "
+                f"{describe_exit(s.proc.returncode) if s.proc.returncode is not None else f'was still exiting after {timeout:g} s'}"
+                f"{self._log_tail(s)}" for s in gone]
 
     def killed(self) -> list[str]:
         """Servers that were killed from outside (``KILLED_FROM_OUTSIDE``), not crashed."""

@@ -328,11 +328,11 @@ class GgmlTarget(WorkerTarget):
         if abort is None:
             # a server that died without the worker noticing (its last reply was already in)
             # died during this scenario: it is charged here, not to the next one
-            if scenario.layout.n_rpc and self.servers.dead(grace=0):
+            if scenario.layout.n_rpc and self.servers.dead():
                 killed = self.servers.killed()
                 if killed:
                     return self._trace(records, None), "; ".join(killed)
-                abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(self.servers.dead(grace=0)))
+                abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(self.servers.dead()))
             else:
                 return self._trace(records, None), None
         # ggml aborted, the worker crashed or hung: this worker is done, the next run starts another
@@ -344,9 +344,8 @@ class GgmlTarget(WorkerTarget):
         killed = self.servers.killed()
         if killed:
             return self._trace(records, None), "; ".join(killed)
-        # an RPC server crash shows in the worker as an abort: give a dying server its moment (not
-        # where the scenario had none: a ggml abort on the CPU alone waited for nothing)
-        dead = self.servers.dead(grace=0.2 if scenario.layout.n_rpc else 0.0)
+        # an RPC server crash shows in the worker as an abort, with the server exiting already
+        dead = self.servers.dead()
         if dead:
             abort = Abort(abort.step, abort.kind, abort.message + "\n" + "\n".join(dead))
         if abort.kind == "timeout":

@@ -127,16 +127,15 @@ class LlamaTarget(WorkerTarget):
         if isinstance(result, LlamaAbort):
             self._worker = None
             worker.close()
-            # an RPC server crash shows in the worker as an abort: give a dying server its moment
-            # (not where the workload had none: a llama.cpp abort on local devices waits for nothing)
-            dead = self.servers.dead(grace=0.2 if workload.devices.n_rpc else 0.0)
+            # an RPC server crash shows in the worker as an abort, with the server exiting already
+            dead = self.servers.dead()
             if dead:
                 result = replace(result, message=result.message + "\n" + "\n".join(dead))
             if result.kind == "timeout":
                 self.servers.close()
             return LlamaTrace.from_messages(calls, result, self.engine, {})
         # a server that died during the workload (RPC computes asynchronously) is charged to it
-        dead = self.servers.dead(grace=0.0)
+        dead = self.servers.dead()
         if dead:
             last = calls[-1]["index"] if calls else -1
             return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})

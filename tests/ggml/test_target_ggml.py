@@ -15,6 +15,7 @@ from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_targe
 from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
 from pytest_schedfuzz.ggml.rpc import RpcServerError, RpcServers, free_port, port_accepts
 from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
+from pytest_schedfuzz.ggml.children import exiting
 from pytest_schedfuzz.ggml.forkserver import ForkServer
 from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib, shared_library
 from pytest_schedfuzz.ggml.target import GgmlTarget, worker_env
@@ -391,7 +392,7 @@ def test_a_server_crash_is_charged_to_its_scenario_and_a_kill_from_outside_to_no
             result = real(worker, records)
             if kills:
                 os.kill(t.servers.pids[0], kills.pop(0))
-                while not t.servers.dead(grace=0.5):
+                while not t.servers.dead():
                     pass
             return result
 
@@ -411,6 +412,49 @@ def test_a_server_crash_is_charged_to_its_scenario_and_a_kill_from_outside_to_no
         os.kill(t.servers.pids[0], signal.SIGKILL)  # while idle
         time.sleep(0.2)
         assert t.run(clean).abort is None
+
+
+def test_exiting_reads_the_kernels_exit_flag_before_the_process_is_a_zombie(tmp_path: Path) -> None:
+    """``exiting`` is true from the moment the kernel begins the exit (``PF_EXITING``, set before
+    the process's sockets close), not only once it is a zombie: a child that frees 512 MiB on
+    SIGKILL is seen mid-exit. A running process is not exiting; a zombie and a reaped pid are."""
+    import subprocess
+    import sys
+
+    prog = tmp_path / "odd) name ( R"  # /proc/PID/stat's comm, with spaces and parentheses
+    prog.symlink_to(sys.executable)
+    child = subprocess.Popen([str(prog), "-c", "import time; b = bytearray(b'x') * (512 << 20); print(flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"\n"
+    assert not exiting(child.pid)
+    os.kill(child.pid, signal.SIGKILL)
+    seen: list[tuple[str, bool]] = []
+    while not seen or seen[-1][0] != "Z":
+        state = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0]
+        seen.append((state, exiting(child.pid)))
+    assert any(state != "Z" and flag for state, flag in seen), seen[:5]  # caught mid-exit
+    assert seen[-1] == ("Z", True)
+    child.wait()
+    assert exiting(child.pid)  # gone
+
+
+def test_dead_waits_for_no_healthy_server_and_reports_a_crashed_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RpcServers.dead`` after a healthy scenario returns at once (it used to give every server
+    0.2 s to die: 13-16% of a ci ``matches-reference`` run); a crashed server, zombie or reaped,
+    is reported with its signal."""
+    with RpcServers() as servers:
+        servers.ensure(2)
+        slept: list[float] = []
+        with monkeypatch.context() as m:
+            m.setattr(time, "sleep", slept.append)
+            assert servers.dead() == [] and slept == []
+        pid = servers.pids[1]
+        os.kill(pid, signal.SIGSEGV)
+        while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            pass
+        (report,) = servers.dead()
+        assert report.startswith(f"RPC server 127.0.0.1:{servers.ports[1]} was killed by SIGSEGV")
+        assert servers.dead() == [report]
 
 
 def test_a_worker_killed_from_outside_is_restarted_and_the_scenario_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
