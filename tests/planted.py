@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams
 from pytest_schedfuzz.model.trace import Trace
 from reference.predict import predict
@@ -13,6 +15,12 @@ def ignore_op_offload(new: SchedParams, cur: SchedParams) -> bool:
 
 
 def never(new: SchedParams, cur: SchedParams) -> bool:
+    return False
+
+
+def never_slowly(new: SchedParams, cur: SchedParams) -> bool:
+    """``never``, taking 0.3 s a call: its finding's shrink lasts seconds, for a Ctrl-C to land in."""
+    time.sleep(0.3)
     return False
 
 

@@ -126,14 +126,15 @@ class Engines:
             return "available"
         return self.info().get("gpu_device", "available")
 
-    def run(self, scenario: Scenario, meanwhile: Meanwhile | None = None) -> Trace:
+    def run(self, scenario: Scenario, meanwhile: Meanwhile | None = None, values: bool = True) -> Trace:
         """The graph engine's trace, with the figures ggml does not tell derived. ``meanwhile``
         (the reference's prediction) runs while the built-in engine's worker, another process,
-        runs the scenario; after the run on any other target."""
+        runs the scenario; after the run on any other target. ``values=False``: no property
+        compares this run's values (the built-in engine then skips its values oracle)."""
         from ..ggml.target import GgmlTarget
 
         if isinstance(self.target, GgmlTarget):
-            trace = derived.graph_trace(self.target.run(scenario, meanwhile))
+            trace = derived.graph_trace(self.target.run(scenario, meanwhile, values))
         else:
             trace = derived.graph_trace(self.target.run(scenario))
             if meanwhile is not None:
@@ -146,14 +147,15 @@ class Engines:
         too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload."""
         return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile))
 
-    def confirmed(self, scenario: Scenario, trace: Trace) -> Trace:
+    def confirmed(self, scenario: Scenario, trace: Trace, run: Callable[[Scenario], Trace] | None = None) -> Trace:
         """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh
         worker: a worker that ran many scenarios can die of what an earlier one left in its
         memory, and a machine loaded by other work (pytest-xdist) can stall a step past its
         timeout. One that does not come back is counted (``unconfirmed crashes``) and its
         scenario kept in ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is
         judged instead. A timeout is run again with five times the step timeout: a step that
-        a loaded machine only slowed finishes then, a hang does not."""
+        a loaded machine only slowed finishes then, a hang does not. ``run``: how the trace was
+        run (``Fuzzer.check``'s), ``self.run`` by default."""
         if trace.abort is None or trace.abort.kind not in ("crash", "timeout") or not hasattr(self.target, "close"):
             return trace
         getattr(self.target, "fresh", self.target.close)()  # the next run starts a fresh worker and fresh servers
@@ -162,7 +164,7 @@ class Engines:
             usual = self.target.step_timeout  # type: ignore[attr-defined]
             self.target.step_timeout = usual * CONFIRM_TIMEOUT_FACTOR  # type: ignore[attr-defined]
         try:
-            again = self.run(scenario)
+            again = (run or self.run)(scenario)
         finally:
             if patient:
                 self.target.step_timeout = usual  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
@@ -142,7 +143,10 @@ class Fuzzer:
         return reference_predict(scenario, rules=self.rules)
 
     def close(self) -> None:
-        self.engines.close()
+        """Stop every engine (workers, RPC servers); a Ctrl-C meanwhile is noted in
+        ``interrupted``, not raised halfway, so that nothing is left running."""
+        with self.ctrl_c_noted():
+            self.engines.close()
 
     def out_of_budget(self) -> bool:
         budget = self.config.budget if self.config.budget is not None else self.profile.budget
@@ -221,16 +225,21 @@ class Fuzzer:
         p = props.PROPERTIES[prop]
         if props.ENGINE not in p.needs:
             return p.judge(scenario, props.Observed())
+        values = props.VALUES in p.needs  # every run of this check alike: the values only where judged
+
+        def run(sc: Scenario, meanwhile: Meanwhile | None = None) -> Trace:
+            return self.engines.run(sc, meanwhile, values)
+
         reference = Meanwhile(lambda: self.predict(scenario)) if props.REFERENCE in p.needs else None
-        trace = self.engines.confirmed(scenario, self.engines.run(scenario, reference))
+        trace = self.engines.confirmed(scenario, run(scenario, reference), run)
         prediction = reference.result() if reference is not None else Trace(())
         found = props.no_abort(scenario, trace, prediction)
         if prop != "no-abort" and not (found and props.FRESH in p.needs):
-            fresh = self.engines.run(props.fresh_variant(scenario)) if props.FRESH in p.needs else Trace(())
+            fresh = run(props.fresh_variant(scenario)) if props.FRESH in p.needs else Trace(())
             found += p.judge(scenario, props.Observed(trace, prediction, fresh))
         if self.config.target is None:
             found = self.with_ggml_figures(scenario, trace, prediction, found)
-        return causes_told_apart(scenario, prediction, found, self.engines.run)
+        return causes_told_apart(scenario, prediction, found, run)
 
     def with_ggml_figures(self, scenario: Scenario, trace: Trace, prediction: Trace, found: list[props.Violation]) -> list[props.Violation]:
         """``found`` checked against ggml's own figures (``observed``): a new same-size finding is
@@ -241,14 +250,14 @@ class Fuzzer:
         new = [v for v in found if v.signature() not in known]
         callback = trace.engine.get("realloc_callback") == "observed"  # as the llama.cpp check reads it
         if not callback and any(v.property == "no-same-size-realloc" for v in new):
-            extra, confirmable = observed.confirm_same_size(scenario, trace, self.engines.debug_realloc(1).run)
+            extra, confirmable = observed.confirm_same_size(scenario, trace, partial(self.engines.debug_realloc(1).run, values=False))
             self.stats.ggml_same_size_confirmed += confirmable and not extra
             if extra:
                 self.stats.ggml_figures_disagree += 1
                 found = extra + [v for v in found if v.property != "no-same-size-realloc"]
         size_finding = any(v.property == "matches-reference" and v.facts.get("what") in ("graph_size", "graph-copy") for v in new)
         if size_finding or observed.sampled(scenario, 1 if self.config.uses_size_oracle() else observed.SAMPLE_EVERY):
-            extra, compared = observed.compare_first(scenario, trace, prediction, self.engines.debug_realloc(2).run)
+            extra, compared = observed.compare_first(scenario, trace, prediction, partial(self.engines.debug_realloc(2).run, values=False))
             self.stats.ggml_figures_replays += 1
             self.stats.ggml_figures_compared += compared
             self.stats.ggml_figures_disagree += bool(extra)
@@ -361,11 +370,12 @@ class Fuzzer:
         return None
 
     @contextmanager
-    def _ctrl_c_noted(self) -> Iterator[None]:
+    def ctrl_c_noted(self) -> Iterator[None]:
         """A first Ctrl-C is noted in ``self.interrupted`` and raised by the next example (``one``),
         not where the signal lands: a KeyboardInterrupt raised in a garbage-collector callback or
         a ``__del__`` (Hypothesis's, mid-shrink) is printed ("Exception ignored in …") and lost. A
-        second Ctrl-C raises at once, for a step that does not return."""
+        second Ctrl-C raises at once, for a step that does not return. Outside a Hypothesis run
+        (saving a case, closing the engines: ``close``, the CLI) the caller reads ``interrupted``."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -451,7 +461,7 @@ class Fuzzer:
 
         try:
             try:
-                with self._ctrl_c_noted():
+                with self.ctrl_c_noted():
                     run()
             except FlakyFailure as flaky:  # found once, not again on Hypothesis's replay: still a finding
                 found = [x for x in flaky.exceptions if isinstance(x, ViolationFound)]

@@ -34,38 +34,42 @@ def run(args: argparse.Namespace) -> int:
     fuzzer.known.learn(Path(args.corpus))
     print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}; known upstream bugs: {len(fuzzer.known.cases)}")
     findings = []
-    try:
-        budget = args.budget if args.budget is not None else fuzzer.profile.budget
-        fuzzer.llama_judged = tuple(p for p in props if p.startswith("llama-"))
-        units = fuzz_units(props, policy=args.policy is not None)
-        pending = sum(w for _, w in units)
-        for prop, weight in units:
-            # a profile that fuzzes on time shares what is left of the budget by weight
-            share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) * weight / max(pending, 1)
-            pending -= weight
-            def record(finding: Finding) -> None:
-                findings.append(finding)
-                print(f"{prop}: FAIL")
-                print("  " + finding.report().replace("\n", "\n  "))
-                # as the plugin does: a finding printed is a finding saved
-                try:
-                    print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}", flush=True)
-                except OSError as e:
-                    print(f"  NOT SAVED: cannot write to {args.corpus}: {e.strerror or e}", flush=True)
+    with fuzzer.ctrl_c_noted():  # a Ctrl-C between Hypothesis runs (printing or saving a case, closing) too
+        try:
+            budget = args.budget if args.budget is not None else fuzzer.profile.budget
+            fuzzer.llama_judged = tuple(p for p in props if p.startswith("llama-"))
+            units = fuzz_units(props, policy=args.policy is not None)
+            pending = sum(w for _, w in units)
+            for prop, weight in units:
+                # a profile that fuzzes on time shares what is left of the budget by weight
+                share = None if budget is None else max(0.0, budget - (time.monotonic() - fuzzer.started)) * weight / max(pending, 1)
+                pending -= weight
+                def record(finding: Finding) -> None:
+                    findings.append(finding)
+                    print(f"{prop}: FAIL")
+                    print("  " + finding.report().replace("\n", "\n  "))
+                    # as the plugin does: a finding printed is a finding saved
+                    try:
+                        print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}", flush=True)
+                    except OSError as e:
+                        print(f"  NOT SAVED: cannot write to {args.corpus}: {e.strerror or e}", flush=True)
 
-            before = len(findings)
-            if fuzzer.config.keeps_going():
-                fuzzer.campaign(prop, seconds=share, on_finding=record)
-            else:
-                finding = fuzzer.fuzz(prop, seconds=share)
-                if finding is not None:
-                    record(finding)
-            if fuzzer.interrupted:
-                print(f"{prop}: interrupted (Ctrl-C)", flush=True)
-                return 130
-            if len(findings) == before:
-                print(f"{prop}: ok", flush=True)
-    finally:
-        fuzzer.close()
+                before = len(findings)
+                if fuzzer.config.keeps_going():
+                    fuzzer.campaign(prop, seconds=share, on_finding=record)
+                else:
+                    finding = fuzzer.fuzz(prop, seconds=share)
+                    if finding is not None:
+                        record(finding)
+                if fuzzer.interrupted:
+                    print(f"{prop}: interrupted (Ctrl-C)", flush=True)
+                    return 130
+                if len(findings) == before:
+                    print(f"{prop}: ok", flush=True)
+        finally:
+            fuzzer.close()
+    if fuzzer.interrupted:  # pressed while a case was saved or the engines closed
+        print("schedfuzz: interrupted (Ctrl-C)", flush=True)
+        return 130
     print("\n".join(fuzzer.stats.summary_lines()))
     return 1 if findings else 0

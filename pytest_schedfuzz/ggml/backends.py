@@ -20,7 +20,8 @@ def tcp_reachable(endpoint: str, timeout: float = 5.0) -> bool:
     """Whether something accepts TCP connections at ``host:port``."""
     host, _, port = endpoint.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout):
+        # bytes: a str host makes getaddrinfo import the idna codec, in every new worker
+        with socket.create_connection((host.encode(), int(port)), timeout):
             return True
     except OSError:
         return False

@@ -26,16 +26,18 @@ class CpuOnly:
     """The leaf contents of one scenario (from its seed) and what every weight and cache holds
     in the CPU-only computation, carried from compute step to compute step."""
 
-    def __init__(self, eng: Ggml, scenario: Scenario) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, compared: bool = True) -> None:
         self.eng = eng
         self.scenario = scenario
+        self.compared = compared  # False: nobody compares this run's values (``values.fill``'s zeros)
         self.shadow: dict[tuple[Any, ...], bytes] = {}
-        self.off: str | None = None  # why values are no longer compared (``values.undetermined``)
+        # why values are no longer compared (``values.undetermined``)
+        self.off: str | None = None if compared else "not compared in this run"
         self.programs: dict[int, GraphProgram] = {}  # per spec: its CPU-only graph for graph.c
 
     @cached_property
-    def seed(self) -> int:
-        return values.scenario_seed(self.scenario)
+    def seed(self) -> int | None:
+        return values.scenario_seed(self.scenario) if self.compared else None
 
     @cached_property
     def ones(self) -> frozenset[str]:

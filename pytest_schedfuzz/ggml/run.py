@@ -51,7 +51,7 @@ class ScenarioRun:
     Each record reads ``_get_n_splits``, ``_get_n_copies`` and ``_get_buffer_size`` per backend.
     """
 
-    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str]) -> None:
+    def __init__(self, eng: Ggml, scenario: Scenario, endpoints: Sequence[str], compare_values: bool = True) -> None:
         self.eng = eng
         self.g = eng.g
         self.scenario = scenario
@@ -65,7 +65,7 @@ class ScenarioRun:
         self.programs: dict[int, GraphProgram] = {}
         self.tensor_names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self.persistent = _Persistent()
-        self.cpu_only = CpuOnly(eng, scenario)  # the values check of compute steps
+        self.cpu_only = CpuOnly(eng, scenario, compare_values)  # the values check of compute steps
         self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
         try:
             self.backends, self.rpc_endpoints = init_backends(eng, scenario.layout, endpoints)
@@ -106,10 +106,13 @@ class ScenarioRun:
             g.ggml_backend_buffer_set_usage(buf, usage)
         if not any(st.kind == "compute" for st in self.scenario.steps):
             return
+        if not self.cpu_only.compared:  # zeros (a call per buffer), and the ones rope reads
+            for buf in self.persistent.buffers:
+                g.ggml_backend_buffer_clear(buf, 0)
         for _, spec in self.scenario.graphs:
             for t in spec.tensors:
                 key = tensor_key(t)
-                if key in self.persistent.tensors:
+                if key in self.persistent.tensors and (self.cpu_only.compared or t.name in self.cpu_only.ones):
                     data = self.cpu_only.persistent_bytes(spec, t)
                     g.ggml_backend_tensor_set(self.persistent.tensors[key], data, 0, len(data))
 

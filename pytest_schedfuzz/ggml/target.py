@@ -285,27 +285,28 @@ class GgmlTarget(WorkerTarget):
             env.pop("GGML_SCHED_DEBUG", None)
         return env
 
-    def run(self, scenario: Scenario, meanwhile: Callable[[], None] | None = None) -> Trace:
+    def run(self, scenario: Scenario, meanwhile: Callable[[], None] | None = None, values: bool = True) -> Trace:
         """Run ``scenario``; a worker or RPC server killed from outside (``SIGKILL``/``SIGTERM``:
         an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
         ``TargetError`` if that happens again. ``meanwhile`` is called once the worker has the
-        scenario, while it runs (the caller makes it idempotent: a run may be sent again)."""
+        scenario, while it runs (the caller makes it idempotent: a run may be sent again).
+        ``values=False``: nobody compares the compute steps' values (``ggml.values``)."""
         scenario.validate()  # here: the worker takes what it is sent as valid (a graph is checked once)
         for attempt in range(2):
-            trace, infra = self._run_once(scenario, meanwhile)
+            trace, infra = self._run_once(scenario, meanwhile, values)
             if infra is None:
                 return trace
             if attempt:
                 raise TargetError(f"infrastructure fault, twice in a row (not ggml): {infra}")
         raise AssertionError("unreachable")
 
-    def _run_once(self, scenario: Scenario, meanwhile: Callable[[], None] | None) -> tuple[Trace, str | None]:
+    def _run_once(self, scenario: Scenario, meanwhile: Callable[[], None] | None, values: bool) -> tuple[Trace, str | None]:
         for attempt in range(2):
             endpoints = self.servers.ensure(scenario.layout.n_rpc)
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
-                worker.send_pickled({"scenario": scenario, "endpoints": endpoints})
+                worker.send_pickled({"scenario": scenario, "endpoints": endpoints, "values": values})
                 if meanwhile is not None:
                     meanwhile()
                 abort = self._collect(worker, records)

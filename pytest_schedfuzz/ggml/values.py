@@ -12,6 +12,9 @@ comparison of a scheduled compute with the same graph computed on the CPU backen
   and the GPU-like device compute with the CPU backend, with the same thread count), except
   BLAS, whose matmuls round differently: with BLAS in the layout, floats compare with
   ``BLAS_RTOL``/``BLAS_ATOL``.
+* A run whose values no property compares (``GgmlTarget.run(values=False)``: every property but
+  same-values) holds zeros instead (rope's factors ones, indices as above): no seed, no random
+  numbers, no CPU-only computation.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.random import default_rng  # numpy imports it lazily: once in the fork server, not in every worker
 
 from ..model.scenario import GraphSpec, Scenario, TensorSpec
 from ..model.shapes import VIEW_OPS, Geometry, nbytes, nelements
@@ -36,7 +40,7 @@ def scenario_seed(scenario: Scenario) -> int:
 
 def _rng(seed: int, *key: object) -> np.random.Generator:
     digest = hashlib.sha256(repr((seed, *key)).encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return default_rng(int.from_bytes(digest[:8], "little"))
 
 
 def index_ranges(spec: GraphSpec) -> dict[str, int]:
@@ -57,8 +61,9 @@ def index_ranges(spec: GraphSpec) -> dict[str, int]:
     return out
 
 
-def fill(geo: Geometry, rng: np.random.Generator, index_range: int | None = None, ones: bool = False) -> bytes:
-    """The bytes of a contiguous tensor of ``geo``'s type and shape."""
+def fill(geo: Geometry, rng: np.random.Generator | None, index_range: int | None = None, ones: bool = False) -> bytes:
+    """The bytes of a contiguous tensor of ``geo``'s type and shape; with no ``rng`` (a run whose
+    values nobody compares), floats are zeros (ones where ``ones``) and indices as always."""
     n = int(np.prod(geo.ne))
     if geo.type in ("i32", "i64"):
         values = np.arange(n) % (index_range or POSITION_RANGE)
@@ -66,17 +71,19 @@ def fill(geo: Geometry, rng: np.random.Generator, index_range: int | None = None
     if geo.type == "q8_0":
         blocks = n // 32
         out = np.zeros(blocks, dtype=[("d", np.float16), ("qs", np.int8, 32)])
-        out["d"] = rng.uniform(0.001, 0.01, blocks).astype(np.float16)
-        out["qs"] = rng.integers(-127, 128, (blocks, 32), dtype=np.int8)
+        if rng is not None:
+            out["d"] = rng.uniform(0.001, 0.01, blocks).astype(np.float16)
+            out["qs"] = rng.integers(-127, 128, (blocks, 32), dtype=np.int8)
         return out.tobytes()
-    values = np.ones(n) if ones else rng.uniform(-1.0, 1.0, n)
+    values = np.ones(n) if ones else np.zeros(n) if rng is None else rng.uniform(-1.0, 1.0, n)
     return values.astype(np.float32 if geo.type == "f32" else np.float16).tobytes()
 
 
-def leaf_bytes(seed: int, spec: GraphSpec, t: TensorSpec, step: int, ranges: Mapping[str, int], ones: bool = False) -> bytes:
-    """What leaf ``t`` holds: weights and caches per scenario, inputs per compute step."""
+def leaf_bytes(seed: int | None, spec: GraphSpec, t: TensorSpec, step: int, ranges: Mapping[str, int], ones: bool = False) -> bytes:
+    """What leaf ``t`` holds: weights and caches per scenario, inputs per compute step; with no
+    ``seed``, ``fill``'s contents for a run whose values nobody compares."""
     key = (t.name,) if t.role in ("weight", "cache") else (t.name, step)
-    return fill(spec.geometry[t.name], _rng(seed, *key), ranges.get(t.name), ones)
+    return fill(spec.geometry[t.name], None if seed is None else _rng(seed, *key), ranges.get(t.name), ones)
 
 
 def ones_leafs(scenario: Scenario) -> frozenset[str]:
@@ -84,7 +91,7 @@ def ones_leafs(scenario: Scenario) -> frozenset[str]:
     return frozenset(s.args[2] for _, spec in scenario.graphs for s in spec.tensors if s.op == "rope" and s.args[2])
 
 
-def step_inputs(seed: int, index: int, spec: GraphSpec) -> dict[str, bytes]:
+def step_inputs(seed: int | None, index: int, spec: GraphSpec) -> dict[str, bytes]:
     """What every input of ``spec`` holds at compute step ``index`` (``leaf_bytes``)."""
     ranges = index_ranges(spec)
     return {t.name: leaf_bytes(seed, spec, t, index, ranges) for t in spec.tensors if t.role == "input"}

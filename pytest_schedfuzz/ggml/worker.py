@@ -6,7 +6,8 @@ descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever 
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request (``Worker.send_pickled``) ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...]}`` (the
+* request (``Worker.send_pickled``) ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...],
+  "values": bool}`` (whether a property compares the values of its compute steps; the
   scenario comes validated, with its graphs' geometry inferred, by the parent, which is this
   worker's only writer; the values oracle's seed, ``values.scenario_seed``, is made here, where a
   step computes, while the parent's reference predicts), answered with one
@@ -80,11 +81,11 @@ def probe_scenario() -> Scenario:
     )
 
 
-def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None) -> list[StepRecord]:
+def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: Channel | None, compare_values: bool = True) -> list[StepRecord]:
     """Run every step, sending each record on ``chan`` as soon as it exists."""
     records: list[StepRecord] = []
     eng.step = 0  # backends and weights are set up as part of step 0
-    run = ScenarioRun(eng, scenario, endpoints)
+    run = ScenarioRun(eng, scenario, endpoints, compare_values)
     try:
         for i, st in enumerate(scenario.steps):
             eng.step = i
@@ -133,7 +134,7 @@ def main() -> None:
         eng.step = -1
         reply: dict[str, object]
         try:
-            run_scenario(eng, req["scenario"], req["endpoints"], chan)
+            run_scenario(eng, req["scenario"], req["endpoints"], chan, req["values"])
             reply = {"done": True}
         except Unsupported as e:
             reply = {"unsupported": str(e)}

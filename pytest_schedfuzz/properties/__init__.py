@@ -24,6 +24,7 @@ from .base import (
     POLICY_PROPERTY_IDS,
     PROPERTY_IDS,
     REFERENCE,
+    VALUES,
     Draws,
     Observed,
     Property,
@@ -59,7 +60,7 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
     # too: the values oracle fills a capture's inputs as any graph's)
     _property("matches-reference", {ENGINE, REFERENCE}, Draws("both", max_ubatches=8, min_reconfigures=0, captured="scenarios"),
               lambda sc, o: matches_reference(sc, o.trace, o.prediction)),
-    _property("same-values", {ENGINE, REFERENCE}, Draws("scenarios", captured="scenarios"), lambda sc, o: same_values(sc, o.trace, o.prediction)),
+    _property("same-values", {ENGINE, REFERENCE, VALUES}, Draws("scenarios", captured="scenarios"), lambda sc, o: same_values(sc, o.trace, o.prediction)),
     # every engine property reports aborts; no-abort's own examples are what none of them draws:
     # workloads with many reconfigurations, and raw scenarios
     _property("no-abort", {ENGINE, REFERENCE}, Draws("both", max_ubatches=6, min_reconfigures=2),
@@ -68,7 +69,7 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
 
 
 __all__ = [
-    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "Draws",
+    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "VALUES", "Draws",
     "Observed", "Property", "Violation", "as_forced_view", "as_race", "at_site", "forced_views", "fresh_variant", "fuzz_units", "is_llama",
     "matches_reference", "no_abort", "no_same_size_realloc", "normalize_reason", "reason_kind", "reuse_complete", "reuse_equivalent",
     "reuse_sound", "role", "same_values", "synchronous_variant", "unforced_views_variant", "with_c_stack", "without_c_stack",

@@ -64,7 +64,9 @@ class Violation:
         return f"[{self.property}] step {self.step}: {self.message}"
 
 
-ENGINE, REFERENCE, FRESH = "engine", "reference", "fresh"  # what a property needs observed
+# what a property needs observed; VALUES: its compute steps' values compared with the CPU alone's
+# (``ggml.values``: a run without it computes on zeros, with no seed and no CPU-only computation)
+ENGINE, REFERENCE, FRESH, VALUES = "engine", "reference", "fresh", "values"
 
 
 @dataclass(frozen=True)

@@ -398,7 +398,7 @@ def test_ctrl_c_during_a_shrink_stops_within_seconds_saves_the_case_and_leaves_n
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     proc = subprocess.Popen(
-        [*SCHEDFUZZ, "run", "--policy", "planted:never", "--properties", "reuse-complete", "--examples", "300", "--seed", "1",
+        [*SCHEDFUZZ, "run", "--policy", "planted:never_slowly", "--properties", "reuse-complete", "--examples", "300", "--seed", "1",
          "--corpus", str(tmp_path), "--known", "none"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
     )

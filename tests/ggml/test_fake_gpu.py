@@ -36,7 +36,8 @@ from pytest_schedfuzz.properties import (
 )
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload
-from pytest_schedfuzz.sim.models import ModelShape
+from pytest_schedfuzz.sim.models import ModelShape, llama_graph
+from pytest_schedfuzz.ggml.values import compared as values_compared
 from pytest_schedfuzz.strategies import scenarios, workloads
 from pytest_schedfuzz.tools.mutants import mutant
 from reference.predict import predict
@@ -188,6 +189,38 @@ def test_same_values_passes_on_the_real_build(engine: GgmlTarget):
     trace = graph_trace(engine.run(scenario))
     assert not same_values(scenario, trace, trace)
     assert trace.records[-1].values_checked == 1
+
+
+def test_only_a_property_that_compares_values_pays_for_them(engine: GgmlTarget) -> None:
+    """The values oracle (seeded contents, the CPU-only computation, the comparison) runs only
+    where a property compares values (same-values): the other properties' runs compute on zeros
+    (rope's factors ones) and observe the same scheduling, reallocations and buffer sizes."""
+    m = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1)
+    cases = [square_matmuls(), Scenario(BackendLayout.of("rpc", "cpu"), (("g", llama_graph(m, 4, 16)),),
+                                        (Step("sched_new", params=SchedParams(1024, False, True)), Step("compute", "g"), Step("compute", "g")))]
+    timings = {"seconds": 0.0, "build_seconds": 0.0}
+    for scenario in cases:
+        on, off = engine.run(scenario), engine.run(scenario, values=False)
+        assert on.abort is None and off.abort is None
+        assert [r.values_checked > 0 for r in on.records] == [r.kind == "compute" for r in on.records]
+        assert not any(r.values for r in on.records) and not any(r.values_checked for r in off.records)
+        assert [replace(r, values_checked=0, **timings) for r in on.records] == [replace(r, **timings) for r in off.records]
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    checked: list[tuple[str, int]] = []
+    real = fuzzer.engines.run
+
+    def spy(sc: Scenario, meanwhile: object = None, values: bool = True) -> Trace:
+        trace = real(sc, meanwhile, values)  # type: ignore[arg-type]
+        checked.append((prop, sum(r.values_checked for r in trace.records)))
+        return trace
+
+    fuzzer.engines.run = spy  # type: ignore[method-assign]
+    try:
+        for prop in ("matches-reference", "no-abort", "same-values"):
+            assert fuzzer.check(prop, cases[1]) == []
+    finally:
+        fuzzer.close()
+    assert checked == [("matches-reference", 0), ("no-abort", 0), ("same-values", 2 * len(values_compared(cases[1].graph("g"))))]
 
 
 def racy() -> Scenario:
