@@ -396,7 +396,7 @@ class Llama:
         if not moved:
             moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
         counts = {"n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "split_inputs": sum(len(x.inputs) for x in self.log.splits),
-                  "input_leafs": len(g["inputs"]), "input_leafs_read": self.inputs_read, "n_copies": n_copies}
+                  "input_leafs": g["n_inputs"], "input_leafs_read": self.inputs_read, "n_copies": n_copies}
         prev, self.last_counts[sid] = self.last_counts.get(sid), counts  # none since ggml_backend_sched_new: its debug_graph_size is 0
         return {
             "sched": sid, "n_nodes": g["n_nodes"], "n_leafs": g["n_leafs"], "n_splits": n_splits, "n_copies": n_copies,
@@ -508,14 +508,16 @@ class Llama:
         head = CGraphHead.from_address(graph)
         leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
         inputs: dict[str, list[int]] = {}
+        n_inputs = 0  # not len(inputs): input leafs can share a name (ggml counts each one)
         host_weights = set()
         for i in range(head.n_leafs):
             t = self.tensor(leafs[i])
             if t.flags & TENSOR_FLAG_INPUT:
                 inputs[t.name] = list(t.ne)
+                n_inputs += 1
             elif t.buffer and self.glib.ggml_backend_buffer_get_usage(t.buffer) == BUFFER_USAGE_WEIGHTS and self.glib.ggml_backend_buffer_is_host(t.buffer):
                 host_weights.add(t.name)
-        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs, "host_weights": host_weights}
+        return {"n_nodes": head.n_nodes, "n_leafs": head.n_leafs, "inputs": inputs, "n_inputs": n_inputs, "host_weights": host_weights}
 
     def _inputs_read(self, graph: int) -> int:
         """How many input leafs a non-view node of ``graph`` reads, before ggml's split_graph

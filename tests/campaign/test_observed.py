@@ -103,3 +103,34 @@ def test_the_real_engines_confirm_a_starter_corpus_same_size_finding(pattern: st
         assert f.stats.ggml_same_size_confirmed == 1 and f.stats.ggml_figures_disagree == 0
     finally:
         f.close()
+
+
+def test_llama_cpp_input_leafs_that_share_a_name_are_each_a_graph_input() -> None:
+    """With backend samplers and ``n_copies`` 4, llama.cpp's graph has input leafs that share a
+    name; ggml's pass 6 makes each a graph input (``n_graph_inputs``), so the derived graph size
+    counts each, and equals ggml's own figure at the first re-reservation (under
+    GGML_SCHED_DEBUG_REALLOC=2). Counted by name, it was 504 against ggml's 528: a run with
+    nothing known reported llama-no-same-size-realloc[what=ggml-same-size]."""
+    from pytest_schedfuzz.campaign.observed import FIGURES
+    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.model.llama import LlamaWorkload
+    from pytest_schedfuzz.properties.derived import llama_trace
+
+    w = LlamaWorkload.from_json({
+        "calls": [{"kind": "decode", "parts": [{"n_tokens": 32, "outputs": "none", "seq": 1}]},
+                  {"kind": "decode", "parts": [{"n_tokens": 9, "outputs": "last", "seq": 1}]}],
+        "ctx": {"backend_samplers": True, "embeddings": False, "flash_attn": "on", "kv_unified": False, "n_batch": 32, "n_ctx": 1024,
+                "n_outputs_max": 0, "n_outputs_max_per_seq": 0, "n_seq_max": 4, "n_ubatch": 32, "offload_kqv": True, "op_offload": True,
+                "pooling": "none", "sampler_chain": "top_p-min_p-temp-dist", "type_k": "f32", "type_v": "f32"},
+        "devices": {"n_gpu_layers": 99, "n_rpc": 2, "tensor_split": [1.0, 3.0]},
+        "model": {"arch": "llama", "kind": "moe", "n_ctx_train": 4096, "n_embd": 64, "n_expert": 4, "n_expert_used": 2, "n_ff": 32, "n_head": 2,
+                  "n_head_kv": 1, "n_layer": 3, "seed": 1}})
+    with LlamaTarget() as normal, LlamaTarget(debug_realloc=2) as oracle:
+        trace = llama_trace(normal.run(w, False, False, None))
+        abort = oracle.run(w, False, False, None).abort
+    assert trace.abort is None and abort is not None
+    call, s = next((call, s) for call, s in trace.sched_calls() if s.kind == "alloc" and s.realloc)
+    m = FIGURES.search(abort.message)
+    assert m is not None and abort.call == call and s.counts is not None
+    assert s.counts.input_leafs > len(s.inputs)  # some input leafs share a name
+    assert int(m.group(1)) == s.graph_size
