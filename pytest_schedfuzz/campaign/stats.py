@@ -33,6 +33,11 @@ class Stats:
     realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     realloc_by_gallocr: int = 0  # ggml-alloc re-planning a single buffer by itself: no scheduler decision to report (derived)
     splits: int = 0
+    # compute steps whose values were compared with the CPU alone (same-values: ``properties.VALUES``),
+    # the tensors compared, and compute steps run without (the other properties: zeros, ``ggml.values``)
+    values_steps: int = 0
+    values_tensors: int = 0
+    computed_unvalued: int = 0
     # ggml's own figures (``observed``): same-size findings ggml's GGML_SCHED_DEBUG_REALLOC=1 check
     # confirmed; scenarios replayed under =2, of which a re-reservation's figures were compared; disagreements
     ggml_same_size_confirmed: int = 0
@@ -133,6 +138,10 @@ class Stats:
             if r.kind in ("alloc", "compute"):
                 self.splits += r.n_splits
             self.dep_node_steps += r.counts is not None and r.counts.n_dep_nodes > 0
+            if r.kind == "compute" and r.ok:
+                self.values_steps += r.values_checked > 0
+                self.values_tensors += r.values_checked
+                self.computed_unvalued += r.values_checked == 0
         for e in trace.events:
             if e.same_size:
                 self.reallocs_same += 1
@@ -169,6 +178,8 @@ class Stats:
             f"scheduler realloc decisions observed from ggml's realloc callback = {self.realloc_observed}, derived from ggml's graph-size formula = "
             f"{self.realloc_derived}   (and {self.realloc_by_gallocr} re-plans of ggml-alloc by itself, a single buffer: derived)",
             f"splits = {self.splits}; steps whose graph copy had dependency nodes (a device's add_alloc_dep) = {self.dep_node_steps}",
+            f"compute steps whose values were compared with the CPU alone (same-values) = {self.values_steps} ({self.values_tensors} tensors); "
+            f"computed without (the other properties, on zeros) = {self.computed_unvalued}",
             f"figures observed from ggml (GGML_SCHED_DEBUG_REALLOC): same-size findings confirmed by its own check (=1) = "
             f"{self.ggml_same_size_confirmed}; scenarios replayed under =2 = {self.ggml_figures_replays}, whose first re-reservation's "
             f"graph size, nodes and leafs were compared with the derived record and the reference = {self.ggml_figures_compared}; "

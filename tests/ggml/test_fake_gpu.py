@@ -221,6 +221,9 @@ def test_only_a_property_that_compares_values_pays_for_them(engine: GgmlTarget) 
     finally:
         fuzzer.close()
     assert checked == [("matches-reference", 0), ("no-abort", 0), ("same-values", 2 * len(values_compared(cases[1].graph("g"))))]
+    # and the summary says so: a values oracle that stopped running would show
+    assert (fuzzer.stats.values_steps, fuzzer.stats.computed_unvalued) == (2, 4)
+    assert fuzzer.stats.values_tensors == checked[-1][1]
 
 
 def racy() -> Scenario:
