@@ -6,4 +6,6 @@ does so for a conftest's folder), so that tests in every folder import the plant
 # pytester's fixture puts sys.modules back as it was after each test that uses it, and numpy (a C
 # extension) cannot be imported twice in one process: imported here, before any test, it is never
 # dropped (a subset such as tests/test_plugin.py with tests/campaign failed on it)
-import numpy  # noqa: E402,F401
+import importlib
+
+importlib.import_module("numpy")

@@ -142,10 +142,12 @@ class Engines:
         self.stats.add_trace(trace)
         return trace
 
-    def run_llama(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Meanwhile | None = None) -> LlamaTrace:
+    def run_llama(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Meanwhile | None = None,
+                  on_graph: Callable[[dict[str, Any]], None] | None = None) -> LlamaTrace:
         """llama.cpp's trace of ``workload``, its graph sizes derived (with ``capture``, its graphs
-        too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload."""
-        return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile))
+        too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload, and
+        ``on_graph`` with each graph captured as it comes (``LlamaTarget.run``)."""
+        return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile, on_graph))
 
     def confirmed(self, scenario: Scenario, trace: Trace, run: Callable[[Scenario], Trace] | None = None) -> Trace:
         """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh

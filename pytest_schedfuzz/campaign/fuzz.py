@@ -23,11 +23,12 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure
 
+from reference.graph import CGraph
 from reference.predict import predict as reference_predict
 from reference.versions import NEWEST, Rules, rules_for
 
 from .. import properties as props
-from ..cases.capture import CaptureError, capture
+from ..cases.capture import CaptureError, capture, preparer
 from ..cases.corpus import Case, component_of
 from ..cases.verdict import RACE
 from ..engine import TargetError, Unsupported
@@ -163,7 +164,10 @@ class Fuzzer:
         judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
         logits = "llama-same-logits" in judged and compares_logits(workload)
         capture = "llama-matches-reference" in judged
-        trace = self.engines.llama_confirmed(workload, self.engines.run_llama(workload, logits, capture), logits)
+        # the captured graphs are made into specs and the reference's graphs as they come, while
+        # llama.cpp goes on with the workload
+        prepare = preparer(workload, CGraph.of if not self.config.reference else lambda spec: None) if capture else None
+        trace = self.engines.llama_confirmed(workload, self.engines.run_llama(workload, logits, capture, on_graph=prepare), logits)
         self.stats.add_llama(workload, trace)
         refused = out_of_memory(workload, trace)
         if refused:

@@ -259,8 +259,8 @@ RECENT_SPECS = 64  # about a third of a llama.cpp campaign's captured graphs rep
 
 
 def _recent_spec(key: str, graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLayout, label: str) -> GraphSpec:
-    """``graph_spec`` of a graph captured again (``key``: its ``repr``), from the last
-    ``RECENT_SPECS`` made: made, validated and ordered by the reference once."""
+    """``graph_spec`` of a graph captured again (``key``: the worker's digest of its contents),
+    from the last ``RECENT_SPECS`` made: made, validated and ordered by the reference once."""
     k = (key, tuple(bufts), layout)
     spec = _RECENT.get(k)
     if spec is None:
@@ -361,6 +361,20 @@ def _check_geometry(spec: GraphSpec, captured: Sequence[Mapping[str, Any]], name
                                f"of {want_src} at {t.get('view_offs')} in ggml", kind="view")
 
 
+def preparer(workload: LlamaWorkload, warm: Callable[[GraphSpec], object]) -> Callable[[Mapping[str, Any]], None]:
+    """What ``LlamaTarget.run(on_graph=)`` calls with each graph ``workload`` captures, as it
+    arrives: its graph spec made (``_recent_spec``) and ``warm`` called with it (the reference
+    builds its graph), while llama.cpp goes on with the workload, so that ``capture`` finds them
+    made. A graph that cannot be captured is left for ``capture`` to say why."""
+    def prepare(cap: Mapping[str, Any]) -> None:
+        try:
+            here = layout_of([str(x) for x in cap["backend_names"]], workload, str(cap["bufts"][-1]))
+            warm(_recent_spec(str(cap["key"]), cap, cap["bufts"], here, CAPTURED_LABEL))
+        except CaptureError:
+            pass
+    return prepare
+
+
 def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
     """The scenario of a captured run (``LlamaTarget.run(workload, capture=True)``) and what ggml
     did at each of its reserves and allocs inside llama.cpp."""
@@ -368,8 +382,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
     if trace.abort is not None and not any(s.capture for _, s in calls):
         raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured", kind="abort before a graph")
     layout: BackendLayout | None = None
-    graphs: dict[str, str] = {}  # graph JSON -> its name
-    reprs: dict[tuple[int, int, int], str] = {}
+    graphs: dict[str, str] = {}  # graph key (the worker's digest of its contents) -> its name
     specs: list[tuple[str, GraphSpec]] = []
     steps: list[Step] = []
     seen: list[CapturedStep] = []
@@ -399,15 +412,10 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
             layout = here
         elif here != layout:
             raise CaptureError(f"call {call}: the scheduler's backends changed ({names}); a scenario has one layout", kind="backend")
-        g = {"nodes": cap["nodes"], "leafs": cap["leafs"], "forced": cap["forced"]}
-        # a graph captured again in the workload comes as the same objects (LlamaTarget): one repr
-        same = (id(cap["nodes"]), id(cap["leafs"]), id(cap["forced"]))
-        key = reprs.get(same)
-        if key is None:
-            key = reprs[same] = repr(g)
+        key = str(cap["key"])
         if key not in graphs:
             name = f"g{len(specs)}-c{call}-{s.kind}"
-            specs.append((name, _recent_spec(key, g, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))
+            specs.append((name, _recent_spec(key, cap, cap["bufts"], here, f"{CAPTURED_LABEL}{name}")))
             graphs[key] = name
             for t in cap["nodes"]:
                 k = str(t["desc"]) if t["op"] in ("UNARY", "GLU") else str(t["op"])

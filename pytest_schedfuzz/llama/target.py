@@ -96,12 +96,14 @@ class LlamaTarget(WorkerTarget):
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
-    def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Callable[[], None] | None = None) -> LlamaTrace:
+    def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Callable[[], None] | None = None,
+            on_graph: Callable[[dict[str, Any]], None] | None = None) -> LlamaTrace:
         """Run ``workload`` on llama.cpp; with ``logits``, each decode's record also carries the
         logits of its first and last output (``CallRecord.logits``); with ``capture``, each reserve
         and alloc the graph llama.cpp handed the scheduler and where ggml put it (``SchedCall.capture``).
         ``meanwhile`` is called once the worker has the workload, while it runs (the caller makes
-        it idempotent: a workload may be sent again)."""
+        it idempotent: a workload may be sent again); ``on_graph`` with each graph captured, the
+        first time the workload's calls hand it the scheduler, while the worker goes on."""
         model_path = write_model(workload.model, self.models)
         lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
         for attempt in range(2):
@@ -113,7 +115,7 @@ class LlamaTarget(WorkerTarget):
                              "logits": logits, "capture": capture})
                 if meanwhile is not None:
                     meanwhile()
-                result = self._collect(worker, calls)
+                result = self._collect(worker, calls, on_graph)
             except BaseException:
                 self._worker = None
                 worker.close()
@@ -141,7 +143,7 @@ class LlamaTarget(WorkerTarget):
             return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})
         return LlamaTrace.from_messages(calls, None, self.engine, result)
 
-    def _collect(self, worker: Worker, calls: list[dict[str, Any]]) -> dict[str, int] | LlamaAbort | str:
+    def _collect(self, worker: Worker, calls: list[dict[str, Any]], on_graph: Callable[[dict[str, Any]], None] | None) -> dict[str, int] | LlamaAbort | str:
         current = -1
         graphs: dict[int, tuple[Any, ...]] = {}  # the graphs the workload captured, by the worker's id
         while True:
@@ -154,8 +156,10 @@ class LlamaTarget(WorkerTarget):
             if "begin" in msg:
                 current = int(msg["begin"])
             elif "call" in msg:
-                _with_graphs(msg["call"].get("sched", ()), graphs)
+                new = _with_graphs(msg["call"].get("sched", ()), graphs)
                 calls.append(msg["call"])
+                for cap in new if on_graph is not None else ():
+                    on_graph(cap)
             elif "done" in msg:
                 return dict(msg["done"].get("perf", {}))
             elif "abort" in msg:
@@ -170,14 +174,18 @@ class LlamaTarget(WorkerTarget):
                 raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")
 
 
-def _with_graphs(records: Sequence[dict[str, Any]], graphs: dict[int, tuple[Any, ...]]) -> None:
+def _with_graphs(records: Sequence[dict[str, Any]], graphs: dict[int, tuple[Any, ...]]) -> list[dict[str, Any]]:
     """The worker sends a graph it captured before in the workload as ``same_graph``: put back the
-    one it sent with that ``graph_id`` (the same objects, which ``cases.capture`` keys once)."""
+    one it sent with that ``graph_id`` (the same objects) and its ``key``. Returns the captures of
+    graphs new to the workload."""
+    new = []
     for s in records:
         cap = s.get("capture")
         if not cap:
             continue
         if "graph_id" in cap:
-            graphs[cap.pop("graph_id")] = (cap["nodes"], cap["leafs"], cap["forced"])
+            graphs[cap.pop("graph_id")] = (cap["nodes"], cap["leafs"], cap["forced"], cap["key"])
+            new.append(cap)
         elif "same_graph" in cap:
-            cap["nodes"], cap["leafs"], cap["forced"] = graphs[cap.pop("same_graph")]
+            cap["nodes"], cap["leafs"], cap["forced"], cap["key"] = graphs[cap.pop("same_graph")]
+    return new

@@ -8,7 +8,8 @@ cannot corrupt them.
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
 * request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``
   (with ``"capture": true``, every reserve and alloc record carries the graph whole, the first time
-  in the workload with a ``"graph_id"``, and again only as ``"same_graph": id``: half the graphs of
+  in the workload with a ``"graph_id"`` and a ``"key"``, a digest of its contents that is the same
+  for the same graph in any workload, and again only as ``"same_graph": id``: half the graphs of
   a workload are one it captured before, each ubatch of the same size), answered with
   ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
   ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
@@ -29,6 +30,7 @@ from ggml's debug log (``GGML_SCHED_DEBUG=1`` prints the split headers; a Debug 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import pickle
@@ -267,6 +269,7 @@ class Llama:
             if self.captured is not None:
                 # the scheduler call that aborts, with the graph llama.cpp handed it, after this call's earlier ones
                 cap = {k: v for k, v in self.captured.items() if k not in ("order", "sched")}
+                cap["key"] = hashlib.sha1(_graph_bytes(cap)).hexdigest()
                 msg["sched"] = [*self.sched_events, {"kind": self.outer or "split", "sched": self.captured["sched"], "ok": False, "aborted": True,
                                                      "capture": cap}]
             self.chan.send({"abort": msg})
@@ -424,12 +427,13 @@ class Llama:
         self.captured = None
         del cap["sched"]
         cap["buffer_sizes"] = self._buffer_sizes(sched)
-        key = pickle.dumps((cap["nodes"], cap["leafs"], cap["forced"]), protocol=pickle.HIGHEST_PROTOCOL)
+        key = _graph_bytes(cap)
         if key in self.graph_ids:
             del cap["nodes"], cap["leafs"], cap["forced"]
             cap["same_graph"] = self.graph_ids[key]
         else:
             cap["graph_id"] = self.graph_ids[key] = len(self.graph_ids)
+            cap["key"] = hashlib.sha1(key).hexdigest()
 
     def _capture_graph(self, sched: int, graph: int) -> dict[str, Any]:
         """The graph handed to the scheduler, whole: every node and leaf with its op (and
@@ -807,6 +811,11 @@ class Llama:
             self.embeddings = call.flag
         getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
         return 0
+
+
+def _graph_bytes(cap: dict[str, Any]) -> bytes:
+    """A captured graph's contents as bytes: equal for equal graphs (its ``key`` is their digest)."""
+    return pickle.dumps((cap["nodes"], cap["leafs"], cap["forced"]), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -113,6 +114,37 @@ def test_a_graph_captured_again_in_a_workload_is_sent_once(fuzzer: Fuzzer) -> No
     distinct = {repr((c["nodes"], c["leafs"], c["forced"])) for c in caps}
     assert len({(id(c["nodes"]), id(c["leafs"]), id(c["forced"])) for c in caps}) == len(distinct) < len(caps)
     assert not any("graph_id" in c or "same_graph" in c for c in caps)
+    # each distinct graph has its own key, the digest of its contents, which another run gives it too
+    assert len({c["key"] for c in caps}) == len(distinct)
+    again = fuzzer.engines.run_llama(workload(Devices(n_rpc=1)), capture=True).sched_calls()
+    assert {s.capture["key"] for _, s in again if s.capture is not None} == {c["key"] for c in caps}
+
+
+@pytest.mark.engine
+def test_the_captured_graphs_are_made_into_specs_as_they_come(fuzzer: Fuzzer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``preparer``, handed to the run as ``on_graph``, makes each graph new to the workload
+    into a spec and warms the reference with it while llama.cpp goes on with the workload (one
+    call each, before the run returns): ``capture`` then makes none itself."""
+    import pytest_schedfuzz.cases.capture as capture_module
+    from pytest_schedfuzz.cases.capture import preparer
+
+    w = workload(Devices(n_rpc=1))
+    monkeypatch.setattr(capture_module, "_RECENT", OrderedDict())  # no spec made by an earlier test
+    handed: list[str] = []
+    warmed: list[object] = []
+    prepare = preparer(w, warmed.append)
+
+    def on_graph(cap: dict) -> None:
+        handed.append(cap["key"])
+        prepare(cap)
+
+    trace = fuzzer.engines.run_llama(w, capture=True, on_graph=on_graph)
+    keys = [s.capture["key"] for _, s in trace.sched_calls() if s.capture is not None]
+    assert handed == list(dict.fromkeys(keys)) and len(handed) < len(keys)  # each graph once, in order
+    assert len(warmed) == len(handed)
+    monkeypatch.setattr(capture_module, "graph_spec", lambda *a: pytest.fail("capture made a spec the run had made"))
+    captured = capture(w, trace)
+    assert len(captured.scenario.graphs) == len(handed)
 
 
 @pytest.mark.engine

@@ -253,7 +253,7 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
         def __init__(self, trace: LlamaTrace) -> None:
             self.trace, self.runs = trace, 0
 
-        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None) -> LlamaTrace:
+        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None, on_graph=None) -> LlamaTrace:
             self.runs += 1
             if meanwhile is not None:
                 meanwhile()
@@ -285,7 +285,7 @@ def test_the_reference_judges_the_captured_graphs_while_llama_cpp_runs_the_cpu_o
     judged_during: list[tuple[bool, int, int]] = []  # (logits run, not captured before meanwhile, after)
 
     class Fake:
-        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None) -> LlamaTrace:
+        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None, on_graph=None) -> LlamaTrace:
             before = sum(fuzzer.stats.llama_not_captured.values())
             if meanwhile is not None:
                 meanwhile()
@@ -554,7 +554,7 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
         def __init__(self, kind: str, comes_back: bool) -> None:
             self.call_timeout, self.kind, self.comes_back, self.seen = 60.0, kind, comes_back, []
 
-        def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None) -> LlamaTrace:
+        def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None, on_graph=None) -> LlamaTrace:
             self.seen.append(self.call_timeout)
             if len(self.seen) == 1 or self.comes_back:
                 return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),), LlamaAbort(0, self.kind, "gone"))
