@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,9 @@ from .profiles import FuzzConfig
 from .stats import Stats
 
 CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step
+# a workload Hypothesis mutates keeps its model, context and calls, and so its CPU-only run, about a
+# third of the time (its devices change)
+CPU_RUNS_KEPT = 128
 
 
 class Meanwhile:
@@ -63,6 +68,7 @@ class Engines:
         self._llama: Any = None
         self._oracles: dict[int, Any] = {}  # GGML_SCHED_DEBUG_REALLOC level -> engine
         self._llama_oracle: Any = None
+        self._cpu_runs: OrderedDict[str, LlamaTrace] = OrderedDict()  # CPU-only workload JSON -> its run (``cpu_run``)
 
     @property
     def target(self) -> Target:
@@ -148,6 +154,26 @@ class Engines:
         too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload, and
         ``on_graph`` with each graph captured as it comes (``LlamaTarget.run``)."""
         return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile, on_graph))
+
+    def cpu_run(self, workload: LlamaWorkload, meanwhile: Meanwhile | None = None) -> LlamaTrace:
+        """The run of a CPU-only workload (``properties.llama.cpu_only``) with its logits, the
+        oracle of llama-same-logits. ggml's CPU backend computes it alike every time (one thread,
+        the same model file), so a run that ended without an abort is kept for the next workload
+        that needs it (the last ``CPU_RUNS_KEPT``; counted in ``llama_cpu_runs_kept``)."""
+        key = json.dumps(workload.to_json(), sort_keys=True)
+        kept = self._cpu_runs.get(key)
+        if kept is not None:
+            self._cpu_runs.move_to_end(key)
+            self.stats.llama_cpu_runs_kept += 1
+            if meanwhile is not None:
+                meanwhile()
+            return kept
+        trace = self.run_llama(workload, True, meanwhile=meanwhile)
+        if trace.abort is None:
+            self._cpu_runs[key] = trace
+            if len(self._cpu_runs) > CPU_RUNS_KEPT:
+                self._cpu_runs.popitem(last=False)
+        return trace
 
     def confirmed(self, scenario: Scenario, trace: Trace, run: Callable[[Scenario], Trace] | None = None) -> Trace:
         """A crash (a signal, no assert) or a timeout counts only if it happens again on a fresh

@@ -31,7 +31,7 @@ from .. import properties as props
 from ..cases.capture import CaptureError, capture, preparer
 from ..cases.corpus import Case, component_of
 from ..cases.verdict import RACE
-from ..engine import TargetError, Unsupported
+from ..engine import TargetError, Unsupported, gc_paused
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
@@ -191,7 +191,7 @@ class Fuzzer:
         # again on the CPU alone (llama-same-logits), where it does
         reference = Meanwhile(lambda: self.against_reference(workload, trace)) if capture else None
         if logits and trace.abort is None:
-            cpu = self.engines.run_llama(cpu_only(workload, trace), True, meanwhile=reference)
+            cpu = self.engines.cpu_run(cpu_only(workload, trace), meanwhile=reference)
             found += reference.result() if reference is not None else []
             self.stats.llama_logits_compared += 1
             self.stats.llama_logit_rows += sum(len(c.logits) for c in trace.calls)
@@ -413,7 +413,8 @@ class Fuzzer:
         @given(self.strategy(prop))
         def run(case: Workload | Scenario | LlamaWorkload) -> None:
             try:
-                one(case)
+                with gc_paused():
+                    one(case)
             except KeyboardInterrupt:
                 self.interrupted = True
                 raise

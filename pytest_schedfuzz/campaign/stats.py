@@ -66,6 +66,7 @@ class Stats:
     llama_out_of_memory: int = 0  # contexts or adapters llama.cpp could not make on GPU-like devices left little free memory (not judged)
     llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
     llama_logit_rows: int = 0  # ... output rows compared
+    llama_cpu_runs_kept: int = 0  # ... against the CPU-only run of an earlier workload of the same model, context and calls
     llama_switch_reruns: int = 0  # workloads run again without a switch a new lost reservation names (``causes.switches_told_apart``)
     llama_captured: int = 0  # workloads whose graphs were captured and predicted (llama-matches-reference)
     llama_captured_nodes: int = 0  # ... node assignments compared, over all their steps
@@ -199,7 +200,8 @@ class Stats:
             lines += [
                 f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs}); "
                 f"contexts or LoRA adapters that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
-                f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows",
+                f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows "
+                f"({self.llama_cpu_runs_kept} workloads against the CPU-only run of an earlier one with the same model, context and calls)",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: workloads captured and predicted by the reference (llama-matches-reference) = {self.llama_captured}, "
                 f"node assignments compared = {self.llama_captured_nodes}; not captured (not judged): "

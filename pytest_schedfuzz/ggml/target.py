@@ -9,6 +9,8 @@ next scenario gets a fresh worker.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pickle
@@ -31,6 +33,8 @@ from .crash import CRASH_HOOK, build_preload, stack_line, with_preload
 from .forkserver import ForkedProc, Forker
 from .lib import LIB_ENV, child_env, resolve_lib
 from .rpc import RpcServers
+
+PIPE_SIZE = 1 << 20  # a worker's reply pipe: /proc/sys/fs/pipe-max-size's default
 
 
 WORKER = "pytest_schedfuzz.ggml.worker"
@@ -67,6 +71,9 @@ class Worker:
         assert self.proc.stdout is not None and self.proc.stdin is not None
         self._out = self.proc.stdout.fileno()
         os.set_blocking(self._out, False)
+        with contextlib.suppress(OSError):  # a pipe as large as Linux allows: a worker whose messages
+            # (llama.cpp's captured graphs) outgrow the default 64 KiB would wait for us to read
+            fcntl.fcntl(self._out, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._out, selectors.EVENT_READ)
         self._buf = b""

@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-from ..engine import TargetError, Unsupported
+from ..engine import TargetError, Unsupported, gc_paused
 from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
 from ..model.trace import StepRecord
 from .backends import RpcUnreachable
@@ -134,7 +134,8 @@ def main() -> None:
         eng.step = -1
         reply: dict[str, object]
         try:
-            run_scenario(eng, req["scenario"], req["endpoints"], chan, req["values"])
+            with gc_paused():
+                run_scenario(eng, req["scenario"], req["endpoints"], chan, req["values"])
             reply = {"done": True}
         except Unsupported as e:
             reply = {"unsupported": str(e)}

@@ -43,6 +43,7 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from ..engine import gc_paused
 from ..ggml.engine import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
@@ -839,7 +840,8 @@ def main() -> None:
             w = LlamaWorkload.from_json(req["workload"])
             eng.want_logits = bool(req.get("logits"))
             eng.capturing = bool(req.get("capture"))
-            done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
+            with gc_paused():
+                done = eng.run(w, req["model_path"], req["endpoints"], req.get("lora_paths", ()))
             chan.send({"done": done})
         except ConnectionError as e:
             chan.send({"unreachable": str(e)})

@@ -18,7 +18,6 @@ an RPC round trip per allocation-size query, which has nothing to do with schedu
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 import statistics
@@ -35,6 +34,7 @@ from reference.sched import Scheduler
 
 from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
+from ..engine import gc_paused
 from ..ggml.target import GgmlTarget
 from ..model.scenario import BackendLayout, GraphSpec, Scenario, SchedParams, Step
 from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
@@ -83,17 +83,12 @@ def _reference_schedule_seconds(sc: Scenario) -> float:
     g = CGraph.build(sc.graph("g"))
     step = sc.steps[0]
     assert step.params is not None
-    was_enabled = gc.isenabled()
-    gc.disable()  # as predict does
-    try:
+    with gc_paused():  # as predict does
         t = time.perf_counter()
         sched = Scheduler(sc.layout, step.params)
         sched.reserve(g)
         sched.alloc_graph(g, 2)
         return time.perf_counter() - t
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def build_release(dest: Path) -> Path:

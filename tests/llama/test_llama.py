@@ -302,6 +302,48 @@ def test_the_reference_judges_the_captured_graphs_while_llama_cpp_runs_the_cpu_o
     fuzzer.engines._llama = None
 
 
+def test_a_cpu_only_run_is_kept_for_the_next_workload_with_the_same_model_context_and_calls() -> None:
+    """llama-same-logits' oracle, the CPU-only run, is made once for workloads that differ only in
+    their devices (what a mutation often changes): the second is compared with the kept run, and a
+    difference is still found; a CPU-only run that aborted is not kept."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.properties import LLAMA_GROUP
+
+    one = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
+    two = replace(one, devices=Devices(n_rpc=1, n_gpu_layers=99, gpus=(BackendSpec("gpu", asynchronous=True),)))
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    cpu_runs: list[LlamaWorkload] = []
+
+    class Fake:
+        def __init__(self, cpu_abort: LlamaAbort | None) -> None:
+            self.cpu_abort = cpu_abort
+
+        def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None, on_graph=None) -> LlamaTrace:
+            on_cpu = not workload.devices.gpus
+            cpu_runs.extend([workload] if on_cpu else [])
+            row = (0.0, 1.0) if on_cpu else (0.0, 2.0)  # the devices get the second logit wrong
+            calls = (CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),
+                     *(CallRecord(c, "decode", 0, logits=(row,)) for c in range(len(workload.calls))))
+            return LlamaTrace(calls, self.cpu_abort if on_cpu else None)
+
+        def close(self) -> None:
+            pass
+
+    fuzzer.engines._llama = Fake(None)
+    for w in (one, two, one):
+        assert [v.property for v in fuzzer.check_llama(LLAMA_GROUP, w)] == ["llama-same-logits"]
+    assert len(cpu_runs) == 1 and fuzzer.stats.llama_cpu_runs_kept == 2 and fuzzer.stats.llama_logits_compared == 3
+    other = replace(one, calls=one.calls[:1])
+    cpu_runs.clear()
+    fuzzer.engines._llama = Fake(LlamaAbort(0, "abort", "the CPU-only run aborted"))
+    for _ in range(2):
+        assert fuzzer.check_llama(LLAMA_GROUP, other) == []
+    assert len(cpu_runs) == 2 and fuzzer.stats.llama_cpu_runs_kept == 2
+    fuzzer.engines._llama = None
+
+
 def test_an_unknown_scheduler_line_is_an_error_not_a_pass() -> None:
     from pytest_schedfuzz.ggml.schedlog import SchedLog
 
