@@ -130,22 +130,32 @@ def main() -> None:
         raise SystemExit(2)
     chan.send({"hello": eng.info()})
     coverage = coverage_build()
-    while (req := read_request(sys.stdin.buffer)) is not None:
-        eng.step = -1
-        reply: dict[str, object]
-        try:
-            with gc_paused():
-                run_scenario(eng, req["scenario"], req["endpoints"], chan, req["values"])
-            reply = {"done": True}
-        except Unsupported as e:
-            reply = {"unsupported": str(e)}
-        except RpcUnreachable as e:
-            reply = {"unreachable": str(e)}
-        except Exception:
-            reply = {"error": {"step": eng.step, "message": traceback.format_exc()}}
+    while True:
+        with gc_paused():  # the request's unpickling too: its scenario is thousands of objects
+            req = read_request(sys.stdin.buffer)
+            if req is None:
+                break
+            reply = serve(eng, chan, req)
         if coverage:
             gcov_dump(reset=True)  # before the reply: a later crash of this worker must not take this scenario's counts
         chan.send(reply)
+
+
+def serve(eng: Ggml, chan: Channel, req: dict[str, Any]) -> dict[str, object]:
+    """Run one request's scenario; the reply that ends it."""
+    eng.step = -1
+    reply: dict[str, object]
+    try:
+        run_scenario(eng, req["scenario"], req["endpoints"], chan, req["values"])
+        reply = {"done": True}
+    except Unsupported as e:
+        reply = {"unsupported": str(e)}
+    except RpcUnreachable as e:
+        reply = {"unreachable": str(e)}
+    except Exception:
+        reply = {"error": {"step": eng.step, "message": traceback.format_exc()}}
+    return reply
+
 
 if __name__ == "__main__":
     main()
