@@ -365,12 +365,13 @@ def preparer(workload: LlamaWorkload, warm: Callable[[GraphSpec], object]) -> Ca
     """What ``LlamaTarget.run(on_graph=)`` calls with each graph ``workload`` captures, as it
     arrives: its graph spec made (``_recent_spec``) and ``warm`` called with it (the reference
     builds its graph), while llama.cpp goes on with the workload, so that ``capture`` finds them
-    made. A graph that cannot be captured is left for ``capture`` to say why."""
+    made. A graph that cannot be made is left for ``capture``, which meets it again if it gets
+    there (a call before it may end the capture) and says why, or fails with the same error."""
     def prepare(cap: Mapping[str, Any]) -> None:
         try:
             here = layout_of([str(x) for x in cap["backend_names"]], workload, str(cap["bufts"][-1]))
             warm(_recent_spec(str(cap["key"]), cap, cap["bufts"], here, CAPTURED_LABEL))
-        except CaptureError:
+        except Exception:  # noqa: BLE001 -- made again, and raised, by capture() where it matters
             pass
     return prepare
 

@@ -146,6 +146,15 @@ def test_the_captured_graphs_are_made_into_specs_as_they_come(fuzzer: Fuzzer, mo
     captured = capture(w, trace)
     assert len(captured.scenario.graphs) == len(handed)
 
+    # what goes wrong while preparing is left for capture, which meets it again where it matters:
+    # the workload's run is not cut short by it
+    monkeypatch.setattr(capture_module, "_RECENT", OrderedDict())
+    monkeypatch.setattr(capture_module, "graph_spec", lambda *a: (_ for _ in ()).throw(RuntimeError("a harness bug")))
+    again = fuzzer.engines.run_llama(w, capture=True, on_graph=preparer(w, warmed.append))
+    assert again.abort is None and len(warmed) == len(handed)
+    with pytest.raises(RuntimeError, match="a harness bug"):
+        capture(w, again)
+
 
 @pytest.mark.engine
 def test_pipeline_parallelism_on_two_asynchronous_gpu_like_devices_is_captured_whole(fuzzer: Fuzzer) -> None:
