@@ -49,8 +49,9 @@ def load_target(spec: str) -> Target:
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for one example, one request to a worker, or one
-    prediction. Each makes many containers (a llama.cpp trace's captured graphs: thousands of dicts
+    """Python's cyclic garbage collector paused for one example or one request to a worker (the
+    reference's ``predict`` pauses it itself: ``reference/`` imports only the data package). Each
+    makes many containers (a llama.cpp trace's captured graphs: thousands of dicts
     and lists) that live until it ends: the collector promoted them and so ran full collections of
     the whole heap (Hypothesis's, the caches'), 29% of the parent's time in a llama.cpp run. Their
     reference counts free them when it ends, so they never reach the collector; a cycle left

@@ -158,8 +158,9 @@ class LlamaTarget(WorkerTarget):
             elif "call" in msg:
                 new = _with_graphs(msg["call"].get("sched", ()), graphs)
                 calls.append(msg["call"])
-                for cap in new if on_graph is not None else ():
-                    on_graph(cap)
+                if on_graph is not None:
+                    for cap in new:
+                        on_graph(cap)
             elif "done" in msg:
                 return dict(msg["done"].get("perf", {}))
             elif "abort" in msg:
