@@ -680,7 +680,7 @@ _TEMPLATE = r"""/* schedfuzz reproducer: {signature}
 
 {gpu}
 enum {{ N_BACKENDS = {n_backends}, N_RPC = {n_rpc}, CPU_THREADS = {cpu_threads}, MAX_BUILT = 3 }};
-#define RPC_THREADS "2"  /* as the harness's RPC servers */
+#define RPC_THREADS "{cpu_threads}"  /* as the harness's RPC servers */
 enum step_kind {{ STEP_RESERVE, STEP_ALLOC, STEP_COMPUTE, STEP_SPLIT, STEP_RESERVE_SIZE }};
 static const char * KIND_NAMES[] = {{ "reserve", "alloc", "compute", "split", "reserve_size" }};
 

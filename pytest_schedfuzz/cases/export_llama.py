@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
+from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..llama.gguf_models import write_lora, write_model
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
@@ -108,7 +109,7 @@ def _model_params(w: LlamaWorkload) -> str:
 def _context_params(w: LlamaWorkload) -> str:
     c = w.ctx
     lines = [f"cp.n_ctx = {c.n_ctx}; cp.n_batch = {c.n_batch}; cp.n_ubatch = {c.n_ubatch}; cp.n_seq_max = {c.n_seq_max};",
-             "cp.n_threads = cp.n_threads_batch = 1;", f"cp.flash_attn_type = {_FLASH[c.flash_attn]};",
+             f"cp.n_threads = cp.n_threads_batch = {CPU_THREADS};", f"cp.flash_attn_type = {_FLASH[c.flash_attn]};",
              f"cp.op_offload = {str(c.op_offload).lower()}; cp.offload_kqv = {str(c.offload_kqv).lower()}; cp.kv_unified = {str(c.kv_unified).lower()};",
              f"cp.type_k = {_KV_TYPE[c.type_k]}; cp.type_v = {_KV_TYPE[c.type_v]};", f"cp.embeddings = {str(c.embeddings).lower()};",
              f"cp.pooling_type = {_POOLING[c.pooling] if c.embeddings else 'LLAMA_POOLING_TYPE_UNSPECIFIED'};",
@@ -174,7 +175,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         process=PROCESS_C, signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
         gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
         chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
-        record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict),
+        record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict), cpu_threads=CPU_THREADS,
         run_calls="\n".join(_RUN_CALLS.format(
             what=what, variant=k, devices=_devices(v), model_params=_model_params(v), context_params=_context_params(v), calls=calls, watch=watch,
             gpu_free=", ".join(str(x) for x in v.devices.gpu_free) or "0", n_gpu_free=len(v.devices.gpu_free), n_gpus=len(v.devices.gpus),
@@ -367,7 +368,7 @@ ggml_backend_reg_t schedfuzz_fake_gpu_register(const char * name, ggml_backend_d
 #endif
 
 enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_LORAS = {n_loras}, RECORD_LOGITS = {record_logits} }};
-#define RPC_THREADS "1"  /* as the harness's RPC servers for llama.cpp */
+#define RPC_THREADS "{cpu_threads}"  /* as the harness's RPC servers */
 struct part {{ int seq, n_tokens, outputs; }};  /* outputs: 0 none, 1 the last token, 2 all */
 
 static int cur_call = -2;

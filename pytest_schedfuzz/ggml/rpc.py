@@ -27,6 +27,7 @@ from typing import IO
 
 from .build import BuildError, build_rpc_server
 from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
+from .engine import CPU_THREADS
 from .lib import child_env
 
 
@@ -68,7 +69,7 @@ class RpcServers:
     restarting any that died (on a new port); ``close()`` stops them all.
     """
 
-    def __init__(self, lib_dir: str | None = None, threads: int = 2, start_timeout: float = 30.0, attempts: int = 3) -> None:
+    def __init__(self, lib_dir: str | None = None, threads: int = CPU_THREADS, start_timeout: float = 30.0, attempts: int = 3) -> None:
         self.lib_dir = lib_dir
         self.threads = threads
         self.start_timeout = start_timeout

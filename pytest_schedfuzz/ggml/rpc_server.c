@@ -40,7 +40,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "ggml has no CPU device\n");
         return 2;
     }
-    ggml_backend_rpc_start_server(argv[1], NULL, argc == 3 ? (size_t) atol(argv[2]) : 2, 1, &cpu);
+    ggml_backend_rpc_start_server(argv[1], NULL, argc == 3 ? (size_t) atol(argv[2]) : 1, 1, &cpu);
     fprintf(stderr, "ggml_backend_rpc_start_server(%s) returned: see the messages above\n", argv[1]);
     return 2;
 }

@@ -267,7 +267,6 @@ class GgmlTarget(WorkerTarget):
         lib: str | None = None,
         step_timeout: float = 60.0,
         start_timeout: float = 120.0,
-        rpc_threads: int = 2,
         bare: bool = False,
         debug_realloc: int = 0,
     ) -> None:
@@ -276,7 +275,7 @@ class GgmlTarget(WorkerTarget):
         self.bare = bare  # benchmarks: the scheduler without debug output, no splits recorded
         self.debug_realloc = debug_realloc
         self.start_timeout = start_timeout
-        self.servers = RpcServers(self.lib_dir, threads=rpc_threads)
+        self.servers = RpcServers(self.lib_dir)
         self.engine: dict[str, str] = {}
 
     @property

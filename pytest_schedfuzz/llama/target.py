@@ -84,7 +84,7 @@ class LlamaTarget(WorkerTarget):
         self.debug_realloc = debug_realloc
         self.hook = build_preload(HOOK_SOURCE)
         self.models = cache_dir() / "models"
-        self.servers = RpcServers(str(self.lib_dir), threads=1)
+        self.servers = RpcServers(str(self.lib_dir))
         self.engine: dict[str, str] = {}
 
     def _env(self) -> dict[str, str]:

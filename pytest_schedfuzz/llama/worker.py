@@ -44,7 +44,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..engine import gc_paused
-from ..ggml.engine import VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
+from ..ggml.engine import CPU_THREADS, VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
@@ -634,7 +634,7 @@ class Llama:
         L = self.L
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = c.n_ctx, c.n_batch, c.n_ubatch, c.n_seq_max
-        p.n_threads = p.n_threads_batch = 1
+        p.n_threads = p.n_threads_batch = CPU_THREADS
         p.flash_attn_type = FLASH[c.flash_attn]
         p.op_offload, p.offload_kqv, p.kv_unified = c.op_offload, c.offload_kqv, c.kv_unified
         p.type_k, p.type_v = KV_TYPE[c.type_k], KV_TYPE[c.type_v]
