@@ -19,6 +19,9 @@
 #include <dlfcn.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef void (*schedfuzz_hook_t)(int phase, void * sched, void * graph, long a, long b, long c);
 
@@ -179,4 +182,114 @@ void schedfuzz_tensor_backends(void * sched, void * const * tensors, int n, int 
         out[i] = -1;
         for (int j = 0; j < nb && b; j++) if (backends[j] == b) { out[i] = j; break; }
     }
+}
+
+/* A graph handed to the scheduler, written as one fixed-size record per tensor (its nodes, then
+ * its leafs), for the worker's capture: a Python read of each tensor's fields was a fifth of the
+ * worker's time. The fields are read at the offsets the worker gives (ggml-python's ggml_tensor,
+ * checked against the library at its startup), so the hook still includes no ggml header.
+ * Pointers are written as what they name: a source or view source as its index (node i: i; leaf
+ * j: -2 - j; none: -1; outside the graph: INT32_MIN), a buffer as its index among the graph's
+ * distinct buffers (first seen first; -1: none), whose addresses go to `buffers`. Equal graphs
+ * give equal bytes, in any process. Returns the number of distinct buffers, or -1 when there are
+ * more than `max_buffers`. */
+struct schedfuzz_tensor_layout {
+    int32_t type, buffer, ne, nb, op, op_params, flags, src, view_src, view_offs, name;  /* offsets */
+    int32_t n_src, n_op_params, name_size;
+};
+
+#define REC_SRC 10
+#define REC_PARAMS 16
+#define REC_NAME 64
+#define REC_WORD 32
+struct __attribute__((packed)) schedfuzz_tensor_record {
+    int32_t flags, view_src, buffer;
+    int32_t src[REC_SRC];
+    int32_t op_params[REC_PARAMS];
+    int64_t ne[4];
+    uint64_t nb[4];
+    uint64_t view_offs;
+    char name[REC_NAME];
+    char op[REC_WORD], desc[REC_WORD], type[REC_WORD];  /* ggml_op_name, ggml_op_desc, ggml_type_name */
+};
+
+static void put_word(char * to, const char * word) {
+    if (word != NULL) memcpy(to, word, strnlen(word, REC_WORD - 1));
+}
+
+int schedfuzz_tensor_record_size(void) { return (int) sizeof(struct schedfuzz_tensor_record); }
+
+/* the leading fields of struct ggml_cgraph (ggml-impl.h), as the worker's CGraphHead */
+struct cgraph_head { int size, n_nodes, n_leafs; void ** nodes; void ** grads; void ** grad_accs; void ** leafs; };
+
+static size_t slot_of(void * p, size_t mask) { return (size_t) (((uintptr_t) p >> 4) * 0x9E3779B97F4A7C15ull) & mask; }
+
+/* the index a tensor of the graph was given (open addressing), -1 for none, INT32_MIN outside */
+static int32_t index_of(void * p, void * const * keys, const int32_t * vals, size_t mask) {
+    if (p == NULL) return -1;
+    size_t s = slot_of(p, mask);
+    while (keys[s] != NULL && keys[s] != p) s = (s + 1) & mask;
+    return keys[s] == p ? vals[s] : INT32_MIN;
+}
+
+int schedfuzz_graph_records(void * graph, const struct schedfuzz_tensor_layout * l, struct schedfuzz_tensor_record * out,
+                            void ** buffers, int max_buffers) {
+    const struct cgraph_head * g = (const struct cgraph_head *) graph;
+    int n = g->n_nodes + g->n_leafs;
+    size_t cap = 16;
+    while (cap < 2 * (size_t) n) cap <<= 1;
+    void ** keys = calloc(cap, sizeof(void *));
+    int32_t * vals = malloc(cap * sizeof(int32_t));
+    if (keys == NULL || vals == NULL) { free(keys); free(vals); return -1; }
+    for (int i = 0; i < n; i++) {
+        void * t = i < g->n_nodes ? g->nodes[i] : g->leafs[i - g->n_nodes];
+        size_t s = slot_of(t, cap - 1);
+        while (keys[s] != NULL && keys[s] != t) s = (s + 1) & (cap - 1);
+        keys[s] = t;  /* a tensor both a node and a leaf is named as the leaf, as the worker named it */
+        vals[s] = i < g->n_nodes ? i : -2 - (i - g->n_nodes);
+    }
+    static const char * (*op_name)(int32_t);
+    static const char * (*op_desc)(const void *);
+    static const char * (*type_name)(int32_t);
+    if (!op_name) {
+        op_name = (const char * (*)(int32_t)) real("ggml_op_name");
+        op_desc = (const char * (*)(const void *)) real("ggml_op_desc");
+        type_name = (const char * (*)(int32_t)) real("ggml_type_name");
+    }
+    int n_buffers = 0;
+    for (int i = 0; i < n; i++) {
+        const char * t = (const char *) (i < g->n_nodes ? g->nodes[i] : g->leafs[i - g->n_nodes]);
+        struct schedfuzz_tensor_record * r = &out[i];
+        memset(r, 0, sizeof *r);
+        int32_t op, type;
+        memcpy(&op, t + l->op, 4);
+        memcpy(&type, t + l->type, 4);
+        put_word(r->op, op_name(op));
+        put_word(r->desc, op_desc(t));
+        put_word(r->type, type_name(type));
+        memcpy(&r->flags, t + l->flags, 4);
+        memcpy(r->ne, t + l->ne, sizeof r->ne);
+        memcpy(r->nb, t + l->nb, sizeof r->nb);
+        memcpy(r->op_params, t + l->op_params, 4 * (size_t) l->n_op_params);
+        memcpy(&r->view_offs, t + l->view_offs, 8);
+        memcpy(r->name, t + l->name, strnlen(t + l->name, (size_t) l->name_size));  /* not what follows its end */
+        void * p;
+        for (int k = 0; k < l->n_src; k++) { memcpy(&p, t + l->src + 8 * k, 8); r->src[k] = index_of(p, keys, vals, cap - 1); }
+        memcpy(&p, t + l->view_src, 8);
+        r->view_src = index_of(p, keys, vals, cap - 1);
+        memcpy(&p, t + l->buffer, 8);
+        r->buffer = -1;
+        if (p != NULL) {
+            int b = 0;
+            while (b < n_buffers && buffers[b] != p) b++;
+            if (b == n_buffers) {
+                if (n_buffers == max_buffers) { free(keys); free(vals); return -1; }
+                buffers[n_buffers++] = p;
+            }
+            r->buffer = b;
+        }
+    }
+    free(keys);
+    free(vals);
+    return n_buffers;
 }

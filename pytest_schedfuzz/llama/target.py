@@ -26,6 +26,7 @@ from ..ggml.target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
 from .gguf_models import write_lora, write_model
+from .graph_records import RecentGraphs
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
 # built-in llama.cpp libraries by name: llama-cpp-python's own, and the same llama.cpp with the
@@ -85,6 +86,7 @@ class LlamaTarget(WorkerTarget):
         self.hook = build_preload(HOOK_SOURCE)
         self.models = cache_dir() / "models"
         self.servers = RpcServers(str(self.lib_dir))
+        self.recent_graphs = RecentGraphs()  # captured graphs' tensors, made once for the workloads that capture them again
         self.engine: dict[str, str] = {}
 
     def _env(self) -> dict[str, str]:
@@ -156,7 +158,7 @@ class LlamaTarget(WorkerTarget):
             if "begin" in msg:
                 current = int(msg["begin"])
             elif "call" in msg:
-                new = _with_graphs(msg["call"].get("sched", ()), graphs)
+                new = _with_graphs(msg["call"].get("sched", ()), graphs, self.recent_graphs)
                 calls.append(msg["call"])
                 if on_graph is not None:
                     for cap in new:
@@ -165,7 +167,7 @@ class LlamaTarget(WorkerTarget):
                 return dict(msg["done"].get("perf", {}))
             elif "abort" in msg:
                 a = msg["abort"]
-                _with_graphs(a.get("sched", ()), graphs)
+                _with_graphs(a.get("sched", ()), graphs, self.recent_graphs)
                 return LlamaAbort(int(a["call"]), "abort", a["message"], tuple(SchedCall.from_json(s) for s in a.get("sched", ())))
             elif "unreachable" in msg:
                 return str(msg["unreachable"])
@@ -175,18 +177,22 @@ class LlamaTarget(WorkerTarget):
                 raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")
 
 
-def _with_graphs(records: Sequence[dict[str, Any]], graphs: dict[int, tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """The worker sends a graph it captured before in the workload as ``same_graph``: put back the
-    one it sent with that ``graph_id`` (the same objects) and its ``key``. Returns the captures of
-    graphs new to the workload."""
+def _with_graphs(records: Sequence[dict[str, Any]], graphs: dict[int, tuple[Any, ...]], recent: RecentGraphs) -> list[dict[str, Any]]:
+    """Each captured graph's nodes and leafs made of the records the worker sent (or, for a graph
+    made recently, in this workload or an earlier one, the same objects again: ``recent``). The
+    worker sends a graph it captured before in the workload as ``same_graph``: put back the one
+    it sent with that ``graph_id`` and its ``key``. Returns the captures of graphs new to the
+    workload."""
     new = []
     for s in records:
         cap = s.get("capture")
         if not cap:
             continue
+        if "same_graph" in cap:
+            cap["nodes"], cap["leafs"], cap["forced"], cap["key"] = graphs[cap.pop("same_graph")]
+            continue
+        cap["nodes"], cap["leafs"] = recent.get(cap["key"], cap.pop("records"), cap.pop("n_nodes"), cap.pop("buffers"))
         if "graph_id" in cap:
             graphs[cap.pop("graph_id")] = (cap["nodes"], cap["leafs"], cap["forced"], cap["key"])
             new.append(cap)
-        elif "same_graph" in cap:
-            cap["nodes"], cap["leafs"], cap["forced"], cap["key"] = graphs[cap.pop("same_graph")]
     return new

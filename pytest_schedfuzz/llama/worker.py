@@ -7,8 +7,9 @@ cannot corrupt them.
 
 * startup: ``{"hello": {engine info}}`` or ``{"fatal": message}``;
 * request ``{"workload": <LlamaWorkload JSON>, "model_path": P, "endpoints": [...], "lora_paths": [...]}``
-  (with ``"capture": true``, every reserve and alloc record carries the graph whole, the first time
-  in the workload with a ``"graph_id"`` and a ``"key"``, a digest of its contents that is the same
+  (with ``"capture": true``, every reserve and alloc record carries the graph whole, as
+  ``sched_hook.c`` writes it (``"records"``, ``"n_nodes"``, ``"buffers"``: ``graph_records``), the
+  first time in the workload with a ``"graph_id"`` and a ``"key"``, a digest of it that is the same
   for the same graph in any workload, and again only as ``"same_graph": id``: half the graphs of
   a workload are one it captured before, each ubatch of the same size), answered with
   ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
@@ -50,6 +51,7 @@ from ..ggml.schedlog import SchedLog
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 from ..model.scenario import BackendSpec
+from . import graph_records
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET) = range(14)  # sched_hook.c
@@ -69,8 +71,7 @@ SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
 BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
-# the ops whose ggml_op_desc is not their ggml_op_name (it names their unary or GLU op)
-DESCRIBED_OPS = frozenset(("UNARY", "GLU"))
+MAX_BUFFERS = 256  # distinct buffers of one captured graph (sched_hook.c's graph_records)
 # llama.cpp's lines on where the model and the context went (llama_model_load, llama_context), and
 # how the context resolved flash attention "auto" (llama_context::resolve_fused_ops)
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
@@ -99,6 +100,24 @@ class CGraphHead(ctypes.Structure):
         ("grad_accs", ctypes.c_void_p),
         ("leafs", ctypes.c_void_p),
     ]
+
+
+class TensorLayout(ctypes.Structure):
+    """``struct schedfuzz_tensor_layout`` of ``sched_hook.c``: where the fields its graph records
+    copy lie in a ``ggml_tensor`` (offsets), and how many sources, op params and name bytes."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in ("type", "buffer", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs", "name",
+                                                     "n_src", "n_op_params", "name_size")]
+
+    @classmethod
+    def of(cls, tensor: type[ctypes.Structure]) -> TensorLayout:
+        """The layout of ggml-python's ``ggml_tensor`` (checked against the library by the
+        worker's startup probe), refused where a record could not hold it."""
+        f = {name: getattr(tensor, name) for name in ("type", "buffer", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs", "name")}
+        counts = f["src"].size // 8, f["op_params"].size // 4, f["name"].size
+        if counts[0] > graph_records.N_SRC or counts[1] > graph_records.N_PARAMS or counts[2] > graph_records.NAME_SIZE:
+            raise RuntimeError(f"ggml_tensor has {counts} sources, op params and name bytes: more than sched_hook.c's records hold")
+        return cls(*(x.offset for x in f.values()), *counts)
 
 
 class RawTensor(NamedTuple):
@@ -171,8 +190,6 @@ class Llama:
         glib.ggml_backend_buffer_get_type.argtypes, glib.ggml_backend_buffer_get_type.restype = [ctypes.c_void_p], ctypes.c_void_p
         glib.ggml_backend_buft_name.argtypes, glib.ggml_backend_buft_name.restype = [ctypes.c_void_p], ctypes.c_char_p
         glib.ggml_backend_sched_get_buffer_size.argtypes, glib.ggml_backend_sched_get_buffer_size.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_size_t
-        glib.ggml_op_desc.argtypes, glib.ggml_op_desc.restype = [ctypes.c_void_p], ctypes.c_char_p
-        glib.ggml_type_name.argtypes, glib.ggml_type_name.restype = [ctypes.c_int], ctypes.c_char_p
         self.glib = glib
         self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
         self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -188,17 +205,25 @@ class Llama:
             hook_lib = ctypes.CDLL(None)
             set_hook = hook_lib.schedfuzz_set_hook
             self.tensor_backends = hook_lib.schedfuzz_tensor_backends
+            self.graph_records = hook_lib.schedfuzz_graph_records
+            record_size = hook_lib.schedfuzz_tensor_record_size()
         except AttributeError:
             raise RuntimeError("sched_hook.so is not preloaded (LD_PRELOAD): the scheduler cannot be observed") from None
         self.tensor_backends.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         self.tensor_backends.restype = None
+        if record_size != graph_records.RECORD.size:
+            raise RuntimeError(f"sched_hook.c writes {record_size}-byte graph records, graph_records.RECORD reads {graph_records.RECORD.size}")
+        self.graph_records.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        self.graph_records.restype = ctypes.c_int
+        self.layout = TensorLayout.of(self.g.ggml_tensor)
+        self.records = ctypes.create_string_buffer(0)  # grown to the largest graph captured
+        self.buffers = (ctypes.c_void_p * MAX_BUFFERS)()
         self.call = -1
         self.log = SchedLog()
         self.sched_events: list[dict[str, Any]] = []
         self.scheds: dict[int, int] = {}  # sched pointer -> id, in order of creation
         self.n_scheds = 0
         self.op_names: dict[int, str] = {}  # ggml_op_name, as the loaded library names its ops
-        self.type_names: dict[int, str] = {}  # ggml_type_name
         self.tensor = RawTensor.reader(self.g.ggml_tensor)
         self.inputs_read = 0  # of the graph being split (HOOK_SPLIT_BEGIN)
         self.placement: list[str] = []  # PLACEMENT lines since the model was loaded
@@ -216,7 +241,7 @@ class Llama:
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self.capturing = False  # read every graph handed to reserve/alloc whole (cases.capture)
         self.captured: dict[str, Any] | None = None  # ... the one being split
-        self.graph_ids: dict[bytes, int] = {}  # the graphs this workload captured (pickled) -> their id
+        self.graph_ids: dict[bytes, int] = {}  # the graphs this workload captured (their digest) -> their id
         self.forced: dict[int, dict[int, int]] = {}  # sched -> tensor -> backend llama.cpp set since the last reset
         self._hook = HOOK_T(self._on_sched)
         set_hook(self._hook)
@@ -270,7 +295,7 @@ class Llama:
             if self.captured is not None:
                 # the scheduler call that aborts, with the graph llama.cpp handed it, after this call's earlier ones
                 cap = {k: v for k, v in self.captured.items() if k not in ("order", "sched")}
-                cap["key"] = hashlib.sha1(_graph_bytes(cap)).hexdigest()
+                cap["key"] = _digest(cap).hex()
                 msg["sched"] = [*self.sched_events, {"kind": self.outer or "split", "sched": self.captured["sched"], "ok": False, "aborted": True,
                                                      "capture": cap}]
             self.chan.send({"abort": msg})
@@ -428,59 +453,44 @@ class Llama:
         self.captured = None
         del cap["sched"]
         cap["buffer_sizes"] = self._buffer_sizes(sched)
-        key = _graph_bytes(cap)
+        key = _digest(cap)
         if key in self.graph_ids:
-            del cap["nodes"], cap["leafs"], cap["forced"]
+            del cap["records"], cap["n_nodes"], cap["buffers"], cap["forced"]
             cap["same_graph"] = self.graph_ids[key]
         else:
             cap["graph_id"] = self.graph_ids[key] = len(self.graph_ids)
-            cap["key"] = hashlib.sha1(key).hexdigest()
+            cap["key"] = key.hex()
 
     def _capture_graph(self, sched: int, graph: int) -> dict[str, Any]:
-        """The graph handed to the scheduler, whole: every node and leaf with its op (and
-        ``ggml_op_desc``: the unary or GLU op), op params, type, shape, strides, sources and view
-        source (as ``n<i>``/``l<i>``: a node's or a leaf's index), flags and name, and for a
-        tensor in a buffer the buffer type's name and usage (weights, compute, any); ``forced``:
-        the tensors llama.cpp assigned a backend (``ggml_backend_sched_set_tensor_backend``) since
-        the scheduler's last reset, with the backend's index."""
+        """The graph handed to the scheduler, whole, as ``sched_hook.c`` writes it: a record per
+        node and leaf (``graph_records.tensors`` reads them: op, type, shape, strides, sources,
+        view source, flags, name, op params, buffer), and each distinct buffer's type name and
+        usage (weights, compute, any); ``forced``: the tensors llama.cpp assigned a backend
+        (``ggml_backend_sched_set_tensor_backend``) since the scheduler's last reset, with the
+        backend's index; ``order``: the nodes and leafs as they are now (``_assigned``)."""
         head = CGraphHead.from_address(graph)
-        nodes = ctypes.cast(head.nodes, ctypes.POINTER(ctypes.c_void_p))
-        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))
-        ref = {nodes[i]: f"n{i}" for i in range(head.n_nodes)} | {leafs[i]: f"l{i}" for i in range(head.n_leafs)}
-        glib = self.glib
+        size = (head.n_nodes + head.n_leafs) * graph_records.RECORD.size
+        if len(self.records) < size:
+            self.records = ctypes.create_string_buffer(2 * size)
+        n_buffers = self.graph_records(graph, ctypes.byref(self.layout), self.records, self.buffers, MAX_BUFFERS)
+        if n_buffers < 0:
+            raise RuntimeError(f"a graph in more than {MAX_BUFFERS} buffers: sched_hook.c's records cannot name them")
+        order = {"nodes": (ctypes.c_void_p * head.n_nodes)(), "leafs": (ctypes.c_void_p * head.n_leafs)()}
+        ctypes.memmove(order["nodes"], head.nodes, ctypes.sizeof(order["nodes"]))
+        ctypes.memmove(order["leafs"], head.leafs, ctypes.sizeof(order["leafs"]))
+        forced = []
+        if self.forced.get(sched):
+            ref = {p: f"n{i}" for i, p in enumerate(order["nodes"])} | {p: f"l{i}" for i, p in enumerate(order["leafs"])}
+            s = ctypes.c_void_p(sched)
+            index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
+            forced = [[ref[t], index.get(b, -1)] for t, b in self.forced[sched].items() if t in ref]
+        return {"records": ctypes.string_at(self.records, size), "n_nodes": head.n_nodes, "buffers": [self._buffer_type(b) for b in self.buffers[:n_buffers]],
+                "forced": forced, "order": order}
 
-        bufts: dict[int, tuple[str, int]] = {}  # buffer -> its buffer type's name, its usage
-
-        def read(ptr: int) -> dict[str, Any]:
-            t = self.tensor(ptr)
-            op = self._op_name(t.op)
-            srcs = list(t.src)
-            while srcs and not srcs[-1]:
-                srcs.pop()
-            params = list(t.op_params)
-            while params and params[-1] == 0:
-                params.pop()
-            out: dict[str, Any] = {
-                "name": t.name, "op": op, "desc": glib.ggml_op_desc(ctypes.c_void_p(ptr)).decode() if op in DESCRIBED_OPS else op,
-                "type": self._type_name(t.type), "ne": list(t.ne), "nb": list(t.nb), "flags": t.flags, "src": [ref.get(x, "?") if x else None for x in srcs],
-            }
-            if params:
-                out["op_params"] = params
-            if t.view_src:
-                out["view_src"], out["view_offs"] = ref.get(t.view_src, "?"), t.view_offs
-            if t.buffer:
-                if t.buffer not in bufts:
-                    buf = ctypes.c_void_p(t.buffer)
-                    buft = glib.ggml_backend_buffer_get_type(buf)
-                    bufts[t.buffer] = (glib.ggml_backend_buft_name(ctypes.c_void_p(buft)).decode(), int(glib.ggml_backend_buffer_get_usage(buf)))
-                out["buft"], out["usage"] = bufts[t.buffer]
-            return out
-
-        s = ctypes.c_void_p(sched)
-        index = {self.glib.ggml_backend_sched_get_backend(s, i): i for i in range(int(self.glib.ggml_backend_sched_get_n_backends(s)))}
-        forced = [[ref.get(t, "?"), index.get(b, -1)] for t, b in self.forced.get(sched, {}).items() if t in ref]
-        return {"nodes": [read(nodes[i]) for i in range(head.n_nodes)], "leafs": [read(leafs[i]) for i in range(head.n_leafs)], "forced": forced,
-                "order": {"nodes": [nodes[i] for i in range(head.n_nodes)], "leafs": [leafs[i] for i in range(head.n_leafs)]}}
+    def _buffer_type(self, buffer: int) -> tuple[str, int]:
+        """A buffer's type's name and its usage."""
+        buf = ctypes.c_void_p(buffer)
+        return self.glib.ggml_backend_buft_name(ctypes.c_void_p(self.glib.ggml_backend_buffer_get_type(buf))).decode(), int(self.glib.ggml_backend_buffer_get_usage(buf))
 
     def _assigned(self, sched: int, order: dict[str, list[int]]) -> dict[str, list[int]]:
         """The backend (its index among the scheduler's) ggml's split_graph gave each node and leaf,
@@ -542,11 +552,6 @@ class Llama:
         if op not in self.op_names:
             self.op_names[op] = self.glib.ggml_op_name(op).decode()
         return self.op_names[op]
-
-    def _type_name(self, type_: int) -> str:
-        if type_ not in self.type_names:
-            self.type_names[type_] = self.glib.ggml_type_name(type_).decode()
-        return self.type_names[type_]
 
     # ------------------------------------------------------------------ running a workload
 
@@ -814,9 +819,11 @@ class Llama:
         return 0
 
 
-def _graph_bytes(cap: dict[str, Any]) -> bytes:
-    """A captured graph's contents as bytes: equal for equal graphs (its ``key`` is their digest)."""
-    return pickle.dumps((cap["nodes"], cap["leafs"], cap["forced"]), protocol=pickle.HIGHEST_PROTOCOL)
+def _digest(cap: dict[str, Any]) -> bytes:
+    """A captured graph's digest: equal for equal graphs, in any workload (its ``key``)."""
+    h = hashlib.sha1(cap["records"])
+    h.update(pickle.dumps((cap["n_nodes"], cap["buffers"], cap["forced"]), protocol=pickle.HIGHEST_PROTOCOL))
+    return h.digest()
 
 
 def main() -> None:

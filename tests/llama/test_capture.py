@@ -120,6 +120,45 @@ def test_a_graph_captured_again_in_a_workload_is_sent_once(fuzzer: Fuzzer) -> No
     assert {s.capture["key"] for _, s in again if s.capture is not None} == {c["key"] for c in caps}
 
 
+def test_graph_records_read_as_the_worker_names_tensors() -> None:
+    """``sched_hook.c``'s records made a capture's tensors: sources by index (a leaf's as
+    ``l<j>``, one outside the graph as ``?``, a null in between kept, trailing ones dropped), op
+    params without trailing zeros (absent when none), a view only with its source and offset, the
+    buffer's type and usage only for a tensor in a buffer, names cut at their end."""
+    from pytest_schedfuzz.llama.graph_records import NO_TENSOR, OUTSIDE, RECORD, tensors
+
+    def record(name: str, op: str, srcs: list[int], params: list[int], view: int = NO_TENSOR, buffer: int = -1, desc: str = "") -> bytes:
+        return RECORD.pack(2, view, buffer, *(srcs + [NO_TENSOR] * (10 - len(srcs))), *(params + [0] * (16 - len(params))),
+                           4, 3, 1, 1, 4, 16, 48, 48, 8 if view != NO_TENSOR else 0, name.encode() + b"\0junk", op.encode(),
+                           (desc or op).encode(), b"f32")
+
+    raw = (record("mul", "MUL", [1, -2], [])
+           + record("act", "UNARY", [0, NO_TENSOR, OUTSIDE], [7, 0, 3, 0], desc="SILU")
+           + record("v", "VIEW", [-3], [], view=-3)
+           + record("w", "NONE", [], [], buffer=1) + record("x", "NONE", [], []))
+    nodes, leafs = tensors(raw, 3, [("CPU", 0), ("RPC0[127.0.0.1:1]", 1)])
+    assert nodes[0] == {"name": "mul", "op": "MUL", "desc": "MUL", "type": "f32", "ne": [4, 3, 1, 1], "nb": [4, 16, 48, 48], "flags": 2,
+                        "src": ["n1", "l0"]}
+    assert nodes[1]["src"] == ["n0", None, "?"] and nodes[1]["op_params"] == [7, 0, 3] and nodes[1]["desc"] == "SILU"
+    assert nodes[2]["view_src"] == "l1" and nodes[2]["view_offs"] == 8 and "op_params" not in nodes[2]
+    assert leafs[0]["buft"] == "RPC0[127.0.0.1:1]" and leafs[0]["usage"] == 1 and "buft" not in leafs[1] and "view_src" not in leafs[1]
+    assert [t["name"] for t in leafs] == ["w", "x"]
+
+
+@pytest.mark.engine
+def test_a_graph_captured_by_an_earlier_workload_is_not_made_again(fuzzer: Fuzzer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent makes a captured graph's tensors from the worker's records once: a later
+    workload that captures the same graph (the same key) gets the same objects."""
+    import pytest_schedfuzz.llama.graph_records as records
+
+    w = workload(Devices(n_rpc=1))
+    first = [s.capture for _, s in fuzzer.engines.run_llama(w, capture=True).sched_calls() if s.capture is not None]
+    monkeypatch.setattr(records, "tensors", lambda *a: pytest.fail("a graph captured before was made again"))
+    again = [s.capture for _, s in fuzzer.engines.run_llama(w, capture=True).sched_calls() if s.capture is not None]
+    assert [c["key"] for c in again] == [c["key"] for c in first]
+    assert all(a["nodes"] is b["nodes"] and a["leafs"] is b["leafs"] for a, b in zip(again, first))
+
+
 @pytest.mark.engine
 def test_the_captured_graphs_are_made_into_specs_as_they_come(fuzzer: Fuzzer, monkeypatch: pytest.MonkeyPatch) -> None:
     """``preparer``, handed to the run as ``on_graph``, makes each graph new to the workload
