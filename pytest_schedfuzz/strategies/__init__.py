@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -33,6 +35,15 @@ from ..sim.models import ModelShape, llama_graph
 DIMS = (8, 16, 32)
 
 
+@lru_cache(maxsize=4096)
+def sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    """``st.sampled_from(values)``, one strategy object for equal tuples: Hypothesis validates
+    each strategy object the first time it is drawn from, and keeps ``integers``' and
+    ``booleans``' but not ``sampled_from``'s (validating new ones was a tenth of the parent's
+    time per llama.cpp workload)."""
+    return st.sampled_from(values)
+
+
 # ops a gpu may be drawn to refuse (ggml_op_name's names): the scheduler then runs them elsewhere; not
 # SET_ROWS and CPY, which write into caches in its own memory (ggml aborts: a real device runs them)
 GPU_REFUSABLE = ("UNARY", "ROPE", "SOFT_MAX", "FLASH_ATTN_EXT", "GET_ROWS", "CONCAT", "MUL_MAT_ID", "RMS_NORM", "MUL_MAT")
@@ -48,19 +59,19 @@ def gpus(draw: st.DrawFn) -> BackendSpec:
     in 0.25.3's graph copy), and asynchronous with a delay."""
     shared = draw(st.integers(0, 4)) == 4  # the simplest draw (0) is a device with its own buffer type
     asynchronous = draw(st.booleans())
-    offload = draw(st.sampled_from((None, 8, 32)))
+    offload = draw(sampled((None, 8, 32)))
     return BackendSpec(
         "gpu",
         offload_min_batch=offload,
         cuda_batch=offload is not None and draw(st.booleans()),
-        max_size=draw(st.sampled_from((None, 16384, 65536, 1 << 20))),
-        alignment=draw(st.sampled_from((32, 128, 512))),
-        unsupported=tuple(draw(st.lists(st.sampled_from(GPU_REFUSABLE), max_size=2, unique=True))),
+        max_size=draw(sampled((None, 16384, 65536, 1 << 20))),
+        alignment=draw(sampled((32, 128, 512))),
+        unsupported=tuple(draw(st.lists(sampled(GPU_REFUSABLE), max_size=2, unique=True))),
         host_buffer=not shared and draw(st.booleans()),
         shared_buft=shared,
         graph_optimize=draw(st.booleans()),
         asynchronous=asynchronous,
-        delay_us=draw(st.sampled_from((0, 200, 1000))) if asynchronous else 0,
+        delay_us=draw(sampled((0, 200, 1000))) if asynchronous else 0,
         fuse=draw(st.booleans()),
     )
 
@@ -100,18 +111,18 @@ class _Growing:
 def _mul_mat(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
     # q8_0 (blocks of 32) where the row allows it: RPC then asks its server for the size
     types = ("f32", "f16", "q8_0") if d % 32 == 0 else ("f32", "f16")
-    w = g.b.weight(f"w{k}", (d, draw(st.sampled_from(DIMS))), draw(g.device), draw(st.sampled_from(types)))
+    w = g.b.weight(f"w{k}", (d, draw(sampled(DIMS))), draw(g.device), draw(st.sampled_from(types)))
     g.pool.append(g.b.op("mul_mat", w, a, name=f"mm{k}"))
 
 
 def _binary(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
     same = [t for t in g.pool if g.b.shape(t) == g.b.shape(a)]
     other = draw(st.sampled_from(same)) if draw(st.booleans()) else g.b.weight(f"w{k}", (d,), draw(g.device))
-    g.pool.append(g.b.op(draw(st.sampled_from(("add", "mul"))), a, other, name=f"bin{k}"))
+    g.pool.append(g.b.op(draw(sampled(("add", "mul"))), a, other, name=f"bin{k}"))
 
 
 def _unary(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
-    op = draw(st.sampled_from(("silu", "scale", "rms_norm")))
+    op = draw(sampled(("silu", "scale", "rms_norm")))
     g.pool.append(g.b.op(op, a, name=f"{op}{k}", **({"scale": 0.5} if op == "scale" else {"eps": 1e-6} if op == "rms_norm" else {})))
 
 
@@ -163,7 +174,7 @@ def _flash_attn(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
 
 def _mul_mat_id(draw: st.DrawFn, g: _Growing, a: str, d: int, k: int) -> None:
     b = g.b
-    n_exp, n_used, d_out = 4, 2, draw(st.sampled_from(DIMS))
+    n_exp, n_used, d_out = 4, 2, draw(sampled(DIMS))
     # half the time in host memory, as -ncmoe and -ot exps=CPU keep them: offloaded, only the used ones are copied
     experts = b.weight(f"exps{k}", (d, d_out, n_exp), g.cpu if draw(st.booleans()) else draw(g.device))
     ids = b.input(f"eids{k}", (n_used, g.n_tokens), "i32")
@@ -213,12 +224,12 @@ def graphs(draw: st.DrawFn, layout: BackendLayout, max_ops: int = 14) -> GraphSp
     (``_GROW``), with weights, KV-cache stores and views placed on random devices of ``layout``,
     and now and then an op forced onto a device."""
     b = GraphBuilder()
-    n_tokens = draw(st.sampled_from((1, 2, 4, 8, 32, 40)))  # 32 and more: BLAS's min batch
+    n_tokens = draw(sampled((1, 2, 4, 8, 32, 40)))  # 32 and more: BLAS's min batch
     device = st.integers(0, layout.n - 1)
-    g = _Growing(b, [b.input("x", (draw(st.sampled_from(DIMS)), n_tokens))], [], n_tokens, device, layout.n - 1)
+    g = _Growing(b, [b.input("x", (draw(sampled(DIMS)), n_tokens))], [], n_tokens, device, layout.n - 1)
     for k in range(draw(st.integers(1, max_ops))):
         a = draw(st.sampled_from(g.pool))
-        _GROW[draw(st.sampled_from(tuple(_GROW)))](draw, g, a, b.shape(a)[0], k)
+        _GROW[draw(sampled(tuple(_GROW)))](draw, g, a, b.shape(a)[0], k)
     last = g.pool[-1]
     if len(g.pool) == 1:
         last = b.op("scale", last, name="out", scale=1.0)
@@ -247,11 +258,11 @@ def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extr
     moe = draw(st.booleans())
     return ModelShape(
         layer_devices=layer_devices,
-        output_device=draw(st.sampled_from((layer_devices[-1], layout.n - 1))),
+        output_device=draw(sampled((layer_devices[-1], layout.n - 1))),
         cpu_device=layout.n - 1,
         n_embd=32,
         n_head=4,
-        n_head_kv=draw(st.sampled_from((1, 2, 4))),
+        n_head_kv=draw(sampled((1, 2, 4))),
         n_ff=48,
         n_vocab=64,
         kv_size=64,
@@ -266,7 +277,7 @@ def models(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extr
 @st.composite
 def llama_graphs(draw: st.DrawFn, layout: BackendLayout, max_layers: int = 4, max_extra_ops: int = 0) -> GraphSpec:
     m = draw(models(layout, max_layers, max_extra_ops))
-    n_tokens = draw(st.one_of(st.integers(1, 16), st.sampled_from((32, 48, 64))))
+    n_tokens = draw(st.one_of(st.integers(1, 16), sampled((32, 48, 64))))
     n_kv = draw(st.integers(min(n_tokens, m.kv_size), m.kv_size))
     return llama_graph(m, n_tokens, n_kv, draw(st.integers(1, n_tokens)))
 
@@ -277,11 +288,11 @@ def param_sequences(draw: st.DrawFn, min_size: int = 1, max_size: int = 4, min_n
     first changes one field (a new max_nodes for a bigger model graph, pipeline parallelism
     switched off after a failed reservation, op offload toggled). ``max_nodes`` is 1, 2, 4 or
     8 times ``min_nodes`` (llama.cpp's ``graph_max_nodes`` for the model)."""
-    max_nodes = st.sampled_from(tuple(min_nodes * k for k in (1, 2, 4, 8)))
+    max_nodes = sampled(tuple(min_nodes * k for k in (1, 2, 4, 8)))
     seq = [SchedParams(draw(max_nodes), draw(st.booleans()), draw(st.booleans()))]
     for _ in range(draw(st.integers(min_size, max_size)) - 1):
         p = seq[-1]
-        field = draw(st.sampled_from(("max_nodes", "max_nodes", "parallel", "op_offload")))
+        field = draw(sampled(("max_nodes", "max_nodes", "parallel", "op_offload")))
         if field == "max_nodes":
             seq.append(SchedParams(draw(max_nodes), p.parallel, p.op_offload))
         elif field == "parallel":
@@ -305,7 +316,7 @@ def workloads(
     outputs) interleaved with at least ``min_reconfigures`` reconfigurations."""
     layout = layout or draw(layouts(max_rpc=1, max_gpu=max_gpu))
     m = draw(models(layout, max_layers, max_extra_ops))
-    n_ubatch = draw(st.sampled_from((8, 16, 32)))
+    n_ubatch = draw(sampled((8, 16, 32)))
     layout = fit_max_size(layout, [llama_graph(m, n_ubatch, m.kv_size, n_ubatch)])
     # like llama_context::graph_max_nodes: at least 1024, and room for the largest graph
     need = len(llama_graph(m, n_ubatch, m.kv_size, n_ubatch).tensors)
@@ -322,7 +333,7 @@ def workloads(
             events.append(reconfigure(rest.pop(0)))
             continue
         n_tokens = draw(st.integers(1, n_ubatch))
-        n_outputs = draw(st.sampled_from((n_tokens, 1, max(1, n_tokens // 2))))
+        n_outputs = draw(sampled((n_tokens, 1, max(1, n_tokens // 2))))
         n_kv = draw(st.integers(n_tokens, m.kv_size))
         events.append(Ubatch(n_tokens, n_outputs, n_kv))
     while sum(isinstance(e, Reconfigure) for e in events) < 1 + min_reconfigures:
@@ -353,7 +364,7 @@ def graph_family(draw: st.DrawFn, base: GraphSpec) -> list[GraphSpec]:
     family = [base]
     inputs = [t.name for t in base.tensors if t.role == "input"]
     for _ in range(draw(st.integers(1, 2))):
-        how = draw(st.sampled_from(("shape", "fewer leafs", "more leafs")))
+        how = draw(sampled(("shape", "fewer leafs", "more leafs")))
         if how == "shape" and inputs:
             variant = reshaped(base, draw(st.sampled_from(inputs)), draw(st.integers(0, 1)))
         else:
@@ -388,7 +399,7 @@ def scenarios(
     kinds = ("reserve", "alloc", "alloc", "reset", "reserve_size") + (("compute", "eval_callback") if compute else ())
     steps = [Step("sched_new", params=draw(params))]
     for _ in range(draw(st.integers(1, max_steps))):
-        kind = draw(st.sampled_from(kinds + ("sched_new",)))
+        kind = draw(sampled(kinds + ("sched_new",)))
         if kind == "sched_new":
             steps.append(Step("sched_new", params=draw(params)))
         elif kind in ("reset", "eval_callback"):

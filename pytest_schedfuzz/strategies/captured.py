@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step
 from ..model.shapes import VIEW_OPS
 from ..sim.driver import Policy, can_reuse
-from . import fit_max_size, gpus, written_device
+from . import fit_max_size, gpus, sampled, written_device
 
 
 @st.composite
@@ -38,7 +38,7 @@ def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
     cur = draw(params)
     steps = [Step("sched_new", params=cur)]
     for _ in range(draw(st.integers(1, max_steps))):
-        kind = draw(st.sampled_from(("reserve", "alloc", "alloc", "compute", "split", "sched_new", "eval_callback")))
+        kind = draw(sampled(("reserve", "alloc", "alloc", "compute", "split", "sched_new", "eval_callback")))
         if kind == "eval_callback":
             steps.append(Step(kind))
             continue

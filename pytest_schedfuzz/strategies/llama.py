@@ -26,7 +26,7 @@ from ..model.llama import (
 )
 from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, LoraSpec, ModelSpec
 from ..model.scenario import BackendSpec
-from . import gpus
+from . import gpus, sampled
 
 FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid
 
@@ -36,9 +36,9 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3, families: tuple[str, ...] 
     """A tiny dense or mixture-of-experts llama (sizes within ``ModelSpec``'s bounds), and with
     ``families`` holding them, in a third of the draws a recurrent one: Mamba-2, or a hybrid of
     attention and Mamba-2 layers (granitehybrid)."""
-    n_head_kv = draw(st.sampled_from((1, 2, 4)))
-    n_head = n_head_kv * draw(st.sampled_from((1, 2)))
-    head_dim = draw(st.sampled_from((16, 32) if n_head == 1 else (8, 16, 32) if n_head <= 4 else (8, 16)))
+    n_head_kv = draw(sampled((1, 2, 4)))
+    n_head = n_head_kv * draw(sampled((1, 2)))
+    head_dim = draw(sampled((16, 32) if n_head == 1 else (8, 16, 32) if n_head <= 4 else (8, 16)))
     moe = draw(st.booleans())
     spec = ModelSpec(
         kind="moe" if moe else "dense",
@@ -46,14 +46,14 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3, families: tuple[str, ...] 
         n_embd=n_head * head_dim,
         n_head=n_head,
         n_head_kv=n_head_kv,
-        n_ff=draw(st.sampled_from((16, 32) if moe else (32, 64, 128))),
-        n_expert=draw(st.sampled_from((4, 8))) if moe else 0,
+        n_ff=draw(sampled((16, 32) if moe else (32, 64, 128))),
+        n_expert=draw(sampled((4, 8))) if moe else 0,
         n_expert_used=2 if moe else 0,
         seed=draw(st.integers(0, 3)),
     )
     recurrent = [f for f in families if f in RECURRENT_KINDS]
     if recurrent and draw(st.integers(0, 2)) == 0:
-        spec = _recurrent(draw, spec, draw(st.sampled_from(recurrent)))
+        spec = _recurrent(draw, spec, draw(sampled(tuple(recurrent))))
     # deep models of wide layers (the nightly's max_layers): as many layers as the weights hold
     while spec.n_layer > 1 and 4 * spec.n_params > MAX_WEIGHT_BYTES:
         spec = replace(spec, n_layer=spec.n_layer - 1, attn_layers=tuple(a for a in spec.attn_layers if a < spec.n_layer - 1) or spec.attn_layers[:1])
@@ -65,9 +65,9 @@ def _recurrent(draw: st.DrawFn, spec: ModelSpec, kind: str) -> ModelSpec:
     inner size (2 * n_embd), groups dividing the heads, and for the hybrid at least one layer of
     each kind (so at least two layers)."""
     inner = 2 * spec.n_embd
-    head_dim = draw(st.sampled_from([d for d in (8, 16, 32) if inner % d == 0]))
-    groups = draw(st.sampled_from([g for g in (1, 2) if (inner // head_dim) % g == 0]))
-    ssm = {"ssm_state": draw(st.sampled_from((16, 32))), "ssm_conv": draw(st.sampled_from((2, 4))), "ssm_groups": groups, "ssm_head_dim": head_dim}
+    head_dim = draw(sampled(tuple(d for d in (8, 16, 32) if inner % d == 0)))
+    groups = draw(sampled(tuple(g for g in (1, 2) if (inner // head_dim) % g == 0)))
+    ssm = {"ssm_state": draw(sampled((16, 32))), "ssm_conv": draw(sampled((2, 4))), "ssm_groups": groups, "ssm_head_dim": head_dim}
     if kind == "mamba2":
         return replace(spec, kind="mamba2", arch="mamba2", n_expert=0, n_expert_used=0, **ssm)
     n_layer = max(2, spec.n_layer)
@@ -80,29 +80,29 @@ def _recurrent(draw: st.DrawFn, spec: ModelSpec, kind: str) -> ModelSpec:
 def context_params(draw: st.DrawFn, head_dim: int = 32) -> ContextParams:
     """Context parameters; a quantized (q8_0) KV cache only where rows hold whole blocks of 32
     (``head_dim % 32 == 0``: ggml asserts on partial blocks)."""
-    n_ubatch = draw(st.sampled_from((8, 16, 32, 64)))
-    n_batch = n_ubatch * draw(st.sampled_from((1, 2)))
+    n_ubatch = draw(sampled((8, 16, 32, 64)))
+    n_batch = n_ubatch * draw(sampled((1, 2)))
     n_seq_max = draw(st.integers(1, MAX_SEQ))
-    flash = draw(st.sampled_from(FLASH_ATTN))
+    flash = draw(sampled(FLASH_ATTN))
     kv_types = KV_TYPES if head_dim % 32 == 0 else ("f16", "f32")
-    type_k = draw(st.sampled_from(kv_types))
-    type_v = draw(st.sampled_from(kv_types if flash == "on" else ("f16", "f32")))
+    type_k = draw(sampled(tuple(kv_types)))
+    type_v = draw(sampled(tuple(kv_types if flash == "on" else ("f16", "f32"))))
     embeddings = draw(st.integers(0, 5)) == 0
-    pooling = draw(st.sampled_from(POOLING)) if embeddings else "none"
+    pooling = draw(sampled(POOLING)) if embeddings else "none"
     # the limits llama-server sets: n_parallel * (1 + n_draft) outputs, capped at n_batch
-    n_draft = draw(st.sampled_from((0, 0, 1, 3)))
+    n_draft = draw(sampled((0, 0, 1, 3)))
     # with embeddings on and no pooling llama.cpp outputs every token: llama-server then sets no limit
     limited = draw(st.booleans()) and not embeddings
     per_seq = min(n_batch, 1 + n_draft) if limited else 0
     total = min(n_batch, n_seq_max * (1 + n_draft)) if limited else 0
     return ContextParams(
-        n_ctx=draw(st.sampled_from((256, 512, 1024))),
+        n_ctx=draw(sampled((256, 512, 1024))),
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         n_seq_max=n_seq_max,
         flash_attn=flash,
         op_offload=draw(st.booleans()),
-        offload_kqv=draw(st.sampled_from((True, True, False))),
+        offload_kqv=draw(sampled((True, True, False))),
         type_k=type_k,
         type_v=type_v,
         kv_unified=draw(st.booleans()),
@@ -111,7 +111,7 @@ def context_params(draw: st.DrawFn, head_dim: int = 32) -> ContextParams:
         n_outputs_max=total,
         n_outputs_max_per_seq=per_seq,
         backend_samplers=draw(st.integers(0, 4)) == 0 and not embeddings,
-        sampler_chain=draw(st.sampled_from(tuple(SAMPLER_CHAINS))),
+        sampler_chain=draw(sampled(tuple(SAMPLER_CHAINS))),
     )
 
 
@@ -125,7 +125,7 @@ def llama_gpus(draw: st.DrawFn, asynchronous: bool | None = None) -> BackendSpec
     g = draw(gpus())
     is_async = g.asynchronous if asynchronous is None else asynchronous
     return replace(g, shared_buft=False, fuse=False, max_size=g.max_size and max(g.max_size, MAX_WEIGHT_BYTES), asynchronous=is_async,
-                   delay_us=min(g.delay_us, 200) if is_async else 0, memory=draw(st.sampled_from((None, 2 << 30, 6 << 30))))
+                   delay_us=min(g.delay_us, 200) if is_async else 0, memory=draw(sampled((None, 2 << 30, 6 << 30))))
 
 
 # free memory left once the weights are in (Devices.gpu_free): a quarter-octave ladder over the
@@ -139,8 +139,8 @@ def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tu
     patterns = ["token_embd", "^output\\.", "blk\\.0\\.", "attn_(q|k|v)"] + (["_exps"] if model.kind == "moe" else ["ffn_(up|down|gate)"])
     if model.kind in RECURRENT_KINDS:
         patterns.append("ssm_(in|out)")
-    chosen = draw(st.lists(st.sampled_from(patterns), min_size=1, max_size=2, unique=True))
-    return tuple((p, draw(st.sampled_from([CPU_DEVICE, *usable]))) for p in chosen)
+    chosen = draw(st.lists(sampled(tuple(patterns)), min_size=1, max_size=2, unique=True))
+    return tuple((p, draw(sampled((CPU_DEVICE, *usable)))) for p in chosen)
 
 
 @st.composite
@@ -153,18 +153,18 @@ def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: 
     llama.cpp enables only there."""
     if max_gpu >= 2 and draw(st.integers(0, 5)) == 0:
         gpus_ = (draw(llama_gpus(True)), draw(llama_gpus(True)))
-        free = tuple(draw(st.sampled_from((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
+        free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
         return Devices(n_rpc=0, n_gpu_layers=99, gpus=gpus_, gpu_free=free)
     n_gpu = draw(st.integers(0, max_gpu)) if max_gpu else 0
     n_rpc = draw(st.integers(0 if n_gpu else 1, max_rpc))
     gpus_ = tuple(draw(llama_gpus()) for _ in range(n_gpu))
     n = n_rpc + n_gpu
     all_layers = draw(st.integers(0, 3)) > 0
-    split = tuple(draw(st.sampled_from((1.0, 2.0, 3.0))) for _ in range(n)) if n > 1 and draw(st.booleans()) else ()
+    split = tuple(draw(sampled((1.0, 2.0, 3.0))) for _ in range(n)) if n > 1 and draw(st.booleans()) else ()
     # placement as users set it for GPUs (drawn only with GPU-like devices: RPC-only draws stay as they were)
-    mode = draw(st.sampled_from(("layer", "layer", "none"))) if n > 1 and gpus_ else "layer"
+    mode = draw(sampled(("layer", "layer", "none"))) if n > 1 and gpus_ else "layer"
     main_gpu = draw(st.integers(0, n - 1)) if mode == "none" else 0
-    free = tuple(draw(st.sampled_from((0, *TIGHT_FREE))) for _ in gpus_) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
+    free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
     usable = [main_gpu] if mode == "none" else list(range(n))  # a device the model does not use has no backend in the context
     overrides = _overrides(draw, model, usable) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
     return Devices(n_rpc=n_rpc, n_gpu_layers=99 if all_layers else draw(st.integers(0, model.n_layer)), tensor_split=split, gpus=gpus_,
@@ -180,7 +180,7 @@ def pipeline_ready(dv: Devices) -> bool:
 
 def _outputs(draw: st.DrawFn, n_tokens: int, room: int) -> str:
     options = [o for o in OUTPUTS if {"last": 1, "all": n_tokens, "none": 0}[o] <= room]
-    return draw(st.sampled_from(options))
+    return draw(sampled(tuple(options)))
 
 
 class _Server:
@@ -198,9 +198,9 @@ class _Server:
 
     def prompt(self, draw: st.DrawFn) -> None:
         """A prompt chunked to ``n_batch``, its last chunk's outputs drawn."""
-        seq = draw(st.sampled_from(self.seqs))
+        seq = draw(sampled(tuple(self.seqs)))
         length = draw(st.integers(1, 3 * self.ctx.n_batch))
-        last_out = draw(st.sampled_from(("last", "last", "all", "none")))
+        last_out = draw(sampled(("last", "last", "all", "none")))
         while length > 0 and len(self.calls) < self.max_calls:
             n = min(length, self.ctx.n_batch)
             length -= n
@@ -212,13 +212,13 @@ class _Server:
 
     def generate(self, draw: st.DrawFn) -> None:
         """One token for each of some active slots, in one batch."""
-        chosen = sorted(draw(st.sets(st.sampled_from(sorted(self.active)), min_size=1)))
+        chosen = sorted(draw(st.sets(sampled(tuple(sorted(self.active))), min_size=1)))
         chosen = chosen[: min(len(chosen), self.ctx.n_batch, self.total)]
         self.calls.append(Call("decode", tuple(Part(s, 1, "last") for s in chosen)))
 
     def draft(self, draw: st.DrawFn) -> None:
         """Speculative decoding: verify 1 + n_draft tokens (all output), then roll back the rejected."""
-        seq = draw(st.sampled_from(sorted(self.active)))
+        seq = draw(sampled(tuple(sorted(self.active))))
         n = draw(st.integers(2, max(2, min(self.per_seq, self.total, self.ctx.n_batch))))
         out = "all" if n <= min(self.per_seq, self.total) else "last"
         if self.recurrent:
@@ -236,7 +236,7 @@ class _Server:
 
     def mixed(self, draw: st.DrawFn) -> None:
         """Continuous batching: one slot's prompt chunk next to other slots' next tokens."""
-        seq = draw(st.sampled_from(self.seqs))
+        seq = draw(sampled(tuple(self.seqs)))
         others = [s for s in sorted(self.active) if s != seq][: max(0, min(self.total, self.ctx.n_batch) - 1)]
         room = self.ctx.n_batch - len(others)
         n = draw(st.integers(1, max(1, room)))
@@ -246,54 +246,54 @@ class _Server:
 
     def reuse(self, draw: st.DrawFn) -> None:
         """A slot reused for another request: all of it, or all but a prefix."""
-        seq = draw(st.sampled_from(sorted(self.active)))
+        seq = draw(sampled(tuple(sorted(self.active))))
         keep_prefix = draw(st.booleans()) and not self.recurrent  # a recurrent slot is reused whole
         self.calls.append(Call("seq_rm", seq=seq, n=draw(st.integers(1, 16)) if keep_prefix else -1))
 
     def copy(self, draw: st.DrawFn) -> None:
-        src = draw(st.sampled_from(sorted(self.active)))
-        dst = draw(st.sampled_from([s for s in self.seqs if s != src]))
+        src = draw(sampled(tuple(sorted(self.active))))
+        dst = draw(sampled(tuple(s for s in self.seqs if s != src)))
         # as llama-server does: the destination slot is emptied first
         self.calls += [Call("seq_rm", seq=dst, n=-1), Call("seq_cp", seq=src, dst=dst)]
         self.active.add(dst)
 
     def keep(self, draw: st.DrawFn) -> None:
-        seq = draw(st.sampled_from(sorted(self.active)))
+        seq = draw(sampled(tuple(sorted(self.active))))
         self.calls.append(Call("seq_keep", seq=seq))
         self.active = {seq}
 
     def shift(self, draw: st.DrawFn) -> None:
-        seq = draw(st.sampled_from(sorted(self.active)))
+        seq = draw(sampled(tuple(sorted(self.active))))
         self.calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
 
     def adapters(self, draw: st.DrawFn) -> None:
         """A request with other LoRA adapters (llama-server sets them per request), or one loaded or freed at run time."""
-        op = draw(st.sampled_from(("set", "set", "set", "load", "free")))
+        op = draw(sampled(("set", "set", "set", "load", "free")))
         if op == "load" and len(self.loaded) < self.n_loras:
-            k = draw(st.sampled_from(sorted(set(range(self.n_loras)) - self.loaded)))
+            k = draw(sampled(tuple(sorted(set(range(self.n_loras)) - self.loaded))))
             self.calls.append(Call("lora_load", n=k))
             self.loaded.add(k)
         elif op == "free" and self.loaded:
-            k = draw(st.sampled_from(sorted(self.loaded)))
+            k = draw(sampled(tuple(sorted(self.loaded))))
             if self.attached >> k & 1:
                 self.attached &= ~(1 << k)
                 self.calls.append(Call("lora_set", n=self.attached))
             self.calls.append(Call("lora_free", n=k))
             self.loaded.discard(k)
         else:
-            self.attached = sum(1 << k for k in draw(st.sets(st.sampled_from(sorted(self.loaded))))) if self.loaded else 0
+            self.attached = sum(1 << k for k in draw(st.sets(sampled(tuple(sorted(self.loaded)))))) if self.loaded else 0
             self.calls.append(Call("lora_set", n=self.attached))
 
     def switch(self, draw: st.DrawFn) -> None:
         """A per-request switch; a server with backend samplers sets each request's chain, the most frequent switch there."""
         ctx = self.ctx
-        kind = draw(st.sampled_from(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
+        kind = draw(sampled(("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear")
                                     + (("set_sampler", "set_sampler") if ctx.backend_samplers else ())))
         if (kind == "set_sampler" and not ctx.backend_samplers) or (kind == "set_embeddings" and (ctx.n_outputs_max or ctx.n_outputs_max_per_seq)):
             kind = "set_warmup"
         flag = draw(st.booleans())
-        chain = draw(st.sampled_from(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
-        self.calls.append(Call(kind, seq=draw(st.sampled_from(self.seqs)), flag=flag, chain=chain))
+        chain = draw(sampled(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
+        self.calls.append(Call(kind, seq=draw(sampled(tuple(self.seqs))), flag=flag, chain=chain))
         if kind == "clear":
             self.active = set()
 
@@ -311,7 +311,7 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_lor
     for _ in range(draw(st.integers(1, max_calls))):
         if len(server.calls) >= max_calls:
             break
-        what = draw(st.sampled_from(("prompt", "prompt", "generate", "generate", "generate", "draft", "mixed", "reuse", "copy", "keep", "shift", "switch")
+        what = draw(sampled(("prompt", "prompt", "generate", "generate", "generate", "draft", "mixed", "reuse", "copy", "keep", "shift", "switch")
                                     + (("adapters", "adapters") if n_loras else ())))
         if what == "prompt" or not server.active:
             server.prompt(draw)
@@ -362,8 +362,8 @@ def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
     if model.kind in RECURRENT_KINDS or draw(st.integers(0, 3)):
         return ()
     targets = [t for t in LORA_TARGETS if model.kind == "dense" or not t.startswith("ffn_")]
-    return tuple(LoraSpec(rank=draw(st.sampled_from((1, 2, 4, 8))), targets=tuple(sorted(draw(st.sets(st.sampled_from(targets), min_size=1)))),
-                          alpha=draw(st.sampled_from((1.0, 4.0, 16.0))), seed=draw(st.integers(0, 3)))
+    return tuple(LoraSpec(rank=draw(sampled((1, 2, 4, 8))), targets=tuple(sorted(draw(st.sets(sampled(tuple(targets)), min_size=1)))),
+                          alpha=draw(sampled((1.0, 4.0, 16.0))), seed=draw(st.integers(0, 3)))
                  for _ in range(draw(st.integers(1, MAX_LORAS))))
 
 
