@@ -53,8 +53,9 @@ def tensors(raw: bytes, n_nodes: int, buffers: Sequence[tuple[str, int]]) -> tup
 
 
 class RecentGraphs:
-    """The tensors of the last ``size`` graphs made, by key: about half the graphs a llama.cpp
-    workload captures were captured by an earlier one (the same model, the same batch shapes)."""
+    """The tensors of the last ``size`` graphs made, by key: most graphs a llama.cpp workload
+    captures were captured by an earlier one (409 distinct among 1,179 in 40 workloads of the ci
+    unit: the same models, the same batch shapes)."""
 
     def __init__(self, size: int = 128) -> None:
         self.size = size

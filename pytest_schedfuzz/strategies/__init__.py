@@ -35,12 +35,17 @@ from ..sim.models import ModelShape, llama_graph
 DIMS = (8, 16, 32)
 
 
-@lru_cache(maxsize=4096)
 def sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
-    """``st.sampled_from(values)``, one strategy object for equal tuples: Hypothesis validates
-    each strategy object the first time it is drawn from, and keeps ``integers``' and
-    ``booleans``' but not ``sampled_from``'s (validating new ones was a tenth of the parent's
-    time per llama.cpp workload)."""
+    """``st.sampled_from(values)``, one strategy object for equal tuples of the same types:
+    Hypothesis validates each strategy object the first time it is drawn from, and keeps
+    ``integers``' and ``booleans``' but not ``sampled_from``'s (validating new ones was a tenth
+    of the parent's time per llama.cpp workload). The types are part of the key: ``(1, 2)``
+    equals ``(1.0, 2.0)`` and ``(True, False)`` equals ``(1, 0)``."""
+    return _sampled(tuple(map(type, values)), values)
+
+
+@lru_cache(maxsize=4096)
+def _sampled(types: tuple[type, ...], values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
     return st.sampled_from(values)
 
 

@@ -17,6 +17,7 @@ from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
+from pytest_schedfuzz.strategies import sampled
 from pytest_schedfuzz.strategies.llama import llama_workloads
 
 MOE = ModelSpec(kind="moe", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=16, n_expert=4, n_expert_used=2)
@@ -40,6 +41,16 @@ STEADY = LlamaWorkload(
     ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=2),
     (decode((0, 32, "none")), decode((0, 7, "last")), decode((0, 1, "last")), decode((0, 1, "last"), (1, 5, "last")), decode((0, 1, "last"), (1, 1, "last"))),
 )
+
+
+def test_sampled_keeps_one_strategy_per_tuple_of_values_and_types() -> None:
+    """The strategies draw from ``sampled``, which keeps a ``sampled_from`` per tuple: equal
+    tuples of other types (floats for a tensor split, ints for sequence ids, booleans) are other
+    strategies, or a workload would draw a sequence id 2.0 after a split drew from (1.0, 2.0, 3.0)."""
+    floats, bools = sampled((1.0, 2.0, 3.0)), sampled((True, False))
+    ints, bits = sampled((1, 2, 3)), sampled((1, 0))
+    assert ints is not floats and bits is not bools and sampled((1, 2, 3)) is ints
+    assert [type(x) for x in ints.elements] == [int] * 3 and [type(x) for x in bits.elements] == [int] * 2
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
