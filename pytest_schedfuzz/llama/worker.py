@@ -106,14 +106,14 @@ class TensorLayout(ctypes.Structure):
     """``struct schedfuzz_tensor_layout`` of ``sched_hook.c``: where the fields its graph records
     copy lie in a ``ggml_tensor`` (offsets), and how many sources, op params and name bytes."""
 
-    _fields_ = [(name, ctypes.c_int32) for name in ("type", "buffer", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs", "name",
-                                                     "n_src", "n_op_params", "name_size")]
+    OFFSETS = ("type", "buffer", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs", "name")
+    _fields_ = [(name, ctypes.c_int32) for name in (*OFFSETS, "n_src", "n_op_params", "name_size")]
 
     @classmethod
     def of(cls, tensor: type[ctypes.Structure]) -> TensorLayout:
         """The layout of ggml-python's ``ggml_tensor`` (checked against the library by the
         worker's startup probe), refused where a record could not hold it."""
-        f = {name: getattr(tensor, name) for name in ("type", "buffer", "ne", "nb", "op", "op_params", "flags", "src", "view_src", "view_offs", "name")}
+        f = {name: getattr(tensor, name) for name in cls.OFFSETS}
         counts = f["src"].size // 8, f["op_params"].size // 4, f["name"].size
         if counts[0] > graph_records.N_SRC or counts[1] > graph_records.N_PARAMS or counts[2] > graph_records.NAME_SIZE:
             raise RuntimeError(f"ggml_tensor has {counts} sources, op params and name bytes: more than sched_hook.c's records hold")
