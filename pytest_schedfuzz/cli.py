@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cv.add_argument("--corpus", default="corpus", help="the corpus the run replays (a copy)")
     cv.add_argument("--json", help="write each function's reach and unreached branches to this file")
     cv.set_defaults(func="tools:coverage")
-    dv = sub.add_parser("device", help="build the GPU-like device (fake_gpu.c) against each ggml (default: both built-ins)")
+    dv = sub.add_parser("device", help="build the GPU-like device (fake_gpu.c) against each ggml (default: both built-ins); compile the reference with mypyc")
     dv.add_argument("--lib", action="append", help="a built-in (ggml-0.25.3, ggml-0.15.3) or a build's library folder; repeatable")
     dv.set_defaults(func="tools:device")
     bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")

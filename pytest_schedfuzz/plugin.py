@@ -92,6 +92,10 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[LIB_ENV] = lib if lib in BUILT_IN else str(folder)
     if not option(config, "schedfuzz"):
         return
+    if not hasattr(config, "workerinput"):  # xdist's workers start after this, and find it built
+        from .compiled import prepare
+
+        prepare()
     from .session import SchedfuzzSession
 
     config.pluginmanager.register(SchedfuzzSession(config), "schedfuzz-session")

@@ -135,6 +135,10 @@ class SchedfuzzSession:
             _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
             if note:
                 lines.append(f"schedfuzz: llama.cpp: {note}")
+        import reference  # noqa: F401 -- imported already by the engine line; its status is set at import
+        from . import compiled
+
+        lines.append(f"schedfuzz: reference = {compiled.status}")
         n = len(self.fuzzer.known.cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         return lines

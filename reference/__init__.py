@@ -8,6 +8,11 @@ each field read by the passes or by ``pytest_schedfuzz.properties.derived``), an
 is llama.cpp's rule for reusing a scheduler.
 """
 
-from .params import can_reuse
+from pytest_schedfuzz.compiled import compiled_path
+
+# the modules mypyc compiled from these sources, when they are built (``pytest_schedfuzz.compiled``)
+__path__[:0] = compiled_path()
+
+from .params import can_reuse  # noqa: E402
 
 __all__ = ["can_reuse"]

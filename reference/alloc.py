@@ -316,7 +316,7 @@ class Gallocr:
         """``ggml_gallocr_alloc_graph_impl``: allocate the leafs, count children and views
         (allocating graph inputs first), then allocate each node and free each parent whose last
         child (and view) it was."""
-        self.hash = hash_ = defaultdict(HashNode)
+        self.hash = hash_ = defaultdict[str, HashNode](HashNode)
         self.srcs = dict(zip((n.name for n in nodes), node_srcs))
         tensors = {t.name: t for t in (*leafs, *nodes)}
         allocate = self.allocate_node
@@ -434,9 +434,9 @@ class Gallocr:
                 self.init_tensor(leaf, talloc)
                 done.add(leaf.name)
         for node, srcs, dst, planned in zip(nodes, node_srcs, self.plan.dst, self.plan.srcs):
-            for src, talloc in zip(srcs, planned):
-                if src is not None and talloc is not None and src.needs_memory and talloc.buffer_id >= 0 and src.name not in done:
-                    self.init_tensor(src, talloc)
+            for src, src_alloc in zip(srcs, planned):
+                if src is not None and src_alloc is not None and src.needs_memory and src_alloc.buffer_id >= 0 and src.name not in done:
+                    self.init_tensor(src, src_alloc)
                     done.add(src.name)
             if node.needs_memory and dst.buffer_id >= 0 and node.name not in done:
                 self.init_tensor(node, dst)

@@ -12,7 +12,7 @@ its threshold; ``fake_gpu_reorder`` and ``fake_gpu_fuse``: its ``graph_optimize`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from pytest_schedfuzz.model.scenario import BackendLayout
 
@@ -170,7 +170,7 @@ def fake_gpu_fuse(nodes: list[int], srcs_of: Callable[[int], list[str | None]], 
     return deps
 
 
-def dep_nodes(kept: dict[int, list[str]]) -> int:
+def dep_nodes(kept: Mapping[int, Sequence[object]]) -> int:
     """The dependency nodes ``ggml_backend_sched_split_graph`` makes of the tensors kept until
     each node: one per ``GGML_MAX_SRC`` of them."""
     return sum((len(v) + GGML_MAX_SRC - 1) // GGML_MAX_SRC for v in kept.values())

@@ -162,12 +162,12 @@ class CGraph:
             cg.layout.append((x.type, x.ne, x.nb))
             cg.srcs.append(tuple(index[s] if s is not None else -1 for s in t.srcs))
         buffer, view_src = cg.buffer, cg.view_src
-        for t in range(n):
-            v = view_src[t]
+        for i in range(n):
+            v = view_src[i]
             # tensor->data != NULL in a fresh graph: pre-allocated tensors and views of them
-            has_data = buffer[t] >= 0 or (v >= 0 and buffer[v] >= 0)
-            cg.refs.append(Ref(names[t], not has_data and v < 0, cg.nbytes[t], cg.ggml_op[t], names[v] if v >= 0 else None,
-                               cg.input[t], cg.output[t], cg.layout[t]))
+            has_data = buffer[i] >= 0 or (v >= 0 and buffer[v] >= 0)
+            cg.refs.append(Ref(names[i], not has_data and v < 0, cg.nbytes[i], cg.ggml_op[i], names[v] if v >= 0 else None,
+                               cg.input[i], cg.output[i], cg.layout[i]))
         return cg
 
     @property

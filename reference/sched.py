@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from pytest_schedfuzz.model.scenario import BackendLayout
 from pytest_schedfuzz.model.trace import ReallocEvent, Split
@@ -45,13 +48,13 @@ def ggml_hash_size(min_sz: int) -> int:
 class SchedAbort(Exception):
     """ggml would abort here (``GGML_ABORT`` / ``GGML_ASSERT``); the message is ggml's."""
 
-    kind = "abort"
+    kind: ClassVar[str] = "abort"  # ClassVar: compiled, a plain default would be an instance field
 
 
 class SchedCrash(SchedAbort):
     """ggml would crash here (a signal, no assert): the message says where and why."""
 
-    kind = "crash"
+    kind: ClassVar[str] = "crash"
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class SplitResult:
     graph_size: int
 
 
+# compiled (``pytest_schedfuzz.compiled``), still a class a test may subclass to plant a fault in a pass
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Scheduler:
     """One ``ggml_backend_sched`` instance, created by ``ggml_backend_sched_new``, with the
     semantics of the ggml version ``rules`` describes."""
@@ -389,7 +394,7 @@ class Scheduler:
         if i == g.n_nodes:
             raise SchedAbort("graph has only view ops: ggml leaves the split's backend uninitialised")
         cur = ids[i]
-        i_start, inputs = 0, []
+        i_start, inputs = 0, list[int]()
         for t in range(i, g.n_nodes):
             if g.view_op[t]:
                 continue
@@ -579,8 +584,8 @@ class Scheduler:
             return self.galloc.alloc_graph(copy.nodes, copy.node_srcs, copy.leafs)
         except AllocAbort as e:
             raise SchedAbort(str(e)) from None
-        except NullBufferCrash as e:
-            raise SchedCrash(str(e)) from None
+        except NullBufferCrash as crash:  # another name: compiled, ``e`` keeps the first clause's type
+            raise SchedCrash(str(crash)) from None
 
     def alloc_splits(self, result: SplitResult, step: int) -> tuple[list[ReallocEvent], bool]:
         """``ggml_backend_sched_alloc_splits``: re-reserve when the backend ids changed (to a

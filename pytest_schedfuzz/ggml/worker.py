@@ -136,6 +136,9 @@ def main() -> None:
             if req is None:
                 break
             reply = serve(eng, chan, req)
+            # freed now, by its reference counts: alive when the collector restarts, the
+            # scenario's thousands of objects would be its next collection's work
+            del req
         if coverage:
             gcov_dump(reset=True)  # before the reply: a later crash of this worker must not take this scenario's counts
         chan.send(reply)

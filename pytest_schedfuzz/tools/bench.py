@@ -32,6 +32,7 @@ from reference.graph import CGraph
 from reference.predict import predict
 from reference.sched import Scheduler
 
+from .. import compiled
 from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
 from ..engine import gc_paused
@@ -311,7 +312,7 @@ def run(
 
 
 def report(r: dict[str, Any]) -> str:
-    lines = []
+    lines = [f"reference = {compiled.status}"]
     if "scaling" in r:
         s = r["scaling"]
         lines.append("reference / engine, reserve + alloc of a built llama-like graph (median; predict = build + reserve + alloc):")
