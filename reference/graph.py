@@ -11,7 +11,6 @@ the passes can be written as the plain loops of ``ggml-backend.cpp``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import networkx as nx
 
@@ -71,9 +70,11 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
     return nodes, leafs
 
 
-class Ref(NamedTuple):
-    """A tensor of the scheduled graph copy as the allocator sees it (a tuple: the graph copy
-    makes thousands of them per step).
+@dataclass(slots=True)
+class Ref:
+    """A tensor of the scheduled graph copy as the allocator sees it (never changed once made;
+    not frozen: the graph copy makes thousands of them per step, and a frozen dataclass's
+    constructor costs several times more; compiled, its fields are read like a struct's).
 
     ``needs_memory`` is ``!tensor->data && !tensor->view_src``: the tensor is allocated by
     ggml-alloc and checked against the plan by ``ggml_gallocr_needs_realloc``.

@@ -16,7 +16,7 @@ a buffer type is a string from ``BackendLayout.buft``, a tensor copy a ``Ref``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from mypy_extensions import mypyc_attr
@@ -555,7 +555,7 @@ class Scheduler:
         if graph_inputs:
             # the graph inputs themselves (their copy cur_copy) are flagged output too
             flag = {g.names[t] for t in graph_inputs}
-            out = lambda r: r._replace(output=True) if r is not None and r.name in flag else r
+            out = lambda r: replace(r, output=True) if r is not None and r.name in flag else r
             nodes, leafs = [out(r) for r in nodes], [out(r) for r in leafs]
             srcs = [tuple(out(r) for r in rs) for rs in srcs]
         copy = GraphCopy(tuple(nodes), tuple(srcs), tuple(node_ids), tuple(leafs), tuple(leaf_ids))

@@ -75,7 +75,7 @@ def without(rule: str) -> Iterator[None]:
         mp.setattr(versions.Rules, "inplace_ops", property(lambda self: frozenset()))
     elif rule == "outputs are never freed":
         free_node: Callable = alloc.Gallocr.free_node
-        mp.setattr(alloc.Gallocr, "free_node", lambda self, node: free_node(self, node._replace(output=False)))
+        mp.setattr(alloc.Gallocr, "free_node", lambda self, node: free_node(self, replace(node, output=False)))
     elif rule == "split input copies are flagged only with n_copies > 1":
         copy_ref: Callable = sched.Scheduler.copy_ref
         mp.setattr(sched.Scheduler, "copy_ref", lambda self, g, t, b, c, flagged=None: copy_ref(self, g, t, b, c, True))
