@@ -4,6 +4,7 @@ Registered by ``plugin.pytest_configure`` only under ``--schedfuzz``."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import replace
@@ -135,8 +136,9 @@ class SchedfuzzSession:
             _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
             if note:
                 lines.append(f"schedfuzz: llama.cpp: {note}")
-        import reference  # noqa: F401 -- imported already by the engine line; its status is set at import
         from . import compiled
+
+        importlib.import_module("reference")  # imported already by the engine line: its status is set at import
 
         lines.append(f"schedfuzz: reference = {compiled.status}")
         n = len(self.fuzzer.known.cases)

@@ -37,9 +37,14 @@ def test_the_data_package_imports_nothing_of_the_project_but_itself() -> None:
 
 
 def test_the_reference_imports_only_the_data_package() -> None:
+    """... and, in its ``__init__`` alone, the loader of its compiled modules, which imports
+    nothing of the project's but where the cache is."""
     for path in (ROOT / "reference").glob("*.py"):
+        loader = ("pytest_schedfuzz.compiled",) if path.name == "__init__.py" else ()
         for module, _ in _imports(path):
-            assert not _ours(module) or module.startswith(("reference", "pytest_schedfuzz.model")), f"reference/{path.name} imports {module}"
+            assert not _ours(module) or module.startswith(("reference", "pytest_schedfuzz.model", *loader)), f"reference/{path.name} imports {module}"
+    for module, _ in _imports(PACKAGE / "compiled.py"):
+        assert not _ours(module) or module == "pytest_schedfuzz.files", f"compiled.py imports {module}"
 
 
 def test_no_private_name_is_imported_from_another_package() -> None:
