@@ -112,6 +112,14 @@ class SchedfuzzSession:
         self.pending = max(1, self.pending - weight)
         return share
 
+    def reference_line(self) -> str:
+        """Which reference judges: compiled or source, and why (xdist's workers find what this
+        process finds: the same sources and cache)."""
+        from . import compiled
+
+        importlib.import_module("reference")  # its status is set when it is imported
+        return f"reference = {compiled.status}"
+
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from .engine import TargetError
 
@@ -136,11 +144,7 @@ class SchedfuzzSession:
             _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
             if note:
                 lines.append(f"schedfuzz: llama.cpp: {note}")
-        from . import compiled
-
-        importlib.import_module("reference")  # imported already by the engine line: its status is set at import
-
-        lines.append(f"schedfuzz: reference = {compiled.status}")
+        lines.append(f"schedfuzz: {self.reference_line()}")
         n = len(self.fuzzer.known.cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         return lines
@@ -169,6 +173,7 @@ class SchedfuzzSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         terminalreporter.section("schedfuzz")
         terminalreporter.write_line(f"seed = {self.fuzz_config.seed} (rerun with --schedfuzz-seed {self.fuzz_config.seed})")
+        terminalreporter.write_line(self.reference_line())
         if self.fuzzer.engines.started():
             terminalreporter.write_line(self.engine_line())
         self.stats.components = self.fuzzer.stats.components

@@ -87,6 +87,22 @@ def test_planted_fault_is_caught(fuzz, pytester: pytest.Pytester, args: list[str
     assert "saved to" in result.stdout.str()
 
 
+def test_the_compiled_reference_judges_and_is_named(fuzz, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Outside the suite the compiled reference judges (the header and the summary say so), and
+    a fault planted in it (a subclass of its Scheduler) is caught as in the source."""
+    from pytest_schedfuzz.compiled import build_dir, compile_reference
+
+    assert compile_reference().startswith("compiled")
+    monkeypatch.delenv("SCHEDFUZZ_REFERENCE")
+    result = fuzz("--schedfuzz-reference", "planted:predict_without_pass2", "--schedfuzz-properties", "matches-reference")
+    assert failing_properties(result) == {"matches-reference"}
+    lines = [f"*reference = compiled with mypyc * ({build_dir()})"]
+    result.stdout.fnmatch_lines(["schedfuzz: " + lines[0][1:], *lines])
+    monkeypatch.setenv("SCHEDFUZZ_REFERENCE", "source")
+    result = fuzz("--schedfuzz-properties", "reuse-sound", "--schedfuzz-examples", "5")
+    result.stdout.fnmatch_lines(["schedfuzz: reference = source (SCHEDFUZZ_REFERENCE=source)", "reference = source (SCHEDFUZZ_REFERENCE=source)"])
+
+
 def test_policy_ignoring_max_nodes_is_caught_and_pytest_survives(fuzz, pytester: pytest.Pytester):
     result = fuzz("--schedfuzz-policy", "planted:ignore_max_nodes", "--schedfuzz-properties", "reuse-sound,reuse-equivalent,matches-reference")
     assert failing_properties(result) & {"reuse-sound", "no-abort"}
