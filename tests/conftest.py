@@ -9,8 +9,16 @@ does so for a conftest's folder), so that tests in every folder import the plant
 import importlib
 import os
 
+import pytest
+
 importlib.import_module("numpy")
 
-# the reference's source, not its compiled modules (pytest_schedfuzz.compiled): mutation tests
-# patch its functions in place, which compiled callers would not see; children inherit it
-os.environ["SCHEDFUZZ_REFERENCE"] = "source"
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite imports the reference's source, not its compiled modules
+    (``pytest_schedfuzz.compiled``): mutation tests patch its functions in place, which compiled
+    callers would not see; its child processes inherit the choice. The fuzzing job alone
+    (``pytest --schedfuzz`` without paths: this folder is not collected) runs compiled."""
+    if not (config.getoption("schedfuzz") and config.args_source == pytest.Config.ArgsSource.TESTPATHS):
+        os.environ["SCHEDFUZZ_REFERENCE"] = "source"
