@@ -301,7 +301,14 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             return [Violation("llama-no-abort", 0, f"llama_init_from_model failed for valid parameters ({w.describe()}); llama.cpp said: {said}",
                               {"kind": "init", "message": message})]
         if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
-            return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed)", {"kind": "decode", "rc": c.rc})]
+            # what separates causes: whether ggml re-planned during the call (a same-size re-plan is
+            # llama-no-same-size-realloc's finding, its failure to grow a buffer on a device drawn
+            # nearly full is not another bug) and whether the devices were drawn nearly full
+            replanned = next((s.realloc_reason for s in c.sched if s.kind == "alloc" and s.realloc), "")
+            facts = {"kind": "decode", "rc": c.rc, "replanned": "yes" if replanned else "no", "gpu_free": "drawn" if w.devices.gpu_free else "unlimited"}
+            during = f" during a re-plan ({replanned})" if replanned else ""
+            free = f"; the GPU-like devices were left {', '.join(f'{n:,}' for n in w.devices.gpu_free)} bytes free" if w.devices.gpu_free else ""
+            return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed){during}{free}", facts)]
     return []
 
 

@@ -5,6 +5,7 @@ fallback, splits for an op a device refuses, and llama-same-logits against the C
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,8 @@ from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.scenario import BackendSpec
 from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_only, llama_same_logits, out_of_memory
+from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_only, llama_no_abort, llama_same_logits, out_of_memory
 
 GPU = BackendSpec("gpu")
 ASYNC = BackendSpec("gpu", asynchronous=True)
@@ -211,3 +213,22 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
                   *(f"model {f}" for f in FAMILIES), "observed: n_copies > 1", "observed: op offloaded to a device"):
         assert stats.llama_decoded.get(shown, 0) >= 3, (shown, stats.llama_explored.get(shown))
     assert "observed: n_copies > 1" in next(x for x in stats.summary_lines() if x.startswith("llama.cpp explored"))
+
+
+def test_a_decode_that_cannot_grow_a_buffer_on_a_full_device_is_signed_by_its_replan(target) -> None:
+    """The starter corpus's decode returning -2: a same-size re-plan (the Mamba-2 fewer-sequences
+    cause) must grow a buffer on devices drawn nearly full. Its signature names the re-plan and
+    the drawn memory, so that a known case of it never hides a -2 of another cause: the same
+    failure with no re-plan during the call, or on devices with no memory drawn, signs differently."""
+    case = load_case(next((Path(__file__).resolve().parents[2] / "corpus").glob("llama-no-abort-*-45088e1fca.json")))
+    assert case.llama is not None and case.expected_failure
+    trace = llama_trace(target.run(case.llama))
+    found = llama_no_abort(case.llama, trace)
+    assert [(v.signature(), v.step) for v in found] == [(case.signature, case.step)]
+    assert "during a re-plan (node node_7 is not valid)" in found[0].message
+    call = trace.calls[[c.index for c in trace.calls].index(case.step)]
+    no_replan = replace(call, sched=tuple(replace(s, realloc=False, realloc_reason="") for s in call.sched))
+    other = replace(trace, calls=tuple(no_replan if c is call else c for c in trace.calls))
+    assert [v.signature() for v in llama_no_abort(case.llama, other)] == ["llama-no-abort[gpu_free=drawn,kind=decode,rc=-2,replanned=no]"]
+    unlimited = replace(case.llama, devices=replace(case.llama.devices, gpu_free=()))
+    assert [v.signature() for v in llama_no_abort(unlimited, trace)] == ["llama-no-abort[gpu_free=unlimited,kind=decode,rc=-2,replanned=yes]"]
