@@ -301,9 +301,9 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             return [Violation("llama-no-abort", 0, f"llama_init_from_model failed for valid parameters ({w.describe()}); llama.cpp said: {said}",
                               {"kind": "init", "message": message})]
         if c.kind == "decode" and isinstance(c.rc, int) and c.rc < -1:
-            # what separates causes: whether ggml re-planned during the call (a same-size re-plan is
-            # llama-no-same-size-realloc's finding, its failure to grow a buffer on a device drawn
-            # nearly full is not another bug) and whether the devices were drawn nearly full
+            # what separates causes: whether ggml re-planned during the call and whether the devices
+            # were drawn nearly full, so that a -2 that follows a re-plan on full devices (the re-plan
+            # itself is llama-no-same-size-realloc's to sign) never hides a -2 of another cause
             replanned = next((s.realloc_reason for s in c.sched if s.kind == "alloc" and s.realloc), "")
             facts = {"kind": "decode", "rc": c.rc, "replanned": "yes" if replanned else "no", "gpu_free": "drawn" if w.devices.gpu_free else "unlimited"}
             during = f" during a re-plan ({replanned})" if replanned else ""
