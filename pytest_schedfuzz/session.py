@@ -147,6 +147,10 @@ class SchedfuzzSession:
         lines.append(f"schedfuzz: {self.reference_line()}")
         n = len(self.fuzzer.known.cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
+        for llama in (False, True):
+            if not llama or any(p.startswith("llama-") for p in self.properties):
+                note = self.fuzzer.known.unknown_version_note(llama)
+                lines += [f"schedfuzz: {note}"] if note else []
         return lines
 
     @pytest.hookimpl(optionalhook=True)

@@ -37,7 +37,8 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..properties.captured import llama_matches_reference
-from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, llama_same_logits, out_of_memory, unmade_calls
+from ..properties.llama import (LLAMA_CHECKS, compares_logits, cpu_only, cpu_run_violations, llama_same_logits, logit_pairs, out_of_memory,
+                                unmade_calls)
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.captured import captured_scenarios, captured_workloads
@@ -191,10 +192,16 @@ class Fuzzer:
         # again on the CPU alone (llama-same-logits), where it does
         reference = Meanwhile(lambda: self.against_reference(workload, trace)) if capture else None
         if logits and trace.abort is None:
-            cpu = self.engines.cpu_run(cpu_only(workload, trace), meanwhile=reference)
+            cpu_w = cpu_only(workload, trace)
+            cpu = self.engines.cpu_run(cpu_w, meanwhile=reference)
             found += reference.result() if reference is not None else []
-            self.stats.llama_logits_compared += 1
-            self.stats.llama_logit_rows += sum(len(c.logits) for c in trace.calls)
+            unmade = unmade_calls(cpu_w, cpu)
+            if unmade:
+                raise TargetError("harness error (not llama.cpp): the CPU-only run: " + "; ".join(unmade) + f"\nworkload: {cpu_w.describe()}")
+            found += cpu_run_violations(workload, trace, cpu_w, cpu)
+            rows = sum(1 for _ in logit_pairs(trace, cpu))  # compared, not attempted
+            self.stats.llama_logits_compared += rows > 0
+            self.stats.llama_logit_rows += rows
             found += llama_same_logits(workload, trace, cpu)
         elif reference is not None:
             found += reference.result()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from reference.versions import version_key
+
 from ..cases.corpus import Case, CaseError, case_files, component, load_case
 from .stats import Stats
 
@@ -50,3 +52,16 @@ class KnownBugs:
     def signatures(self, llama: bool) -> set[str]:
         """Everything not to report again: the expected bugs and the campaign's findings."""
         return self.expected(llama) | self.campaign
+
+    def unknown_version_note(self, llama: bool) -> str | None:
+        """A line for the header where the ggml version of the engine that runs llama.cpp workloads
+        (or graph scenarios) cannot be read: which known bugs are then not expected (those recorded
+        for some versions only); None where the version is read or no known bug is of that kind."""
+        cases = [c for c in self.cases if (c.llama is not None) == llama]
+        version = self.version_of(llama) if cases else None
+        if not cases or version_key(version) is not None:
+            return None
+        bounded = sum(c.expected_failure_on(version) is None for c in cases)
+        return (f"{'llama.cpp' if llama else 'the graph engine'}: its ggml version cannot be read ({version or 'none'}): "
+                f"{bounded} known bug(s) recorded for some ggml versions only are not expected there, "
+                f"{len(cases) - bounded} recorded for every version are")

@@ -107,20 +107,24 @@ class Case:
 
     def expected_failure_on(self, version: str | None) -> str | None:
         """The known bug's description if it is expected on ggml ``version``: inside the
-        ``since``/``fixed_in`` bounds; an unknown version counts as inside them.
+        ``since``/``fixed_in`` bounds. A version that cannot be read (a build without
+        ``ggml_version()``, or no number in it) is inside no bound: a bug known only for some
+        versions is not assumed there (one recorded for every version, with no bound, still is).
 
         >>> case = Case("no-abort", "s", None, expect={"fail": "bug", "fixed_in": "0.25.3"})
-        >>> case.expected_failure_on("0.15.3"), case.expected_failure_on("0.25.3")
-        ('bug', None)
+        >>> case.expected_failure_on("0.15.3"), case.expected_failure_on("0.25.3"), case.expected_failure_on("unknown")
+        ('bug', None, None)
         """
         if not isinstance(self.expect, Mapping):
             return None
+        bounded = "since" in self.expect or "fixed_in" in self.expect
         v = version_key(version)
-        if v is not None:
-            if "since" in self.expect and v < version_key(self.expect["since"]):  # type: ignore[operator]
-                return None
-            if "fixed_in" in self.expect and v >= version_key(self.expect["fixed_in"]):  # type: ignore[operator]
-                return None
+        if v is None:
+            return None if bounded else self.expect["fail"]
+        if "since" in self.expect and v < version_key(self.expect["since"]):  # type: ignore[operator]
+            return None
+        if "fixed_in" in self.expect and v >= version_key(self.expect["fixed_in"]):  # type: ignore[operator]
+            return None
         return self.expect["fail"]
 
     def expectation_on(self, version: str | None) -> str:

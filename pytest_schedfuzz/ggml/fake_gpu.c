@@ -22,7 +22,8 @@
  *   - for llama.cpp, a backend registry of its own (schedfuzz_fake_gpu_register): llama.cpp makes
  *     the device's backends itself (init_backend), each computing through a CPU backend it owns,
  *     at submission (see dev_init_backend);
- *   - for tests only, a planted fault: one op's results come back wrong (corrupt_op).
+ *   - for tests only, a planted fault: one op's results come back wrong, off by one, NaN or +Inf
+ *     (corrupt_op).
  *
  * Built against the ggml under test (its public headers and src/ggml-backend-impl.h, ggml-impl.h),
  * by pytest_schedfuzz.build.build_fake_gpu. The interface structs are the same in ggml 0.15.3 and
@@ -50,7 +51,8 @@ struct fake_gpu_config {
     int     delay_us;            /* before each asynchronous task */
     char    unsupported[512];    /* op names refused by supports_op, comma separated */
     size_t  memory;              /* 0: 16 GiB */
-    char    corrupt_op[32];      /* a planted fault: 1 is added to the first element of each result of this op */
+    char    corrupt_op[32];      /* a planted fault: "OP" adds 1 to the first element of each result of op OP;
+                                    "OP=nan" or "OP=inf" writes a NaN or +Inf there instead */
     int     fuse;                /* graph_optimize fuses (fake_gpu_fuse), where ggml passes add_alloc_dep */
     int     cuda_batch;          /* offload_op measures an op's batch as ggml-cuda does (op_batch_size), not by ne[1] */
 };
@@ -123,10 +125,24 @@ static uint64_t event_last(struct fake_gpu_event * ev, int next) {
 }
 
 static void corrupt(struct fake_gpu * gpu, struct ggml_cgraph * graph) {
+    char op[32];
+    strncpy(op, gpu->cfg.corrupt_op, sizeof(op) - 1);
+    op[sizeof(op) - 1] = '\0';
+    char * value = strchr(op, '=');
+    if (value != NULL) {
+        *value++ = '\0';
+    }
     for (int i = 0; i < graph->n_nodes; i++) {
         struct ggml_tensor * t = graph->nodes[i];
-        if (t->type == GGML_TYPE_F32 && t->data != NULL && strcmp(ggml_op_name(t->op), gpu->cfg.corrupt_op) == 0) {
-            ((float *) t->data)[0] += 1.0f;
+        if (t->type == GGML_TYPE_F32 && t->data != NULL && strcmp(ggml_op_name(t->op), op) == 0) {
+            float * first = (float *) t->data;
+            if (value == NULL) {
+                *first += 1.0f;
+            } else if (strcmp(value, "nan") == 0) {
+                *first = __builtin_nanf("");
+            } else {
+                *first = __builtin_inff();
+            }
         }
     }
 }

@@ -130,7 +130,11 @@ def difference(name: str, geo: Geometry, got: bytes, want: bytes, tolerant: bool
     a, b = np.frombuffer(got, dtype).astype(np.float64), np.frombuffer(want, dtype).astype(np.float64)
     if tolerant and np.allclose(a, b, rtol=BLAS_RTOL, atol=BLAS_ATOL, equal_nan=True):
         return ""
+    # NaN where the CPU alone has NaN agrees (whatever its payload bits); a NaN or an infinity
+    # where it has a number, or the other infinity, does not (a == b is False for those)
     bad = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b))))
+    if not bad.size:
+        return ""
     k = int(bad[0])
     return (f"{what}: {len(bad)} of {a.size} elements differ from the CPU-only result, the first at flat index {k}: "
-            f"scheduled {a[k]:.6g}, CPU-only {b[k]:.6g} (max |diff| {np.nanmax(np.abs(a[bad] - b[bad])):.3g})")
+            f"scheduled {a[k]:.6g}, CPU-only {b[k]:.6g} (max |diff| {np.max(np.nan_to_num(np.abs(a[bad] - b[bad]), nan=np.inf)):.3g})")

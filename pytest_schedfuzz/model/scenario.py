@@ -319,7 +319,8 @@ class BackendSpec:
     * ``asynchronous``: it computes and copies on a thread of its own, after ``delay_us``;
     * ``memory``: its memory (None: 16 GiB); it refuses to allocate beyond it;
     * ``corrupt_op``: a planted fault, for tests of the values properties only: the first element
-      of each result of this op (``ggml_op_name``) comes back off by one.
+      of each result of this op (``ggml_op_name``) comes back off by one; ``"OP=nan"`` and
+      ``"OP=inf"`` make it a NaN or +Inf (a device that loses precision or overflows).
     """
 
     kind: str
@@ -358,8 +359,8 @@ class BackendSpec:
             raise SpecError("unsupported: too many op names")
         if self.memory is not None and self.memory < 1 << 20:
             raise SpecError(f"memory {self.memory}: at least 1 MiB")
-        if len(self.corrupt_op) >= 32:
-            raise SpecError(f"corrupt_op {self.corrupt_op!r}: not an op name")
+        if len(self.corrupt_op) >= 32 or self.corrupt_op.partition("=")[1:] not in (("", ""), ("=", "nan"), ("=", "inf")):
+            raise SpecError(f"corrupt_op {self.corrupt_op!r}: not an op name, or OP=nan, OP=inf")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}

@@ -20,9 +20,12 @@
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+
+import numpy as np
 
 from reference.params import can_reuse
 
@@ -333,25 +336,93 @@ def cpu_only(w: LlamaWorkload, trace: LlamaTrace | None) -> LlamaWorkload:
     return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), ctx, w.calls, w.loras)
 
 
-def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> list[Violation]:
-    """Each decode's recorded logits (first and last output) against the CPU-only run's. Runs
-    that aborted are not compared (llama-no-abort reports them)."""
+def logit_pairs(trace: LlamaTrace, cpu: LlamaTrace) -> Iterator[tuple[int, int, tuple[float, ...], tuple[float, ...]]]:
+    """(call, output, logits on the devices, on the CPU alone) for each output row both runs
+    recorded in a decode that returned 0 in both: what llama-same-logits compares."""
     if trace.abort is not None or cpu.abort is not None:
-        return []
+        return
     on = {c.index: c for c in cpu.calls if c.kind == "decode"}
     for c in trace.calls:
         ref = on.get(c.index)
-        if c.kind != "decode" or ref is None or c.rc != 0 or ref.rc != 0:
+        if c.kind == "decode" and ref is not None and c.rc == 0 and ref.rc == 0:
+            for k, (got, want) in enumerate(zip(c.logits, ref.logits)):
+                yield c.index, k, got, want
+
+
+def logits_difference(got: Sequence[float], want: Sequence[float]) -> tuple[int, str] | None:
+    """The first token whose logit on the devices is not the CPU alone's, and what is wrong with
+    it: a NaN or an infinity where the other has a number or another infinity (a NaN never
+    compares greater than a tolerance, so non-finite values are judged first), then a finite
+    difference beyond ``LOGITS_TOLERANCE`` (relative to values above 1); None if they agree.
+
+    >>> logits_difference([float("nan"), 0.0], [1.0, 0.0])
+    (0, 'nan')
+    >>> logits_difference([1.0, float("inf")], [1.0, 2.0])
+    (1, 'inf')
+    >>> logits_difference([float("nan")], [float("nan")]) is None
+    True
+    """
+    a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if a.shape != b.shape:
+        return 0, "count"
+    a_nan, b_nan = np.isnan(a), np.isnan(b)
+    bad = np.flatnonzero(a_nan != b_nan)
+    if bad.size:
+        return int(bad[0]), "nan"
+    ok = ~a_nan
+    inf = np.flatnonzero(ok & (np.isinf(a) | np.isinf(b)) & (a != b))
+    if inf.size:
+        return int(inf[0]), "inf"
+    finite = ok & np.isfinite(a) & np.isfinite(b)
+    diff = np.where(finite, np.abs(a - b) - LOGITS_TOLERANCE * np.maximum(1.0, np.abs(b)), 0.0)
+    worst = int(np.argmax(diff)) if diff.size else 0
+    return (worst, "finite") if diff.size and diff[worst] > 0 else None
+
+
+def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> list[Violation]:
+    """Each decode's recorded logits (first and last output) against the CPU-only run's. Runs
+    that aborted are not compared here: llama-no-abort reports the devices' run, and
+    ``cpu_run_violations`` the CPU-only run. A NaN or infinity the CPU does not have is a
+    finding of its own kind (``value=nan``, ``value=inf``)."""
+    for call, k, got, want in logit_pairs(trace, cpu):
+        found = logits_difference(got, want)
+        if found is None:
             continue
-        for k, (got, want) in enumerate(zip(c.logits, ref.logits)):
-            worst = max(range(len(want)), key=lambda v: abs(got[v] - want[v]), default=0)
-            diff = abs(got[worst] - want[worst]) if want else 0.0
-            if diff > LOGITS_TOLERANCE * max(1.0, abs(want[worst])):
-                devices = ", ".join(["RPC"] * bool(w.devices.n_rpc) + ["GPU-like"])
-                return [Violation("llama-same-logits", c.index,
-                                  f"{_call_name(w, c.index)}: the logits of its {'first' if k == 0 else 'last'} output differ from the CPU-only run's: "
-                                  f"token {worst}: {got[worst]:.5f}, on the CPU alone {want[worst]:.5f} (|diff| {diff:.5f} > {LOGITS_TOLERANCE}); "
-                                  f"{w.devices.describe()}", {"on": devices})]
+        token, kind = found
+        devices = ", ".join(["RPC"] * bool(w.devices.n_rpc) + ["GPU-like"])
+        facts: dict[str, object] = {"on": devices}
+        what = f"{_call_name(w, call)}: the logits of its {'first' if k == 0 else 'last'} output differ from the CPU-only run's: "
+        if kind == "count":
+            what += f"{len(got)} logits, on the CPU alone {len(want)}"
+            facts["value"] = "count"
+        else:
+            diff = abs(got[token] - want[token])
+            what += f"token {token}: {got[token]:.5f}, on the CPU alone {want[token]:.5f}"
+            if kind == "finite":
+                what += f" (|diff| {diff:.5f} > {LOGITS_TOLERANCE})"
+            else:
+                odd = math.isnan if kind == "nan" else math.isinf
+                what += f" (a {'NaN' if kind == 'nan' else 'infinity'} {'on the devices' if odd(got[token]) else 'on the CPU alone'} only)"
+                facts["value"] = kind
+        return [Violation("llama-same-logits", call, f"{what}; {w.devices.describe()}", facts)]
+    return []
+
+
+def cpu_run_violations(w: LlamaWorkload, trace: LlamaTrace, cpu_w: LlamaWorkload, cpu: LlamaTrace) -> list[Violation]:
+    """The CPU-only run (llama-same-logits' reference) judged like any run: an abort, a crash or
+    a decode that fails below -1 there is a llama-no-abort finding of its own (``run=cpu-only``);
+    a decode that succeeded on the devices and failed on the CPU alone (or the other way round)
+    is a llama-same-logits finding (``value=rc``): the same calls must decode alike."""
+    found = [replace(v, message=f"the CPU-only run of this workload (llama-same-logits' reference): {v.message}", facts={**v.facts, "run": "cpu-only"})
+             for v in llama_no_abort(cpu_w, cpu)]
+    if found or trace.abort is not None:
+        return found
+    on = {c.index: c for c in cpu.calls if c.kind == "decode"}
+    for c in trace.calls:
+        ref = on.get(c.index)
+        if c.kind == "decode" and ref is not None and (c.rc == 0) != (ref.rc == 0):
+            return [Violation("llama-same-logits", c.index, f"{_call_name(w, c.index)} returned {c.rc} on the devices and {ref.rc} on the CPU alone; "
+                                                            f"{w.devices.describe()}", {"on": "devices", "value": "rc"})]
     return []
 
 

@@ -4,6 +4,7 @@ fallback, splits for an op a device refuses, and llama-same-logits against the C
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from pytest_schedfuzz.model.scenario import BackendSpec
 from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.cases.corpus import load_case
-from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_only, llama_no_abort, llama_same_logits, out_of_memory
+from pytest_schedfuzz.model.llama_trace import LlamaAbort
+from pytest_schedfuzz.properties.llama import (LLAMA_CHECKS, cpu_only, cpu_run_violations, llama_no_abort, llama_same_logits, logit_pairs,
+                                               out_of_memory)
 
 GPU = BackendSpec("gpu")
 ASYNC = BackendSpec("gpu", asynchronous=True)
@@ -159,6 +162,32 @@ def test_same_logits_holds_on_real_layouts_and_catches_a_device_that_corrupts_an
     planted = workload(Devices(n_rpc=0, gpus=(ASYNC, replace(ASYNC, corrupt_op="MUL_MAT"))))
     (v,) = llama_same_logits(planted, llama_trace(target.run(planted, logits=True)), cpu)
     assert v.step == 0 and v.facts == {"on": "GPU-like"} and "differ from the CPU-only run's" in v.message
+    # a device whose matmuls come back NaN or +Inf: a NaN never exceeds a tolerance, and is judged first
+    for value in ("nan", "inf"):
+        planted = workload(Devices(n_rpc=0, gpus=(ASYNC, replace(ASYNC, corrupt_op=f"MUL_MAT={value}"))))
+        trace = llama_trace(target.run(planted, logits=True))
+        assert any(not math.isfinite(x) for c in trace.calls for row in c.logits for x in row), value
+        (v,) = llama_same_logits(planted, trace, cpu)
+        assert v.signature() == f"llama-same-logits[on=GPU-like,value={value}]" and "on the devices only" in v.message, v
+
+
+@pytest.mark.engine
+def test_the_cpu_only_run_is_judged_like_any_run(target) -> None:
+    """llama-same-logits' reference run, on the CPU alone, is a run of its own: a crash there is a
+    llama-no-abort finding (``run=cpu-only``), not a workload skipped; a decode that fails on one side
+    only is a finding; what was compared is counted in rows, not in workloads attempted."""
+    w = workload(Devices(n_rpc=0, gpus=(ASYNC,)))
+    trace = llama_trace(target.run(w, logits=True))
+    cpu_w = cpu_only(w, trace)
+    cpu = llama_trace(target.run(cpu_w, logits=True))
+    assert cpu_run_violations(w, trace, cpu_w, cpu) == [] and sum(1 for _ in logit_pairs(trace, cpu)) == 6
+    crashed = replace(cpu, abort=LlamaAbort(2, "crash", "the worker was killed by SIGSEGV\nC stack: ggml_compute_forward_mul_mat < ggml_graph_compute"))
+    (v,) = cpu_run_violations(w, trace, cpu_w, crashed)
+    assert v.property == "llama-no-abort" and v.facts["run"] == "cpu-only" and v.message.startswith("the CPU-only run of this workload")
+    assert list(logit_pairs(trace, crashed)) == [] and llama_same_logits(w, trace, crashed) == []
+    failed = replace(cpu, calls=tuple(replace(c, rc=1, logits=()) if c.index == 2 else c for c in cpu.calls))
+    (v,) = cpu_run_violations(w, trace, cpu_w, failed)
+    assert v.signature() == "llama-same-logits[on=devices,value=rc]" and v.step == 2
 
 
 @pytest.mark.engine
