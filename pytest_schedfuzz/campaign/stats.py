@@ -14,7 +14,7 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
-from ..properties.llama import scheduler_reuses
+from ..properties.llama import scheduler_reuses, wasted_rebuilds
 from .captures import CONTEXTS
 
 Predict = Callable[[Scenario], Trace]
@@ -59,6 +59,8 @@ class Stats:
     llama_reallocs_changed: int = 0
     llama_scheds_built: int = 0
     llama_sched_reuses: int = 0
+    llama_rebuilds_wasted: int = 0  # schedulers rebuilt although can_reuse held (llama-reuse-complete)
+    llama_rebuilds_unjudged: int = 0  # ... on a build without can_reuse: counted, not judged
     llama_sched_reserves: int = 0  # llama.cpp's sched_reserve lines seen (reuse is observable only with them)
     llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
     llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
@@ -109,6 +111,9 @@ class Stats:
                     self.llama_counted += s.llama_n_same is not None
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
         self.llama_sched_reuses += len(scheduler_reuses(trace))
+        wasted = wasted_rebuilds(trace)
+        self.llama_rebuilds_wasted += len(wasted)
+        self.llama_rebuilds_unjudged += sum(r.logged is None for r in wasted)
 
     def _by_component(self) -> str:
         counts: dict[str, int] = {}
@@ -210,7 +215,10 @@ class Stats:
                 f"llama.cpp: graph reallocs = {self.llama_reallocs_same} / {self.llama_reallocs_changed}   (same size) / (changed size)",
                 f"llama.cpp: workloads run again without the switch a new lost reservation names = {self.llama_switch_reruns}",
                 f"llama.cpp: schedulers built = {self.llama_scheds_built}, kept across a re-reservation = {self.llama_sched_reuses}"
-                + (" (each checked against can_reuse)" if self.llama_sched_reuses else "") + self._reuse_note(),
+                + (" (each checked against can_reuse)" if self.llama_sched_reuses else "") + self._reuse_note()
+                + f"; rebuilt although can_reuse held = {self.llama_rebuilds_wasted}"
+                + (f" ({self.llama_rebuilds_unjudged} on a llama.cpp without can_reuse: its compute buffers re-reserved, not judged by "
+                   "llama-reuse-complete)" if self.llama_rebuilds_unjudged else ""),
                 f"llama.cpp: realloc decisions observed from ggml's realloc callback = {self.llama_realloc_observed}, "
                 f"derived from ggml's graph-size formula = {self.llama_realloc_derived}; counted by llama.cpp itself and checked = {self.llama_counted}",
                 "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "

@@ -34,6 +34,7 @@ enum {
     HOOK_RESERVE_SIZE_BEGIN = 8, HOOK_RESERVE_SIZE_END = 9,
     HOOK_REALLOC = 10, HOOK_REALLOC_OWNER = 11,
     HOOK_SET_TENSOR_BACKEND = 12, HOOK_RESET = 13,
+    HOOK_COMPUTE_BEGIN = 14, HOOK_COMPUTE_END = 15,
 };
 
 static schedfuzz_hook_t hook = NULL;
@@ -160,6 +161,16 @@ bool ggml_backend_sched_reserve(void * sched, void * graph) {
 bool ggml_backend_sched_alloc_graph(void * sched, void * graph) {
     static graph_fn f;
     return graph_call(&f, "ggml_backend_sched_alloc_graph", HOOK_ALLOC_BEGIN, sched, graph);
+}
+
+/* the compute: an abort between its begin and end is the computation's, not the graph's build */
+int ggml_backend_sched_graph_compute_async(void * sched, void * graph) {
+    static int (*f)(void *, void *);
+    if (!f) f = (int (*)(void *, void *)) real("ggml_backend_sched_graph_compute_async");
+    if (hook) hook(HOOK_COMPUTE_BEGIN, sched, graph, 0, 0, 0);
+    int status = f(sched, graph);
+    if (hook) hook(HOOK_COMPUTE_END, sched, graph, status, 0, 0);
+    return status;
 }
 
 /* the backend (its index among the scheduler's; -1: none) ggml's split_graph gave each of the

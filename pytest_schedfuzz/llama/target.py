@@ -168,7 +168,7 @@ class LlamaTarget(WorkerTarget):
             elif "abort" in msg:
                 a = msg["abort"]
                 _with_graphs(a.get("sched", ()), graphs, self.recent_graphs)
-                return LlamaAbort(int(a["call"]), "abort", a["message"], tuple(SchedCall.from_json(s) for s in a.get("sched", ())))
+                return LlamaAbort(int(a["call"]), "abort", a["message"], tuple(SchedCall.from_json(s) for s in a.get("sched", ())), str(a.get("phase", "")))
             elif "unreachable" in msg:
                 return str(msg["unreachable"])
             elif "error" in msg:

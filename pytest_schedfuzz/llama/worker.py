@@ -54,7 +54,10 @@ from ..model.scenario import BackendSpec
 from . import graph_records
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
- HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET) = range(14)  # sched_hook.c
+ HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET,
+ HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END) = range(16)  # sched_hook.c
+# ggml-alloc's reason naming a node llama.cpp left unnamed (ggml_build_forward_expand names it node_N)
+UNNAMED_NODE = re.compile(r"node (node_\d+) is not valid")
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
 OUTER_END = {HOOK_RESERVE_END: "reserve", HOOK_ALLOC_END: "alloc", HOOK_RESERVE_SIZE_END: "reserve_size"}
 # the seeds' llama.cpp (llama_context::sched_graph_realloc, sched_new)
@@ -185,6 +188,8 @@ class Llama:
         glib.ggml_backend_name.restype = ctypes.c_char_p
         glib.ggml_backend_name.argtypes = [ctypes.c_void_p]
         glib.ggml_op_name.argtypes, glib.ggml_op_name.restype = [ctypes.c_int], ctypes.c_char_p
+        glib.ggml_op_desc.argtypes, glib.ggml_op_desc.restype = [ctypes.c_void_p], ctypes.c_char_p
+        glib.ggml_graph_get_tensor.argtypes, glib.ggml_graph_get_tensor.restype = [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p
         glib.ggml_backend_buffer_get_usage.argtypes, glib.ggml_backend_buffer_get_usage.restype = [ctypes.c_void_p], ctypes.c_int
         glib.ggml_backend_buffer_is_host.argtypes, glib.ggml_backend_buffer_is_host.restype = [ctypes.c_void_p], ctypes.c_bool
         glib.ggml_backend_buffer_get_type.argtypes, glib.ggml_backend_buffer_get_type.restype = [ctypes.c_void_p], ctypes.c_void_p
@@ -234,6 +239,7 @@ class Llama:
         self.last_backends: dict[tuple[int, str], list[int]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
         self.outer: str | None = None  # the scheduler call a split_graph happens in
+        self.computing = False  # inside ggml_backend_sched_graph_compute_async (an abort's phase)
         self.split: dict[str, Any] | None = None  # what the last split_graph did
         self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
         self.observing: set[int] = set()  # sched ids whose realloc decisions ggml reports (its callback)
@@ -291,7 +297,10 @@ class Llama:
 
     def _on_abort(self, message: bytes | None) -> None:
         try:
-            msg: dict[str, Any] = {"call": self.call, "message": (message or b"").decode(errors="replace")}
+            # the phase: inside which scheduler call ggml aborted, else "llama.cpp" (its own code between them:
+            # building a graph, setting its inputs, reading outputs)
+            phase = self.outer or ("compute" if self.computing else "llama.cpp")
+            msg: dict[str, Any] = {"call": self.call, "message": (message or b"").decode(errors="replace"), "phase": phase}
             if self.captured is not None:
                 # the scheduler call that aborts, with the graph llama.cpp handed it, after this call's earlier ones
                 cap = {k: v for k, v in self.captured.items() if k not in ("order", "sched")}
@@ -308,12 +317,21 @@ class Llama:
         except Exception:
             self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
 
+    def _op_desc(self, graph: int, name: str) -> str:
+        """The op of the graph's tensor ``name`` as ggml describes it (``ggml_op_desc``: the unary
+        op for GGML_OP_UNARY), "" where the graph has no such tensor."""
+        t = self.glib.ggml_graph_get_tensor(ctypes.c_void_p(graph), name.encode())
+        return self.glib.ggml_op_desc(ctypes.c_void_p(t)).decode() if t else ""
+
     def _sched_event(self, phase: int, sched: int, graph: int, a: int, b: int, c: int) -> None:
         if phase == HOOK_SET_TENSOR_BACKEND:
             self.forced.setdefault(sched, {})[graph] = a
             return
         if phase == HOOK_RESET:
             self.forced.pop(sched, None)
+            return
+        if phase in (HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END):
+            self.computing = phase == HOOK_COMPUTE_BEGIN
             return
         if phase == HOOK_SCHED_NEW:
             # ids by creation: a new scheduler may get a freed one's address
@@ -369,6 +387,9 @@ class Llama:
                 if r.backend_ids_changed:
                     rec["realloc"]["moved"] = self.split["moved"]
                     rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]
+                unnamed = UNNAMED_NODE.search(r.reason)
+                if unnamed:  # a node llama.cpp left unnamed (ggml calls it node_N): its op tells it apart
+                    rec["realloc"]["invalid_op"] = self._op_desc(graph, unnamed.group(1))
             # a scheduler of an earlier call too: its creation is not among this call's events; ggml-alloc
             # re-planning a single buffer by itself (a CPU-only scheduler) is no decision of the scheduler's
             if rec["sched"] in self.observing and rec.get("realloc", {}).get("via") == "sched" and self.said is None:

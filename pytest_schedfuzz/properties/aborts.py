@@ -10,7 +10,7 @@ from reference.alloc import KEPT_PLAN, MEASURED_PLAN
 from ..model.scenario import Scenario, Step
 from ..model.trace import Abort, Trace
 from .base import Violation
-from .sites import check_site
+from .sites import check_site, site_key
 
 
 def with_c_stack(cause: str, message: str, depth: int = 3) -> str:
@@ -88,6 +88,11 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         first = with_c_stack(first, a.message)
         kind = with_c_stack(kind, a.message)
     facts = {"kind": a.kind, "message": kind}
+    site = site_key(a.message)
+    # one assert text has many sites (ggml-backend.cpp has fifteen GGML_ASSERT(buffer)); not the RPC
+    # client's check, which is wherever the client first noticed the server's failure (``server``)
+    if site and "ggml-rpc.cpp" not in kind:
+        facts["site"] = site
     # the RPC client reports every server failure alike: a server that died (and how) is what
     # separates a crash in the server from a graph it rejected
     died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)

@@ -15,8 +15,8 @@ GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-s
 
 
 # properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
-LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-no-abort", "llama-counters-agree", "llama-same-logits",
-                      "llama-matches-reference")
+LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-reuse-complete", "llama-no-abort", "llama-counters-agree",
+                      "llama-same-logits", "llama-matches-reference")
 
 
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS

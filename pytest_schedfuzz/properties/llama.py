@@ -8,6 +8,8 @@
   replaced the worst-case reservation's plan (a topology switch) if one did.
 * ``llama-reuse-sound``: when llama.cpp keeps its scheduler across a re-reservation, the new
   parameters satisfy ``can_reuse`` (llama.cpp 0.3.36 never does: it builds a new one each time).
+* ``llama-reuse-complete``: no scheduler is rebuilt where ``can_reuse`` held (the compute buffers
+  a rebuild throws away: seed ``004``), on a build that has ``can_reuse``; elsewhere counted.
 * ``llama-no-abort``: no ggml abort, crash or hang, and no ``llama_decode`` failure below -1
   (-2/-3: the graph could not be allocated or computed).
 * ``llama-counters-agree``: where the build has the seeds' system, ggml's realloc callback and
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,7 +35,15 @@ from ..model.llama import Devices, LlamaWorkload
 from ..model.llama_trace import LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
 from .aborts import at_site, with_c_stack
+from .sites import site_key
 from .base import LLAMA_PROPERTY_IDS, Violation, reason_kind, role
+
+
+def _call_kind(w: LlamaWorkload, index: int) -> str:
+    """The kind of call ``index`` (``init``: the context's constructor, ``free``: after the last)."""
+    if index < 0:
+        return "init"
+    return w.calls[index].kind if index < len(w.calls) else "free"
 
 
 def _call_name(w: LlamaWorkload, index: int) -> str:
@@ -69,6 +79,17 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
     return f"{kind} after {last.kind}({str(last.flag).lower()})", switches[-1]
 
 
+def _invalid(s: SchedCall) -> str:
+    """ggml's reason for re-plan ``s`` (``reason_kind``), with the op of the node it names where
+    llama.cpp left that node unnamed: ``node_N`` alone would be any node of any graph.
+
+    >>> _invalid(SchedCall("alloc", 0, realloc_reason="node node_7 is not valid", invalid_op="SSM_CONV"))
+    'node node_N (SSM_CONV)'
+    """
+    reason = reason_kind(s.realloc_reason)
+    return f"{reason} ({s.invalid_op})" if s.invalid_op and "node_N" in reason else reason
+
+
 def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
     the invalid tensor, or for a backend change the node that moved and between which kinds of
@@ -76,7 +97,7 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     or to different devices: which device's offload_op wants an op depends on the batch)."""
     if x.kind == "reserve_size":
         return "reserve_size"
-    reason = reason_kind(x.realloc_reason)
+    reason = _invalid(x)
     if x.backend_ids_changed and x.moved:
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
@@ -132,7 +153,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
         if s.same_size and s.sched in reserved:
             p_call, p = plan.get(s.sched, reserved[s.sched])
             r_call, r = reserved[s.sched]
-            invalid = reason_kind(s.realloc_reason)
+            invalid = _invalid(s)
             head = (f"same-size graph reallocation in {_call_name(w, call)}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
                     f"graph_size = {s.graph_size} (prev {s.prev_graph_size}), backend_ids_changed = 0; "
                     f"ggml_gallocr_needs_realloc: {s.realloc_reason or '?'}")
@@ -175,47 +196,117 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
     return out
 
 
-def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedParams]]:
-    """(call, the kept scheduler's creation, the parameters llama.cpp asked for) for every
-    worst-case re-reservation (``llama_context::sched_reserve``) that kept the scheduler it had
-    instead of building a new one: the reuse that ``sched_params::can_reuse`` must allow.
+@dataclass(frozen=True)
+class Rebuild:
+    """One worst-case re-reservation (``llama_context::sched_reserve``) on a context that had a
+    scheduler, as the scheduler hook saw it: the scheduler in force before (``current``: its
+    creation), the parameters llama.cpp asked for, and whether it kept that scheduler (the next
+    reserve used the same scheduler object, no ``ggml_backend_sched_new`` in between) or built a
+    new one (``built``: its creation). ``logged``: whether llama.cpp logged that it reused (the
+    seeds' build logs what its ``sched_new`` asks for and each reuse; None where the build logs
+    neither)."""
 
-    On the seeds' llama.cpp every field is observed: its ``sched_new`` logs the parameters it is
-    asked for and that it reuses. Elsewhere a reuse is a ``sched_reserve`` followed by a reserve
-    without a new scheduler, asked for the ``max_nodes`` it logged and the kept ``parallel`` (a
-    build that does not say what it asks for: only ``max_nodes`` is observed)."""
-    out = []
-    current: SchedCall | None = None
-    pending: tuple[int, SchedCall] | None = None
+    call: int
+    current: SchedCall
+    asked: SchedParams
+    kept: bool
+    built: SchedCall | None
+    logged: bool | None
+
+    @property
+    def current_params(self) -> SchedParams:
+        c = self.current
+        return SchedParams(max_nodes=c.max_nodes, parallel=c.parallel, op_offload=c.op_offload)
+
+
+def rebuilds(trace: LlamaTrace) -> list[Rebuild]:
+    """Every worst-case re-reservation on a context that already had a scheduler, judged from the
+    scheduler objects the hook sees (``ggml_backend_sched_new``/``_free``, and which scheduler each
+    reserve used), not from a log line: a reuse that llama.cpp does not log is still a reuse.
+
+    What llama.cpp asked for: on the seeds' llama.cpp every field (its ``sched_new`` logs them);
+    elsewhere the ``max_nodes`` ``sched_reserve`` logged, and ``parallel``/``op_offload`` of the
+    scheduler it then built (kept: of the one it kept; a build that does not say what it asks for
+    is judged on ``max_nodes`` only)."""
+    out: list[Rebuild] = []
+    current: SchedCall | None = None  # the scheduler in force (its creation)
+    pending: tuple[int, SchedCall, SchedCall] | None = None  # sched_reserve logged on a context with a scheduler, its reserve not seen yet
     asked: SchedCall | None = None
+    built: SchedCall | None = None
+    logged: bool | None = None
     for call, s in trace.sched_calls():
-        if s.kind == "sched_params":
-            asked = s
-        elif s.kind == "reuse" and current is not None and asked is not None:
-            out.append((call, current, SchedParams(max_nodes=asked.max_nodes, parallel=asked.parallel, op_offload=asked.op_offload)))
-            pending = None
+        if s.kind == "sched_params":  # the seeds' sched_new asks (also for the fallback within one sched_reserve)
+            pending = (pending[0] if pending is not None else call, s, current) if current is not None else None
+            asked, built, logged = s, None, False
+        elif s.kind == "reuse":
+            logged = True
         elif s.kind == "sched_reserve":
-            pending = (call, s)
+            pending = (call, s, current) if current is not None else None
+            asked, built, logged = None, None, None
         elif s.kind == "new":
-            current, pending, asked = s, None, None
-        elif s.kind == "reserve" and pending is not None and current is not None:
-            if asked is None:  # a build that logs no parameters: only max_nodes is observed
-                out.append((pending[0], current, SchedParams(max_nodes=pending[1].max_nodes, parallel=current.parallel, op_offload=current.op_offload)))
+            current = s
+            built = s if pending is not None else None
+        elif s.kind == "free" and current is not None and s.sched == current.sched and pending is None:
+            current = None
+        elif s.kind == "reserve" and pending is not None:
+            at, said, before = pending
+            by = built if built is not None else before
+            params = (SchedParams(max_nodes=asked.max_nodes, parallel=asked.parallel, op_offload=asked.op_offload) if asked is not None
+                      else SchedParams(max_nodes=said.max_nodes, parallel=by.parallel, op_offload=by.op_offload))
+            out.append(Rebuild(at, before, params, built is None and s.sched == before.sched, built, logged))
             pending = None
     return out
+
+
+def scheduler_reuses(trace: LlamaTrace) -> list[tuple[int, SchedCall, SchedParams]]:
+    """(call, the kept scheduler's creation, the parameters llama.cpp asked for) for every
+    re-reservation that kept the scheduler it had instead of building a new one (``rebuilds``):
+    the reuse that ``sched_params::can_reuse`` must allow."""
+    return [(r.call, r.current, r.asked) for r in rebuilds(trace) if r.kept]
 
 
 def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    """A kept scheduler satisfies ``can_reuse(asked, current)``; where llama.cpp logs its reuses
+    (the seeds' build), the log and the scheduler objects agree (the log is the cross-check)."""
     out = []
-    for call, kept, new in scheduler_reuses(trace):
-        cur = SchedParams(max_nodes=kept.max_nodes, parallel=kept.parallel, op_offload=kept.op_offload)
-        if not can_reuse(new, cur):
+    for r in rebuilds(trace):
+        new, cur = r.asked, r.current_params
+        if r.logged is not None and r.logged != r.kept:
+            used = f"the scheduler it had (#{r.current.sched})" if r.kept else "a new scheduler"
+            out.append(Violation("llama-reuse-sound", max(r.call, 0),
+                                 f"{_call_name(w, r.call)}: llama.cpp {'logged' if r.logged else 'did not log'} that it reused its scheduler, "
+                                 f"but the next reserve used {used}", {"why": "log"}))
+        if r.kept and not can_reuse(new, cur):
             why = [f for f in ("max_nodes", "parallel", "op_offload") if getattr(new, f) != getattr(cur, f) and (f != "max_nodes" or new.max_nodes > cur.max_nodes)]
-            out.append(Violation("llama-reuse-sound", max(call, 0),
-                                 f"{_call_name(w, call)} kept scheduler #{kept.sched} (max_nodes {cur.max_nodes}, parallel {cur.parallel}, "
+            out.append(Violation("llama-reuse-sound", max(r.call, 0),
+                                 f"{_call_name(w, r.call)} kept scheduler #{r.current.sched} (max_nodes {cur.max_nodes}, parallel {cur.parallel}, "
                                  f"op_offload {cur.op_offload}) for max_nodes {new.max_nodes}, parallel {new.parallel}, op_offload {new.op_offload}: "
                                  f"can_reuse is false ({', '.join(why)})", {"why": ",".join(why) or "params"}))
     return out
+
+
+def wasted_rebuilds(trace: LlamaTrace) -> list[Rebuild]:
+    """Re-reservations that built a new scheduler although ``can_reuse(asked, current)`` held: each
+    freed every compute buffer the current scheduler had reserved and reserved them again."""
+    return [r for r in rebuilds(trace) if not r.kept and can_reuse(r.asked, r.current_params)]
+
+
+def llama_reuse_complete(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
+    """No scheduler is rebuilt where ``can_reuse(asked, current)`` held (``wasted_rebuilds``): seed
+    ``004``'s reason to exist. Judged on a build that has ``can_reuse`` (its ``sched_new`` logs
+    the parameters it is asked for). A build without any reuse (llama.cpp before seed ``004``:
+    its ``sched_reserve`` always builds a new scheduler) is not judged here, and its wasted
+    rebuilds are counted in the summary instead: the feature is absent, not wrong."""
+    for r in wasted_rebuilds(trace):
+        if r.logged is None:
+            continue
+        new, cur = r.asked, r.current_params
+        return [Violation("llama-reuse-complete", max(r.call, 0),
+                          f"{_call_name(w, r.call)} built a new scheduler (#{r.built.sched if r.built else '?'}) although can_reuse held: asked for "
+                          f"max_nodes {new.max_nodes}, parallel {new.parallel}, op_offload {new.op_offload}; the current scheduler "
+                          f"#{r.current.sched} had max_nodes {cur.max_nodes}, parallel {cur.parallel}, op_offload {cur.op_offload}; its "
+                          f"compute buffers were freed and reserved again", {"rebuilt": "can_reuse held"})]
+    return []
 
 
 def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
@@ -288,7 +379,14 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             cause = with_c_stack(cause, a.message)
         kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
         text = f"{head}: {cause}" if head else cause
-        facts: dict[str, object] = {"kind": a.kind, "message": kind}
+        # what separates root causes beside the message: the check site (one assert text has many),
+        # the call kind and where in it ggml stopped (the context's reservation, a decode's alloc...)
+        facts: dict[str, object] = {"kind": a.kind, "message": kind, "call": _call_kind(w, a.call)}
+        if a.phase:
+            facts["phase"] = a.phase
+        site = site_key(a.message)
+        if site and RPC_FAILED not in a.message:  # the RPC client's check is where it noticed the server's failure (``server``)
+            facts["site"] = site
         if RPC_FAILED in a.message:
             # the RPC client reports every server failure alike: a server that died says how;
             # one that refused a command (and closed the connection) does not, so the call that
@@ -450,6 +548,7 @@ def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
 LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {
     "llama-no-same-size-realloc": llama_no_same_size_realloc,
     "llama-reuse-sound": llama_reuse_sound,
+    "llama-reuse-complete": llama_reuse_complete,
     "llama-no-abort": llama_no_abort,
     "llama-counters-agree": llama_counters_agree,
 }

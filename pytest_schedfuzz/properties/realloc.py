@@ -23,7 +23,8 @@ def _last_claim(scenario: Scenario, step: int) -> int | None:
 def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
     """After the driver's reservation for the current configuration, no alloc causes a
     same-size realloc. Each violation is explained by the reference: ``engine`` where the
-    reference predicts no event, or another event, at that step; ``lost`` where a re-plan
+    reference predicts no event, or another event, at that step or at the engine's re-plan in
+    between that lost the reservation (``lost_by`` then names it); ``lost`` where a re-plan
     between the reservation and this step replaced the reserved plan; ``not-dominating`` where
     the reservation's graph did not cover this one. The signature adds, for ``lost``, the step
     kind and reason of the re-plan that lost it, and otherwise the invalid tensor."""
@@ -38,13 +39,23 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
         graph = scenario.steps[ev.step].graph
         claimed = scenario.steps[claim].graph
         head = f"same-size realloc on {scenario.steps[ev.step].kind}({graph}): nodes = {ev.n_nodes}, splits = {ev.n_splits}, graph_size = {ev.graph_size}; reason: {ev.reason}"
-        replans = [e for e in prediction.events if claim < e.step < ev.step]
+        # the engine's own re-plans in between (what ggml did, not what the reference predicts):
+        # one the reference does not predict is the engine's, never the known way of losing a reservation
+        replans = [e for e in trace.events if claim < e.step < ev.step]
         p = predicted.get(ev.step)
+        q = predicted.get(replans[0].step) if replans else None
         lost_by = "-"
         if p is None:
             why, kind = "the engine re-planned although the reference says the plan was still valid (engine bug)", "engine"
         elif (normalize_reason(p.reason), p.same_size) != (normalize_reason(ev.reason), ev.same_size):
             why, kind = f"engine and reference disagree about this step's event (engine bug): the reference predicts {p.describe()}", "engine"
+        elif replans and (q is None or normalize_reason(q.reason) != normalize_reason(replans[0].reason)):
+            k = replans[0].step
+            predicts = f"the reference predicts {q.describe()}" if q is not None else "the reference predicts no re-plan there"
+            why = (f"the reservation of step {claim} ({claimed}) was lost by step {k}'s re-plan ({replans[0].reason}), where {predicts} "
+                   f"(engine bug, in between)")
+            kind = "engine"
+            lost_by = f"{scenario.steps[k].kind} {reason_kind(replans[0].reason)}"
         elif replans:
             k = replans[0].step
             # the same op program with other assignments (op offload by batch size), or another graph

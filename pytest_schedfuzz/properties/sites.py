@@ -19,20 +19,46 @@ def check_site(message: str) -> str:
     ggml's ``ggml_abort`` prints (the function read from that file at that line, where the
     source is on disk: the build's own path, or the cached source distribution of a built-in
     whose build folder pip has deleted); "" when ggml printed no site."""
+    site = _site(message)
+    if site is None:
+        return ""
+    name, line, function, _ = site
+    return f"{name}:{line}, in {function}" if function else f"{name}:{line}"
+
+
+def site_key(message: str) -> str:
+    """The check site as a signature keeps it: the function, and which of its checks of the same
+    text it is where it has several (``function#2``), so that the fifteen ``GGML_ASSERT(buffer)``
+    of ggml-backend.cpp are fifteen sites, while a line that moves between ggml versions (or
+    builds) keeps one; ``file:line`` where the source is not on disk; "" when ggml printed no site.
+    """
+    site = _site(message)
+    if site is None:
+        return ""
+    name, line, function, ordinal = site
+    if not function:
+        return f"{name}:{line}"
+    return function if ordinal <= 1 else f"{function}#{ordinal}"
+
+
+def _site(message: str) -> tuple[str, int, str, int] | None:
+    """(file name, line, function, ordinal of the check among the same checks in that function)."""
     m = _SITE.search(message)
     if m is None:
-        return ""
+        return None
     folder, name, line = m.group(1), m.group(2), int(m.group(3))
-    site = f"{name}:{line}"
     source = _source_file(folder + name)
     if source is None:
-        return site
+        return name, line, "", 0
     lines = source.read_text(errors="replace").splitlines()[:line]
-    for text in reversed(lines):
-        d = _DEFINITION.match(text)
+    if len(lines) < line:
+        return name, line, "", 0
+    check = lines[-1].strip()
+    for start in range(len(lines) - 1, -1, -1):
+        d = _DEFINITION.match(lines[start])
         if d and d.group(1) not in ("if", "for", "while", "switch", "return", "sizeof"):
-            return f"{site}, in {d.group(1)}"
-    return site
+            return name, line, d.group(1), sum(x.strip() == check for x in lines[start:])
+    return name, line, "", 0
 
 
 def _source_file(path: str) -> Path | None:

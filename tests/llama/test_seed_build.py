@@ -33,6 +33,8 @@ from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 # a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
 CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
                                     "                && max_nodes  <= other.max_nodes;", "                ;")
+# a planted fault for llama-reuse-complete: can_reuse never holds, so every reservation rebuilds
+CAN_REUSE_NEVER = Patch("src/llama-context.h", "            return parallel   == other.parallel", "            return false && parallel == other.parallel")
 # the files the patch set changes, relative to the llama.cpp folder
 PATCHED = ("ggml/include/ggml-backend.h", "ggml/src/ggml-backend.cpp", "src/llama-context.cpp", "src/llama-context.h")
 CALLBACK = ("typedef void (*ggml_backend_sched_realloc_callback)(ggml_backend_sched_t sched, struct ggml_cgraph * graph, "
@@ -330,3 +332,21 @@ def test_a_cpu_only_context_re_plans_without_a_scheduler_decision_on_the_seed(se
     assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
     reallocs = [s for _, s in trace.sched_calls() if s.realloc]
     assert reallocs and all(not s.observed for s in reallocs)
+
+
+@pytest.mark.engine
+def test_a_can_reuse_that_never_holds_fails_llama_reuse_complete(seed_lib: Path) -> None:
+    """The planted can_reuse that never holds: a sampler chain dropped (fewer nodes) rebuilds the
+    scheduler, its compute buffers freed and reserved again; llama-reuse-complete names both parameter
+    sets. The seeds' build keeps it; the pristine 0.3.36 (no can_reuse) rebuilds and is counted, not judged."""
+    from pytest_schedfuzz.model.llama import Call
+    from pytest_schedfuzz.properties.llama import llama_reuse_complete, wasted_rebuilds
+
+    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=False), _decode((0, 1, "last")))
+    (v,) = llama_reuse_complete(w, _run(build_llama_seed((CAN_REUSE_NEVER,)), w))
+    assert v.signature() == "llama-reuse-complete[rebuilt=can_reuse held]" and v.step == 2
+    assert "asked for max_nodes 1024, parallel" in v.message and "had max_nodes 1248" in v.message
+    assert llama_reuse_complete(w, _run(seed_lib, w)) == []
+    pristine = _run(_pristine_lib(), w)
+    assert llama_reuse_complete(w, pristine) == [] and [r.logged for r in wasted_rebuilds(pristine)] == [None]
+

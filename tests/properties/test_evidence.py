@@ -5,15 +5,27 @@ engine they need (``tests/llama``, ``tests/campaign``)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from pytest_schedfuzz.campaign.known import KnownBugs
 from pytest_schedfuzz.campaign.stats import Stats
-from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, Case
+from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, Case, case_files, load_case
+from pytest_schedfuzz.ggml.build import source_tree
 from pytest_schedfuzz.ggml.values import difference
+from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
 from pytest_schedfuzz.model.shapes import Geometry
-from pytest_schedfuzz.properties.llama import logits_difference
+from pytest_schedfuzz.model.trace import Abort, Trace
+from pytest_schedfuzz.properties.aborts import no_abort
+from pytest_schedfuzz.properties.llama import llama_no_abort, llama_reuse_complete, llama_reuse_sound, logits_difference, scheduler_reuses
+from pytest_schedfuzz.properties.realloc import no_same_size_realloc
+from pytest_schedfuzz.sim.driver import Driver, can_reuse
+from reference.predict import predict
+from pytest_schedfuzz.properties.sites import check_site
 
 NAN, INF = math.nan, math.inf
 
@@ -77,3 +89,90 @@ def _starter_cases() -> list[Case]:
     known = KnownBugs(Stats(), lambda llama: "0.25.3")
     known.learn(STARTER_CORPUS)
     return known.cases
+
+
+def _assert_lines(source: Path, check: str) -> list[int]:
+    return [k for k, line in enumerate(source.read_text().splitlines(), 1) if line.strip() == check]
+
+
+def test_two_sites_of_one_assert_text_are_two_findings() -> None:
+    """ggml-backend.cpp has fifteen ``GGML_ASSERT(buffer)``: the signature keeps the function of the
+    check (read from the build's source at the line ggml printed), so two sites are two findings,
+    while the same site at another line (another ggml version) stays one."""
+    source = source_tree("ggml-0.25.3") / "src" / "ggml-backend.cpp"
+    lines = _assert_lines(source, "GGML_ASSERT(buffer);")
+    assert len(lines) >= 2
+    case = load_case(next(p for p in case_files(STARTER_CORPUS) if "ggml-assert-buf" in p.name))
+    assert case.scenario is not None
+
+    def signed(line: int, path: Path = source) -> str:
+        abort = Abort(case.step, "abort", f"{path}:{line}: GGML_ASSERT(buffer) failed")
+        (v,) = no_abort(case.scenario, Trace((), abort), Trace(()))  # type: ignore[arg-type]
+        return v.signature()
+
+    first, second = signed(lines[0]), signed(lines[1])
+    assert first != second and "site=ggml_backend_buffer_get_size" in first, (first, second)
+    old = source_tree("ggml-0.15.3") / "src" / "ggml-backend.cpp"
+    usage = [k for k in _assert_lines(old, "GGML_ASSERT(buffer);") if "ggml_backend_buffer_get_usage" in check_site(f"{old}:{k}: x")]
+    new_usage = [k for k in lines if "ggml_backend_buffer_get_usage" in check_site(f"{source}:{k}: x")]
+    assert usage and new_usage and usage != new_usage
+    assert signed(usage[0], old) == signed(new_usage[0]) == case.signature
+    # where the source is not on disk, the site is the file and line ggml printed
+    assert "site=ggml-backend.cpp:128" in signed(128, Path("/nowhere/ggml-backend.cpp"))
+
+
+def test_llama_aborts_are_signed_by_call_phase_and_site() -> None:
+    """The same assert text in the context's constructor and in a decode, or in its reserve and its
+    compute, are different root causes."""
+    w = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=1), (Call("decode", (Part(0, 4, "last"),)),))
+    source = source_tree("llama.cpp-0.3.36") / "ggml" / "src" / "ggml.c"
+    line = next(k for k, text in enumerate(source.read_text().splitlines(), 1) if "GGML_ASSERT(ggml_can_mul_mat(a, b))" in text)
+    message = f"{source}:{line}: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed"
+
+    def signed(call: int, phase: str) -> str:
+        (v,) = llama_no_abort(w, LlamaTrace((), LlamaAbort(call, "abort", message, phase=phase)))
+        return v.signature()
+
+    at_init = signed(-1, "llama.cpp")
+    assert at_init == ("llama-no-abort[call=init,kind=abort,message=ggml.c: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed,"
+                       "phase=llama.cpp,site=ggml_mul_mat]")
+    assert len({at_init, signed(0, "llama.cpp"), signed(0, "reserve"), signed(0, "compute")}) == 4
+
+
+def test_a_reuse_is_seen_from_the_scheduler_objects_without_its_log_line() -> None:
+    """On the seeds' build llama.cpp logs what its sched_new asks for and each reuse; a kept
+    scheduler whose reuse line is missing is still a reuse (the next reserve used the same
+    scheduler object): it is judged against can_reuse, and the missing line is reported."""
+    w = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=1), (Call("decode", (Part(0, 4, "last"),)),))
+    new = SchedCall("new", 0, max_nodes=1024, parallel=False, op_offload=True)
+    init = (SchedCall("sched_reserve", -1, max_nodes=1024), SchedCall("sched_params", -1, max_nodes=1024, op_offload=True), new, SchedCall("reserve", 0))
+    asked = SchedCall("sched_params", -1, max_nodes=2048, op_offload=True)
+    unlogged = LlamaTrace((CallRecord(-1, "init", 0, init), CallRecord(0, "decode", 0, (SchedCall("sched_reserve", -1, max_nodes=2048), asked,
+                                                                                          SchedCall("reserve", 0)))))
+    assert [(call, kept.sched, a.max_nodes) for call, kept, a in scheduler_reuses(unlogged)] == [(0, 0, 2048)]
+    assert sorted(v.signature() for v in llama_reuse_sound(w, unlogged)) == ["llama-reuse-sound[why=log]", "llama-reuse-sound[why=max_nodes]"]
+    # logged and kept: only the parameters are judged; rebuilt: no reuse at all
+    logged = replace(unlogged, calls=(unlogged.calls[0], replace(unlogged.calls[1], sched=(*unlogged.calls[1].sched[:2],
+                                                                  SchedCall("reuse", 0, max_nodes=2048, current_max_nodes=1024), SchedCall("reserve", 0)))))
+    assert [v.signature() for v in llama_reuse_sound(w, logged)] == ["llama-reuse-sound[why=max_nodes]"]
+    rebuilt = replace(unlogged, calls=(unlogged.calls[0], replace(unlogged.calls[1], sched=(*unlogged.calls[1].sched[:2],
+                                                                   SchedCall("new", 1, max_nodes=2048, op_offload=True), SchedCall("reserve", 1)))))
+    assert scheduler_reuses(rebuilt) == [] and llama_reuse_sound(w, rebuilt) == [] and llama_reuse_complete(w, rebuilt) == []
+
+
+def test_an_engine_re_plan_between_reservation_and_finding_is_not_signed_as_the_known_loss() -> None:
+    """no-same-size-realloc explains a lost reservation from the engine's own re-plans: where the
+    engine re-planned in between and the reference predicts another re-plan there, the finding is
+    the engine's (explained=engine), not the known op-offload loss (lost_by=compute changed)."""
+    case = load_case(next(p for p in case_files(STARTER_CORPUS) if "lost-by-compute-changed" in p.name))
+    scenario = Driver(can_reuse, rereserve=bool(case.options.get("rereserve", True))).scenario(case.workload) if case.workload else case.scenario
+    assert scenario is not None
+    prediction = predict(scenario)
+    assert [v.signature() for v in no_same_size_realloc(scenario, prediction, prediction)] == [case.signature]
+    (finding,) = no_same_size_realloc(scenario, prediction, prediction)
+    first = next(e for e in prediction.events if e.step < finding.step and scenario.steps[e.step].kind != "reserve")
+    # the engine's re-plan in between for another reason than the reference predicts there
+    planted = Trace(tuple(replace(r, events=tuple(replace(e, reason="node planted-1 is not valid", backend_ids_changed=False) if e is first else e
+                                                  for e in r.events)) for r in prediction.records))
+    (v,) = no_same_size_realloc(scenario, planted, prediction)
+    assert v.facts["explained"] == "engine" and v.facts["lost_by"].endswith("node planted-N") and "engine bug, in between" in v.message
