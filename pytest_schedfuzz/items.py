@@ -128,6 +128,8 @@ class PropertyItem(pytest.Item):
                 if finding is not None:
                     save(finding)
         finally:
+            ran = fuzzer.stats.examples - before["examples"]
+            fuzzer.stats.property_examples[self.prop] = fuzzer.stats.property_examples.get(self.prop, 0) + ran
             self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
         if fuzzer.interrupted:  # Ctrl-C: what was found is saved; the session stops here
             print("\n" + "\n\n".join(reports), flush=True)
@@ -135,6 +137,10 @@ class PropertyItem(pytest.Item):
         if reports:
             head = f"{len(reports)} distinct findings:\n\n" if len(reports) > 1 else ""
             raise SchedfuzzFailure(head + "\n\n".join(reports))
+        if not ran:
+            # nothing was judged: not a pass (the budget was spent before this item, or its share was 0)
+            left = "the time budget was spent before it" if fuzzer.out_of_budget() else "its share of the time budget was too small for one example"
+            pytest.skip(f"{self.name} ran no example: {left} (raise --schedfuzz-budget, or select fewer properties)")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, SchedfuzzFailure):

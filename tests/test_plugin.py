@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.files import cache_dir
 from pytest_schedfuzz.properties import GRAPH_PROPERTY_IDS
 
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).parent
+
+# read at import, before pytester moves HOME (and with it the default cache) to a fresh folder
+CACHE = cache_dir()
 
 
 @pytest.fixture
@@ -22,6 +26,9 @@ def fuzz(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """Run ``pytest --schedfuzz ARGS`` in a fresh process, with tests/planted.py importable, and
     without the built-in known bugs (these tests find them again from nothing)."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    # the same cache as this process (pytester gives the run another HOME): the built-ins' sources,
+    # where an abort's check site is read (signatures name it), and what is built once
+    monkeypatch.setenv("SCHEDFUZZ_CACHE", str(CACHE))
 
     def run(*args: str) -> pytest.RunResult:
         return pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-seed", "1", "--schedfuzz-known=none", *args,
@@ -402,3 +409,13 @@ def test_a_library_folder_without_ggml_source_runs_without_gpu_like_devices(pyte
     assert "GPU-like devices off, layouts run without them" in out and "no ggml source" in out
     result.assert_outcomes(passed=1)
     assert "GPU-like device" not in re.search(r"explored.*", out).group(0)
+
+
+def test_a_property_item_that_ran_no_example_is_not_green(fuzz) -> None:
+    """A budget spent before an item (or a share too small for one example) leaves it with nothing
+    judged: it is skipped with the reason, never passed; the summary gives examples per item."""
+    result = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-budget", "0.001", "--schedfuzz-properties", "matches-reference,no-abort", "-rs")
+    out = result.stdout.str()
+    assert "ran no example" in out and "passed" not in out.splitlines()[-1], out[-3000:]
+    result.assert_outcomes(skipped=2)
+    assert "examples per property item: matches-reference = 0, no-abort = 0" in out

@@ -172,9 +172,14 @@ class Fuzzer:
         self.stats.add_llama(workload, trace)
         refused = out_of_memory(workload, trace)
         if refused:
+            # rightly refused on devices this full; the scheduler calls llama.cpp made before it
+            # failed are judged all the same (one of them may be the cause); none made: not judged
             self.stats.llama_out_of_memory += 1
-            raise Unsupported(f"llama.cpp could not make the context or load an adapter on devices this full: {refused}")
-        unmade = unmade_calls(workload, trace)
+            if not trace.sched_calls():
+                raise Unsupported(f"llama.cpp could not make the context or load an adapter on devices this full: {refused}")
+            self.stats.llama_out_of_memory_judged += 1
+            logits = False
+        unmade = [] if refused else unmade_calls(workload, trace)
         if unmade:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
         found = [v for p in judged if p in LLAMA_CHECKS for v in LLAMA_CHECKS[p](workload, trace)]

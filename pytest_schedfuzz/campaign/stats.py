@@ -47,6 +47,7 @@ class Stats:
     known: int = 0  # violations matching a known engine bug of the corpus
     unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
     findings: dict[str, int] = field(default_factory=dict)
+    property_examples: dict[str, int] = field(default_factory=dict)  # examples run by each property item (llama.cpp: the unit)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature
     components: dict[str, str] = field(default_factory=dict)  # known signature -> where its bug is (``corpus.component``)
@@ -65,7 +66,8 @@ class Stats:
     llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
     llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
-    llama_out_of_memory: int = 0  # contexts or adapters llama.cpp could not make on GPU-like devices left little free memory (not judged)
+    llama_out_of_memory: int = 0  # contexts or adapters llama.cpp could not make on GPU-like devices left little free memory
+    llama_out_of_memory_judged: int = 0  # ... of which the scheduler calls made before the failure were judged
     llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
     llama_logit_rows: int = 0  # ... output rows compared
     llama_cpu_runs_kept: int = 0  # ... against the CPU-only run of an earlier workload of the same model, context and calls
@@ -204,7 +206,9 @@ class Stats:
             rcs = ", ".join(f"{rc}: {n}" for rc, n in sorted(self.llama_decode_rc.items(), key=lambda kv: kv[0]))
             lines += [
                 f"llama.cpp: workloads = {self.llama_workloads}, decodes = {self.llama_decodes} (llama_decode return codes {rcs}); "
-                f"contexts or LoRA adapters that did not fit GPU-like devices left little free memory (not judged) = {self.llama_out_of_memory}",
+                f"contexts or LoRA adapters that did not fit GPU-like devices left little free memory = {self.llama_out_of_memory} "
+                f"(judged on the scheduler calls made before the failure: {self.llama_out_of_memory_judged}; not judged, none made: "
+                f"{self.llama_out_of_memory - self.llama_out_of_memory_judged})",
                 f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows "
                 f"({self.llama_cpu_runs_kept} workloads against the CPU-only run of an earlier one with the same model, context and calls)",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
@@ -224,6 +228,8 @@ class Stats:
                 "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "
                 + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),
             ]
+        if self.property_examples:
+            lines.append("examples per property item: " + ", ".join(f"{p} = {n}" for p, n in sorted(self.property_examples.items())))
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
         if self.signatures:
             lines.append(f"distinct signatures = {len(self.signatures)}")

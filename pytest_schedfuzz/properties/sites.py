@@ -30,14 +30,14 @@ def site_key(message: str) -> str:
     """The check site as a signature keeps it: the function, and which of its checks of the same
     text it is where it has several (``function#2``), so that the fifteen ``GGML_ASSERT(buffer)``
     of ggml-backend.cpp are fifteen sites, while a line that moves between ggml versions (or
-    builds) keeps one; ``file:line`` where the source is not on disk; "" when ggml printed no site.
+    builds) keeps one; "" when ggml printed no site or the source is not on disk (a line number
+    alone would make one bug two signatures across builds: the message keeps it). Built-ins' sources
+    are in the cache (``schedfuzz device`` fetches them); a user's build has them at its own path.
     """
     site = _site(message)
-    if site is None:
+    if site is None or not site[2]:
         return ""
-    name, line, function, ordinal = site
-    if not function:
-        return f"{name}:{line}"
+    _, _, function, ordinal = site
     return function if ordinal <= 1 else f"{function}#{ordinal}"
 
 

@@ -196,7 +196,7 @@ def test_crash_signatures_name_the_assert_that_raised_them() -> None:
     assert a != b and "llama-kv-cells.h" in a and ":351" not in a
     # ggml's own abort message keeps the form the starter corpus records
     assert sig("/b/ggml/src/ggml.c:3354: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed\n", "abort") == \
-        "llama-no-abort[kind=abort,message=ggml.c: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed]"
+        "llama-no-abort[call=decode,kind=abort,message=ggml.c: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed]"
 
 
 # ------------------------------------------------------------------ issue 19: the target tells the truth
@@ -349,8 +349,9 @@ def test_a_cpu_only_run_is_kept_for_the_next_workload_with_the_same_model_contex
     other = replace(one, calls=one.calls[:1])
     cpu_runs.clear()
     fuzzer.engines._llama = Fake(LlamaAbort(0, "abort", "the CPU-only run aborted"))
-    for _ in range(2):
-        assert fuzzer.check_llama(LLAMA_GROUP, other) == []
+    for _ in range(2):  # an aborted CPU-only run is judged (a finding of its own), and not kept
+        assert [v.signature() for v in fuzzer.check_llama(LLAMA_GROUP, other)] == [
+            "llama-no-abort[call=decode,kind=abort,message=the CPU-only run aborted,run=cpu-only]"]
     assert len(cpu_runs) == 2 and fuzzer.stats.llama_cpu_runs_kept == 2
     fuzzer.engines._llama = None
 
@@ -692,5 +693,5 @@ def test_a_switch_beside_the_point_is_not_named_and_a_causal_one_is(target) -> N
     assert signed("0fdcfd8c09")[0] == {"llama-no-same-size-realloc[explained=lost,lost_by=decode: node copy of rs_s_copy (view),topology=same]"}
     (warmup,), n = signed("b0395baaa3")
     assert n >= 1 and "lost_by=decode after set_warmup(true)" in warmup
-    with_switch = "llama-no-same-size-realloc[explained=lost,lost_by=decode after set_warmup(true): node node_N,topology=same]"
+    with_switch = "llama-no-same-size-realloc[explained=lost,lost_by=decode after set_warmup(true): node node_N (GET_ROWS),topology=same]"
     assert signed("ca9df62f29", frozenset({with_switch})) == ({with_switch}, 0)

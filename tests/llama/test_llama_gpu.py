@@ -261,3 +261,30 @@ def test_a_decode_that_cannot_grow_a_buffer_on_a_full_device_is_signed_by_its_re
     assert [v.signature() for v in llama_no_abort(case.llama, other)] == ["llama-no-abort[gpu_free=drawn,kind=decode,rc=-2,replanned=no]"]
     unlimited = replace(case.llama, devices=replace(case.llama.devices, gpu_free=()))
     assert [v.signature() for v in llama_no_abort(unlimited, trace)] == ["llama-no-abort[gpu_free=unlimited,kind=decode,rc=-2,replanned=yes]"]
+
+
+@pytest.mark.engine
+def test_a_context_that_does_not_fit_is_judged_on_the_scheduler_calls_made_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices too full for the context: llama.cpp built schedulers and reserved (and failed) before
+    it gave up; those calls are judged (a planted check that flags a failed reserve sees them), and
+    the summary counts the context as judged, not as skipped."""
+    from pytest_schedfuzz.campaign import fuzz
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
+
+    full = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC), gpu_free=(300_000, 300_000)))
+    fuzzer = Fuzzer(FuzzConfig(database=None))
+    try:
+        assert fuzzer.check_llama(LLAMA_GROUP, full) == []
+        assert (fuzzer.stats.llama_out_of_memory, fuzzer.stats.llama_out_of_memory_judged) == (1, 1)
+
+        def planted(w: LlamaWorkload, trace) -> list[Violation]:  # type: ignore[no-untyped-def]
+            return [Violation("llama-no-abort", max(c, 0), "a reserve failed", {"planted": "reserve"}) for c, s in trace.sched_calls()
+                    if s.kind == "reserve" and not s.ok][:1]
+
+        monkeypatch.setitem(fuzz.LLAMA_CHECKS, "llama-no-abort", planted)
+        (v,) = fuzzer.check_llama(LLAMA_GROUP, full)
+        assert v.facts == {"planted": "reserve"}
+    finally:
+        fuzzer.close()

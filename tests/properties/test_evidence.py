@@ -117,8 +117,8 @@ def test_two_sites_of_one_assert_text_are_two_findings() -> None:
     new_usage = [k for k in lines if "ggml_backend_buffer_get_usage" in check_site(f"{source}:{k}: x")]
     assert usage and new_usage and usage != new_usage
     assert signed(usage[0], old) == signed(new_usage[0]) == case.signature
-    # where the source is not on disk, the site is the file and line ggml printed
-    assert "site=ggml-backend.cpp:128" in signed(128, Path("/nowhere/ggml-backend.cpp"))
+    # where the source is not on disk, no site (a line alone would split one bug across builds)
+    assert "site=" not in signed(128, Path("/nowhere/ggml-backend.cpp"))
 
 
 def test_llama_aborts_are_signed_by_call_phase_and_site() -> None:
