@@ -14,7 +14,7 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
-from ..properties.llama import scheduler_reuses, wasted_rebuilds
+from ..properties.llama import rebuilds
 from .captures import CONTEXTS
 
 Predict = Callable[[Scenario], Trace]
@@ -112,10 +112,10 @@ class Stats:
                     self.llama_realloc_derived += not s.observed
                     self.llama_counted += s.llama_n_same is not None
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
-        self.llama_sched_reuses += len(scheduler_reuses(trace))
-        wasted = wasted_rebuilds(trace)
-        self.llama_rebuilds_wasted += len(wasted)
-        self.llama_rebuilds_unjudged += sum(r.logged is None for r in wasted)
+        made = rebuilds(trace)
+        self.llama_sched_reuses += sum(r.kept for r in made)
+        self.llama_rebuilds_wasted += sum(r.wasted for r in made)
+        self.llama_rebuilds_unjudged += sum(r.wasted and r.logged is None for r in made)
 
     def _by_component(self) -> str:
         counts: dict[str, int] = {}

@@ -89,9 +89,7 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         kind = with_c_stack(kind, a.message)
     facts = {"kind": a.kind, "message": kind}
     site = site_key(a.message)
-    # one assert text has many sites (ggml-backend.cpp has fifteen GGML_ASSERT(buffer)); not the RPC
-    # client's check, which is wherever the client first noticed the server's failure (``server``)
-    if site and "ggml-rpc.cpp" not in kind:
+    if site:  # one assert text has many sites (ggml-backend.cpp has fifteen GGML_ASSERT(buffer))
         facts["site"] = site
     # the RPC client reports every server failure alike: a server that died (and how) is what
     # separates a crash in the server from a graph it rejected

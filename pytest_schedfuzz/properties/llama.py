@@ -32,10 +32,10 @@ import numpy as np
 from reference.params import can_reuse
 
 from ..model.llama import Devices, LlamaWorkload
-from ..model.llama_trace import LlamaTrace, SchedCall
+from ..model.llama_trace import CallRecord, LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
 from .aborts import at_site, with_c_stack
-from .sites import site_key
+from .sites import RPC_FAILED, site_key
 from .base import LLAMA_PROPERTY_IDS, Violation, reason_kind, role
 
 
@@ -218,6 +218,12 @@ class Rebuild:
         c = self.current
         return SchedParams(max_nodes=c.max_nodes, parallel=c.parallel, op_offload=c.op_offload)
 
+    @property
+    def wasted(self) -> bool:
+        """A new scheduler although ``can_reuse(asked, current)`` held: every compute buffer the
+        current one had reserved was freed and reserved again."""
+        return not self.kept and can_reuse(self.asked, self.current_params)
+
 
 def rebuilds(trace: LlamaTrace) -> list[Rebuild]:
     """Every worst-case re-reservation on a context that already had a scheduler, judged from the
@@ -285,20 +291,14 @@ def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
     return out
 
 
-def wasted_rebuilds(trace: LlamaTrace) -> list[Rebuild]:
-    """Re-reservations that built a new scheduler although ``can_reuse(asked, current)`` held: each
-    freed every compute buffer the current scheduler had reserved and reserved them again."""
-    return [r for r in rebuilds(trace) if not r.kept and can_reuse(r.asked, r.current_params)]
-
-
 def llama_reuse_complete(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
-    """No scheduler is rebuilt where ``can_reuse(asked, current)`` held (``wasted_rebuilds``): seed
+    """No scheduler is rebuilt where ``can_reuse(asked, current)`` held (``Rebuild.wasted``): seed
     ``004``'s reason to exist. Judged on a build that has ``can_reuse`` (its ``sched_new`` logs
     the parameters it is asked for). A build without any reuse (llama.cpp before seed ``004``:
     its ``sched_reserve`` always builds a new scheduler) is not judged here, and its wasted
     rebuilds are counted in the summary instead: the feature is absent, not wrong."""
-    for r in wasted_rebuilds(trace):
-        if r.logged is None:
+    for r in rebuilds(trace):
+        if not r.wasted or r.logged is None:
             continue
         new, cur = r.asked, r.current_params
         return [Violation("llama-reuse-complete", max(r.call, 0),
@@ -340,7 +340,6 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
     return out
 
 
-RPC_FAILED = "Remote RPC server crashed or returned malformed response"
 # calls that change what the model's devices hold or what the graph reads (not decodes)
 CHANGES = ("lora_load", "lora_free", "lora_set", "set_sampler", "seq_rm", "seq_cp", "seq_keep", "shift", "clear")
 
@@ -385,7 +384,7 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         if a.phase:
             facts["phase"] = a.phase
         site = site_key(a.message)
-        if site and RPC_FAILED not in a.message:  # the RPC client's check is where it noticed the server's failure (``server``)
+        if site:
             facts["site"] = site
         if RPC_FAILED in a.message:
             # the RPC client reports every server failure alike: a server that died says how;
@@ -434,15 +433,21 @@ def cpu_only(w: LlamaWorkload, trace: LlamaTrace | None) -> LlamaWorkload:
     return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), ctx, w.calls, w.loras)
 
 
+def _decodes(trace: LlamaTrace, cpu: LlamaTrace) -> Iterator[tuple[CallRecord, CallRecord]]:
+    """Each decode of the devices' run with the same call of the CPU-only run."""
+    on = {c.index: c for c in cpu.calls if c.kind == "decode"}
+    for c in trace.calls:
+        if c.kind == "decode" and c.index in on:
+            yield c, on[c.index]
+
+
 def logit_pairs(trace: LlamaTrace, cpu: LlamaTrace) -> Iterator[tuple[int, int, tuple[float, ...], tuple[float, ...]]]:
     """(call, output, logits on the devices, on the CPU alone) for each output row both runs
     recorded in a decode that returned 0 in both: what llama-same-logits compares."""
     if trace.abort is not None or cpu.abort is not None:
         return
-    on = {c.index: c for c in cpu.calls if c.kind == "decode"}
-    for c in trace.calls:
-        ref = on.get(c.index)
-        if c.kind == "decode" and ref is not None and c.rc == 0 and ref.rc == 0:
+    for c, ref in _decodes(trace, cpu):
+        if c.rc == 0 and ref.rc == 0:
             for k, (got, want) in enumerate(zip(c.logits, ref.logits)):
                 yield c.index, k, got, want
 
@@ -515,10 +520,8 @@ def cpu_run_violations(w: LlamaWorkload, trace: LlamaTrace, cpu_w: LlamaWorkload
              for v in llama_no_abort(cpu_w, cpu)]
     if found or trace.abort is not None:
         return found
-    on = {c.index: c for c in cpu.calls if c.kind == "decode"}
-    for c in trace.calls:
-        ref = on.get(c.index)
-        if c.kind == "decode" and ref is not None and (c.rc == 0) != (ref.rc == 0):
+    for c, ref in _decodes(trace, cpu):
+        if (c.rc == 0) != (ref.rc == 0):
             return [Violation("llama-same-logits", c.index, f"{_call_name(w, c.index)} returned {c.rc} on the devices and {ref.rc} on the CPU alone; "
                                                             f"{w.devices.describe()}", {"on": "devices", "value": "rc"})]
     return []

@@ -5,10 +5,14 @@ side, from the source the engine was built from)."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 from ..files import cache_dir
 
+# the RPC client's check for every server failure: its site is wherever the client first noticed
+# the failure (another call in another ggml version), not where anything went wrong
+RPC_FAILED = "Remote RPC server crashed or returned malformed response"
 _SITE = re.compile(r"(\S*?)([\w.-]+\.(?:c|cpp|h)):(\d+): ")
 # a function definition's first line in ggml's and llama.cpp's style: at column 0, a name and "("
 _DEFINITION = re.compile(r"^(?![#/ \t}{])[^;=]*?\b([A-Za-z_]\w*(?:::~?\w+)*)\s*\(")
@@ -31,11 +35,12 @@ def site_key(message: str) -> str:
     text it is where it has several (``function#2``), so that the fifteen ``GGML_ASSERT(buffer)``
     of ggml-backend.cpp are fifteen sites, while a line that moves between ggml versions (or
     builds) keeps one; "" when ggml printed no site or the source is not on disk (a line number
-    alone would make one bug two signatures across builds: the message keeps it). Built-ins' sources
+    alone would make one bug two signatures across builds: the message keeps it) or the check is the
+    RPC client's (``RPC_FAILED``: the server's failure is told by how it died). Built-ins' sources
     are in the cache (``schedfuzz device`` fetches them); a user's build has them at its own path.
     """
     site = _site(message)
-    if site is None or not site[2]:
+    if site is None or not site[2] or RPC_FAILED in message:
         return ""
     _, _, function, ordinal = site
     return function if ordinal <= 1 else f"{function}#{ordinal}"
@@ -50,7 +55,7 @@ def _site(message: str) -> tuple[str, int, str, int] | None:
     source = _source_file(folder + name)
     if source is None:
         return name, line, "", 0
-    lines = source.read_text(errors="replace").splitlines()[:line]
+    lines = _lines(source)[:line]
     if len(lines) < line:
         return name, line, "", 0
     check = lines[-1].strip()
@@ -59,6 +64,12 @@ def _site(message: str) -> tuple[str, int, str, int] | None:
         if d and d.group(1) not in ("if", "for", "while", "switch", "return", "sizeof"):
             return name, line, d.group(1), sum(x.strip() == check for x in lines[start:])
     return name, line, "", 0
+
+
+@lru_cache(maxsize=16)
+def _lines(source: Path) -> list[str]:
+    """A source file's lines, read once per file (every abort of a run reads the same few)."""
+    return source.read_text(errors="replace").splitlines()
 
 
 def _source_file(path: str) -> Path | None:

@@ -340,7 +340,7 @@ def test_a_can_reuse_that_never_holds_fails_llama_reuse_complete(seed_lib: Path)
     scheduler, its compute buffers freed and reserved again; llama-reuse-complete names both parameter
     sets. The seeds' build keeps it; the pristine 0.3.36 (no can_reuse) rebuilds and is counted, not judged."""
     from pytest_schedfuzz.model.llama import Call
-    from pytest_schedfuzz.properties.llama import llama_reuse_complete, wasted_rebuilds
+    from pytest_schedfuzz.properties.llama import llama_reuse_complete, rebuilds
 
     w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=False), _decode((0, 1, "last")))
     (v,) = llama_reuse_complete(w, _run(build_llama_seed((CAN_REUSE_NEVER,)), w))
@@ -348,5 +348,5 @@ def test_a_can_reuse_that_never_holds_fails_llama_reuse_complete(seed_lib: Path)
     assert "asked for max_nodes 1024, parallel" in v.message and "had max_nodes 1248" in v.message
     assert llama_reuse_complete(w, _run(seed_lib, w)) == []
     pristine = _run(_pristine_lib(), w)
-    assert llama_reuse_complete(w, pristine) == [] and [r.logged for r in wasted_rebuilds(pristine)] == [None]
+    assert llama_reuse_complete(w, pristine) == [] and [(r.wasted, r.logged) for r in rebuilds(pristine)] == [(True, None)]
 
