@@ -18,9 +18,9 @@ from typing import Any
 from ..cases.corpus import Case
 from ..engine import Target, load_target
 from ..model.llama import LlamaWorkload
-from ..model.llama_trace import LlamaTrace
+from ..model.llama_trace import LlamaAbort, LlamaTrace
 from ..model.scenario import Scenario
-from ..model.trace import Trace
+from ..model.trace import Abort, Trace
 from ..properties import derived
 from .profiles import FuzzConfig
 from .stats import Stats
@@ -199,26 +199,34 @@ class Engines:
         if again.abort is not None and again.abort.kind == trace.abort.kind:
             return again
         self.stats.unconfirmed += 1
-        self._keep_unconfirmed(scenario, trace)
+        self._keep_unconfirmed(trace.abort, scenario=scenario)
         return again
 
-    def _keep_unconfirmed(self, scenario: Scenario, trace: Trace) -> None:
-        if self.config.database is None or trace.abort is None:
+    def _keep_unconfirmed(self, abort: Abort | LlamaAbort, scenario: Scenario | None = None, llama: LlamaWorkload | None = None) -> None:
+        """A crash or timeout that did not come back, kept as a case in ``.schedfuzz/unconfirmed/``
+        (listed by the summary): not a finding, not lost either."""
+        if self.config.database is None:
             return
         from ..cases.corpus import save_case
 
-        first = trace.abort.message.strip().splitlines()[0] if trace.abort.message.strip() else "crash"
+        first = abort.message.strip().splitlines()[0] if abort.message.strip() else abort.kind
+        target = self._llama if llama is not None else self.target
+        step = abort.step if isinstance(abort, Abort) else max(abort.call, 0)
         try:
-            save_case(Path(self.config.database).parent / "unconfirmed",
-                      Case("no-abort", f"unconfirmed {trace.abort.kind}", scenario, trace.abort.message[-3000:], trace.abort.step, self.seed,
-                           dict(getattr(self.target, "engine", {}) or {}), {"fail": f"did not come back on a fresh worker: {first}"}))
+            path = save_case(Path(self.config.database).parent / "unconfirmed",
+                             Case("llama-no-abort" if llama is not None else "no-abort", f"unconfirmed {abort.kind}", scenario, abort.message[-3000:],
+                                  step, self.seed, dict(getattr(target, "engine", {}) or {}), {"fail": f"did not come back on a fresh worker: {first}"},
+                                  llama=llama))
         except OSError:
-            pass
+            return
+        self.stats.unconfirmed_cases[str(path)] = 1
 
-    def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace, logits: bool = False) -> LlamaTrace:
+    def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace, logits: bool = False, capture: bool = False,
+                        on_graph: Callable[[dict[str, Any]], None] | None = None) -> LlamaTrace:
         """As ``confirmed``, for llama.cpp: a crash or a timeout counts only if it comes back on
         a fresh worker (the target starts one after every abort), a timeout with five times the
-        call timeout; one that does not is counted as unconfirmed and the fresh run is judged."""
+        call timeout; one that does not is counted as unconfirmed, kept as a case, and the fresh
+        run (captured as the first was) is judged."""
         if trace.abort is None or trace.abort.kind not in ("crash", "timeout"):
             return trace
         target = self.llama_target
@@ -226,11 +234,12 @@ class Engines:
         if trace.abort.kind == "timeout":
             target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
         try:
-            again = self.run_llama(workload, logits)
+            again = self.run_llama(workload, logits, capture, on_graph=on_graph)
         finally:
             target.call_timeout = usual
         if again.abort is None or again.abort.kind != trace.abort.kind:
             self.stats.unconfirmed += 1
+            self._keep_unconfirmed(trace.abort, llama=workload)
         return again
 
     def close(self) -> None:

@@ -168,7 +168,7 @@ class Fuzzer:
         # the captured graphs are made into specs and the reference's graphs as they come, while
         # llama.cpp goes on with the workload
         prepare = preparer(workload, CGraph.of if not self.config.reference else lambda spec: None) if capture else None
-        trace = self.engines.llama_confirmed(workload, self.engines.run_llama(workload, logits, capture, on_graph=prepare), logits)
+        trace = self.engines.llama_confirmed(workload, self.engines.run_llama(workload, logits, capture, on_graph=prepare), logits, capture, prepare)
         self.stats.add_llama(workload, trace)
         refused = out_of_memory(workload, trace)
         if refused:
@@ -265,14 +265,19 @@ class Fuzzer:
         known = self.known.signatures(False)
         new = [v for v in found if v.signature() not in known]
         callback = trace.engine.get("realloc_callback") == "observed"  # as the llama.cpp check reads it
-        if not callback and any(v.property == "no-same-size-realloc" for v in new):
-            extra, confirmable = observed.confirm_same_size(scenario, trace, partial(self.engines.debug_realloc(1).run, values=False))
-            self.stats.ggml_same_size_confirmed += confirmable and not extra
+        sample = observed.sampled(scenario, 1 if self.config.uses_size_oracle() else observed.SAMPLE_EVERY)
+        to_confirm = any(v.property == "no-same-size-realloc" for v in new)
+        if not callback and (sample or to_confirm):
+            # the derived same/changed decisions against ggml's own check: a new same-size finding is
+            # reported only once ggml confirms it, and the sample checks the decisions both ways
+            extra, checked = observed.check_same_size_decisions(scenario, trace, partial(self.engines.debug_realloc(1).run, values=False))
+            self.stats.ggml_decisions[checked] = self.stats.ggml_decisions.get(checked, 0) + 1
+            self.stats.ggml_same_size_confirmed += to_confirm and checked == "same"
             if extra:
                 self.stats.ggml_figures_disagree += 1
                 found = extra + [v for v in found if v.property != "no-same-size-realloc"]
         size_finding = any(v.property == "matches-reference" and v.facts.get("what") in ("graph_size", "graph-copy") for v in new)
-        if size_finding or observed.sampled(scenario, 1 if self.config.uses_size_oracle() else observed.SAMPLE_EVERY):
+        if size_finding or sample:
             extra, compared = observed.compare_first(scenario, trace, prediction, partial(self.engines.debug_realloc(2).run, values=False))
             self.stats.ggml_figures_replays += 1
             self.stats.ggml_figures_compared += compared

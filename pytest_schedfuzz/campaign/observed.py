@@ -8,11 +8,14 @@ leafs = L)``): at its first same-size re-reservation with ``=1``, at its first r
 with ``=2``. So in every run:
 
 * a same-size finding on a ggml without the callback is replayed under ``=1`` before it is
-  reported: ggml must abort at the same step with the derived figures (``confirm_same_size``;
-  for llama.cpp, in the same call with the derived graph size: ``confirm_llama_same_size``);
+  reported: ggml must abort at the same step with the derived figures, and not before
+  (``check_same_size_decisions``; for llama.cpp, in the same call with the derived graph size:
+  ``confirm_llama_same_size``);
 * a graph-size finding, and one scenario in ``SAMPLE_EVERY`` (every one with
   ``--schedfuzz-size-oracle``), are replayed under ``=2``: where ggml first re-reserves, its
-  figures are compared with the derived record and with the reference (``compare_first``).
+  figures are compared with the derived record and with the reference (``compare_first``);
+* the same sample is replayed under ``=1`` too, whatever the derived decisions say, so that a
+  same-size reallocation the formula calls "changed" is caught, not only one it calls "same".
 
 The replays run with every device synchronous (``properties.synchronous_variant``): the
 scheduler's decisions and figures do not depend on when a device computes, and a race must not
@@ -91,23 +94,34 @@ def read_figures(level: int, scenario: Scenario, trace: Trace, run: Run) -> Figu
     return Figures(abort.step, *(int(x) for x in m.groups()))
 
 
-def confirm_same_size(scenario: Scenario, trace: Trace, run_level1: Run) -> tuple[list[props.Violation], bool]:
-    """ggml's own check (``=1``) at the trace's first same-size re-reservation: no violation when it
-    aborts there with the derived figures; ``False`` when the trace has none to confirm (a
-    re-plan of ggml-alloc by itself, which ggml's check does not see)."""
-    e = first_rereservation(trace, same_size=True)
-    if e is None:
-        return [], False
+def check_same_size_decisions(scenario: Scenario, trace: Trace, run_level1: Run) -> tuple[list[props.Violation], str]:
+    """ggml's own check (``=1``) against the derived same/changed decisions, in both directions:
+    it must abort at the trace's first derived same-size re-reservation with the derived figures,
+    and must not abort earlier (a re-reservation derived "changed" that ggml finds same-size: a
+    false negative of the formula). Returns the violations and which decision was checked:
+    ``same`` (a derived same-size one), ``changed`` (none derived before the end), or
+    ``missed``/``false`` where ggml disagrees."""
     ggml = read_figures(1, scenario, trace, run_level1)
+    e = first_rereservation(trace, same_size=True)
+    if e is not None and ggml.step == e.step:
+        r = trace.records[e.step]
+        if ggml == Figures(e.step, r.graph_size, r.n_nodes, r.n_leafs):
+            return [], "same"
+    if e is None and ggml.step is None:
+        return [], "changed"
+    if ggml.step is not None and (e is None or ggml.step < e.step):
+        derived = next((x for x in trace.events if x.step == ggml.step and x.via == "sched"), None)
+        said = (f"the harness derives a changed size there (graph size {derived.graph_size}, prev {derived.prev_graph_size}, "
+                f"backend_ids_changed = {int(derived.backend_ids_changed)})" if derived is not None else "the engine's records show no re-reservation there")
+        return [props.Violation("matches-reference", ggml.step, f"{scenario.steps[ggml.step].describe()}: ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) "
+                                f"stops at a same-size reallocation ({ggml.text()}); {said}", {"what": "derived-changed"})], "missed"
+    assert e is not None
     r = trace.records[e.step]
-    derived = Figures(e.step, r.graph_size, r.n_nodes, r.n_leafs)
-    if ggml == derived:
-        return [], True
     said = "ran every step" if ggml.step is None else f"aborted at step {ggml.step} with {ggml.text()}"
     return [props.Violation("matches-reference", e.step,
-                            f"{scenario.steps[e.step].describe()}: the harness derives a same-size reallocation here ({derived.text()}, "
-                            f"prev graph size {e.prev_graph_size}); ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) {said}",
-                            {"what": "ggml-same-size"})], True
+                            f"{scenario.steps[e.step].describe()}: the harness derives a same-size reallocation here "
+                            f"({Figures(e.step, r.graph_size, r.n_nodes, r.n_leafs).text()}, prev graph size {e.prev_graph_size}); "
+                            f"ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) {said}", {"what": "ggml-same-size"})], "false"
 
 
 def compare_first(scenario: Scenario, trace: Trace, prediction: Trace, run_level2: Run) -> tuple[list[props.Violation], bool]:

@@ -44,8 +44,12 @@ class Stats:
     ggml_figures_replays: int = 0
     ggml_figures_compared: int = 0
     ggml_figures_disagree: int = 0
+    # the sample's derived same-size decisions checked by ggml's own =1 check: same, changed (both
+    # confirmed), missed (derived changed, ggml same: a false negative), false (a false positive)
+    ggml_decisions: dict[str, int] = field(default_factory=dict)
     known: int = 0  # violations matching a known engine bug of the corpus
     unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
+    unconfirmed_cases: dict[str, int] = field(default_factory=dict)  # ... kept as cases: their files
     findings: dict[str, int] = field(default_factory=dict)
     property_examples: dict[str, int] = field(default_factory=dict)  # examples run by each property item (llama.cpp: the unit)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
@@ -191,11 +195,14 @@ class Stats:
             f"figures observed from ggml (GGML_SCHED_DEBUG_REALLOC): same-size findings confirmed by its own check (=1) = "
             f"{self.ggml_same_size_confirmed}; scenarios replayed under =2 = {self.ggml_figures_replays}, whose first re-reservation's "
             f"graph size, nodes and leafs were compared with the derived record and the reference = {self.ggml_figures_compared}; "
-            f"disagreements = {self.ggml_figures_disagree}",
+            f"disagreements = {self.ggml_figures_disagree}; the sample's derived decisions under =1: "
+            f"same-size confirmed {self.ggml_decisions.get('same', 0)}, false {self.ggml_decisions.get('false', 0)}; "
+            f"none same-size confirmed {self.ggml_decisions.get('changed', 0)}, missed (a false negative) {self.ggml_decisions.get('missed', 0)}",
             f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
         if self.unconfirmed:
-            lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; scenarios in .schedfuzz/unconfirmed/)")
+            lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; kept as cases, not findings:)")
+            lines += [f"  {path}" for path in sorted(self.unconfirmed_cases)]
         if self.explored:
             lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))
         if self.captured_families or self.captured_missing:

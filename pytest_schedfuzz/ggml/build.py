@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,8 @@ SEED_CMAKE_FLAGS = (
 # the libraries the seed build must leave (libllama and the ggml it links)
 SEED_LIBRARIES = ("libllama", "libggml-base", "libggml-cpu", "libggml", "libggml-rpc")
 # top-level folders of the llama.cpp source that no library build reads
+# what a seeds build keeps of its work tree beside lib/ (a build that kept less is another build)
+SEED_KEPT = ("ggml/include", "ggml/src", "src")
 _UNUSED_SOURCE = {"models", "docs", "media", "benches", ".github", ".devops"}
 
 
@@ -196,13 +199,14 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
     target. The folder holds ``libllama.so``, ``libggml-base.so``, ``libggml-cpu.so``,
     ``libggml.so``, ``libggml-rpc.so`` with their sonamed versions (RUNPATH ``$ORIGIN``) and
     ``BUILT``; the patched ggml source (``include/``, ``src/``) stays in ``../ggml`` for the
-    GPU-like device (``ggml_source_location``). Cached by the patch files' bytes, ``extra``,
+    GPU-like device (``ggml_source_location``), and llama.cpp's in ``../src`` (``SEED_KEPT``: where
+    an abort's check site is read, ``kept_source``). Cached by the patch files' bytes, ``extra``,
     the build type and flags; one process builds it while the others wait. ``BuildError`` with
     the tool's output otherwise."""
     patches = seed_patch_files()
     flags = [f"-DCMAKE_BUILD_TYPE={build_type}", *SEED_CMAKE_FLAGS]
     key = hashlib.sha1(json.dumps([SEED_LLAMA, [[p.name, hashlib.sha1(p.read_bytes()).hexdigest()] for p in patches],
-                                   [asdict(p) for p in extra], flags]).encode()).hexdigest()[:16]
+                                   [asdict(p) for p in extra], flags, SEED_KEPT]).encode()).hexdigest()[:16]
     out = cache_dir() / "builds" / f"{SEED_LLAMA}-{key}"
     lib = out / "lib"
     if (lib / "BUILT").exists():
@@ -236,6 +240,7 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
             shutil.copytree(work / "ggml" / "include", out / "ggml" / "include")
             shutil.copytree(ggml_src, out / "ggml" / "src", ignore=lambda d, names: [
                 n for n in names if Path(d) == ggml_src and (ggml_src / n).is_dir() and n not in ("ggml-cpu", "ggml-rpc")])
+            shutil.copytree(work / "src", out / "src")  # llama.cpp's own, patched: an abort's check site is read there
             shutil.rmtree(work)
             shutil.rmtree(build)
         except BaseException:
@@ -246,6 +251,17 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
             "extra": [asdict(p) for p in extra], "cmake": flags, "ggml_source": "../ggml",
             "build_seconds": round(time.monotonic() - t0, 1)}], indent=1) + "\n")
     return lib
+
+
+def kept_source(path: str) -> Path | None:
+    """The copy a seeds build kept of source file ``path``, named as its libraries print it (the
+    work tree ``<build>/llama.cpp/`` is deleted; its ``ggml/`` and ``src/`` stay beside ``lib/``),
+    or None: where an abort's check site is read (``properties.sites``)."""
+    m = re.search(rf"^(.*/builds/{re.escape(SEED_LLAMA)}-[0-9a-f]+)/llama\.cpp/((?:ggml/)?src/.+)$", path)
+    if m is None:
+        return None
+    kept = Path(m.group(1)) / m.group(2)
+    return kept if kept.is_file() else None
 
 
 FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")

@@ -9,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..files import cache_dir
+from ..ggml.build import kept_source
 
 # the RPC client's check for every server failure: its site is wherever the client first noticed
 # the failure (another call in another ggml version), not where anything went wrong
@@ -73,10 +74,14 @@ def _lines(source: Path) -> list[str]:
 
 
 def _source_file(path: str) -> Path | None:
-    """``path`` if it exists, else the same file in the cached source distribution whose name
-    pip's build folder carries (``/tmp/pip-install-*/ggml-python_<hash>/vendor/...``)."""
+    """``path`` if it exists, else the copy a seeds build kept (``build.kept_source``), else the
+    same file in the cached source distribution whose name pip's build folder carries
+    (``/tmp/pip-install-*/ggml-python_<hash>/vendor/...``)."""
     if Path(path).is_file():
         return Path(path)
+    kept = kept_source(path)
+    if kept is not None:
+        return kept
     m = re.search(r"/([A-Za-z][\w-]*?)_[0-9a-f]{16,}/(.+)$", path)
     if m is None:
         return None

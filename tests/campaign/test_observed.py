@@ -5,6 +5,7 @@ and a replay that cannot run is a harness error, never an empty result."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,13 +40,26 @@ def ggml_says(step: int, size: int = 10, nodes: int = 5, leafs: int = 3) -> obse
 
 def test_a_same_size_finding_is_reported_only_where_ggml_s_own_check_agrees() -> None:
     sc = three_steps()
-    assert observed.confirm_same_size(sc, TRACE, ggml_says(2)) == ([], True)
-    for other in (ggml_says(2, size=12), ggml_says(1), lambda sc: Trace(())):
-        (v,), _ = observed.confirm_same_size(sc, TRACE, other)
-        assert v.signature() == "matches-reference[what=ggml-same-size]" and "GGML_SCHED_DEBUG_REALLOC=1" in v.message
+    assert observed.check_same_size_decisions(sc, TRACE, ggml_says(2)) == ([], "same")
+    for other in (ggml_says(2, size=12), lambda sc: Trace(())):
+        (v,), checked = observed.check_same_size_decisions(sc, TRACE, other)
+        assert checked == "false" and v.signature() == "matches-reference[what=ggml-same-size]" and "GGML_SCHED_DEBUG_REALLOC=1" in v.message
     # a replay that ends in something else than ggml's check cannot confirm: a harness error
     with pytest.raises(TargetError, match="harness error"):
-        observed.confirm_same_size(sc, TRACE, lambda sc: Trace((), Abort(1, "crash", "the worker was killed by SIGSEGV")))
+        observed.check_same_size_decisions(sc, TRACE, lambda sc: Trace((), Abort(1, "crash", "the worker was killed by SIGSEGV")))
+
+
+def test_a_same_size_reallocation_the_formula_calls_changed_is_caught() -> None:
+    """The other direction: ggml's own check stops at a re-reservation the harness derives as
+    changed (a planted formula: prev graph size off by two), or before the derived same-size one."""
+    sc = three_steps()
+    changed = Trace((*TRACE.records[:2], StepRecord(2, "alloc", graph_size=10, n_nodes=5, n_leafs=3, events=(replace(SAME, prev_graph_size=8),))))
+    assert observed.check_same_size_decisions(sc, changed, lambda sc: Trace(())) == ([], "changed")
+    (v,), checked = observed.check_same_size_decisions(sc, changed, ggml_says(2))
+    assert checked == "missed" and v.signature() == "matches-reference[what=derived-changed]"
+    assert "the harness derives a changed size there (graph size 10, prev 8" in v.message
+    (v,), checked = observed.check_same_size_decisions(sc, TRACE, ggml_says(1))
+    assert checked == "missed" and "no re-reservation there" in v.message
 
 
 def test_ggml_s_figures_at_the_first_re_reservation_are_compared_with_the_derived_record_and_the_reference() -> None:
@@ -134,3 +148,23 @@ def test_llama_cpp_input_leafs_that_share_a_name_are_each_a_graph_input() -> Non
     assert m is not None and abort.call == call and s.counts is not None
     assert s.counts.input_leafs > len(s.inputs)  # some input leafs share a name
     assert int(m.group(1)) == s.graph_size
+
+
+def test_a_planted_formula_that_never_says_same_size_is_caught_by_the_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The starter corpus's same-size case on the real ggml 0.25.3 (no realloc callback), with a
+    planted graph-size formula that makes every graph size differ from the previous one: the
+    harness then derives no same-size reallocation at all, and only ggml's own check, run on the
+    sample whatever the derived decisions say, shows the false negative."""
+    from pytest_schedfuzz.properties import derived
+
+    case = load_case(next(CORPUS.glob("no-same-size-realloc-explained-lost-lost-by-compute-changed-*.json")))
+    real = derived.graph_size
+    calls = iter(range(1, 1 << 30))
+    monkeypatch.setattr(derived, "graph_size", lambda c, rules: real(c, rules) + next(calls) if c is not None else 0)
+    f = Fuzzer(FuzzConfig(lib="ggml-0.25.3", database=None, size_oracle=True))
+    try:
+        found = f.check("no-same-size-realloc", f.scenario_for(case))
+        assert "matches-reference[what=derived-changed]" in [v.signature() for v in found]
+        assert f.stats.ggml_decisions == {"missed": 1}
+    finally:
+        f.close()

@@ -596,20 +596,24 @@ def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_
     assert first.facts["server"] == "refused after -"
 
 
-def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_again() -> None:
+def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_again(tmp_path: Path) -> None:
     """As for the graph engine: a timeout is run again with five times the call timeout (a
     loaded machine passes, a hang does not), a crash again on a fresh worker; what does not come
-    back is counted as unconfirmed and the fresh run is what is judged."""
+    back is counted as unconfirmed, kept as a case the summary lists, and the fresh run, captured
+    as the first one was, is what is judged."""
     from pytest_schedfuzz.campaign.engines import CONFIRM_TIMEOUT_FACTOR
+    from pytest_schedfuzz.properties import LLAMA_GROUP
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
 
     class Flaky:
         def __init__(self, kind: str, comes_back: bool) -> None:
             self.call_timeout, self.kind, self.comes_back, self.seen = 60.0, kind, comes_back, []
+            self.captured: list[bool] = []
 
         def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None, on_graph=None) -> LlamaTrace:
             self.seen.append(self.call_timeout)
+            self.captured.append(capture)
             if len(self.seen) == 1 or self.comes_back:
                 return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),), LlamaAbort(0, self.kind, "gone"))
             return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", 0, ())))
@@ -621,6 +625,15 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
             found = fuzzer.check_llama("llama-no-abort", replace(STEADY, calls=STEADY.calls[:1]))
             assert bool(found) == comes_back and fuzzer.stats.unconfirmed == (not comes_back)
             assert flaky.seen == [60.0, 60.0 * (CONFIRM_TIMEOUT_FACTOR if kind == "timeout" else 1)] and flaky.call_timeout == 60.0
+    # judged by every llama property: the rerun is captured too (llama-matches-reference judges it);
+    # the crash that did not come back is a case in .schedfuzz/unconfirmed/, listed by the summary
+    fuzzer = Fuzzer(FuzzConfig(database=tmp_path / "examples"))
+    fuzzer.engines._llama = flaky = Flaky("crash", False)
+    fuzzer.check_llama(LLAMA_GROUP, replace(STEADY, calls=STEADY.calls[:1]))
+    assert flaky.captured == [True, True]
+    (kept,) = (tmp_path / "unconfirmed").glob("*.json")
+    case = load_case(kept)
+    assert case.llama is not None and case.signature == "unconfirmed crash" and str(kept) in "\n".join(fuzzer.stats.summary_lines())
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -24,11 +24,13 @@ from pytest_schedfuzz.ggml.build import (
     BuildError,
     Patch,
     build_llama_seed,
+    kept_source,
     patch_command,
     seed_patch_files,
     source_tree,
 )
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
+from pytest_schedfuzz.properties.sites import check_site
 
 # a planted fault for the reuse property: a scheduler is kept whatever max_nodes asks for
 CAN_REUSE_IGNORES_MAX_NODES = Patch("src/llama-context.h",
@@ -114,6 +116,12 @@ def test_the_build_holds_the_libraries_the_harness_loads(seed_lib: Path) -> None
     built = json.loads((seed_lib / "BUILT").read_text())
     assert built[0] == SEED_GGML and built[1]["patches"] == [p.name for p in seed_patch_files()]
     assert not (seed_lib.parent / "build").exists() and not (seed_lib.parent / "llama.cpp").exists()
+    # the patched sources an abort's check site is read from, where the libraries name their deleted work tree
+    work = seed_lib.parent / "llama.cpp"
+    line = next(k for k, text in enumerate((seed_lib.parent / "ggml/src/ggml-backend.cpp").read_text().splitlines(), 1)
+                if "const bool unexpected = !backend_ids_changed && !graph_size_changed;" in text)
+    assert check_site(f"{work}/ggml/src/ggml-backend.cpp:{line}: x").endswith("in ggml_backend_sched_alloc_splits")
+    assert kept_source(f"{work}/src/llama-context.cpp") == seed_lib.parent / "src/llama-context.cpp"
     # the same sonames and RUNPATH as llama-cpp-python's own libraries
     for stem in ("libllama", "libggml-base"):
         dyn = subprocess.run(["readelf", "-d", str(seed_lib / f"{stem}.so")], capture_output=True, text=True, check=True).stdout
