@@ -317,11 +317,18 @@ class Llama:
         except Exception:
             self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
 
-    def _op_desc(self, graph: int, name: str) -> str:
-        """The op of the graph's tensor ``name`` as ggml describes it (``ggml_op_desc``: the unary
-        op for GGML_OP_UNARY), "" where the graph has no such tensor."""
+    def _unnamed_node(self, graph: int, name: str) -> str:
+        """What an unnamed node (``node_N``) is: its op as ggml describes it (``ggml_op_desc``:
+        the unary op for GGML_OP_UNARY) and its role, the names of its sources (a source unnamed
+        too by its op): ``GET_ROWS(result_norm, out_ids)``; "" where the graph has no such tensor."""
         t = self.glib.ggml_graph_get_tensor(ctypes.c_void_p(graph), name.encode())
-        return self.glib.ggml_op_desc(ctypes.c_void_p(t)).decode() if t else ""
+        if not t:
+            return ""
+        srcs = [x for x in self.tensor(t).src if x]
+        return f"{self._desc(t)}({', '.join(self._name(x) or self._desc(x) for x in srcs)})"
+
+    def _desc(self, tensor: int) -> str:
+        return self.glib.ggml_op_desc(ctypes.c_void_p(tensor)).decode()
 
     def _sched_event(self, phase: int, sched: int, graph: int, a: int, b: int, c: int) -> None:
         if phase == HOOK_SET_TENSOR_BACKEND:
@@ -388,8 +395,8 @@ class Llama:
                     rec["realloc"]["moved"] = self.split["moved"]
                     rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]
                 unnamed = UNNAMED_NODE.search(r.reason)
-                if unnamed:  # a node llama.cpp left unnamed (ggml calls it node_N): its op tells it apart
-                    rec["realloc"]["invalid_op"] = self._op_desc(graph, unnamed.group(1))
+                if unnamed:  # a node llama.cpp left unnamed (ggml calls it node_N): its op and sources tell it apart
+                    rec["realloc"]["invalid_node"] = self._unnamed_node(graph, unnamed.group(1))
             # a scheduler of an earlier call too: its creation is not among this call's events; ggml-alloc
             # re-planning a single buffer by itself (a CPU-only scheduler) is no decision of the scheduler's
             if rec["sched"] in self.observing and rec.get("realloc", {}).get("via") == "sched" and self.said is None:

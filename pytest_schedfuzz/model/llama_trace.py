@@ -40,7 +40,7 @@ class SchedCall:
     realloc: bool = False
     backend_ids_changed: bool = False
     realloc_reason: str = ""
-    invalid_op: str = ""  # the reason names an unnamed node (node_N): its op, as ggml_op_desc says it
+    invalid_node: str = ""  # the reason names an unnamed node (node_N): its op and sources, OP(src, ...)
     moved: str = ""  # backend ids changed: the first node whose backend did, "name: A -> B"
     moved_by_offload: bool = False  # that node reads a weight in host memory: op offload places it (llama.worker)
     offloaded: tuple[str, ...] = ()  # "weight@device": weights in host memory copied to a device's split (ggml's op offload)
@@ -106,7 +106,7 @@ class SchedCall:
             inputs={k: tuple(v) for k, v in d.get("inputs", {}).items()}, offloaded=tuple(d.get("offloaded", ())),
             splits=tuple((str(b), int(n)) for b, n in d.get("splits", ())),
             realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
-            invalid_op=str(r.get("invalid_op", "")),
+            invalid_node=str(r.get("invalid_node", "")),
             moved_by_offload=bool(r.get("moved_by_offload", False)),
             ggml_ids_changed=bool(said["backend_ids_changed"]) if said else None, ggml_size_changed=bool(said["graph_size_changed"]) if said else None,
             max_nodes=int(d.get("max_nodes", 0)), parallel=bool(d.get("parallel", False)), op_offload=bool(d.get("op_offload", False)),

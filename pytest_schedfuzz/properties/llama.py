@@ -80,14 +80,18 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
 
 
 def _invalid(s: SchedCall) -> str:
-    """ggml's reason for re-plan ``s`` (``reason_kind``), with the op of the node it names where
-    llama.cpp left that node unnamed: ``node_N`` alone would be any node of any graph.
+    """ggml's reason for re-plan ``s`` (``reason_kind``), with the op and role (its sources, by
+    role) of the node it names where llama.cpp left that node unnamed: ``node_N`` alone would be
+    any node of any graph.
 
-    >>> _invalid(SchedCall("alloc", 0, realloc_reason="node node_7 is not valid", invalid_op="SSM_CONV"))
-    'node node_N (SSM_CONV)'
+    >>> _invalid(SchedCall("alloc", 0, realloc_reason="node node_7 is not valid", invalid_node="GET_ROWS(cache_r_l0 (reshaped), out_ids)"))
+    'node node_N (GET_ROWS(cache_r_lN (reshaped), out_ids))'
     """
     reason = reason_kind(s.realloc_reason)
-    return f"{reason} ({s.invalid_op})" if s.invalid_op and "node_N" in reason else reason
+    if not (s.invalid_node and "node_N" in reason):
+        return reason
+    op, _, srcs = s.invalid_node.partition("(")
+    return f"{reason} ({op}({', '.join(role(x) for x in srcs[:-1].split(', ') if x)}))"
 
 
 def _replan_reason(x: SchedCall, r: SchedCall) -> str:
@@ -131,6 +135,29 @@ def _graph_kind(r: SchedCall, x: SchedCall) -> str:
     added = sorted({kind(n) for n in set(x.inputs) - set(r.inputs)})
     gone = sorted({kind(n) for n in set(r.inputs) - set(x.inputs)})
     return " ".join([f"+{n}" for n in added] + [f"-{n}" for n in gone])
+
+
+def _batch_class(s: SchedCall) -> tuple[str, str]:
+    """The classes of batch llama.cpp builds another graph topology for: its outputs (``out_ids``:
+    none, some, or all of the ubatch's tokens, where the output rows are not gathered) and its
+    tokens (one or many)."""
+    n = (s.inputs.get("inp_tokens") or s.inputs.get("inp_pos") or (0,))[0]
+    out = s.inputs.get("out_ids")
+    outputs = "-" if out is None else "none" if out[0] == 0 else "all" if out[0] == n else "some"
+    return outputs, "one" if n == 1 else "many"
+
+
+def _topology_cause(r: SchedCall, x: SchedCall) -> str:
+    """What changed the topology between reservation ``r`` and re-plan ``x`` when no switch call
+    and no other kind of graph did: the outputs' or the tokens' class (``_batch_class``), or
+    "sizes" when neither (the sizes alone changed it).
+
+    >>> _topology_cause(SchedCall("reserve", 0, inputs={"inp_tokens": (8,), "out_ids": (8,)}), SchedCall("alloc", 0, inputs={"inp_tokens": (8,), "out_ids": (0,)}))
+    'outputs all->none'
+    """
+    was, now = _batch_class(r), _batch_class(x)
+    changed = [f"{what} {a}->{b}" for what, a, b in zip(("outputs", "tokens"), was, now) if a != b]
+    return ", ".join(changed) or "sizes"
 
 
 def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
@@ -181,6 +208,8 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                     graph = _graph_kind(r, x)
                     if graph:
                         facts["graph"] = graph
+                    elif switched and switch is None:  # no switch call, no other kind of graph: the batch did it
+                        facts["topology"] = f"switch by {_topology_cause(r, x)}"
             else:
                 how = "not-dominating"
                 switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]

@@ -92,9 +92,23 @@ def test_same_size_realloc_is_explained_as_a_lost_reservation() -> None:
         CallRecord(2, "decode", 0, (_alloc(0, 20, 20, "node inp_embd is not valid", tokens=7),)),
     ))
     (v,) = llama_no_same_size_realloc(w, trace)
-    assert v.step == 2 and v.facts == {"explained": "lost", "lost_by": "decode: nodes", "topology": "switch"} and "node inp_embd is not valid" in v.message
+    # no switch call and no other kind of graph: what changed the topology is the batch's class
+    assert v.step == 2 and v.facts == {"explained": "lost", "lost_by": "decode: nodes", "topology": "switch by tokens many->one"}
+    assert "node inp_embd is not valid" in v.message
     assert "replaced in call 0" in v.message and "inp_tokens [1, 1, 1, 1] -> [7, 1, 1, 1]" in v.message
-    # backend ids that changed or a changed graph size are not same-size reallocations
+    # the corpus's case: a decode with no outputs after the reservation's all outputs, two signatures
+    # where the same batch class had one before
+    def outputs(n: int) -> dict[str, tuple[int, ...]]:
+        return {"inp_tokens": (8, 1, 1, 1), "out_ids": (n, 1, 1, 1)}
+
+    no_outputs = replace(trace, calls=(
+        CallRecord(-1, "init", 0, (SchedCall("new", 0, max_nodes=1024), replace(reserve, n_nodes=67, inputs=outputs(8)))),
+        CallRecord(0, "decode", 0, (replace(_alloc(0, 18, 20, "different number of nodes", n_nodes=46), inputs=outputs(0)),)),
+        CallRecord(1, "decode", 0, (replace(_alloc(0, 18, 18, "node inp_embd is not valid", n_nodes=46), inputs=outputs(2)),)),
+        CallRecord(2, "decode", 0, ()),
+    ))
+    (v,) = llama_no_same_size_realloc(w, no_outputs)
+    assert v.facts["topology"] == "switch by outputs all->none"
     trace2 = replace(trace, calls=trace.calls[:3] + (CallRecord(2, "decode", 0, (_alloc(0, 20, 20, "backend ids changed", ids=True),)),))
     assert llama_no_same_size_realloc(w, trace2) == []
 
@@ -706,5 +720,7 @@ def test_a_switch_beside_the_point_is_not_named_and_a_causal_one_is(target) -> N
     assert signed("0fdcfd8c09")[0] == {"llama-no-same-size-realloc[explained=lost,lost_by=decode: node copy of rs_s_copy (view),topology=same]"}
     (warmup,), n = signed("b0395baaa3")
     assert n >= 1 and "lost_by=decode after set_warmup(true)" in warmup
-    with_switch = "llama-no-same-size-realloc[explained=lost,lost_by=decode after set_warmup(true): node node_N (GET_ROWS),topology=same]"
+    # the unnamed node by its op and its sources' roles: a recurrent state row gather
+    with_switch = ("llama-no-same-size-realloc[explained=lost,lost_by=decode after set_warmup(true): "
+                   "node node_N (GET_ROWS(cache_r_lN (reshaped), rs_s_copy (view))),topology=same]")
     assert signed("ca9df62f29", frozenset({with_switch})) == ({with_switch}, 0)
