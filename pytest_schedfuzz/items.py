@@ -120,16 +120,23 @@ class PropertyItem(pytest.Item):
             self.user_properties.append(("schedfuzz_case", str(path)))
             reports.append(f"{finding.report()}\nsaved to {path}")
 
+        seconds = session.time_share(self.weight)
+        done, short = False, None
         try:
             if session.fuzz_config.keeps_going():
-                fuzzer.campaign(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share(self.weight), on_finding=save)
+                fuzzer.campaign(self.prop, shard=self.shard, shards=self.shards, seconds=seconds, on_finding=save)
             else:
-                finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=session.time_share(self.weight))
+                finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=seconds)
                 if finding is not None:
                     save(finding)
+            done = True
         finally:
             ran = fuzzer.stats.examples - before["examples"]
             fuzzer.stats.property_examples[self.prop] = fuzzer.stats.property_examples.get(self.prop, 0) + ran
+            if done and not reports and not fuzzer.interrupted:
+                short = self.shortfall(ran, before, seconds)
+            if short is not None:
+                fuzzer.stats.short_items[self.name], fuzzer.stats.short_floors[self.name] = short[:2]
             self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
         if fuzzer.interrupted:  # Ctrl-C: what was found is saved; the session stops here
             print("\n" + "\n\n".join(reports), flush=True)
@@ -137,10 +144,41 @@ class PropertyItem(pytest.Item):
         if reports:
             head = f"{len(reports)} distinct findings:\n\n" if len(reports) > 1 else ""
             raise SchedfuzzFailure(head + "\n\n".join(reports))
-        if not ran:
-            # nothing was judged: not a pass (the budget was spent before this item, or its share was 0)
-            left = "the time budget was spent before it" if fuzzer.out_of_budget() else "its share of the time budget was too small for one example"
-            pytest.skip(f"{self.name} ran no example: {left} (raise --schedfuzz-budget, or select fewer properties)")
+        if short is not None:
+            # too little was judged for a pass: none (the budget was spent before this item, or its
+            # share was 0), or fewer examples than the profile's floor
+            pytest.skip(short[2])
+
+    def shortfall(self, ran: int, before: dict[str, Any], seconds: float | None) -> tuple[int, int, str] | None:
+        """``(judged, floor, reason)`` where this item judged fewer examples than its floor: the
+        profile's ``min_examples``, or the examples it was asked for where fewer (a count over
+        ``shards``). ``ran`` examples were run since the stats were ``before``; ``seconds``: its
+        share of the time budget."""
+        fuzzer = _session(self.config).fuzzer
+        asked = fuzzer.examples_for(self.prop)
+        floor = fuzzer.profile.min_examples
+        if asked is not None:
+            floor = min(floor, -(-asked // self.shards))
+        # llama.cpp workloads rejected, not judged: a context that did not fit and made no scheduler call
+        added = fuzzer.stats.delta(before)
+        rejected = added["llama_out_of_memory"] - added["llama_out_of_memory_judged"]
+        judged = max(0, ran - rejected)
+        if judged >= floor:
+            return None
+        why: list[str] = []
+        if fuzzer.out_of_budget():
+            why.append("the time budget was spent " + ("before it" if not ran else "while it ran"))
+        elif seconds is not None and asked is None:
+            why.append(f"its share of the time budget ({seconds:.1f} s) " + ("ran out" if ran else "was too small for one example"))
+        hint = " (raise --schedfuzz-budget, or select fewer properties)" if why else ""
+        if rejected:
+            why.append(f"{rejected} of its llama.cpp workloads were rejected (a context or adapter that did not fit "
+                       "devices this full, no scheduler call made: not judged)")
+        if not why:
+            why.append("Hypothesis stopped early (too many examples rejected, or none left to generate)")
+        ran_text = "ran no example" if not ran else f"judged {judged} of {ran} examples" if rejected else f"ran {ran} examples"
+        floor_text = f"fewer than its floor of {floor} ({fuzzer.config.profile} profile)"
+        return judged, floor, f"{self.name} {ran_text}, {floor_text}: {'; '.join(why)}{hint}"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, SchedfuzzFailure):

@@ -418,4 +418,28 @@ def test_a_property_item_that_ran_no_example_is_not_green(fuzz) -> None:
     out = result.stdout.str()
     assert "ran no example" in out and "passed" not in out.splitlines()[-1], out[-3000:]
     result.assert_outcomes(skipped=2)
-    assert "examples per property item: matches-reference = 0, no-abort = 0" in out
+    assert "examples per property item: matches-reference = 0, no-abort = 0; " in out
+    assert "below their floor, not passed (judged / floor): matches-reference 0/10, no-abort 0/10" in out
+
+
+def test_a_property_item_below_its_profiles_floor_is_not_green(fuzz, pytester: pytest.Pytester) -> None:
+    """An item that judged some examples, but fewer than its profile's floor (``min_examples``:
+    10 on the ci profile), is reported like an empty one: skipped with how many it ran, the floor
+    and why it fell short, never passed; the summary names it. A policy taking 1 s a call (each
+    reuse-sound example asks it at least twice) leaves a 15 s budget room for at most 8."""
+    pytester.makepyfile(slow_policy="""
+        import time
+        from reference.params import can_reuse as reference
+
+        def can_reuse(new, cur):
+            time.sleep(1)
+            return reference(new, cur)
+    """)
+    result = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-budget", "15", "--schedfuzz-properties", "reuse-sound",
+                  "--schedfuzz-policy", "slow_policy:can_reuse", "-rs")
+    out = result.stdout.str()
+    why = re.search(r"reuse-sound ran (\d+) examples, fewer than its floor of 10 \(ci profile\): (.*)", out)
+    assert why is not None and 0 < int(why.group(1)) < 10, out[-3000:]
+    assert "time budget" in why.group(2) and "raise --schedfuzz-budget" in why.group(2), why.group(0)
+    result.assert_outcomes(skipped=1)
+    assert f"below their floor, not passed (judged / floor): reuse-sound {why.group(1)}/10" in out

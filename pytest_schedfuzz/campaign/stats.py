@@ -52,6 +52,8 @@ class Stats:
     unconfirmed_cases: dict[str, int] = field(default_factory=dict)  # ... kept as cases: their files
     findings: dict[str, int] = field(default_factory=dict)
     property_examples: dict[str, int] = field(default_factory=dict)  # examples run by each property item (llama.cpp: the unit)
+    short_items: dict[str, int] = field(default_factory=dict)  # item -> examples it judged, for items below their floor (not passed)
+    short_floors: dict[str, int] = field(default_factory=dict)  # ... and its floor (``Profile.min_examples``)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature
     components: dict[str, str] = field(default_factory=dict)  # known signature -> where its bug is (``corpus.component``)
@@ -236,7 +238,10 @@ class Stats:
                 + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),
             ]
         if self.property_examples:
-            lines.append("examples per property item: " + ", ".join(f"{p} = {n}" for p, n in sorted(self.property_examples.items())))
+            lines.append("examples per property item: " + ", ".join(f"{p} = {n}" for p, n in sorted(self.property_examples.items()))
+                         + ("; below their floor, not passed (judged / floor): "
+                            + ", ".join(f"{i} {n}/{self.short_floors.get(i, 0)}" for i, n in sorted(self.short_items.items()))
+                            if self.short_items else ""))
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
         if self.signatures:
             lines.append(f"distinct signatures = {len(self.signatures)}")
