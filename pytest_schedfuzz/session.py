@@ -138,7 +138,10 @@ class SchedfuzzSession:
             except TargetError as e:
                 pytest.exit(f"schedfuzz: llama.cpp cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
             lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
-                         f"realloc callback: {info.get('realloc_callback', '?')}")
+                         f"realloc callback: {info.get('realloc_callback', '?')}; build: {info.get('build', '?')}; "
+                         f"struct layouts from {info.get('declarations', '?')}")
+            if info.get("gpu_device", "available") != "available":
+                lines.append(f"schedfuzz: llama.cpp: no GPU-like devices (RPC devices serve): {info['gpu_device']}")
             from reference.versions import rules_for
 
             _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with

@@ -32,7 +32,7 @@ from ..cases.capture import CaptureError, capture, preparer
 from ..cases.corpus import Case, component_of
 from ..cases.verdict import RACE
 from ..engine import TargetError, Unsupported, gc_paused
-from ..model.llama import LlamaWorkload
+from ..model.llama import MAX_GPU, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
@@ -293,7 +293,8 @@ class Fuzzer:
         profile. Layouts have GPU-like devices only where this ggml can."""
         p = self.profile
         if props.is_llama(prop):
-            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, families=FAMILIES)
+            gpus = MAX_GPU if self.engines.llama_target.start().get("gpu_device", "available") == "available" else 0
+            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=FAMILIES)
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws

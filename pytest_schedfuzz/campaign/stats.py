@@ -72,6 +72,7 @@ class Stats:
     llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
     llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
     llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
+    llama_perf_counted: int = 0  # workloads whose llama_perf_context counts reallocations (upstream), checked at the end
     llama_out_of_memory: int = 0  # contexts or adapters llama.cpp could not make on GPU-like devices left little free memory
     llama_out_of_memory_judged: int = 0  # ... of which the scheduler calls made before the failure were judged
     llama_logits_compared: int = 0  # workloads whose logits were compared with a CPU-only run (llama-same-logits)
@@ -118,6 +119,7 @@ class Stats:
                     self.llama_realloc_derived += not s.observed
                     self.llama_counted += s.llama_n_same is not None
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
+        self.llama_perf_counted += "n_reallocs_same" in trace.perf and trace.abort is None
         made = rebuilds(trace)
         self.llama_sched_reuses += sum(r.kept for r in made)
         self.llama_rebuilds_wasted += sum(r.wasted for r in made)
@@ -233,7 +235,8 @@ class Stats:
                 + (f" ({self.llama_rebuilds_unjudged} on a llama.cpp without can_reuse: its compute buffers re-reserved, not judged by "
                    "llama-reuse-complete)" if self.llama_rebuilds_unjudged else ""),
                 f"llama.cpp: realloc decisions observed from ggml's realloc callback = {self.llama_realloc_observed}, "
-                f"derived from ggml's graph-size formula = {self.llama_realloc_derived}; counted by llama.cpp itself and checked = {self.llama_counted}",
+                f"derived from ggml's graph-size formula = {self.llama_realloc_derived}; counted by llama.cpp itself and checked = {self.llama_counted}; "
+                f"workloads whose perf data (n_reallocs_same/_diff) was checked = {self.llama_perf_counted}",
                 "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "
                 + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),
             ]

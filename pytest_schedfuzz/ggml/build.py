@@ -64,7 +64,7 @@ SEED_CMAKE_FLAGS = (
 SEED_LIBRARIES = ("libllama", "libggml-base", "libggml-cpu", "libggml", "libggml-rpc")
 # top-level folders of the llama.cpp source that no library build reads
 # what a seeds build keeps of its work tree beside lib/ (a build that kept less is another build)
-SEED_KEPT = ("ggml/include", "ggml/src", "src")
+SEED_KEPT = ("include", "ggml/include", "ggml/src", "src")
 _UNUSED_SOURCE = {"models", "docs", "media", "benches", ".github", ".devops"}
 
 
@@ -241,6 +241,7 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
             shutil.copytree(ggml_src, out / "ggml" / "src", ignore=lambda d, names: [
                 n for n in names if Path(d) == ggml_src and (ggml_src / n).is_dir() and n not in ("ggml-cpu", "ggml-rpc")])
             shutil.copytree(work / "src", out / "src")  # llama.cpp's own, patched: an abort's check site is read there
+            shutil.copytree(work / "include", out / "include")  # llama.h, patched: the build's declarations (llama.declarations)
             shutil.rmtree(work)
             shutil.rmtree(build)
         except BaseException:

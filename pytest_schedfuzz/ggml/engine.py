@@ -63,6 +63,17 @@ class FakeGpuConfig(ctypes.Structure):
                              b.cuda_batch)
 
 
+def gpu_device() -> str:
+    """Whether the GPU-like device can be built for the ggml loaded here: ``available``, or why
+    not (a library folder with no ggml source above it has no headers to verify its backend
+    interface against: ggml 0.27.0's source is not published)."""
+    try:
+        ggml_source_location(loaded_library_path("libggml-base"))  # nothing fetched: a built-in's source comes on first use
+    except BuildError as e:
+        return f"unavailable: {e}"
+    return "available"
+
+
 def load_fake_gpu() -> ctypes.CDLL:
     """``libschedfuzz-fake-gpu.so``, built against the loaded ggml's headers (cached on disk)."""
     try:
@@ -288,13 +299,7 @@ class Ggml:
         }
 
     def gpu_device(self) -> str:
-        """Whether the GPU-like device can be built for this ggml: ``available``, or why not
-        (a library folder with no ggml source above it has no headers to build it against)."""
-        try:
-            ggml_source_location(loaded_library_path("libggml-base"))  # nothing fetched: a built-in's source comes on first use
-        except BuildError as e:
-            return f"unavailable: {e}"
-        return "available"
+        return gpu_device()
 
     def fake_gpu(self) -> ctypes.CDLL:
         """``libschedfuzz-fake-gpu.so``, built against this ggml's headers on first use (cached)."""

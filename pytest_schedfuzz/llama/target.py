@@ -25,13 +25,16 @@ from ..ggml.rpc import RpcServers
 from ..ggml.target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
+from . import declarations
 from .gguf_models import write_lora, write_model
+from .upstream import UPSTREAM, upstream_lib_dir
 from .graph_records import RecentGraphs
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
-# built-in llama.cpp libraries by name: llama-cpp-python's own, and the same llama.cpp with the
-# seeds' patch set (build.build_llama_seed, compiled on first use)
-BUILT_IN = ("llama.cpp-0.3.36", "llama.cpp-0.3.36-seed")
+# built-in llama.cpp libraries by name: llama-cpp-python's own, the same llama.cpp with the seeds'
+# patch set (build.build_llama_seed, compiled on first use), and upstream b11739 as published
+# (upstream.upstream_lib_dir: a Release build with ggml's realloc callback)
+BUILT_IN = ("llama.cpp-0.3.36", "llama.cpp-0.3.36-seed", UPSTREAM)
 HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
 
 
@@ -50,6 +53,8 @@ def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
     """The folder holding libllama.so and its libggml*.so: ``None`` or ``llama.cpp-0.3.36`` for
     llama-cpp-python's, ``llama.cpp-0.3.36-seed`` for the seeds' build (made on first use,
     minutes, then cached), or a folder; a clear ``TargetError`` otherwise."""
+    if lib_dir == UPSTREAM:
+        return upstream_lib_dir()
     if lib_dir == BUILT_IN[1]:
         from ..ggml.build import BuildError, build_llama_seed  # build imports the ggml package
 
@@ -76,10 +81,11 @@ class LlamaTarget(WorkerTarget):
     any reallocation, printing ggml's graph size."""
 
     module, what = "pytest_schedfuzz.llama.worker", "llama.cpp"
-    preload = ("llama_cpp.llama_cpp",)  # its fork server maps libllama once (``Llama``)
+    preload = ("cffi",)  # its fork server imports CFFI once; each worker reads its build's declarations with it
 
     def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: int = 0) -> None:
         self.lib_dir = resolve_lib_dir(lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None)
+        self.declarations = declarations.find(self.lib_dir)  # the build's own struct layouts, read by each worker
         self.call_timeout = call_timeout
         self.start_timeout = start_timeout
         self.debug_realloc = debug_realloc
@@ -92,6 +98,7 @@ class LlamaTarget(WorkerTarget):
     def _env(self) -> dict[str, str]:
         env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
         with_preload(env, self.hook)
+        env[declarations.SOURCE_ENV], env[declarations.CDEF_ENV] = self.declarations.source, str(declarations.cdef_file(self.declarations))
         env.pop("GGML_SCHED_DEBUG_REALLOC", None)
         if self.debug_realloc:
             env["GGML_SCHED_DEBUG_REALLOC"] = str(int(self.debug_realloc))

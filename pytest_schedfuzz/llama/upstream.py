@@ -19,7 +19,6 @@ needing a glibc version it lacks even when no symbol is bound to it).
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from ..engine import TargetError
 from ..files import cache_dir
+from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
 UPSTREAM = "llama.cpp-b11739"
 PACKAGE, DISTRIBUTION, VERSION = "llama_cpp_py_sync", "llama-cpp-py-sync", "0.11739"
@@ -185,6 +185,7 @@ def upstream_lib_dir() -> Path:
             if patch:
                 _patch_for_old_glibc(copy, glibc, patchelf)
             (staging / f"{stem}.so").symlink_to(copy.name)
+        (staging / CDEF_FILE).write_text(upstream_cdef())  # its declarations, beside its libraries (declarations.py)
         os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the folder from other users of a shared cache
         staging.rename(out)
     except OSError:
@@ -197,18 +198,8 @@ def upstream_lib_dir() -> Path:
 
 def upstream_cdef() -> str:
     """llama.cpp b11739's declarations as the binding ships them (its ``llama.h``, and the ggml
-    backend and RPC functions it calls, as a CFFI cdef): ``_LLAMA_H_CDEF`` of the package's
-    ``_cffi_bindings.py``, read from its source, since importing the module loads libllama."""
-    path = _package_dir() / "_cffi_bindings.py"
-    try:
-        tree = ast.parse(path.read_text())
-    except (OSError, SyntaxError) as e:
-        raise TargetError(f"{DISTRIBUTION}: cannot read {path} ({e}); reinstall it ({INSTALL_HINT})") from None
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LLAMA_H_CDEF" for t in node.targets)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            return node.value.value
-    raise TargetError(f"{path}: no _LLAMA_H_CDEF string there (not the {DISTRIBUTION}=={VERSION} binding?)")
+    backend and RPC functions it calls, as a CFFI cdef), read from its ``_cffi_bindings.py``."""
+    return binding_cdef(_package_dir() / BINDING_CDEF[0])
 
 
 def _package_dir() -> Path:

@@ -41,30 +41,46 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..engine import gc_paused
-from ..ggml.engine import CPU_THREADS, VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, load_fake_gpu
+from ..ggml.engine import CPU_THREADS, VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, gpu_device, load_fake_gpu
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
 from ..model.scenario import BackendSpec
-from . import graph_records
+from . import declarations, graph_records
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET,
  HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END) = range(16)  # sched_hook.c
+# ggml-alloc's reason for a re-plan where a Release build (NDEBUG) does not log it
+UNOBSERVABLE = "unobservable in a Release build"
 # ggml-alloc's reason naming a node llama.cpp left unnamed (ggml_build_forward_expand names it node_N)
 UNNAMED_NODE = re.compile(r"node (node_\d+) is not valid")
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
 OUTER_END = {HOOK_RESERVE_END: "reserve", HOOK_ALLOC_END: "alloc", HOOK_RESERVE_SIZE_END: "reserve_size"}
 # the seeds' llama.cpp (llama_context::sched_graph_realloc, sched_new)
-LLAMA_REALLOC = re.compile(r"^sched_graph_realloc: graph reallocation: nodes = (?P<nodes>\d+), splits = (?P<splits>\d+), "
+LLAMA_REALLOC = re.compile(r"^sched_graph_realloc: graph reallocation: nodes = (?P<nodes>\d+)(?: \(changed = (?P<changed>\d+)\))?, splits = (?P<splits>\d+), "
                            r"n_same = (?P<n_same>\d+), n_diff = (?P<n_diff>\d+)$")
 LLAMA_SCHED_PARAMS = re.compile(r"^sched_new: max_nodes = (?P<max_nodes>\d+), parallel = (?P<parallel>[01]), op_offload = (?P<op_offload>[01])$")
 LLAMA_SCHED_REUSE = re.compile(r"^sched_new: reusing scheduler: max_nodes = (?P<max_nodes>\d+) \(current max_nodes = (?P<current>\d+)\)$")
+# the libllama functions and structs the worker uses: each must be declared and exported (declarations.check_bindings)
+CALLED = ("llama_adapter_lora_free", "llama_adapter_lora_init", "llama_backend_init", "llama_batch_free", "llama_batch_init",
+          "llama_context_default_params", "llama_decode", "llama_free", "llama_get_logits_ith", "llama_get_memory",
+          "llama_init_from_model", "llama_log_set", "llama_max_devices", "llama_memory_can_shift", "llama_memory_clear",
+          "llama_memory_seq_add", "llama_memory_seq_cp", "llama_memory_seq_keep", "llama_memory_seq_pos_max",
+          "llama_memory_seq_rm", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab",
+          "llama_model_load_from_file", "llama_perf_context", "llama_print_system_info", "llama_sampler_chain_add",
+          "llama_sampler_chain_default_params", "llama_sampler_chain_init", "llama_sampler_free", "llama_sampler_init_dist",
+          "llama_sampler_init_greedy", "llama_sampler_init_min_p", "llama_sampler_init_temp", "llama_sampler_init_top_k",
+          "llama_sampler_init_top_p", "llama_set_adapters_lora", "llama_set_sampler", "llama_state_seq_get_data_ext",
+          "llama_state_seq_get_size_ext", "llama_state_seq_set_data_ext", "llama_synchronize", "llama_vocab_n_tokens",
+          "llama_set_embeddings", "llama_set_causal_attn", "llama_set_warmup")
+PERF_FIELDS = ("n_eval", "n_p_eval", "n_reused", "n_reallocs_same", "n_reallocs_diff")  # llama_perf_context_data
 HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 TENSOR_FLAG_INPUT = 1
 KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
@@ -169,10 +185,17 @@ class RawTensor(NamedTuple):
 class Llama:
     """libllama (llama-cpp-python's bindings) and ggml (ggml-python's, on the same libraries)."""
 
-    def __init__(self, chan: Channel) -> None:
-        import llama_cpp.llama_cpp as L
-
-        self.L: ModuleType = L
+    def __init__(self, chan: Channel, logs_reallocs: bool = True) -> None:
+        # libllama through the build's own declarations (declarations.py), checked against it
+        decl = declarations.Declarations(os.environ[declarations.SOURCE_ENV], Path(os.environ[declarations.CDEF_ENV]).read_text())
+        L = declarations.Bindings(declarations.parse(decl), os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libllama.so"))
+        wrong = declarations.check_bindings(L, CALLED)
+        if wrong:
+            raise declarations.DeclarationsError(f"the declarations of {decl.source} do not match {os.path.realpath(L.lib_path)}:\n  " + "\n  ".join(wrong))
+        self.L = L
+        self.declarations = decl.source
+        # a Debug build logs each reallocation with ggml-alloc's reason; a Release one is observed through the callback alone
+        self.logs_reallocs = logs_reallocs
         self.chan = chan
         self.g: ModuleType = import_ggml()
         glib = self.g.ggml.lib
@@ -251,7 +274,7 @@ class Llama:
         self.forced: dict[int, dict[int, int]] = {}  # sched -> tensor -> backend llama.cpp set since the last reset
         self._hook = HOOK_T(self._on_sched)
         set_hook(self._hook)
-        self._log_cb = L.llama_log_callback(self._on_log)
+        self._log_cb = L.ggml_log_callback(self._on_log)
         L.llama_log_set(self._log_cb, None)
         self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
         self.g.ggml_set_abort_callback(self._abort_cb)
@@ -280,7 +303,7 @@ class Llama:
                 self.sched_events.append({"kind": "sched_reserve", "sched": -1, "max_nodes": int(line.split("=")[1])})
             elif m := LLAMA_REALLOC.match(line):
                 # the seeds' llama.cpp: its own count of the reallocations it did not expect, after this one
-                self.llama_said = {k: int(v) for k, v in m.groupdict().items()}
+                self.llama_said = {k: int(v) for k, v in m.groupdict().items() if v is not None}
             elif m := LLAMA_SCHED_PARAMS.match(line):
                 # the seeds' sched_new: the parameters llama.cpp asks a scheduler for
                 self.sched_events.append({"kind": "sched_params", "sched": -1, "max_nodes": int(m["max_nodes"]),
@@ -391,12 +414,15 @@ class Llama:
             if self.log.reallocs:
                 r = self.log.reallocs[-1]
                 rec["realloc"] = {"via": r.via, "backend_ids_changed": r.backend_ids_changed, "reason": r.reason}
-                if r.backend_ids_changed:
-                    rec["realloc"]["moved"] = self.split["moved"]
-                    rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]
                 unnamed = UNNAMED_NODE.search(r.reason)
                 if unnamed:  # a node llama.cpp left unnamed (ggml calls it node_N): its op and sources tell it apart
                     rec["realloc"]["invalid_node"] = self._unnamed_node(graph, unnamed.group(1))
+            elif self.said is not None and not self.logs_reallocs:
+                # a Release build: ggml's realloc callback alone tells the decision; ggml-alloc's reason is compiled out
+                rec["realloc"] = {"via": "sched", "backend_ids_changed": self.said["backend_ids_changed"], "reason": UNOBSERVABLE}
+            if rec.get("realloc", {}).get("backend_ids_changed"):
+                rec["realloc"]["moved"] = self.split["moved"]
+                rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]
             # a scheduler of an earlier call too: its creation is not among this call's events; ggml-alloc
             # re-planning a single buffer by itself (a CPU-only scheduler) is no decision of the scheduler's
             if rec["sched"] in self.observing and rec.get("realloc", {}).get("via") == "sched" and self.said is None:
@@ -589,11 +615,14 @@ class Llama:
             "lib": loaded_library_path("libllama"),
             "ggml_lib": loaded_library_path("libggml-base"),
             "ggml_version": self.version,
-            "llama_cpp_python": getattr(sys.modules.get("llama_cpp"), "__version__", "?"),
+            "declarations": self.declarations,
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
             # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
             "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
             else "absent (decisions derived from the graph-size formula)",
+            # a Release build tells its decisions through the callback alone, without ggml-alloc's reasons
+            "build": "Debug (ggml-alloc logs its reasons)" if self.logs_reallocs else "Release (NDEBUG: decisions from the callback, reasons unobservable)",
+            "gpu_device": gpu_device(),
         }
 
     def rpc_device(self, endpoint: str) -> int:
@@ -644,9 +673,8 @@ class Llama:
         mp.n_gpu_layers = dv.n_gpu_layers
         mp.split_mode = SPLIT_MODE[dv.split_mode]
         mp.main_gpu = dv.main_gpu
-        mp.use_mmap = False
         if dv.tensor_split:
-            self._tensor_split = (ctypes.c_float * L.LLAMA_MAX_DEVICES)(*dv.tensor_split)
+            self._tensor_split = (ctypes.c_float * L.llama_max_devices())(*dv.tensor_split)
             mp.tensor_split = self._tensor_split
         if dv.overrides:
             bufts = [self.ggml.ggml_backend_dev_buffer_type(ctypes.c_void_p(self.cpu_dev if d == CPU_DEVICE else devs[d])) for _, d in dv.overrides]
@@ -679,7 +707,7 @@ class Llama:
             # as llama-server makes them: one sampler chain per sequence (the context keeps no reference alive)
             chains = [self.chain(c.sampler_chain) for _ in range(c.n_seq_max)]
             self._seq_cfg = (L.llama_sampler_seq_config * c.n_seq_max)(*[L.llama_sampler_seq_config(s, ctypes.cast(ch, ctypes.c_void_p)) for s, ch in enumerate(chains)])
-            p.samplers = self._seq_cfg
+            p.samplers = ctypes.cast(self._seq_cfg, ctypes.c_void_p)
             p.n_samplers = c.n_seq_max
         return p
 
@@ -727,7 +755,8 @@ class Llama:
                 rc = self.do(ctx, mem, call)
                 self.end(i, call.kind, rc)
             perf = L.llama_perf_context(ctx)
-            return {"perf": {"n_eval": perf.n_eval, "n_p_eval": perf.n_p_eval, "n_reused": perf.n_reused}}
+            # llama.cpp's own counters, where its perf data has them (upstream since seed 000's merge)
+            return {"perf": {f: getattr(perf, f) for f in PERF_FIELDS if f in type(perf).FIELDS}}
         finally:
             self.begin(len(w.calls))
             if ctx:
@@ -838,7 +867,7 @@ class Llama:
             return 0
         if k == "lora_set":
             chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
-            arr = (L.llama_adapter_lora_p_ctypes * max(1, len(chosen)))(*chosen)
+            arr = (ctypes.c_void_p * max(1, len(chosen)))(*chosen)
             scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
             return int(L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
         if k == "set_embeddings":
@@ -859,12 +888,18 @@ def main() -> None:
     os.dup2(2, 1)
     die_with_parent()
     try:
-        # a Release build (NDEBUG) logs no reallocation: every verdict would be a false pass
+        # a Release build (NDEBUG) logs no reallocation: its decisions are observed only where ggml tells
+        # them through its realloc callback; without it every verdict would be a false pass
         probe = Ggml(chan)
-        if not any(r.events for r in run_scenario(probe, probe_scenario(), [], None)):
-            chan.send({"fatal": no_realloc_fix(loaded_library_path("libggml-base"))})
+        logs_reallocs = any(r.events for r in run_scenario(probe, probe_scenario(), [], None))
+        base = loaded_library_path("libggml-base")
+        if not logs_reallocs and not hasattr(ctypes.CDLL(base), "ggml_backend_sched_set_realloc_callback"):
+            chan.send({"fatal": no_realloc_fix(base) + " (or use a build whose ggml has ggml_backend_sched_set_realloc_callback)"})
             return
-        eng = Llama(chan)  # its log and abort callbacks replace the probe's
+        eng = Llama(chan, logs_reallocs)  # its log and abort callbacks replace the probe's
+    except declarations.DeclarationsError as e:
+        chan.send({"fatal": str(e)})
+        return
     except Exception:
         chan.send({"fatal": traceback.format_exc()})
         return

@@ -14,7 +14,7 @@
   (-2/-3: the graph could not be allocated or computed).
 * ``llama-counters-agree``: where the build has the seeds' system, ggml's realloc callback and
   the harness's derived graph size agree, and llama.cpp's same/changed counters equal the
-  harness's count after every reallocation.
+  harness's count after every reallocation and, where its perf data has them (upstream), at the end.
 * ``llama-same-logits``: a workload on GPU-like devices decodes the logits the same workload
   decodes on the CPU alone (``cpu_only``), within ``LOGITS_TOLERANCE``: the devices compute with
   the CPU's kernels, so a difference is a wrong assignment, copy or synchronisation.
@@ -344,7 +344,8 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
     * ggml's realloc callback says whether the graph size changed; the harness derives the same
       from ggml's graph-size formula (``reference.versions``): they must agree;
     * llama.cpp counts the reallocations it did not expect (``n_same``/``n_diff``, traced after
-      each one): its counts must equal the harness's count of the same events, every time."""
+      each one): its counts must equal the harness's count of the same events, every time, and
+      at the end where its perf data has them (``n_reallocs_same``/``_diff``: upstream's API)."""
     out: list[Violation] = []
     counting = {s.sched for _, s in trace.sched_calls() if s.kind == "new" and s.owner_counts}
     same = diff = 0
@@ -366,6 +367,12 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
                                  f"{_call_name(w, call)}: after this reallocation ({'same' if s.same_size else 'changed'} size, ggml says) "
                                  f"llama.cpp {said}; the harness counts n_same = {same}, n_diff = {diff}", {"what": "counters"}))
             return out
+    perf = (trace.perf.get("n_reallocs_same"), trace.perf.get("n_reallocs_diff"))
+    if perf[0] is not None and trace.abort is None and perf != (same, diff):
+        last = max((c.index for c in trace.calls), default=0)
+        out.append(Violation("llama-counters-agree", max(last, 0),
+                             f"after the workload llama.cpp's perf data (llama_perf_context) counts n_reallocs_same = {perf[0]}, "
+                             f"n_reallocs_diff = {perf[1]}; the harness counts {same} and {diff} of ggml's decisions", {"what": "perf"}))
     return out
 
 

@@ -1,0 +1,120 @@
+"""Each llama.cpp build through its own declarations (``llama/declarations.py``): 0.3.36 from the
+headers llama-cpp-python installs, b11739 from its binding's cdef; a header that does not match
+the library is refused; both builds run side by side."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.engine import TargetError
+from pytest_schedfuzz.llama import declarations
+from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir
+from pytest_schedfuzz.llama.upstream import UPSTREAM, upstream_lib_dir
+from pytest_schedfuzz.model.llama import LlamaWorkload
+from pytest_schedfuzz.properties.derived import llama_trace
+
+def test_each_build_is_read_from_its_own_declarations() -> None:
+    old, new = declarations.find(default_lib_dir()), declarations.find(upstream_lib_dir())
+    assert old.source.endswith("include/llama.h") and new.source.endswith(declarations.CDEF_FILE)
+    f_old, f_new = declarations.parse(old), declarations.parse(new)
+
+    def fields(ffi, name: str) -> list[str]:
+        return [f for f, _ in ffi.typeof(f"struct {name}").fields]
+
+    # b11739 added the MoE cache's size in the middle of the context's parameters, and the
+    # realloc counters at the end of its perf data
+    assert "moe_cache_size" in fields(f_new, "llama_context_params") and "moe_cache_size" not in fields(f_old, "llama_context_params")
+    assert (f_old.sizeof("struct llama_context_params"), f_new.sizeof("struct llama_context_params")) == (160, 168)
+    assert fields(f_new, "llama_perf_context_data")[-2:] == ["n_reallocs_same", "n_reallocs_diff"]
+    assert "n_reallocs_same" not in fields(f_old, "llama_perf_context_data")
+
+
+def _check(lib: Path, decl_dir: Path) -> list[str]:
+    """``check_bindings`` in a fresh process (it loads libllama)."""
+    code = ("import sys; from pathlib import Path; from pytest_schedfuzz.llama import declarations as D; "
+            "b = D.Bindings(D.parse(D.find(Path(sys.argv[2]))), sys.argv[1]); "
+            "print(repr(D.check_bindings(b, ('llama_decode', 'llama_perf_context'))))")
+    out = subprocess.run([sys.executable, "-c", code, str(lib / "libllama.so"), str(decl_dir)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 (our own repr)
+
+
+def test_declarations_are_checked_against_the_library_both_ways() -> None:
+    old, new = default_lib_dir(), upstream_lib_dir()
+    assert _check(old, old) == [] and _check(new, new) == []
+    # a header of another version: the struct the library writes is larger or smaller than declared
+    assert _check(new, old) == ["llama_context_default_params writes a 168-byte struct llama_context_params; the declarations make it 160 bytes"]
+    assert _check(old, new) == ["llama_context_default_params writes a 160-byte struct llama_context_params; the declarations make it 168 bytes"]
+
+
+def test_a_field_the_build_does_not_have_is_an_error_not_a_python_attribute() -> None:
+    ffi = declarations.parse(declarations.find(default_lib_dir()))
+    b = declarations.Bindings(ffi, str(default_lib_dir() / "libllama.so"))
+    params = b.llama_model_params()
+    params.n_gpu_layers = 3
+    assert params.n_gpu_layers == 3
+    # llama-cpp-python's hand-written ctypes took this silently: 0.3.36 has load_mode, not use_mmap
+    with pytest.raises(AttributeError, match="no field 'use_mmap'"):
+        params.use_mmap = False
+    assert isinstance(b.LLAMA_SPLIT_MODE_TENSOR, int) and not b.has("llama_no_such_function")
+    assert ctypes.sizeof(b.llama_context_params) == 160
+
+
+def test_a_worker_given_another_versions_header_refuses_to_run() -> None:
+    target = LlamaTarget(UPSTREAM)
+    target.declarations = declarations.find(default_lib_dir())  # 0.3.36's llama.h on b11739's libllama
+    try:
+        with pytest.raises(TargetError, match=r"(?s)do not match .*writes a 168-byte struct llama_context_params"):
+            target.start()
+    finally:
+        target.close()
+
+
+def test_no_declarations_is_a_usage_error_naming_where_they_were_looked_for(tmp_path: Path) -> None:
+    for name in ("libllama.so", "libggml-base.so", "libggml-rpc.so", "libggml.so"):
+        (tmp_path / name).symlink_to(upstream_lib_dir() / name)  # the libraries alone, without llama.cdef
+    with pytest.raises(TargetError, match=r"no declarations of this build found: no llama\.h in .*include"):
+        LlamaTarget(str(tmp_path))
+
+
+# a context shift on one RPC device: the RoPE shift's graph puts its nodes elsewhere (a re-plan with
+# backend ids changed, on both builds)
+SHIFTED = {"model": {"arch": "llama", "kind": "dense", "n_layer": 2, "n_embd": 128, "n_head": 8, "n_head_kv": 4, "n_ff": 64, "n_expert": 0,
+                     "n_expert_used": 0, "n_ctx_train": 4096, "seed": 0},
+           "devices": {"n_rpc": 1, "n_gpu_layers": 99},
+           "ctx": {"n_ctx": 512, "n_batch": 128, "n_ubatch": 64, "n_seq_max": 5, "flash_attn": "on", "op_offload": True, "offload_kqv": True,
+                   "type_k": "f32", "type_v": "f16", "kv_unified": True, "embeddings": False, "pooling": "none", "n_outputs_max": 0,
+                   "n_outputs_max_per_seq": 0, "backend_samplers": False, "sampler_chain": "top_p-min_p-temp-dist"},
+           "calls": [{"kind": "decode", "parts": [{"seq": 3, "n_tokens": 25, "outputs": "all"}]},
+                     {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 1, "outputs": "last"}]},
+                     {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 128, "outputs": "all"}]}, {"kind": "seq_rm", "seq": 3, "n": 24},
+                     {"kind": "shift", "seq": 3, "n": 14, "n_keep": 1}, {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 79, "outputs": "none"}]}]}
+
+
+@pytest.mark.engine
+def test_0336_and_b11739_run_one_workload_side_by_side() -> None:
+    """One workload on both builds, each through its own layouts: b11739, a Release build, tells
+    its decisions through ggml's callback, and its own counters (perf data) agree with them."""
+    w = LlamaWorkload.from_json(SHIFTED)
+    traces = {}
+    for name in ("llama.cpp-0.3.36", UPSTREAM):
+        target = LlamaTarget(name)
+        try:
+            traces[name] = llama_trace(target.run(w))
+            engine = target.engine
+        finally:
+            target.close()
+        assert traces[name].abort is None and all(c.rc == 0 for c in traces[name].calls)
+    assert engine["realloc_callback"] == "observed" and engine["build"].startswith("Release")
+    assert engine["declarations"].endswith(declarations.CDEF_FILE)
+    up = traces[UPSTREAM]
+    reallocs = [s for c in up.calls for s in c.sched if s.realloc]
+    assert reallocs and all(s.observed and s.realloc_reason == "unobservable in a Release build" for s in reallocs)
+    counted = [s for s in reallocs if not s.ggml_ids_changed]  # llama.cpp ignores a re-plan after the assignments changed
+    assert (up.perf["n_reallocs_same"], up.perf["n_reallocs_diff"]) == (sum(s.same_size for s in counted), sum(not s.same_size for s in counted))
+    assert "n_reallocs_same" not in traces["llama.cpp-0.3.36"].perf
