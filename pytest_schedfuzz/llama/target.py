@@ -27,7 +27,7 @@ from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
 from . import declarations
 from .gguf_models import write_lora, write_model
-from .upstream import UPSTREAM, upstream_lib_dir
+from .upstream import UPSTREAM, is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
 from .graph_records import RecentGraphs
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
@@ -63,6 +63,8 @@ def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
         except BuildError as e:
             raise TargetError(f"llama library {lib_dir}: building llama.cpp 0.3.36 with the seeds' patches failed: {e}") from None
     path = Path(lib_dir).expanduser().resolve() if lib_dir and lib_dir != BUILT_IN[0] else default_lib_dir()
+    if path.is_dir() and is_prebuilt(path):  # a wheel's libraries, or built for a newer glibc: loaded from a copy
+        return prebuilt_lib_dir(path)
     missing = [n for n in ("libllama.so", "libggml-base.so", "libggml-rpc.so") if not (path / n).exists()]
     if missing:
         raise TargetError(

@@ -1,12 +1,14 @@
 """The built-in ``llama.cpp-b11739``: upstream llama.cpp b11739 (ggml 0.27.0, with ggml's realloc
-callback), as the prebuilt libraries of the wheel ``llama-cpp-py-sync==0.11739``.
+callback), as the prebuilt libraries of the wheel ``llama-cpp-py-sync==0.11739``; and any folder
+of prebuilt llama.cpp libraries, such as that package's own (``prebuilt_lib_dir``).
 
 The README's install command installs that wheel; nothing is compiled from llama.cpp's source.
 The harness takes a folder of libraries named as llama.cpp's build names them, so
-``upstream_lib_dir`` makes one in the cache: copies of the package's ``libX.so.0`` (the sonames
-the libraries need each other by) with ``libX.so`` links to them. The installed files are never
-modified, and the package is never imported (importing it loads libllama in this process, which
-the harness keeps to its workers).
+``prebuilt_lib_dir`` makes one in the cache: copies of the folder's ``libX.so.0`` (the sonames
+the libraries need each other by) with ``libX.so`` links to them, and the binding's declarations
+(``llama.cdef``) where the folder has its binding. The installed files are never modified, and
+the package is never imported (importing it loads libllama in this process, which the harness
+keeps to its workers).
 
 The wheel is built for glibc >= 2.38, and on an older glibc its libraries do not load: they need
 four C23 functions (``__isoc23_strtol``, ``strtoul``, ``strtoull``, ``sscanf``) at version
@@ -150,42 +152,60 @@ class _VersionNeed:
 
 
 def upstream_lib_dir() -> Path:
-    """The library folder of ``llama.cpp-b11739`` (made on first use, about a second, then reused):
-    ``libllama.so``, ``libggml-base.so``, ``libggml.so``, ``libggml-cpu.so``, ``libggml-rpc.so``
-    as links to their ``.so.0`` files, copies of the installed package's, patched to load on this
-    machine's glibc when it is older than 2.38. The folder's name is keyed by the libraries'
+    """The library folder of ``llama.cpp-b11739``: ``prebuilt_lib_dir`` of the installed package."""
+    return prebuilt_lib_dir(_package_dir())
+
+
+def is_prebuilt(folder: Path) -> bool:
+    """Whether ``folder`` holds prebuilt libraries the harness loads through ``prebuilt_lib_dir``:
+    a wheel's (``libllama.so.0`` without the ``libllama.so`` link, or a binding's cdef beside
+    them), or any whose libllama needs a newer glibc than this machine's."""
+    if (folder / BINDING_CDEF[0]).is_file() or ((folder / "libllama.so.0").is_file() and not (folder / "libllama.so").exists()):
+        return True
+    lib = folder / "libllama.so"
+    return lib.is_file() and any(_too_new(n.version, _glibc_version()) for n in _version_needs(lib.read_bytes()))
+
+
+def prebuilt_lib_dir(folder: Path) -> Path:
+    """A library folder for prebuilt libraries in ``folder`` (made on first use, about a second,
+    then reused): ``libllama.so``, ``libggml-base.so``, ``libggml.so``, ``libggml-cpu.so``,
+    ``libggml-rpc.so`` as links to their ``.so.0`` files, copies of ``folder``'s, patched to load
+    on this machine's glibc where they need a newer one; the binding's declarations beside them
+    (``llama.cdef``) where ``folder`` has a binding. The folder's name is keyed by the libraries'
     bytes, this module's source (the shim and the patching) and the glibc it was made for. It is
     made in a temporary folder and renamed into place, so that of concurrent processes (pytest-xdist
     workers) the first to finish puts its folder there, and the others use it and discard theirs."""
-    package = _package_dir()
-    sources = {stem: package / f"{stem}.so.0" for stem in LIBRARIES}
+    sources = {stem: next((p for p in (folder / f"{stem}.so.0", folder / f"{stem}.so") if p.is_file()), folder / f"{stem}.so.0")
+               for stem in LIBRARIES}
     missing = [path.name for path in sources.values() if not path.is_file()]
     if missing:
-        raise TargetError(f"{DISTRIBUTION} at {package} has no {', '.join(missing)}: reinstall it ({INSTALL_HINT})")
+        raise TargetError(f"prebuilt llama.cpp libraries in {folder}: no {', '.join(missing)} there")
     glibc = _glibc_version()
-    patch = glibc < NEEDED_GLIBC
+    binding = folder / BINDING_CDEF[0]
     digest = hashlib.sha1(Path(__file__).read_bytes())
-    digest.update(f"glibc {glibc} patched {patch}".encode())
+    digest.update(f"glibc {glibc}".encode() + (binding.read_bytes() if binding.is_file() else b""))
     for path in sources.values():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    out = cache_dir() / "builds" / f"{UPSTREAM}-{digest.hexdigest()[:16]}"
+    out = cache_dir() / "builds" / f"{UPSTREAM if folder == _installed_dir() else 'llama.cpp-prebuilt'}-{digest.hexdigest()[:16]}"
     if out.is_dir():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{UPSTREAM}-", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
-        if patch:
-            cc, patchelf = _compiler(), _patchelf()
-            shim = ["-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-Wl,-soname,{SHIM}", "-o", str(staging / SHIM)]
-            _run([cc, *shim, "-x", "c", "-"], SHIM_SOURCE)
+        patchelf = ""  # found, and the shim built, for the first library that needs a newer glibc
         for stem, source in sources.items():
-            copy = staging / source.name
+            copy = staging / f"{stem}.so.0"
             shutil.copyfile(source, copy)
             copy.chmod(0o755)
-            if patch:
+            if any(_too_new(n.version, glibc) for n in _version_needs(copy.read_bytes())):
+                if not patchelf:
+                    cc, patchelf = _compiler(), _patchelf()
+                    shim = ["-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-Wl,-soname,{SHIM}", "-o", str(staging / SHIM)]
+                    _run([cc, *shim, "-x", "c", "-"], SHIM_SOURCE)
                 _patch_for_old_glibc(copy, glibc, patchelf)
             (staging / f"{stem}.so").symlink_to(copy.name)
-        (staging / CDEF_FILE).write_text(upstream_cdef())  # its declarations, beside its libraries (declarations.py)
+        if binding.is_file():  # its declarations, beside its libraries (declarations.py)
+            (staging / CDEF_FILE).write_text(binding_cdef(binding))
         os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the folder from other users of a shared cache
         staging.rename(out)
     except OSError:
@@ -202,16 +222,22 @@ def upstream_cdef() -> str:
     return binding_cdef(_package_dir() / BINDING_CDEF[0])
 
 
+def _installed_dir() -> Path | None:
+    """The installed package's folder, None where it is not installed."""
+    spec = importlib.util.find_spec(PACKAGE)
+    return Path(list(spec.submodule_search_locations)[0]) if spec is not None and spec.submodule_search_locations else None
+
+
 def _package_dir() -> Path:
     """The installed ``llama_cpp_py_sync`` package's folder, found without importing it."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    folder = _installed_dir()
+    if folder is None:
         raise TargetError(f"{UPSTREAM} is the libraries of {DISTRIBUTION}=={VERSION}, which is not installed: {INSTALL_HINT}")
     installed = importlib.metadata.version(DISTRIBUTION)
     if installed != VERSION:
         raise TargetError(f"{UPSTREAM} is the libraries of {DISTRIBUTION}=={VERSION}, but {installed} is installed: "
                           f"{INSTALL_HINT}")
-    return Path(list(spec.submodule_search_locations)[0])
+    return folder
 
 
 def _glibc_version() -> tuple[int, int]:
@@ -221,7 +247,7 @@ def _glibc_version() -> tuple[int, int]:
     except (ValueError, OSError):
         found = None
     if found is None:
-        raise TargetError(f"{UPSTREAM}: this machine's C library is not glibc, for which {DISTRIBUTION}'s libraries are built")
+        raise TargetError(f"prebuilt llama.cpp: this machine's C library is not glibc, for which {DISTRIBUTION}'s libraries are built")
     return int(found[1]), int(found[2])
 
 
@@ -246,9 +272,9 @@ def _run(cmd: list[str], stdin: str | None = None) -> None:
     try:
         proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
     except FileNotFoundError:
-        raise TargetError(f"{UPSTREAM}: {cmd[0]}: no such program") from None
+        raise TargetError(f"prebuilt llama.cpp: {cmd[0]}: no such program") from None
     if proc.returncode != 0:
-        raise TargetError(f"{UPSTREAM}: {' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        raise TargetError(f"prebuilt llama.cpp: {' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
 
 
 def _too_new(version: str, glibc: tuple[int, int]) -> bool:
@@ -269,7 +295,7 @@ def _patch_for_old_glibc(lib: Path, glibc: tuple[int, int], patchelf: str) -> No
     unknown = [symbol for symbol in symbols if symbol not in C23_SYMBOLS]
     if unknown:
         versions = ", ".join(sorted({need.version for need in needs}))
-        raise TargetError(f"{UPSTREAM}: {lib.name} needs {', '.join(unknown)} of {versions}, newer than this machine's "
+        raise TargetError(f"prebuilt llama.cpp: {lib.name} needs {', '.join(unknown)} of {versions}, newer than this machine's "
                           f"glibc {glibc[0]}.{glibc[1]}, and the shim defines only {', '.join(C23_SYMBOLS)}")
     _run([patchelf, *(arg for symbol in symbols for arg in ("--clear-symbol-version", symbol)), "--add-needed", SHIM, str(lib)])
     patched = bytearray(lib.read_bytes())  # read again: patchelf may have moved the sections
@@ -280,7 +306,7 @@ def _patch_for_old_glibc(lib: Path, glibc: tuple[int, int], patchelf: str) -> No
 
 def _sections(data: bytes | bytearray) -> list[_Section]:
     if data[:6] != b"\x7fELF\x02\x01":  # magic, ELFCLASS64, ELFDATA2LSB
-        raise TargetError(f"{UPSTREAM}: a library is not a 64-bit little-endian ELF file")
+        raise TargetError(f"prebuilt llama.cpp: a library is not a 64-bit little-endian ELF file")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     headers = (struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum))
@@ -332,7 +358,7 @@ def _unlink_version_need(data: bytearray, need: _VersionNeed, name: str) -> None
     at a version nobody checked the library for."""
     users = _symbols_by_version(data).get(need.index)
     if users:
-        raise TargetError(f"{UPSTREAM}: {name} still needs {need.version} after patching, for {', '.join(sorted(users))}")
+        raise TargetError(f"prebuilt llama.cpp: {name} still needs {need.version} after patching, for {', '.join(sorted(users))}")
     (next_aux,) = struct.unpack_from("<I", data, need.vernaux + 12)  # vna_next
     if need.previous is None:  # the first of the chain: the Verneed's vn_aux skips it
         (aux,) = struct.unpack_from("<I", data, need.verneed + 8)

@@ -13,7 +13,8 @@ import pytest
 
 from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.llama import declarations
-from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir
+from pytest_schedfuzz.llama import upstream
+from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
 from pytest_schedfuzz.llama.upstream import UPSTREAM, upstream_lib_dir
 from pytest_schedfuzz.model.llama import LlamaWorkload
 from pytest_schedfuzz.properties.derived import llama_trace
@@ -118,3 +119,18 @@ def test_0336_and_b11739_run_one_workload_side_by_side() -> None:
     counted = [s for s in reallocs if not s.ggml_ids_changed]  # llama.cpp ignores a re-plan after the assignments changed
     assert (up.perf["n_reallocs_same"], up.perf["n_reallocs_diff"]) == (sum(s.same_size for s in counted), sum(not s.same_size for s in counted))
     assert "n_reallocs_same" not in traces["llama.cpp-0.3.36"].perf
+
+
+def test_a_users_prebuilt_folder_is_loaded_from_a_copy_with_its_bindings_declarations() -> None:
+    """The installed package's own folder, as a user with a prebuilt build names it: its
+    libraries (``.so.0`` only, built for glibc 2.38) are copied and made loadable, its binding's
+    cdef beside them, and the worker starts on b11739."""
+    folder = upstream._package_dir()
+    lib_dir = resolve_lib_dir(str(folder))
+    assert lib_dir == upstream_lib_dir() and (lib_dir / declarations.CDEF_FILE).is_file()
+    target = LlamaTarget(str(folder))
+    try:
+        info = target.start()
+    finally:
+        target.close()
+    assert info["ggml_version"] == "0.27.0" and info["declarations"] == str(lib_dir / declarations.CDEF_FILE)
