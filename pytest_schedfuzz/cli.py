@@ -14,7 +14,8 @@ from .commands import UsageError
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
     p.add_argument("--lib", help="the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, ggml-0.25.3-seed (the seeds' ggml), or your build's library folder")
-    p.add_argument("--llama-lib", help="llama.cpp-0.3.36 (default), llama.cpp-0.3.36-seed (the seeds' system) or your build's library folder")
+    p.add_argument("--llama-lib", help="llama.cpp-0.3.36 (default), llama.cpp-0.3.36-seed (the seeds' system), llama.cpp-b11739 (upstream, "
+                   "Release, prebuilt) or your build's library folder")
     p.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
     p.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
 
@@ -99,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bn.add_argument("--xdist-examples", type=int, default=500, help="examples per property for the -n 1 / -n 2 figure")
     bn.add_argument("--sections", default="all", help="comma-separated: scaling,overhead,examples,failure,xdist,llama")
     bn.set_defaults(func="tools:bench")
+    cm = sub.add_parser("compare", help="the same llama.cpp workloads on two builds (a port against upstream): each difference and its cause")
+    cm.add_argument("--a", default="llama.cpp-0.3.36-seed", help="build A: a built-in name or a library folder (default: the seeds' port)")
+    cm.add_argument("--b", default="llama.cpp-b11739", help="build B (default: upstream b11739)")
+    cm.add_argument("--workloads", type=int, default=50, help="how many generated workloads (default 50)")
+    cm.add_argument("--seed", type=int, default=0)
+    cm.set_defaults(func="tools:compare_builds")
     args = parser.parse_args(argv)
     try:
         module, name = args.func.split(":")

@@ -91,3 +91,30 @@ def coverage(args: argparse.Namespace) -> int:
     if not corpus.is_dir():
         raise UsageError(f"--corpus {args.corpus}: no such folder")
     return coverage_main(args.lib, args.profile, args.budget, corpus, Path(args.json) if args.json else None)
+
+
+def compare_builds(args: argparse.Namespace) -> int:
+    """``schedfuzz compare``: the same generated workloads on two llama.cpp builds, each difference
+    with its cause (``campaign.compare``); exit 0 (a survey, not a verdict)."""
+    from ..campaign.compare import compare, drawn
+    from ..engine import TargetError
+    from ..llama.target import LlamaTarget
+    from ..strategies.llama import FAMILIES, llama_workloads
+
+    targets = []
+    try:
+        for lib in (args.a, args.b):
+            targets.append(LlamaTarget(lib))
+        gpus = all(t.start().get("gpu_device", "available") == "available" for t in targets)
+        print(f"schedfuzz compare: A = {args.a} (ggml {targets[0].engine.get('ggml_version')}), B = {args.b} "
+              f"(ggml {targets[1].engine.get('ggml_version')}); seed={args.seed}; GPU-like devices: {'yes' if gpus else 'no (RPC only)'}", flush=True)
+        workloads = drawn(llama_workloads(max_gpu=2 if gpus else 0, families=FAMILIES), args.workloads, args.seed)
+        result = compare((targets[0], targets[1]), (args.a, args.b), workloads)
+    except TargetError as e:
+        print(f"schedfuzz compare: {e}", file=sys.stderr)
+        return 2
+    finally:
+        for t in targets:
+            t.close()
+    print("\n".join(result.summary()))
+    return 0
