@@ -68,9 +68,13 @@ class CaseItem(pytest.Item):
             case = load_case(self.case_path)
         except CaseError as e:
             raise CorpusFailure(f"bad corpus file: {e}") from None
-        found = session.fuzzer.replay(case)
         self.user_properties += [("schedfuzz_property", case.property), ("schedfuzz_case", str(self.case_path))]
         version = session.fuzzer.engines.ggml_version(case.llama is not None)
+        if case.llama is not None:
+            off = case.off_build(version, session.fuzzer.engines.llama_target.start().get("gpu_device", "available"))
+            if off:
+                pytest.skip(off)
+        found = session.fuzzer.replay(case)
         verdict = judge_replay(case, found, version, session.fuzzer.known.expected(case.llama is not None))
         if verdict.outcome == "known":
             pytest.xfail(verdict.text)

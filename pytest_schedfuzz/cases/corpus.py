@@ -127,6 +127,25 @@ class Case:
             return None
         return self.expect["fail"]
 
+    def off_build(self, version: str | None, gpu_device: str) -> str | None:
+        """Why this llama.cpp case cannot be replayed on the run's llama.cpp (whose ggml is
+        ``version``, and whose GPU-like device is ``gpu_device``), None where it can. A case is
+        replayed on the llama.cpp line it was found on (the same ggml major.minor) unless its
+        expectation is bounded by version: another llama.cpp builds other graphs (``schedfuzz
+        compare``), so neither a known bug nor a guard of one build says anything of another.
+        A case with GPU-like devices needs them."""
+        if self.llama is None:
+            return None
+        if self.llama.devices.gpus and gpu_device != "available":
+            return f"the case puts its model on GPU-like devices, which this llama.cpp cannot have ({gpu_device})"
+        found = str(self.engine.get("ggml_version", ""))
+        bounded = isinstance(self.expect, Mapping) and ("since" in self.expect or "fixed_in" in self.expect)
+        a, b = version_key(found), version_key(version)
+        if bounded or a is None or b is None or a[:2] == b[:2]:
+            return None
+        return (f"found on a llama.cpp with ggml {found}; this run's has ggml {version}: another llama.cpp, whose graphs differ, "
+                "so the case is replayed on its own line only (give its expect since/fixed_in bounds to replay it here)")
+
     def expectation_on(self, version: str | None) -> str:
         """``expect`` in words, for ``version``."""
         why = self.expected_failure_on(version)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
-from pytest_schedfuzz.llama import declarations
-from pytest_schedfuzz.llama import upstream
+from pytest_schedfuzz.llama import declarations, upstream
 from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
 from pytest_schedfuzz.llama.upstream import UPSTREAM, upstream_lib_dir
 from pytest_schedfuzz.model.llama import LlamaWorkload
@@ -134,3 +135,16 @@ def test_a_users_prebuilt_folder_is_loaded_from_a_copy_with_its_bindings_declara
     finally:
         target.close()
     assert info["ggml_version"] == "0.27.0" and info["declarations"] == str(lib_dir / declarations.CDEF_FILE)
+
+
+def test_a_llama_case_is_replayed_on_its_own_llama_cpp_line_only() -> None:
+    """0.3.36's known bugs are not expected of b11739 (nor guards there): another llama.cpp
+    builds other graphs; a case with GPU-like devices needs a build that can have them."""
+    corpus = Path(__file__).parents[2] / "corpus"
+    rpc = load_case(next(corpus.glob("*7c476aeac4.json")))
+    gpu = load_case(next(corpus.glob("*86b5a395e6.json")))
+    assert rpc.off_build("0.25.3", "available") is None
+    assert "another llama.cpp" in (rpc.off_build("0.27.0", "unavailable: no source") or "")
+    assert "GPU-like devices" in (gpu.off_build("0.25.3", "unavailable: no source") or "")
+    bounded = replace(rpc, expect={"fail": "a bug of every version since 0.25", "since": "0.25.0"})
+    assert bounded.off_build("0.27.0", "available") is None
