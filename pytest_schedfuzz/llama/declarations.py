@@ -293,6 +293,26 @@ def check_bindings(b: Bindings, functions: tuple[str, ...]) -> list[str]:
     return wrong
 
 
+def declares(ffi: Any, struct: str) -> bool:
+    """Whether the declarations give ``struct``'s fields (a binding may leave it opaque)."""
+    import cffi
+
+    try:
+        return ffi.typeof(f"struct {struct}").fields is not None
+    except (cffi.CDefError, cffi.FFIError, KeyError):
+        return False
+
+
+def check_struct(ffi: Any, struct: str, offsets: dict[str, int]) -> str:
+    """"" where ``struct``, if declared, has each of ``offsets``' fields at that offset (another
+    binding's layout of it, such as ggml-python's ``ggml_tensor``); else what differs."""
+    if not declares(ffi, struct):
+        return ""
+    declared = {f: ft.offset for f, ft in ffi.typeof(f"struct {struct}").fields}
+    wrong = [f"{f} at {at}, declared at {declared.get(f, 'nowhere')}" for f, at in offsets.items() if declared.get(f) != at]
+    return "; ".join(wrong)
+
+
 def _written_size(dll: ctypes.CDLL, name: str, declared: int) -> int | None:
     """How many bytes the library's ``name()`` writes into the struct it returns (rounded up to 8),
     or None where that cannot be read (not x86-64, or the struct returns in registers)."""

@@ -244,6 +244,11 @@ class Llama:
         self.graph_records.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         self.graph_records.restype = ctypes.c_int
         self.layout = TensorLayout.of(self.g.ggml_tensor)
+        wrong = declarations.check_struct(L.ffi, "ggml_tensor", {f: getattr(self.g.ggml_tensor, f).offset for f in TensorLayout.OFFSETS})
+        if wrong:  # where the build declares ggml_tensor (its ggml.h): ggml-python's layout, with which graphs are read, must be it
+            raise declarations.DeclarationsError(f"ggml-python's struct ggml_tensor does not match {decl.source}: {wrong}")
+        # which layouts the build's own declarations confirmed (a binding's cdef may leave ggml's structs opaque)
+        self.layouts = "llama.h structs and ggml_tensor" if declarations.declares(L.ffi, "ggml_tensor") else "llama.h structs (ggml_tensor: ggml-python's)"
         self.records = ctypes.create_string_buffer(0)  # grown to the largest graph captured
         self.buffers = (ctypes.c_void_p * MAX_BUFFERS)()
         self.call = -1
@@ -616,6 +621,7 @@ class Llama:
             "ggml_lib": loaded_library_path("libggml-base"),
             "ggml_version": self.version,
             "declarations": self.declarations,
+            "layouts_checked": self.layouts,
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
             # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
             "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")

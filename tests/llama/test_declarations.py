@@ -148,3 +148,12 @@ def test_a_llama_case_is_replayed_on_its_own_llama_cpp_line_only() -> None:
     assert "GPU-like devices" in (gpu.off_build("0.25.3", "unavailable: no source") or "")
     bounded = replace(rpc, expect={"fail": "a bug of every version since 0.25", "since": "0.25.0"})
     assert bounded.off_build("0.27.0", "available") is None
+
+
+def test_ggml_pythons_tensor_layout_is_checked_against_the_builds_ggml_h() -> None:
+    ffi = declarations.parse(declarations.find(default_lib_dir()))  # 0.3.36's headers declare ggml_tensor
+    assert declarations.declares(ffi, "ggml_tensor")
+    assert declarations.check_struct(ffi, "ggml_tensor", {"op": 80, "flags": 148, "name": 256}) == ""
+    assert declarations.check_struct(ffi, "ggml_tensor", {"op": 84}) == "op at 84, declared at 80"
+    # b11739's binding leaves it opaque: nothing to check there, and the header says which layouts were
+    assert not declarations.declares(declarations.parse(declarations.find(upstream_lib_dir())), "ggml_tensor")
