@@ -140,6 +140,8 @@ class SchedfuzzSession:
             lines.append(f"schedfuzz: llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
                          f"realloc callback: {info.get('realloc_callback', '?')}; build: {info.get('build', '?')}; "
                          f"struct layouts from {info.get('declarations', '?')} (checked against the library: {info.get('layouts_checked', '?')})")
+            if info.get("absent_calls"):
+                lines.append(f"schedfuzz: llama.cpp: call kinds this build lacks a function of, absent from its workloads: {info['absent_calls']}")
             if info.get("gpu_device", "available") != "available":
                 lines.append(f"schedfuzz: llama.cpp: no GPU-like devices (RPC devices serve): {info['gpu_device']}")
             from reference.versions import rules_for

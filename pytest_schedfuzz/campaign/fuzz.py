@@ -293,8 +293,10 @@ class Fuzzer:
         profile. Layouts have GPU-like devices only where this ggml can."""
         p = self.profile
         if props.is_llama(prop):
-            gpus = MAX_GPU if self.engines.llama_target.start().get("gpu_device", "available") == "available" else 0
-            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=FAMILIES)
+            info = self.engines.llama_target.start()
+            gpus = MAX_GPU if info.get("gpu_device", "available") == "available" else 0
+            absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k)
+            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent)
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws

@@ -98,6 +98,8 @@ class Stats:
         for f in llama_features(workload) + llama_observed(trace):
             self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
             self.llama_decoded[f] = self.llama_decoded.get(f, 0) + decoded
+        for kind in filter(None, str(trace.engine.get("absent_calls", "")).split(",")):  # a dead dimension, with its reason
+            self.llama_explored.setdefault(f"call {kind} absent (this build lacks it)", 0)
         for kind in {c.kind for c in workload.calls}:
             f = f"call {kind}"
             self.llama_explored[f] = self.llama_explored.get(f, 0) + 1

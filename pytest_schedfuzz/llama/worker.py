@@ -68,18 +68,29 @@ LLAMA_REALLOC = re.compile(r"^sched_graph_realloc: graph reallocation: nodes = (
                            r"n_same = (?P<n_same>\d+), n_diff = (?P<n_diff>\d+)$")
 LLAMA_SCHED_PARAMS = re.compile(r"^sched_new: max_nodes = (?P<max_nodes>\d+), parallel = (?P<parallel>[01]), op_offload = (?P<op_offload>[01])$")
 LLAMA_SCHED_REUSE = re.compile(r"^sched_new: reusing scheduler: max_nodes = (?P<max_nodes>\d+) \(current max_nodes = (?P<current>\d+)\)$")
-# the libllama functions and structs the worker uses: each must be declared and exported (declarations.check_bindings)
-CALLED = ("llama_adapter_lora_free", "llama_adapter_lora_init", "llama_backend_init", "llama_batch_free", "llama_batch_init",
-          "llama_context_default_params", "llama_decode", "llama_free", "llama_get_logits_ith", "llama_get_memory",
-          "llama_init_from_model", "llama_log_set", "llama_max_devices", "llama_memory_can_shift", "llama_memory_clear",
-          "llama_memory_seq_add", "llama_memory_seq_cp", "llama_memory_seq_keep", "llama_memory_seq_pos_max",
-          "llama_memory_seq_rm", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab",
-          "llama_model_load_from_file", "llama_perf_context", "llama_print_system_info", "llama_sampler_chain_add",
-          "llama_sampler_chain_default_params", "llama_sampler_chain_init", "llama_sampler_free", "llama_sampler_init_dist",
-          "llama_sampler_init_greedy", "llama_sampler_init_min_p", "llama_sampler_init_temp", "llama_sampler_init_top_k",
-          "llama_sampler_init_top_p", "llama_set_adapters_lora", "llama_set_sampler", "llama_state_seq_get_data_ext",
-          "llama_state_seq_get_size_ext", "llama_state_seq_set_data_ext", "llama_synchronize", "llama_vocab_n_tokens",
-          "llama_set_embeddings", "llama_set_causal_attn", "llama_set_warmup")
+# the libllama functions each call kind makes (``Llama.do``): where a build lacks one, that kind is
+# absent from its workloads (``absent_calls``), never emulated; the worker needs all of CORE
+CALL_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "checkpoint": ("llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"),
+    "restore": ("llama_state_seq_set_data_ext",),
+    "seq_cp": ("llama_memory_seq_cp",),
+    "seq_keep": ("llama_memory_seq_keep",),
+    "shift": ("llama_memory_can_shift", "llama_memory_seq_add"),
+    "clear": ("llama_memory_clear",),
+    "set_sampler": ("llama_set_sampler",),
+    "lora_load": ("llama_adapter_lora_init", "llama_adapter_lora_free"),
+    "lora_free": ("llama_adapter_lora_free",),
+    "lora_set": ("llama_set_adapters_lora",),
+    "set_embeddings": ("llama_set_embeddings",),
+    "set_causal_attn": ("llama_set_causal_attn",),
+    "set_warmup": ("llama_set_warmup",),
+}
+CORE = ("llama_backend_init", "llama_batch_free", "llama_batch_init", "llama_context_default_params", "llama_decode", "llama_free",
+        "llama_get_logits_ith", "llama_get_memory", "llama_init_from_model", "llama_log_set", "llama_max_devices", "llama_memory_seq_pos_max",
+        "llama_memory_seq_rm", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab", "llama_model_load_from_file",
+        "llama_perf_context", "llama_print_system_info", "llama_sampler_chain_add", "llama_sampler_chain_default_params",
+        "llama_sampler_chain_init", "llama_sampler_free", "llama_sampler_init_dist", "llama_sampler_init_greedy", "llama_sampler_init_min_p",
+        "llama_sampler_init_temp", "llama_sampler_init_top_k", "llama_sampler_init_top_p", "llama_synchronize", "llama_vocab_n_tokens")
 PERF_FIELDS = ("n_eval", "n_p_eval", "n_reused", "n_reallocs_same", "n_reallocs_diff")  # llama_perf_context_data
 HOOK_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 TENSOR_FLAG_INPUT = 1
@@ -189,11 +200,12 @@ class Llama:
         # libllama through the build's own declarations (declarations.py), checked against it
         decl = declarations.Declarations(os.environ[declarations.SOURCE_ENV], Path(os.environ[declarations.CDEF_ENV]).read_text())
         L = declarations.Bindings(declarations.parse(decl), os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libllama.so"))
-        wrong = declarations.check_bindings(L, CALLED)
+        wrong = declarations.check_bindings(L, CORE)
         if wrong:
             raise declarations.DeclarationsError(f"the declarations of {decl.source} do not match {os.path.realpath(L.lib_path)}:\n  " + "\n  ".join(wrong))
         self.L = L
         self.declarations = decl.source
+        self.absent_calls = tuple(kind for kind, fns in CALL_FUNCTIONS.items() if not all(L.has(f) for f in fns))
         # a Debug build logs each reallocation with ggml-alloc's reason; a Release one is observed through the callback alone
         self.logs_reallocs = logs_reallocs
         self.chan = chan
@@ -622,6 +634,7 @@ class Llama:
             "ggml_version": self.version,
             "declarations": self.declarations,
             "layouts_checked": self.layouts,
+            "absent_calls": ",".join(self.absent_calls),  # call kinds this build lacks a function of: absent from its workloads
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
             # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
             "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
@@ -798,6 +811,8 @@ class Llama:
         """One call; its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
         L = self.L
         k = call.kind
+        if k in self.absent_calls:  # a corpus case's call this build cannot make (drawn workloads have none)
+            return f"this build lacks {', '.join(f for f in CALL_FUNCTIONS[k] if not L.has(f))}"
         if k == "decode":
             n = call.n_tokens()
             batch = L.llama_batch_init(n, 0, 1)

@@ -342,13 +342,16 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
 
 @st.composite
 def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU,
-                    families: tuple[str, ...] = ("dense", "moe")) -> LlamaWorkload:
+                    families: tuple[str, ...] = ("dense", "moe"), absent: frozenset[str] = frozenset()) -> LlamaWorkload:
     """A tiny model of ``families`` (``FAMILIES``: the recurrent ones too) on RPC and GPU-like
-    devices (``devices``), a context, and a server's calls on it."""
+    devices (``devices``), a context, and a server's calls on it, without the ``absent`` call
+    kinds (those the build under test lacks a function of: never emulated)."""
     model = draw(model_specs(max_layers, families))
     ctx = draw(context_params(model.head_dim))
     adapters = draw(loras(model))
     calls = draw(server_calls(ctx, max_calls, len(adapters), model.kind in RECURRENT_KINDS))
+    if absent:
+        calls = tuple(c for c in calls if c.kind not in absent) or (Call("decode", (Part(0, 1, "last"),)),)
     dv = draw(devices(model, max_rpc, max_gpu))
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing

@@ -157,3 +157,34 @@ def test_ggml_pythons_tensor_layout_is_checked_against_the_builds_ggml_h() -> No
     assert declarations.check_struct(ffi, "ggml_tensor", {"op": 84}) == "op at 84, declared at 80"
     # b11739's binding leaves it opaque: nothing to check there, and the header says which layouts were
     assert not declarations.declares(declarations.parse(declarations.find(upstream_lib_dir())), "ggml_tensor")
+
+
+def test_a_call_a_build_lacks_is_absent_from_its_workloads_never_emulated(tmp_path: Path) -> None:
+    """b11739's declarations without llama_set_warmup: the worker starts, says the call kind is
+    absent, the workloads drawn for it have none, and the explored line shows the dead dimension."""
+    from hypothesis import HealthCheck, given, settings
+
+    from pytest_schedfuzz.campaign.stats import Stats
+    from pytest_schedfuzz.strategies.llama import llama_workloads
+
+    decl = declarations.find(upstream_lib_dir())
+    cdef = "\n".join(line for line in decl.cdef.splitlines() if "llama_set_warmup(" not in line)
+    target = LlamaTarget(UPSTREAM)
+    target.declarations = declarations.Declarations("b11739 without llama_set_warmup", cdef)
+    try:
+        info = target.start()
+        w = LlamaWorkload.from_json(SHIFTED)
+        trace = target.run(w)
+    finally:
+        target.close()
+    assert info["absent_calls"] == "set_warmup"
+    stats = Stats()
+    stats.add_llama(w, trace)
+    assert stats.llama_explored["call set_warmup absent (this build lacks it)"] == 0
+
+    @settings(max_examples=30, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(llama_workloads(max_gpu=0, absent=frozenset({"set_warmup"})))
+    def none_drawn(drawn: LlamaWorkload) -> None:
+        assert all(c.kind != "set_warmup" for c in drawn.calls)
+
+    none_drawn()
