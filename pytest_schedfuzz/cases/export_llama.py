@@ -21,10 +21,11 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
+from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, BuildError, ggml_source_for
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..llama.gguf_models import write_lora, write_model
+from ..llama.target import BUILT_IN, resolve_lib_dir
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
@@ -133,15 +134,22 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     if case.property not in EXPORTED:
         raise ExportError(f"{case.path}: a {case.property} finding compares two runs or counters; a C program shows {', '.join(EXPORTED)} findings alone")
     w.validate()
-    found_on = Path(str(case.engine.get("lib", ""))).parent
+    recorded = str(case.engine.get("lib", ""))
+    found_on = Path(recorded).parent
+    built_in = next((name for name in BUILT_IN if f"/{name}-" in recorded), None)  # a cached build: made again where it is gone
     if llama_lib is not None:
-        folder = Path(llama_lib)
+        folder = resolve_lib_dir(llama_lib)  # a built-in name or a folder
     elif (found_on / "libllama.so").exists():
         folder = found_on
+    elif built_in is not None:
+        folder = resolve_lib_dir(built_in)
     else:
         folder = library_folder("ggml-0.25.3")  # llama-cpp-python's build: libllama beside its ggml
-    src = ggml_source_for(str(base_library(folder)))
-    if not (src.parent / "include" / "llama.h").exists():  # a seeds' build keeps its ggml source only: llama.h is the release's
+    try:
+        src: Path | None = ggml_source_for(str(base_library(folder)))
+    except BuildError:  # a prebuilt build whose source is not published (b11739): the maintainer's checkout gives its headers
+        src = None
+    if src is not None and not (src.parent / "include" / "llama.h").exists():  # an old seeds' build kept its ggml source only
         src = ggml_source_for(str(base_library(library_folder("ggml-0.25.3"))))
     gpus = bool(w.devices.gpus)
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
@@ -189,7 +197,11 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
             shutil.copyfile(write_lora(w.model, a, Path(tmp)), out / f"lora-{k}.gguf")
     (out / "repro.c").write_text(source)
     (out / "rpc_server.c").write_text(RPC_SERVER_SOURCE.read_text())
-    (out / "CMakeLists.txt").write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
+    source_dir = f'get_filename_component(LLAMA_SOURCE_DIR "{src.resolve()}" DIRECTORY)' if src is not None else (
+        f'message(FATAL_ERROR "{folder.resolve()} ships no headers and its source is not published here: give '
+        f'-DLLAMA_SOURCE_DIR=<a checkout of the llama.cpp these libraries were built from ({case.engine.get("lib", "?")}, ggml '
+        f'{case.engine.get("ggml_version", "?")})>")')
+    (out / "CMakeLists.txt").write_text(_CMAKE.format(lib_dir=folder.resolve(), source_dir=source_dir, sources="repro.c fake_gpu.c" if gpus else "repro.c"))
     if gpus:
         shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")
     assert case.path is not None
@@ -262,7 +274,7 @@ set(LLAMA_DIR "{lib_dir}" CACHE PATH "a llama.cpp build: the folder holding libl
 set(LLAMA_SOURCE_DIR "" CACHE PATH "llama.cpp's source (include/llama.h, ggml/include, ggml/src); found above LLAMA_DIR if empty")
 if(NOT LLAMA_SOURCE_DIR)
   if(LLAMA_DIR STREQUAL "{lib_dir}")
-    get_filename_component(LLAMA_SOURCE_DIR "{src_dir}" DIRECTORY)
+    {source_dir}
   else()
     find_path(LLAMA_INCLUDE llama.h PATHS ${{LLAMA_DIR}}/.. ${{LLAMA_DIR}}/../.. ${{LLAMA_DIR}}/../../.. PATH_SUFFIXES include NO_DEFAULT_PATH)
     if(NOT LLAMA_INCLUDE)

@@ -232,3 +232,18 @@ def test_schedfuzz_export_of_a_corpus_folder_writes_one_reproducer_per_graph_cas
     assert "check on ggml-0.25.3: reproduces (exit 1); expected: reproduces" in r.stdout
     assert "check on ggml-0.15.3: reproduces (exit 1); expected: reproduces" in r.stdout
     assert "check on llama.cpp-0.3.36: reproduces (exit 1); expected: reproduces" in r.stdout and "not exported" not in r.stdout
+
+
+def test_a_b11739_case_is_exported_against_b11739s_libraries_and_asks_for_its_headers(tmp_path: Path) -> None:
+    """b11739 ships no headers and its source is not published: the reproducer links b11739's
+    libraries (made again where the recorded folder is gone) and asks for the maintainer's
+    checkout, never 0.3.36's llama.h, whose structs differ (declarations.py)."""
+    from pytest_schedfuzz.llama.upstream import upstream_lib_dir
+
+    case = load_case(next(CORPUS.glob("llama-no-abort-*-02cc370507.json")))
+    gone = replace(case, engine={**case.engine, "lib": "/nonexistent/builds/llama.cpp-b11739-0000/libllama.so.0"})
+    export_llama_case(gone, tmp_path, None)
+    cmake = (tmp_path / "CMakeLists.txt").read_text()
+    assert f'set(LLAMA_DIR "{upstream_lib_dir().resolve()}"' in cmake
+    assert "ships no headers and its source is not published here: give -DLLAMA_SOURCE_DIR=" in cmake
+    assert "llama-cpp-python-0.3.36" not in cmake
