@@ -149,15 +149,15 @@ def _batch_class(s: SchedCall) -> tuple[str, str]:
 
 def _topology_cause(r: SchedCall, x: SchedCall) -> str:
     """What changed the topology between reservation ``r`` and re-plan ``x`` when no switch call
-    and no other kind of graph did: the outputs' or the tokens' class (``_batch_class``), or
-    "sizes" when neither (the sizes alone changed it).
+    and no other kind of graph did: the batch's outputs class, else its tokens class
+    (``_batch_class``), else "sizes" (the sizes alone changed it). Which class it went from and
+    to is in the message: a signature per pair split one cause a dozen ways.
 
     >>> _topology_cause(SchedCall("reserve", 0, inputs={"inp_tokens": (8,), "out_ids": (8,)}), SchedCall("alloc", 0, inputs={"inp_tokens": (8,), "out_ids": (0,)}))
-    'outputs all->none'
+    'outputs'
     """
     was, now = _batch_class(r), _batch_class(x)
-    changed = [f"{what} {a}->{b}" for what, a, b in zip(("outputs", "tokens"), was, now) if a != b]
-    return ", ".join(changed) or "sizes"
+    return next((what for what, a, b in zip(("outputs", "tokens"), was, now) if a != b), "sizes")
 
 
 def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
@@ -188,7 +188,8 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 x_call, x = replaced[s.sched]
                 how = "lost"
                 switched = (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs)
-                switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}"
+                classes = ", ".join(f"{what} {a} -> {b}" for what, a, b in zip(("outputs", "tokens"), _batch_class(r), _batch_class(x)))
+                switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}; {classes}"
                           if switched else f"same topology, {_what_grew(r, x)}")
                 why = (f"the worst-case reservation ({r.shape()}) had been replaced in {_call_name(w, x_call)}, which re-planned because "
                        f"{x.realloc_reason or ('it made a plan for sizes only' if x.kind == 'reserve_size' else '?')}"
