@@ -83,9 +83,9 @@ class Patch:
     new: str
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> None:
+def _run(cmd: list[str], cwd: Path | None = None, stdin: str | None = None) -> None:
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True)
     except FileNotFoundError:
         raise BuildError(f"{cmd[0]}: no such program (needed to build: install it)") from None
     if proc.returncode != 0:

@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from pathlib import Path
 
 from ..engine import TargetError
 from ..files import cache_dir
+from ..ggml.build import BuildError
+from ..ggml.build import _run as run_tool
 from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
 UPSTREAM = "llama.cpp-b11739"
@@ -269,12 +270,11 @@ def _patchelf() -> str:
 
 
 def _run(cmd: list[str], stdin: str | None = None) -> None:
+    """``build``'s runner of a tool, its failure a ``TargetError`` of the prebuilt folder."""
     try:
-        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise TargetError(f"prebuilt llama.cpp: {cmd[0]}: no such program") from None
-    if proc.returncode != 0:
-        raise TargetError(f"prebuilt llama.cpp: {' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        run_tool(cmd, stdin=stdin)
+    except BuildError as e:
+        raise TargetError(f"prebuilt llama.cpp: {e}") from None
 
 
 def _too_new(version: str, glibc: tuple[int, int]) -> bool:
