@@ -83,7 +83,7 @@ class Patch:
     new: str
 
 
-def _run(cmd: list[str], cwd: Path | None = None, stdin: str | None = None) -> None:
+def run_tool(cmd: list[str], cwd: Path | None = None, stdin: str | None = None) -> None:
     try:
         proc = subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True)
     except FileNotFoundError:
@@ -100,7 +100,7 @@ def source_tree(name: str) -> Path:
     root = cache_dir() / "src" / f"{dist}-{version}"
     if not (root / inner).is_dir():
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-            _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, f"{dist}=={version}"])
+            run_tool([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, f"{dist}=={version}"])
             archive = next(Path(tmp).glob("*.tar.gz"), None)
             if archive is None:
                 raise BuildError(f"pip download {dist}=={version} gave no source archive")
@@ -135,9 +135,9 @@ def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str 
     _replace(work, patches)
     build = out / "build"
     flags = ["-DCMAKE_C_FLAGS=--coverage", "-DCMAKE_CXX_FLAGS=--coverage", "-DCMAKE_SHARED_LINKER_FLAGS=--coverage"] if coverage else []
-    _run(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
+    run_tool(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
           "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", *flags])
-    _run(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
+    run_tool(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
     built = sorted(build.rglob("libggml-base.so*"))
     if not built:
         raise BuildError(f"the build left no libggml-base.so under {build}")
@@ -225,10 +225,10 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
             shutil.copytree(src, work, symlinks=True,
                             ignore=lambda d, names: [n for n in names if Path(d) == src and n in _UNUSED_SOURCE])
             for p in patches:
-                _run([*applier, str(p)], cwd=work)
+                run_tool([*applier, str(p)], cwd=work)
             _replace(work, extra)
-            _run(["cmake", "-S", str(work), "-B", str(build), *flags])
-            _run(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
+            run_tool(["cmake", "-S", str(work), "-B", str(build), *flags])
+            run_tool(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
             built = [f for f in sorted((build / "bin").glob("lib*.so*")) if f.name.split(".so", 1)[0] in SEED_LIBRARIES]
             missing = [n for n in SEED_LIBRARIES if not any(f.name == n + ".so" for f in built)]
             if missing:
@@ -289,7 +289,7 @@ def build_helpers() -> Path:
     cc = _compiler("the graph worker's helpers")
 
     def compile_to(tmp: Path) -> None:
-        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", str(tmp), *map(str, HELPER_SOURCES)])
+        run_tool([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", str(tmp), *map(str, HELPER_SOURCES)])
 
     return atomic_write(out, compile_to, 0o777)
 
@@ -348,7 +348,7 @@ def build_rpc_server(lib_dir: str | None) -> Path:
     cc = _compiler("the RPC server")
 
     def compile_to(tmp: Path) -> None:
-        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Werror", "-o", str(tmp), str(RPC_SERVER_SOURCE), "-L", str(folder),
+        run_tool([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Werror", "-o", str(tmp), str(RPC_SERVER_SOURCE), "-L", str(folder),
               *(f"-l:{lib.name}" for lib in libs), f"-Wl,-rpath,{folder}", "-Wl,--disable-new-dtags"])
 
     return atomic_write(out, compile_to, 0o777)
@@ -372,7 +372,7 @@ def build_fake_gpu(lib_file: str) -> Path:
     linked = base_library(lib_dir).name
 
     def compile_to(tmp: Path) -> None:
-        _run([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", *flags, "-I", str(src / "include"), "-I", str(src / "src"),
+        run_tool([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", *flags, "-I", str(src / "include"), "-I", str(src / "src"),
               "-o", str(tmp), str(FAKE_GPU_SOURCE), "-L", str(lib_dir), f"-l:{linked}", f"-Wl,-rpath,{lib_dir}", "-lpthread"])
 
     return atomic_write(out, compile_to, 0o777)

@@ -36,7 +36,7 @@ from pathlib import Path
 from ..engine import TargetError
 from ..files import cache_dir
 from ..ggml.build import BuildError
-from ..ggml.build import _run as run_tool
+from ..ggml.build import run_tool
 from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
 UPSTREAM = "llama.cpp-b11739"

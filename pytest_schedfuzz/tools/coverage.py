@@ -14,13 +14,15 @@ figure that counts is of the branches reachable from the public API.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
 import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +92,23 @@ def _in_scope(source: str, name: str) -> bool:
     return source == "ggml-alloc.c" or "sched" in name
 
 
+def zero_counts(build: Path) -> None:
+    """Delete the counts (``.gcda``) under ``build``, so that those measured next are of one run."""
+    for gcda in build.rglob("*.gcda"):
+        gcda.unlink()
+
+
+@contextmanager
+def own_counts(build: Path) -> Iterator[None]:
+    """Exclusive use of ``build``'s counts for the block, zeroed on entry: two processes measuring
+    one coverage build at once (two workers of one test run, two ``schedfuzz coverage``) would
+    delete and add to each other's ``.gcda`` files."""
+    with (build / ".counts.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        zero_counts(build)
+        yield
+
+
 def measure(build: Path, src: Path) -> list[Function]:
     """The reach of every function in scope from the ``.gcda`` counts under ``build``."""
     out: list[Function] = []
@@ -156,13 +175,13 @@ def main(lib: str, profile: str, budget: float | None, corpus: Path, out: Path |
     """Build the coverage library, run ``profile`` on it, print the reach (and write it as JSON to ``out``)."""
     folder = build_ggml_base(lib, coverage=True)
     build = coverage_build(folder)
-    for gcda in build.rglob("*.gcda"):
-        gcda.unlink()  # counts of this run only
-    proc = run_ci_profile(folder, corpus, budget, profile=profile)
-    if not any(build.rglob("ggml-backend.cpp.gcda")):
-        print(f"schedfuzz coverage: the run left no counts (pytest exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}", file=sys.stderr)
-        return 1
-    functions = measure(build, folder.parent / "ggml")
+    with own_counts(build):  # counts of this run only
+        proc = run_ci_profile(folder, corpus, budget, profile=profile)
+        if not any(build.rglob("ggml-backend.cpp.gcda")):
+            print(f"schedfuzz coverage: the run left no counts (pytest exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}",
+                  file=sys.stderr)
+            return 1
+        functions = measure(build, folder.parent / "ggml")
     print(f"{lib} (coverage build {folder}), profile {profile}" + (f", budget {budget:g} s" if budget else "")
           + f": pytest exit {proc.returncode}")
     print("\n".join(lines(functions)))

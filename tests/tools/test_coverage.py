@@ -4,6 +4,8 @@ runs reach in the scheduler and the allocator, and tells the branches no caller 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,27 @@ from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.ggml.build import build_ggml_base, coverage_build
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
-from pytest_schedfuzz.tools.coverage import lines, measure
+from pytest_schedfuzz.tools.coverage import lines, measure, own_counts, zero_counts
+
+Held = Callable[[str], tuple[Path, Path]]
+
+
+@pytest.fixture
+def held() -> Iterator[Held]:
+    """A built-in ggml's coverage build, its library folder and build folder, held for the test
+    with its counts zeroed (``own_counts``): the tests of another worker measure the same one."""
+    with ExitStack() as stack:
+        def hold(version: str) -> tuple[Path, Path]:
+            lib = build_ggml_base(version, coverage=True)
+            build = coverage_build(lib)
+            stack.enter_context(own_counts(build))
+            return lib, build
+        yield hold
 
 
 @pytest.mark.engine
-def test_a_coverage_build_counts_what_a_run_reaches_and_tells_unreachable_branches_apart() -> None:
-    lib = build_ggml_base("ggml-0.25.3", coverage=True)
-    build = coverage_build(lib)
-    for gcda in build.rglob("*.gcda"):
-        gcda.unlink()
+def test_a_coverage_build_counts_what_a_run_reaches_and_tells_unreachable_branches_apart(held: Held) -> None:
+    lib, build = held("ggml-0.25.3")
     b = GraphBuilder()
     y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 4)), name="y")
     sc = Scenario(BackendLayout.of("cpu"), (("g", b.build(b.op("add", y, y, name="z"))),),
@@ -42,20 +56,18 @@ def test_a_coverage_build_counts_what_a_run_reaches_and_tells_unreachable_branch
 
 
 @pytest.mark.engine
-def test_an_eval_callback_step_reaches_compute_splits_callback_path() -> None:
+def test_an_eval_callback_step_reaches_compute_splits_callback_path(held: Held) -> None:
     """What the coverage list showed no example reached: with ``eval_callback``
     (``ggml_backend_sched_set_eval_callback``, asking for each MUL_MAT), ``compute_splits``
     computes each split in pieces; the same compute without it takes none of those branches.
     The values are those of the CPU alone either way."""
-    lib = build_ggml_base("ggml-0.25.3", coverage=True)
-    build = coverage_build(lib)
+    lib, build = held("ggml-0.25.3")
     b = GraphBuilder()
     y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 4)), name="y")
     g = b.build(b.op("add", b.op("mul_mat", b.weight("w2", (16, 16), device=1), y, name="z"), y, name="o"))
     reached: list[tuple[int, list[int]]] = []
     for callback in (False, True):
-        for gcda in build.rglob("*.gcda"):
-            gcda.unlink()
+        zero_counts(build)
         steps = (Step("sched_new", params=SchedParams(64, False, False)),) + ((Step("eval_callback"),) if callback else ()) + (Step("compute", "g"),)
         f = Fuzzer(FuzzConfig(database=None, lib=str(lib)))
         try:
@@ -69,14 +81,13 @@ def test_an_eval_callback_step_reaches_compute_splits_callback_path() -> None:
 
 
 @pytest.mark.engine
-def test_a_routed_expert_matmul_offloaded_by_cuda_batch_copies_only_the_used_experts() -> None:
+def test_a_routed_expert_matmul_offloaded_by_cuda_batch_copies_only_the_used_experts(held: Held) -> None:
     """What the coverage list showed no example reached: a ``MUL_MAT_ID`` whose experts are in
     host memory, offloaded to a device whose ``offload_op`` measures its batch as ggml-cuda does
     (``ne[2]``: tokens), makes ``compute_splits`` copy only the experts the ids use. Measured by
     ``ne[1]`` (the used experts per token) the op stays on the CPU and none of it runs. The engine
     agrees with the reference on where the op goes, and its values are those of the CPU alone."""
-    lib = build_ggml_base("ggml-0.25.3", coverage=True)
-    build = coverage_build(lib)
+    lib, build = held("ggml-0.25.3")
     b = GraphBuilder()
     x = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 8)), name="y")
     moe = b.op("mul_mat_id", b.weight("exps", (16, 16, 8), device=1), b.op("reshape", x, name="moe_in", ne=[16, 1, 8]),
@@ -84,8 +95,7 @@ def test_a_routed_expert_matmul_offloaded_by_cuda_batch_copies_only_the_used_exp
     g = b.build(b.op("cont", b.op("view", moe, name="moe_v", ne=[16, 8], nb=[16 * 4 * 2]), name="out"))
     reached = []
     for cuda_batch in (False, True):
-        for gcda in build.rglob("*.gcda"):
-            gcda.unlink()
+        zero_counts(build)
         gpu = BackendSpec("gpu", offload_min_batch=8, cuda_batch=cuda_batch)
         sc = Scenario(BackendLayout((gpu, BackendSpec("cpu"))), (("g", g),),
                       (Step("sched_new", params=SchedParams(64, False, True)), Step("reserve", "g"), Step("compute", "g")))
@@ -104,20 +114,18 @@ def test_a_routed_expert_matmul_offloaded_by_cuda_batch_copies_only_the_used_exp
 
 
 @pytest.mark.engine
-def test_a_copy_between_two_gpu_like_devices_is_a_peer_copy() -> None:
+def test_a_copy_between_two_gpu_like_devices_is_a_peer_copy(held: Held) -> None:
     """What the coverage list showed no example reached: ``compute_splits`` hands a split input
     from one GPU-like device to another to the destination's ``cpy_tensor_async`` (a peer copy,
     as ggml-cuda's), which takes it; from the CPU it refuses and the copy is synchronous. The
     values are those of the CPU alone either way."""
-    lib = build_ggml_base("ggml-0.25.3", coverage=True)
-    build = coverage_build(lib)
+    lib, build = held("ggml-0.25.3")
     b = GraphBuilder()
     y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 4)), name="y")
     g = b.build(b.op("add", b.op("mul_mat", b.weight("w2", (16, 16), device=1), y, name="z"), y, name="o"))
     reached = []
     for first in ("rpc", "gpu"):
-        for gcda in build.rglob("*.gcda"):
-            gcda.unlink()
+        zero_counts(build)
         layout = BackendLayout((BackendSpec(first), BackendSpec("gpu"), BackendSpec("cpu")))
         sc = Scenario(layout, (("g", g),), (Step("sched_new", params=SchedParams(64, False, False)), Step("compute", "g")))
         f = Fuzzer(FuzzConfig(database=None, lib=str(lib)))
@@ -135,17 +143,14 @@ def test_a_copy_between_two_gpu_like_devices_is_a_peer_copy() -> None:
 
 
 @pytest.mark.engine
-def test_the_corpus_seed_copies_only_the_used_experts() -> None:
+def test_the_corpus_seed_copies_only_the_used_experts(held: Held) -> None:
     """The starter corpus's coverage seed (replayed by every ci run, so that the figure does not
     hang on a rare draw) takes ``compute_splits``' used-experts copy on ggml 0.15.3."""
     from pytest_schedfuzz.cases.corpus import case_files, load_case
 
     seed = next(load_case(p) for p in case_files(Path(__file__).resolve().parents[2] / "corpus") if "used-experts" in p.name)
     assert seed.scenario is not None and seed.expect == "pass"
-    lib = build_ggml_base("ggml-0.15.3", coverage=True)
-    build = coverage_build(lib)
-    for gcda in build.rglob("*.gcda"):
-        gcda.unlink()
+    lib, build = held("ggml-0.15.3")
     with GgmlTarget(lib=str(lib)) as t:
         trace = t.run(seed.scenario)
     assert trace.abort is None
