@@ -108,6 +108,7 @@ OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, An
     "SET_ROWS": ("set_rows", lambda s: (s[2], s[0], s[1]), lambda t: {}),  # ggml_set_rows(a, b, c) stores {b, c, a}
     "CPY": ("cpy", lambda s: s[:2], lambda t: {}),
     "CONT": ("cont", lambda s: s[:1], lambda t: {}),
+    "DUP": ("dup", lambda s: s[:1], lambda t: {}),
     "PERMUTE": ("permute", lambda s: s[:1], lambda t: {"axes": tuple(_word(t, i) for i in range(4))}),
     "TRANSPOSE": ("transpose", lambda s: s[:1], lambda t: {}),
     "CONCAT": ("concat", lambda s: s[:2], lambda t: {"dim": _word(t, 0)}),

@@ -108,7 +108,7 @@ def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
         return f"ggml_ssm_scan({x})" if version.startswith("0.15.") else f"ggml_ssm_scan({x}, {int(P('k', 1))})"
     if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
         return f"ggml_{op}(ctx, {a[0]}, {a[1]})"
-    if op in ("silu", "transpose", "view_tensor", "sum_rows"):
+    if op in ("silu", "transpose", "view_tensor", "sum_rows", "dup"):
         return f"ggml_{op}(ctx, {a[0]})"
     if op == "cont":
         ne = P("ne")

@@ -527,8 +527,8 @@ class GraphProgram:
 
     OPS: ClassVar[tuple[str, ...]] = (
         "leaf", "persistent", "fill", "cast", "pad", "argmax", "ssm_conv", "sub", "sum", "log", "exp", "step", "cumsum", "top_k",
-        "ssm_scan", "get_rows", "mul_mat", "add", "mul", "div", "cpy", "silu", "transpose", "view_tensor", "sum_rows", "cont",
-        "argsort", "clamp", "glu", "mul_mat_id", "set_rows", "scale", "rms_norm", "rope", "soft_max_ext", "flash_attn_ext",
+        "ssm_scan", "get_rows", "mul_mat", "add", "mul", "div", "cpy", "silu", "transpose", "view_tensor", "sum_rows", "dup",
+        "cont", "argsort", "clamp", "glu", "mul_mat_id", "set_rows", "scale", "rms_norm", "rope", "soft_max_ext", "flash_attn_ext",
         "concat", "permute", "reshape", "view")
     CODES: ClassVar[dict[str, int]] = {name: i for i, name in enumerate(OPS)}
     WORDS: ClassVar[int] = 38

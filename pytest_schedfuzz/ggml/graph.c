@@ -31,7 +31,7 @@ typedef void C; /* struct ggml_context */
     X(ggml_pad_ext) X(ggml_argmax) X(ggml_ssm_conv) X(ggml_sub) X(ggml_sum) X(ggml_log) X(ggml_exp) \
     X(ggml_step) X(ggml_cumsum) X(ggml_top_k) X(ggml_ssm_scan) X(ggml_get_rows) X(ggml_mul_mat) \
     X(ggml_add) X(ggml_mul) X(ggml_div) X(ggml_cpy) X(ggml_silu) X(ggml_transpose) X(ggml_view_tensor) \
-    X(ggml_sum_rows) X(ggml_cont) X(ggml_cont_4d) X(ggml_argsort) X(ggml_clamp) X(ggml_glu) \
+    X(ggml_sum_rows) X(ggml_dup) X(ggml_cont) X(ggml_cont_4d) X(ggml_argsort) X(ggml_clamp) X(ggml_glu) \
     X(ggml_glu_split) X(ggml_mul_mat_id) X(ggml_set_rows) X(ggml_rms_norm) X(ggml_rope_ext) \
     X(ggml_rope_ext_inplace) X(ggml_soft_max_ext) X(ggml_flash_attn_ext) X(ggml_concat) X(ggml_permute) \
     X(ggml_reshape_1d) X(ggml_reshape_2d) X(ggml_reshape_3d) X(ggml_reshape_4d) \
@@ -46,7 +46,7 @@ static void *fns[N_FNS];
 #define OPS(X) \
     X(leaf) X(persistent) X(fill) X(cast) X(pad) X(argmax) X(ssm_conv) X(sub) X(sum) X(log) X(exp) \
     X(step) X(cumsum) X(top_k) X(ssm_scan) X(get_rows) X(mul_mat) X(add) X(mul) X(div) X(cpy) X(silu) \
-    X(transpose) X(view_tensor) X(sum_rows) X(cont) X(argsort) X(clamp) X(glu) X(mul_mat_id) X(set_rows) \
+    X(transpose) X(view_tensor) X(sum_rows) X(dup) X(cont) X(argsort) X(clamp) X(glu) X(mul_mat_id) X(set_rows) \
     X(scale) X(rms_norm) X(rope) X(soft_max_ext) X(flash_attn_ext) X(concat) X(permute) X(reshape) X(view)
 #define OP_ENUM(name) OP_##name,
 enum { OPS(OP_ENUM) N_OPS };
@@ -155,6 +155,7 @@ static T *construct(C *ctx, const int64_t *r, const double *f, T *const *a, int 
     case OP_transpose: return CALL(ggml_transpose, t_t, ctx, a[0]);
     case OP_view_tensor: return CALL(ggml_view_tensor, t_t, ctx, a[0]);
     case OP_sum_rows: return CALL(ggml_sum_rows, t_t, ctx, a[0]);
+    case OP_dup: return CALL(ggml_dup, t_t, ctx, a[0]);
     case OP_cont:
         if (p[4]) /* a shape given: ggml_cont_4d */
             return CALL(ggml_cont_4d, t_tllll, ctx, a[0], p[0], p[1], p[2], p[3]);

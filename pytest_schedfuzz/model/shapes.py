@@ -298,6 +298,7 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "permute": (1, frozenset()),
     "transpose": (1, frozenset()),
     "cont": (1, frozenset()),
+    "dup": (1, frozenset()),
     "concat": (2, frozenset()),
     "div": (2, frozenset()),
     "sum_rows": (1, frozenset()),
@@ -405,6 +406,8 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
         return _flash_attn_ext(a, args[1], args[2], args[3])  # type: ignore[arg-type]
     if op == "concat":
         return _concat(a, args[1], int(params.get("dim", 0)))  # type: ignore[arg-type,call-overload]
+    if op == "dup":  # ggml_dup: ggml_dup_tensor of its source, a contiguous copy
+        return _same(a)
     if op == "cont":
         return _cont(a, params.get("ne"))  # type: ignore[arg-type]
     if op == "view_tensor":

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
+from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.llama import declarations, upstream
 from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
 from pytest_schedfuzz.llama.upstream import UPSTREAM, upstream_lib_dir
 from pytest_schedfuzz.model.llama import LlamaWorkload
-from pytest_schedfuzz.properties.derived import llama_trace
+from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 
 def test_each_build_is_read_from_its_own_declarations() -> None:
     old, new = declarations.find(default_lib_dir()), declarations.find(upstream_lib_dir())
@@ -120,6 +123,28 @@ def test_0336_and_b11739_run_one_workload_side_by_side() -> None:
     counted = [s for s in reallocs if not s.ggml_ids_changed]  # llama.cpp ignores a re-plan after the assignments changed
     assert (up.perf["n_reallocs_same"], up.perf["n_reallocs_diff"]) == (sum(s.same_size for s in counted), sum(not s.same_size for s in counted))
     assert "n_reallocs_same" not in traces["llama.cpp-0.3.36"].perf
+
+
+@pytest.mark.engine
+def test_b11739s_graphs_are_captured_whole_and_predicted_by_the_reference() -> None:
+    """b11739 copies its input embeddings (``inp_mixed_embd``) with ``ggml_dup``: its graphs are
+    captured whole, DUP included; the graph engine builds them and ggml places every node as
+    ggml 0.27.0 did inside llama.cpp, and the reference with its rules (0.26.0's) predicts it."""
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=UPSTREAM))
+    f.llama_judged = ("llama-matches-reference",)
+    try:
+        w = LlamaWorkload.from_json(SHIFTED)
+        captured = capture(w, f.engines.run_llama(w, capture=True))
+        assert captured.ops.get("DUP", 0) > 0, captured.ops
+        replayed = graph_trace(f.engines.run(captured.scenario))
+        assert replayed.abort is None
+        records = {r.index: r for r in replayed.records}
+        assert [(records[s.step].node_backends, records[s.step].n_splits) for s in captured.steps] == \
+               [(s.node_backends, s.n_splits) for s in captured.steps]
+        assert f.check_llama("llama-matches-reference", w) == []
+        assert f.stats.llama_captured == 1 and f.stats.llama_captured_nodes > 500 and not f.stats.llama_not_captured
+    finally:
+        f.close()
 
 
 def test_a_users_prebuilt_folder_is_loaded_from_a_copy_with_its_bindings_declarations() -> None:
