@@ -119,7 +119,9 @@ class TensorBuftOverride(ctypes.Structure):
 
 
 class CGraphHead(ctypes.Structure):
-    """The leading fields of ``struct ggml_cgraph`` (ggml-impl.h; unchanged from 0.15.3 to 0.25.3)."""
+    """The leading fields of ``struct ggml_cgraph`` (ggml-impl.h; unchanged from 0.15.3 to 0.26.0).
+    The struct is private to ggml and no header a build ships declares it: ``Llama.check_graph_head``
+    checks it against the loaded library before any workload."""
 
     _fields_ = [
         ("size", ctypes.c_int),
@@ -130,6 +132,34 @@ class CGraphHead(ctypes.Structure):
         ("grad_accs", ctypes.c_void_p),
         ("leafs", ctypes.c_void_p),
     ]
+
+
+def graph_head_wrong(g: ModuleType, head_type: type[ctypes.Structure]) -> str:
+    """What is wrong with ``head_type`` (``CGraphHead``) on the ggml ggml-python ``g`` loaded, or
+    "": a graph of one ADD of two leafs, made with ggml's own calls, read through it and through
+    ggml's accessors (``ggml_graph_size``, ``ggml_graph_nodes``, ``ggml_graph_n_nodes``); the
+    leafs, which no accessor gives, must be the two operands."""
+    glib = g.ggml.lib
+    for name, res in (("ggml_graph_size", ctypes.c_int), ("ggml_graph_n_nodes", ctypes.c_int), ("ggml_graph_nodes", ctypes.c_void_p)):
+        getattr(glib, name).argtypes, getattr(glib, name).restype = [ctypes.c_void_p], res
+    ctx = g.ggml_init(g.ggml_init_params(mem_size=16 * 1024 * 1024, mem_buffer=None, no_alloc=True))
+    try:
+        a, b = (g.ggml_new_tensor_1d(ctx, g.GGML_TYPE_F32, 4) for _ in range(2))
+        c = g.ggml_add(ctx, a, b)
+        gf = g.ggml_new_graph(ctx)
+        g.ggml_build_forward_expand(gf, c)
+        graph = ctypes.cast(gf, ctypes.c_void_p).value
+        head: Any = head_type.from_address(graph)
+        addr = [ctypes.cast(t, ctypes.c_void_p).value for t in (a, b, c)]
+        told = (int(glib.ggml_graph_size(graph)), int(glib.ggml_graph_n_nodes(graph)), glib.ggml_graph_nodes(graph))
+        if (head.size, head.n_nodes, head.nodes) != told:
+            return f"size, n_nodes, nodes read {head.size}, {head.n_nodes}, {head.nodes or 0:#x}; ggml says {told[0]}, {told[1]}, {told[2] or 0:#x}"
+        leafs = ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))[:2] if head.leafs and head.n_leafs == 2 else []
+        if sorted(leafs) != sorted(addr[:2]) or ctypes.cast(head.nodes, ctypes.POINTER(ctypes.c_void_p))[0] != addr[2]:
+            return f"n_leafs {head.n_leafs} and leafs {head.leafs or 0:#x} read are not the ADD's two operands"
+        return ""
+    finally:
+        g.ggml_free(ctx)
 
 
 class TensorLayout(ctypes.Structure):
@@ -259,8 +289,13 @@ class Llama:
         wrong = declarations.check_struct(L.ffi, "ggml_tensor", {f: getattr(self.g.ggml_tensor, f).offset for f in TensorLayout.OFFSETS})
         if wrong:  # where the build declares ggml_tensor (its ggml.h): ggml-python's layout, with which graphs are read, must be it
             raise declarations.DeclarationsError(f"ggml-python's struct ggml_tensor does not match {decl.source}: {wrong}")
+        wrong = graph_head_wrong(self.g, CGraphHead)
+        if wrong:
+            raise declarations.DeclarationsError(f"struct ggml_cgraph of {loaded_library_path('libggml-base')} does not begin as "
+                                                 f"the worker reads it (CGraphHead, ggml-impl.h 0.15.3-0.26.0): {wrong}")
         # which layouts the build's own declarations confirmed (a binding's cdef may leave ggml's structs opaque)
-        self.layouts = "llama.h structs and ggml_tensor" if declarations.declares(L.ffi, "ggml_tensor") else "llama.h structs (ggml_tensor: ggml-python's)"
+        self.layouts = ("llama.h structs and ggml_tensor" if declarations.declares(L.ffi, "ggml_tensor") else "llama.h structs (ggml_tensor: ggml-python's)") \
+            + "; ggml_cgraph's head by ggml's own graph calls"
         self.records = ctypes.create_string_buffer(0)  # grown to the largest graph captured
         self.buffers = (ctypes.c_void_p * MAX_BUFFERS)()
         self.call = -1

@@ -147,6 +147,24 @@ def test_b11739s_graphs_are_captured_whole_and_predicted_by_the_reference() -> N
         f.close()
 
 
+def test_the_graph_head_is_checked_against_ggmls_own_graph_calls() -> None:
+    """``struct ggml_cgraph`` is private to ggml (no header declares it): the worker's reading of
+    its head is checked with a graph ggml makes; a head that lost a field is refused, naming it."""
+    from pytest_schedfuzz.ggml.lib import import_ggml
+    from pytest_schedfuzz.llama.worker import CGraphHead, graph_head_wrong
+
+    class NoGrads(ctypes.Structure):  # as if ggml had dropped ``grads`` before ``leafs``
+        _fields_ = [f for f in CGraphHead._fields_ if f[0] != "grads"]
+
+    class Shifted(ctypes.Structure):  # as if ggml had put a field before ``size``
+        _fields_ = [("flags", ctypes.c_int), *CGraphHead._fields_]
+
+    g = import_ggml()
+    assert graph_head_wrong(g, CGraphHead) == ""
+    assert "not the ADD's two operands" in graph_head_wrong(g, NoGrads)
+    assert "ggml says" in graph_head_wrong(g, Shifted)
+
+
 def test_a_users_prebuilt_folder_is_loaded_from_a_copy_with_its_bindings_declarations() -> None:
     """The installed package's own folder, as a user with a prebuilt build names it: its
     libraries (``.so.0`` only, built for glibc 2.38) are copied and made loadable, its binding's
