@@ -258,7 +258,7 @@ def llama_candidates(w: LlamaWorkload) -> Iterator[LlamaWorkload]:
     # the model's and the context's sizes (validate refuses what no longer fits or divides)
     m = w.model
     cands += [replace(w, model=small) for small in halvings(m, ("n_embd", "n_head", "n_head_kv", "n_ff"))]
-    if m.kind == "moe":
+    if m.has_experts:
         cands += [replace(w, model=small) for small in halvings(m, ("n_expert", "n_expert_used"))]
     cands += [replace(w, ctx=small) for small in halvings(w.ctx, ("n_ctx", "n_batch", "n_ubatch"))]
     yield from (c for c in cands if valid(c))

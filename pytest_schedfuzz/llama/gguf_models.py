@@ -1,5 +1,5 @@
 """GGUF files of the tiny models (``model.llama_model``: llama dense and MoE, mamba2,
-granitehybrid), written with the ``gguf`` package's own writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
+granitehybrid, glm4moe with an MTP layer), written with the ``gguf`` package's own writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
 per spec, written atomically so that pytest-xdist workers can share the cache), and LoRA
 adapters for them."""
 
@@ -37,7 +37,7 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(spec.n_ctx_train)
     w.add_embedding_length(spec.n_embd)
-    w.add_block_count(spec.n_layer)
+    w.add_block_count(spec.n_layer + spec.n_nextn)  # the NextN layers are the last blocks
     if spec.kind != "mamba2":  # mamba2 has neither FFN nor attention: no feed_forward_length, head_count
         w.add_feed_forward_length(spec.n_ff)
         w.add_head_count(spec.n_head)
@@ -49,9 +49,13 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
         w.add_rope_dimension_count(spec.head_dim)  # llama.cpp's "llama" loader requires n_rot == head dim
         w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    if spec.kind == "moe":
+    if spec.has_experts:
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
+    if spec.kind == "mtp":  # glm4-moe.cpp's load_arch_hparams requires the three
+        w.add_expert_feed_forward_length(spec.n_ff)
+        w.add_expert_shared_count(1)
+        w.add_nextn_predict_layers(spec.n_nextn)
     if spec.kind in RECURRENT_KINDS:
         w.add_ssm_conv_kernel(spec.ssm_conv)
         w.add_ssm_inner_size(spec.ssm_inner)
@@ -80,9 +84,12 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
 
     e, kv, ff, x = spec.n_embd, spec.head_dim * spec.n_head_kv, spec.n_ff, spec.n_expert
     w.add_tensor("token_embd.weight", weight(spec.n_vocab, e))
-    for il in range(spec.n_layer):
+    for il in range(spec.n_layer + spec.n_nextn):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", norm())
+        if spec.kind == "mtp":
+            _add_glm4moe_layer(w, spec, p, weight, norm, nextn=il >= spec.n_layer)
+            continue
         if spec.is_recurrent(il):
             _add_mamba2_mixer(w, spec, p, weight, rng)
             if spec.kind == "mamba2":
@@ -109,6 +116,31 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _add_glm4moe_layer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, norm, nextn: bool) -> None:
+    """A GLM-4.5 layer after its ``attn_norm`` (``llama_model_glm4_moe::load_arch_tensors``):
+    attention, the post-attention norm, the router with its expert bias, the routed experts and
+    the shared one; a NextN layer adds the projection of [embedding; hidden state] and its norms
+    (the MTP head's own embedding and output fall back on ``token_embd`` and ``output``)."""
+    e, kv, ff, x = spec.n_embd, spec.head_dim * spec.n_head_kv, spec.n_ff, spec.n_expert
+    w.add_tensor(p + "attn_q.weight", weight(e, e))
+    w.add_tensor(p + "attn_k.weight", weight(kv, e))
+    w.add_tensor(p + "attn_v.weight", weight(kv, e))
+    w.add_tensor(p + "attn_output.weight", weight(e, e))
+    w.add_tensor(p + "post_attention_norm.weight", norm())
+    w.add_tensor(p + "ffn_gate_inp.weight", weight(x, e))
+    w.add_tensor(p + "exp_probs_b.bias", np.zeros(x, dtype=np.float32))
+    w.add_tensor(p + "ffn_gate_exps.weight", weight(x, ff, e))
+    w.add_tensor(p + "ffn_up_exps.weight", weight(x, ff, e))
+    w.add_tensor(p + "ffn_down_exps.weight", weight(x, e, ff))
+    w.add_tensor(p + "ffn_gate_shexp.weight", weight(ff, e))
+    w.add_tensor(p + "ffn_up_shexp.weight", weight(ff, e))
+    w.add_tensor(p + "ffn_down_shexp.weight", weight(e, ff))
+    if nextn:
+        w.add_tensor(p + "nextn.eh_proj.weight", weight(e, 2 * e))
+        for name in ("enorm", "hnorm", "shared_head_norm"):
+            w.add_tensor(p + f"nextn.{name}.weight", norm())
 
 
 def _add_mamba2_mixer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, rng: np.random.Generator) -> None:

@@ -1,6 +1,7 @@
 """The tiny models llama.cpp runs, as plain data: a ``ModelSpec`` names a model of llama.cpp's
 "llama" architecture (dense or Mixtral-style mixture of experts), a pure recurrent Mamba-2
-("mamba2") or a hybrid of attention and Mamba-2 layers ("granitehybrid"), with a self-made
+("mamba2"), a hybrid of attention and Mamba-2 layers ("granitehybrid") or a GLM-4.5-style mixture
+of experts with a multi-token-prediction (NextN) layer ("glm4moe", kind "mtp"), with a self-made
 SentencePiece-style vocabulary (``TOKENS``); a ``LoraSpec`` a LoRA adapter for it. The files are
 written by ``llama.gguf_models``."""
 
@@ -40,7 +41,11 @@ KIND_ARCHS: dict[str, tuple[str, ...]] = {
     "moe": ("llama",),
     "mamba2": ("mamba2",),  # pure recurrent: Mamba-2 layers only, no attention, no FFN
     "hybrid": ("granitehybrid",),  # GraniteMoeHybrid: attention layers (attn_layers) among Mamba-2 layers, each with an FFN
+    # GLM-4.5 (LLM_ARCH_GLM4_MOE): MoE layers with a shared expert, then one NextN (MTP) layer; the
+    # smallest architecture that both 0.3.36 and b11739 load with an MTP draft graph (it must be MoE)
+    "mtp": ("glm4moe",),
 }
+EXPERT_KINDS = ("moe", "mtp")
 RECURRENT_KINDS = ("mamba2", "hybrid")
 
 # the Mamba-2 sizes (fields of ModelSpec added with the recurrent kinds: to_json leaves them out
@@ -76,6 +81,11 @@ class ModelSpec:
     are unused there (still checked against their bounds). hybrid: ``attn_layers`` distinct
     layer indices in increasing order, at least one, and at least one recurrent layer left
     (so n_layer >= 2); it is ``()`` for every other kind. Neither recurrent kind has experts.
+
+    mtp: ``n_layer`` MoE layers (experts as moe's, ``n_ff`` each expert's and the one shared
+    expert's FFN size, sigmoid routing with a bias), then one NextN layer (``blk.{n_layer}``, a
+    full layer of its own plus ``nextn.eh_proj``/``enorm``/``hnorm``/``shared_head_norm``):
+    llama.cpp's trunk has ``n_layer`` layers, and a context of type MTP runs the NextN layer.
     """
 
     arch: str = "llama"
@@ -120,6 +130,15 @@ class ModelSpec:
         """Channels of the causal convolution: x, B and C."""
         return self.ssm_inner + 2 * self.ssm_groups * self.ssm_state
 
+    @property
+    def has_experts(self) -> bool:
+        return self.kind in EXPERT_KINDS
+
+    @property
+    def n_nextn(self) -> int:
+        """NextN (MTP) layers after the trunk's ``n_layer``."""
+        return 1 if self.kind == "mtp" else 0
+
     def is_recurrent(self, il: int) -> bool:
         """Whether layer ``il`` is a Mamba-2 layer."""
         return self.kind == "mamba2" or (self.kind == "hybrid" and il not in self.attn_layers)
@@ -132,13 +151,16 @@ class ModelSpec:
         attn = 2 * e + 2 * e * e + 2 * e * kv  # with the attention and FFN norms
         if self.kind == "moe":
             ffn = e * self.n_expert + 3 * e * self.n_ff * self.n_expert
+        elif self.kind == "mtp":  # the router and its bias, the experts, the shared expert
+            ffn = e * self.n_expert + self.n_expert + 3 * e * self.n_ff * (self.n_expert + 1)
         else:
             ffn = 3 * e * self.n_ff
         d_in_proj = self.ssm_inner + self.ssm_conv_dim + self.ssm_heads
         # norm, in_proj, conv1d weight and bias, dt bias, A, D, grouped norm, out_proj
         ssm = e + e * d_in_proj + (self.ssm_conv + 1) * self.ssm_conv_dim + 3 * self.ssm_heads + self.ssm_inner + self.ssm_inner * e
         per_layer = [ssm if self.kind == "mamba2" else ssm + e + ffn if self.is_recurrent(il) else attn + ffn for il in range(self.n_layer)]
-        return 2 * self.n_vocab * e + e + sum(per_layer)
+        nextn = self.n_nextn * (attn + ffn + 2 * e * e + 3 * e)  # a full layer, eh_proj and its three norms
+        return 2 * self.n_vocab * e + e + sum(per_layer) + nextn
 
     def validate(self) -> None:
         """Raise ``ValueError`` with a one-line message naming the first field out of range."""
@@ -162,12 +184,12 @@ class ModelSpec:
             raise ValueError(f"n_head: head dimension n_embd/n_head={self.head_dim} must be even for rope")
         if not 1 <= self.n_head_kv <= self.n_head or self.n_head % self.n_head_kv:
             raise ValueError(f"n_head_kv: must divide n_head={self.n_head}, got {self.n_head_kv}")
-        if self.kind != "moe":
+        if not self.has_experts:
             if self.n_expert or self.n_expert_used:
                 raise ValueError(f"n_expert: {self.kind} means n_expert = n_expert_used = 0, got {self.n_expert}, {self.n_expert_used}")
         else:
             if not 4 <= self.n_expert <= 16:
-                raise ValueError(f"n_expert: a moe model has 4..16 experts, got {self.n_expert}")
+                raise ValueError(f"n_expert: a {self.kind} model has 4..16 experts, got {self.n_expert}")
             if not 1 <= self.n_expert_used <= self.n_expert:
                 raise ValueError(f"n_expert_used: must be in 1..n_expert={self.n_expert}, got {self.n_expert_used}")
         if self.kind in RECURRENT_KINDS:
@@ -207,7 +229,8 @@ class ModelSpec:
         ssm = f"Mamba-2 state {self.ssm_state}, conv {self.ssm_conv}, {self.ssm_heads} heads of {self.ssm_head_dim} in {self.ssm_groups} groups"
         if self.kind == "mamba2":
             return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, {ssm}"
-        experts = f", {self.n_expert} experts top-{self.n_expert_used}" if self.kind == "moe" else ""
+        experts = f", {self.n_expert} experts top-{self.n_expert_used}" if self.has_experts else ""
+        experts += ", a shared expert and an MTP (NextN) layer" if self.kind == "mtp" else ""
         hybrid = f", attention in layers {list(self.attn_layers)}, the others {ssm}" if self.kind == "hybrid" else ""
         return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv}, n_ff {self.n_ff}{experts}{hybrid}"
 

@@ -33,8 +33,10 @@ HYBRID = ModelSpec(arch="granitehybrid", kind="hybrid", n_layer=3, attn_layers=(
 LARGE_MAMBA2 = ModelSpec(arch="mamba2", kind="mamba2", n_layer=8, n_embd=128, ssm_state=32, ssm_groups=2, ssm_head_dim=32, seed=5)
 LARGE_HYBRID = ModelSpec(arch="granitehybrid", kind="hybrid", n_layer=6, n_embd=128, n_head=8, n_head_kv=2, n_ff=144, ssm_groups=2, ssm_head_dim=32,
                          attn_layers=(2, 5), seed=11)
-ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID]
-IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid"]
+# GLM-4.5 style: two MoE layers with a shared expert, then the MTP (NextN) layer
+MTP = ModelSpec(arch="glm4moe", kind="mtp", n_ff=32, n_expert=4, n_expert_used=2)
+ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, MTP]
+IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid", "mtp"]
 
 # computed before the recurrent kinds were added: their fields must not change a dense or moe
 # spec's JSON, file name (cache key) or bytes (else FORMAT_VERSION must be bumped)
@@ -260,6 +262,20 @@ def test_hybrid_tensor_layout(tmp_path: Path):
     assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
 
 
+def test_mtp_tensor_layout(tmp_path: Path):
+    """glm4moe (src/models/glm4-moe.cpp): block_count counts the NextN layer, the last block;
+    every layer has a router bias and a shared expert; the NextN layer its projection of
+    [embedding; hidden state] and the norms llama.cpp requires."""
+    shapes, r = _layout(write_model(MTP, tmp_path))
+    assert r.fields["glm4moe.block_count"].contents() == 3 and r.fields["glm4moe.nextn_predict_layers"].contents() == 1
+    assert r.fields["glm4moe.expert_shared_count"].contents() == 1
+    for il in range(3):
+        assert shapes[f"blk.{il}.exp_probs_b.bias"] == [MTP.n_expert] and shapes[f"blk.{il}.ffn_up_shexp.weight"] == [MTP.n_embd, MTP.n_ff]
+        assert (f"blk.{il}.nextn.eh_proj.weight" in shapes) == (il == 2)
+    assert shapes["blk.2.nextn.eh_proj.weight"] == [2 * MTP.n_embd, MTP.n_embd]
+    assert sum(math.prod(s) for s in shapes.values()) == MTP.n_params
+
+
 # Run in a child process, so that an abort in llama.cpp fails the test instead of killing pytest.
 # Prints one JSON line: what the test checks.
 LOAD_AND_DECODE = r"""
@@ -278,6 +294,7 @@ L.llama_backend_init()
 
 mp = L.llama_model_default_params()
 mp.n_gpu_layers = 0
+mp.load_mtp = sys.argv[2] == "mtp"  # else llama.cpp skips the NextN layer's tensors, and says so
 model = L.llama_model_load_from_file(sys.argv[1].encode(), mp)
 assert model, "llama_model_load_from_file failed"
 cp = L.llama_context_default_params()
@@ -323,7 +340,7 @@ L.llama_backend_free()
 def test_llama_cpp_loads_and_decodes(tmp_path: Path, spec: ModelSpec):
     path = write_model(spec, tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-c", LOAD_AND_DECODE, str(path)], check=False, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", LOAD_AND_DECODE, str(path), spec.kind], check=False, capture_output=True, text=True, timeout=120,
         env=os.environ | {"GGML_NO_BACKTRACE": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
