@@ -216,17 +216,22 @@ class Fuzzer:
         """llama-matches-reference: the workload's graphs, captured, predicted by the reference with
         the rules of llama.cpp's ggml. A workload whose graphs no scenario can say is counted
         (``llama_not_captured``, by cause), not judged."""
-        try:
-            captured = capture(workload, trace)
-        except CaptureError as e:
-            self.stats.llama_not_captured[e.kind] = self.stats.llama_not_captured.get(e.kind, 0) + 1
-            return []
-        self.stats.llama_captured += 1
-        self.stats.llama_captured_nodes += sum(len(s.node_backends) for s in captured.steps)
-        for op, n in captured.ops.items():
-            self.stats.captured_ops[op] = self.stats.captured_ops.get(op, 0) + n
         rules, _ = rules_for(trace.engine.get("ggml_version"))
-        return llama_matches_reference(workload, captured, self.reference_for(rules)(captured.scenario))
+        found: list[props.Violation] = []
+        for context in (0, 1) if workload.draft else (0,):  # the draft context's graphs are a scenario of their own
+            try:
+                captured = capture(workload, trace, context)
+            except CaptureError as e:
+                self.stats.llama_not_captured[e.kind] = self.stats.llama_not_captured.get(e.kind, 0) + 1
+                continue
+            self.stats.llama_captured += 1
+            self.stats.llama_captured_nodes += sum(len(s.node_backends) for s in captured.steps)
+            for op, n in captured.ops.items():
+                self.stats.captured_ops[op] = self.stats.captured_ops.get(op, 0) + n
+            found += llama_matches_reference(workload, captured, self.reference_for(rules)(captured.scenario))
+            if found:
+                break
+        return found
 
     def reference_for(self, rules: Rules) -> Predict:
         """The reference of ``rules``' version (a user's ``--schedfuzz-reference`` replaces it)."""

@@ -352,6 +352,12 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         "output limits": bool(c.n_outputs_max or c.n_outputs_max_per_seq),
         "multi-sequence batch": any(len(x.parts) > 1 for x in w.calls if x.kind == "decode"),
         "batch > n_ubatch": any(x.n_tokens() > c.n_ubatch for x in w.calls if x.kind == "decode"),
+        # llama-server's speculative decoding (llama.speculative): a draft context, or n-gram drafts
+        "draft mtp (an MTP context)": w.draft == "mtp",
+        "speculative steps, draft mtp": w.draft == "mtp" and any(x.kind == "spec" for x in w.calls),
+        "speculative steps, n-gram drafts": not w.draft and any(x.kind == "spec" for x in w.calls),
+        "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n for x in w.calls),
+        "checkpoints": any(x.kind == "checkpoint" for x in w.calls),
     }
     return out + [k for k, v in checks.items() if v]
 
@@ -366,6 +372,7 @@ def llama_observed(trace: LlamaTrace) -> list[str]:
         "observed: n_copies > 1": any(s.n_copies > 1 for s in calls),
         "observed: pipeline parallelism dropped (compute buffers did not fit)": len(init) > 1 and init[0].parallel and not init[-1].parallel,
         "observed: op offloaded to a device": any(s.offloaded for s in calls),
+        "observed: the draft context's scheduler re-planned": any(s.context and s.realloc for s in calls),
         "observed: flash attention auto, off (a device refused it)": trace.flash_attn() == "off",
     }
     return [k for k, v in checks.items() if v]

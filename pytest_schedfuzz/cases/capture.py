@@ -122,13 +122,14 @@ OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, An
     "SUM": ("sum", lambda s: s[:1], lambda t: {}),
     "LOG": ("log", lambda s: s[:1], lambda t: {}),
     "EXP": ("exp", lambda s: s[:1], lambda t: {}),
+    "SIGMOID": ("sigmoid", lambda s: s[:1], lambda t: {}),
     "STEP": ("step", lambda s: s[:1], lambda t: {}),
     "CUMSUM": ("cumsum", lambda s: s[:1], lambda t: {}),
     "FILL": ("fill", lambda s: s[:1], lambda t: {"value": _f32(_word(t, 0))}),
     "SSM_CONV": ("ssm_conv", lambda s: s[:2], lambda t: {}),
     "SSM_SCAN": ("ssm_scan", lambda s: s[:7], lambda t: {"k": _word(t, 0)}),
 }
-UNARY_OPS = frozenset({"SILU", "EXP", "STEP"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
+UNARY_OPS = frozenset({"SILU", "EXP", "SIGMOID", "STEP"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
 
 
@@ -377,10 +378,12 @@ def preparer(workload: LlamaWorkload, warm: Callable[[GraphSpec], object]) -> Ca
     return prepare
 
 
-def capture(workload: LlamaWorkload, trace: LlamaTrace) -> Captured:
+def capture(workload: LlamaWorkload, trace: LlamaTrace, context: int = 0) -> Captured:
     """The scenario of a captured run (``LlamaTarget.run(workload, capture=True)``) and what ggml
-    did at each of its reserves and allocs inside llama.cpp."""
+    did at each of its reserves and allocs inside llama.cpp: of the target context's schedulers,
+    or (``context`` 1) of the draft context's, each a scenario of its own."""
     calls = trace.sched_calls() + ([(trace.abort.call, s) for s in trace.abort.sched] if trace.abort is not None else [])
+    calls = [(call, s) for call, s in calls if s.context == context]
     if trace.abort is not None and not any(s.capture for _, s in calls):
         raise CaptureError(f"the workload ended ({trace.abort.kind} in call {trace.abort.call}) before any graph was captured", kind="abort before a graph")
     layout: BackendLayout | None = None

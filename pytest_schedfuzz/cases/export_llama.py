@@ -40,6 +40,7 @@ from ..llama.target import BUILT_IN, resolve_lib_dir
 from ..llama.upstream import LIBRARIES
 from ..llama.worker import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
+from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
@@ -216,9 +217,20 @@ def _call(i: int, c: Call) -> str:
         body = f"rc = set_loras({c.n});"
     elif k in ("set_embeddings", "set_causal_attn", "set_warmup"):
         body = f"llama_{k}(ctx, {str(c.flag).lower()});"
+    elif k == "spec":
+        body = f"rc = spec({c.seq}, {c.n}, {c.accept});"
     else:
         raise ExportError(f"call {i}: {k} has no C form in the exporter")
+    if k in _MIRRORED:  # llama-server's common_memory: the draft context too (a no-op without one)
+        body += f" if (rc == 0) {_MIRRORED[k].format(c=c, end=c.n_keep + c.n)}"
     return f"{head}\n    rc = 0; {body}\n    end({i}, rc);"
+
+
+# what a memory call on the target does to the draft context (``llama.worker.Llama._mirror``)
+_MIRRORED = {
+    "seq_rm": "dft_drop_after({c.seq});", "restore": "dft_drop_after({c.seq});", "seq_cp": "dft_copy({c.seq}, {c.dst});",
+    "seq_keep": "dft_keep({c.seq});", "clear": "dft_clear();", "shift": "dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});",
+}
 
 
 def _chains() -> str:
@@ -240,6 +252,8 @@ def _devices(w: LlamaWorkload) -> str:
 def _model_params(w: LlamaWorkload) -> str:
     dv = w.devices
     lines = [f"mp.n_gpu_layers = {dv.n_gpu_layers};", f"mp.split_mode = {_SPLIT[dv.split_mode]};", f"mp.main_gpu = {dv.main_gpu};"]
+    if w.draft == "mtp":
+        lines.append("mp.load_mtp = true;  /* the MTP layer, for the draft context (llama-server's draft-mtp) */")
     if dv.tensor_split:
         lines.append(f"static float split[128] = {{{', '.join(f'{x!r}f' for x in dv.tensor_split)}}}; mp.tensor_split = split;")
     if dv.overrides:
@@ -336,6 +350,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
         chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
         record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict), cpu_threads=CPU_THREADS,
+        draft_mtp=int(w.draft == "mtp"), recurrent=int(w.model.kind in RECURRENT_KINDS),
         run_calls="\n".join(_RUN_CALLS.format(
             what=what, variant=k, devices=_devices(v), model_params=_model_params(v), context_params=_context_params(v), calls=calls, watch=watch,
             gpu_free=", ".join(str(x) for x in v.devices.gpu_free) or "0", n_gpu_free=len(v.devices.gpu_free), n_gpus=len(v.devices.gpus),
@@ -484,7 +499,7 @@ add_executable(repro {sources})
 target_include_directories(repro PRIVATE ${{INCLUDES}})
 target_compile_definitions(repro PRIVATE _GNU_SOURCE{declared} REPRO_DIR="${{CMAKE_CURRENT_SOURCE_DIR}}" REPRO_RPC_SERVER="$<TARGET_FILE:repro-rpc-server>")
 set_property(TARGET repro PROPERTY C_STANDARD 11)
-target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
+target_link_libraries(repro PRIVATE ${{LIBS}} pthread m dl)
 set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
 """
 
@@ -518,6 +533,10 @@ static void run_calls_{variant}(void) {{
     begin(-1, "llama_init_from_model (it reserves the worst case)");
     ctx = llama_init_from_model(model, cp);
     if (!ctx) {{ printf("    the context did not initialize\n"); report("DONE %d %s\n", -1, ""); return; }}
+    if (DRAFT_MTP) {{
+        make_draft_context(cp);
+        if (!dft) {{ report("DONE %d %s\n", -1, ""); return; }}
+    }}
     end(-1, 0);
     mem = llama_get_memory(ctx);
 {calls}
@@ -550,6 +569,7 @@ _TEMPLATE = r"""/* schedfuzz reproducer of a llama.cpp case: {signature}
 #include <unistd.h>
 #include <fcntl.h>
 #include <math.h>
+#include <dlfcn.h>
 
 #define HAVE_GPUS {have_gpus}
 #if HAVE_GPUS
@@ -558,7 +578,8 @@ void schedfuzz_fake_gpu_set_free(ggml_backend_dev_t dev, size_t bytes);
 ggml_backend_reg_t schedfuzz_fake_gpu_register(const char * name, ggml_backend_dev_t cpu_dev, const struct fake_gpu_config * cfg);
 #endif
 
-enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_LORAS = {n_loras}, RECORD_LOGITS = {record_logits} }};
+enum {{ N_RPC = {n_rpc}, N_DEVICES = {n_devices}, N_GPUS = {n_gpus}, N_LORAS = {n_loras}, RECORD_LOGITS = {record_logits},
+       DRAFT_MTP = {draft_mtp}, RECURRENT = {recurrent} }};
 #define RPC_THREADS "{cpu_threads}"  /* as the harness's RPC servers */
 struct part {{ int seq, n_tokens, outputs; }};  /* outputs: 0 none, 1 the last token, 2 all */
 
@@ -614,6 +635,109 @@ static void end(int call, int rc) {{
 
 {chains}
 
+/* ------------------------------------------------ the draft (MTP) context: llama-server's draft-mtp */
+
+static struct llama_context * dft;
+static llama_memory_t dft_mem;
+static int n_embd_out;
+static float * pending[64];   /* per sequence: the hidden state its next token goes in with */
+static float * verified[64];  /* per sequence: the target's states of its tokens in the last batch */
+static int n_verified[64];
+/* llama-ext.h (C++, no extern "C"): both builds export these under their mangled names */
+static void (*set_embeddings_nextn)(struct llama_context *, bool, bool);
+static float * (*get_embeddings_nextn_ith)(struct llama_context *, int32_t);
+static bool (*set_embd)(struct llama_batch_ext *, int32_t, struct llama_embd);  /* the setter this build takes a state with */
+
+static int token_at(int seq, llama_pos pos) {{
+    int span = n_vocab - 3 > 1 ? n_vocab - 3 : 1;
+    return 3 + (seq * 31 + pos * 7) % span;  /* as the harness chooses them */
+}}
+
+static void make_draft_context(struct llama_context_params cp) {{
+    set_embeddings_nextn = (void (*)(struct llama_context *, bool, bool)) dlsym(RTLD_DEFAULT, "_Z26llama_set_embeddings_nextnP13llama_contextbb");
+    get_embeddings_nextn_ith = (float * (*)(struct llama_context *, int32_t)) dlsym(RTLD_DEFAULT, "_Z30llama_get_embeddings_nextn_ithP13llama_contexti");
+    if (!set_embeddings_nextn || !get_embeddings_nextn_ith) {{ fprintf(stderr, "this libllama exports no NextN functions\n"); exit(77); }}
+    set_embeddings_nextn(ctx, true, false);
+    cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+    cp.ctx_other = ctx;
+    cp.samplers = NULL;
+    cp.n_samplers = 0;
+    dft = llama_init_from_model(model, cp);
+    if (!dft) {{ printf("    the draft context did not initialize\n"); return; }}
+    set_embeddings_nextn(dft, true, true);
+    dft_mem = llama_get_memory(dft);
+    n_embd_out = llama_model_n_embd_out(model);
+    for (int s = 0; s < 64; s++) {{ pending[s] = calloc((size_t) n_embd_out, sizeof(float)); verified[s] = NULL; n_verified[s] = 0; }}
+}}
+
+/* one llama_process of the draft context: a token, its position and sequence, a hidden state each */
+static int dft_process(const int * toks, const llama_pos * pos, const int * seqs, float * const * states, int n, bool out) {{
+    struct llama_batch_ext * b = llama_batch_ext_init(dft);
+    for (int i = 0; i < n; i++) {{
+        int32_t at = llama_batch_ext_add_token(b, seqs[i], toks[i]);
+        llama_pos p[4] = {{ pos[i], pos[i], pos[i], pos[i] }};
+        llama_batch_ext_set_pos(b, at, p);
+        struct llama_embd e = {{ states[i], 1, (size_t) n_embd_out }};
+        if (!set_embd) set_embd = llama_batch_ext_set_embd_state(b, at, e) ? llama_batch_ext_set_embd_state : llama_batch_ext_set_embd_token;
+        if (!set_embd(b, at, e)) {{ fprintf(stderr, "the draft context refused a hidden state\n"); exit(77); }}
+        if (out) llama_batch_ext_set_output_logits(b, at, true);
+    }}
+    int rc = llama_process(dft, LLAMA_PROCESS_TYPE_DECODE, b);
+    llama_synchronize(dft);
+    llama_batch_ext_free(b);
+    return rc;
+}}
+
+/* after the target decoded batch: the same tokens in the draft context, each with its sequence's previous state */
+static int dft_catch_up(const struct llama_batch * batch) {{
+    int n = batch->n_tokens, * toks = malloc(sizeof(int) * (size_t) n), * seqs = malloc(sizeof(int) * (size_t) n);
+    llama_pos * pos = malloc(sizeof(llama_pos) * (size_t) n);
+    float ** states = malloc(sizeof(float *) * (size_t) n);
+    for (int s = 0; s < 64; s++) n_verified[s] = 0;
+    for (int j = 0; j < n; j++) {{
+        int s = batch->seq_id[j][0];
+        toks[j] = batch->token[j]; pos[j] = batch->pos[j]; seqs[j] = s;
+        states[j] = malloc(sizeof(float) * (size_t) n_embd_out);
+        memcpy(states[j], pending[s], sizeof(float) * (size_t) n_embd_out);
+        const float * h = get_embeddings_nextn_ith(ctx, j);
+        verified[s] = realloc(verified[s], sizeof(float) * (size_t) n_embd_out * (size_t) (n_verified[s] + 1));
+        memcpy(verified[s] + (size_t) n_verified[s]++ * n_embd_out, h, sizeof(float) * (size_t) n_embd_out);
+        memcpy(pending[s], h, sizeof(float) * (size_t) n_embd_out);
+    }}
+    int rc = n ? dft_process(toks, pos, seqs, states, n, false) : 0;
+    for (int j = 0; j < n; j++) free(states[j]);
+    free(toks); free(seqs); free(pos); free(states);
+    return rc;
+}}
+
+/* n tokens drafted one at a time, each with the state before it; then their positions dropped */
+static int dft_draft(int seq, llama_pos pos0, int n) {{
+    llama_pos kept = llama_memory_seq_pos_max(dft_mem, seq);
+    float * h = malloc(sizeof(float) * (size_t) n_embd_out);
+    memcpy(h, pending[seq], sizeof(float) * (size_t) n_embd_out);
+    for (int i = 0; i < n; i++) {{
+        int tok = token_at(seq, pos0 + i);
+        llama_pos p = pos0 + i;
+        int rc = dft_process(&tok, &p, &seq, &h, 1, true);
+        if (rc) {{ free(h); return rc; }}
+        memcpy(h, get_embeddings_nextn_ith(dft, 0), sizeof(float) * (size_t) n_embd_out);
+    }}
+    free(h);
+    return llama_memory_seq_rm(dft_mem, seq, kept + 1, -1) ? 0 : -100;
+}}
+
+static void dft_drop_after(int seq) {{ if (dft) llama_memory_seq_rm(dft_mem, seq, llama_memory_seq_pos_max(mem, seq) + 1, -1); }}
+static void dft_copy(int seq, int dst) {{
+    if (dft) {{ llama_memory_seq_cp(dft_mem, seq, dst, -1, -1); memcpy(pending[dst], pending[seq], sizeof(float) * (size_t) n_embd_out); }}
+}}
+static void dft_keep(int seq) {{ if (dft) llama_memory_seq_keep(dft_mem, seq); }}
+static void dft_clear(void) {{
+    if (dft) {{ llama_memory_clear(dft_mem, true); for (int s = 0; s < 64; s++) memset(pending[s], 0, sizeof(float) * (size_t) n_embd_out); }}
+}}
+static void dft_shift(int seq, int a, int b, int n) {{
+    if (dft && llama_memory_seq_rm(dft_mem, seq, a, b)) llama_memory_seq_add(dft_mem, seq, b, -1, -n);
+}}
+
 /* ------------------------------------------------------------------------ the calls */
 
 static int decode(const struct part * parts, int n_parts) {{
@@ -649,23 +773,48 @@ static int decode(const struct part * parts, int n_parts) {{
             free(line);
         }}
     }}
+    if (rc == 0 && dft) rc = dft_catch_up(&batch);
     llama_batch_free(batch);
     return rc;
 }}
 
-static int checkpoint(int seq) {{
+static int checkpoint_in(int slot, int seq) {{
     size_t size = llama_state_seq_get_size_ext(ctx, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-    free(checkpoints[seq].data);
-    checkpoints[seq].data = malloc(size ? size : 1);
-    size_t got = llama_state_seq_get_data_ext(ctx, checkpoints[seq].data, size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-    checkpoints[seq].size = size;
-    checkpoints[seq].pos = llama_memory_seq_pos_max(mem, seq);
+    free(checkpoints[slot].data);
+    checkpoints[slot].data = malloc(size ? size : 1);
+    size_t got = llama_state_seq_get_data_ext(ctx, checkpoints[slot].data, size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+    checkpoints[slot].size = size;
+    checkpoints[slot].pos = llama_memory_seq_pos_max(mem, seq);
     return got != size;
 }}
 
-static int restore(int seq) {{
-    if (!llama_state_seq_set_data_ext(ctx, checkpoints[seq].data, checkpoints[seq].size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)) return 1;
-    return !llama_memory_seq_rm(mem, seq, checkpoints[seq].pos + 1, -1);
+static int restore_from(int slot, int seq) {{
+    if (!llama_state_seq_set_data_ext(ctx, checkpoints[slot].data, checkpoints[slot].size, seq, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)) return 1;
+    return !llama_memory_seq_rm(mem, seq, checkpoints[slot].pos + 1, -1);
+}}
+
+static int checkpoint(int seq) {{ return checkpoint_in(seq, seq); }}
+static int restore(int seq) {{ return restore_from(seq, seq); }}
+
+/* ------------------------------------------- speculative decoding (the harness's llama/speculative.py) */
+
+static int spec(int seq, int n, int accept) {{
+    llama_pos pos0 = llama_memory_seq_pos_max(mem, seq) + 1;
+    if (dft) {{ int rc = dft_draft(seq, pos0, n); if (rc) return rc; }}
+    /* a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL) */
+    int saved = RECURRENT && accept < n && checkpoint_in(32 + seq, seq) == 0;
+    struct part verify = {{ seq, 1 + n, 2 }};
+    int rc = decode(&verify, 1);
+    if (rc || accept == n) return rc;
+    llama_pos keep = pos0 + accept + 1;
+    if (dft) {{
+        if (accept < n_verified[seq]) memcpy(pending[seq], verified[seq] + (size_t) accept * n_embd_out, sizeof(float) * (size_t) n_embd_out);
+        llama_memory_seq_rm(dft_mem, seq, keep, -1);
+    }}
+    if (llama_memory_seq_rm(mem, seq, keep, -1)) return 0;
+    if (!saved || restore_from(32 + seq, seq)) return -100;  /* the rollback failed: the harness says so too */
+    struct part again = {{ seq, accept + 1, 0 }};  /* the accepted tokens again */
+    return decode(&again, 1);
 }}
 
 static int set_loras(int bits) {{

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..engine import TargetError
+from ..engine import TargetError, Unsupported
 from ..files import cache_dir
 from ..ggml.crash import build_preload, with_preload
 from ..ggml.lib import child_env, lib_overlay
@@ -131,6 +131,8 @@ class LlamaTarget(WorkerTarget):
                 self._worker = None
                 worker.close()
                 raise
+            if isinstance(result, Unsupported):
+                raise result
             if isinstance(result, str):  # an RPC server did not answer: replace it, once
                 if attempt:
                     raise TargetError(f"the RPC server at {result} does not answer, even after a restart")
@@ -154,7 +156,7 @@ class LlamaTarget(WorkerTarget):
             return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})
         return LlamaTrace.from_messages(calls, None, self.engine, result)
 
-    def _collect(self, worker: Worker, calls: list[dict[str, Any]], on_graph: Callable[[dict[str, Any]], None] | None) -> dict[str, int] | LlamaAbort | str:
+    def _collect(self, worker: Worker, calls: list[dict[str, Any]], on_graph: Callable[[dict[str, Any]], None] | None) -> dict[str, int] | LlamaAbort | str | Unsupported:
         current = -1
         graphs: dict[int, tuple[Any, ...]] = {}  # the graphs the workload captured, by the worker's id
         while True:
@@ -180,6 +182,8 @@ class LlamaTarget(WorkerTarget):
                 return LlamaAbort(int(a["call"]), "abort", a["message"], tuple(SchedCall.from_json(s) for s in a.get("sched", ())), str(a.get("phase", "")))
             elif "unreachable" in msg:
                 return str(msg["unreachable"])
+            elif "unsupported" in msg:  # refused before any call: the worker waits for the next workload
+                return Unsupported(str(msg["unsupported"]))
             elif "error" in msg:
                 raise TargetError(f"the llama.cpp worker failed (harness, not llama.cpp):\n{msg['error']}")
             else:

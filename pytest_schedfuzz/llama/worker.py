@@ -14,7 +14,8 @@ cannot corrupt them.
   a workload are one it captured before, each ubatch of the same size), answered with
   ``{"begin": i}`` before call ``i`` (``-1``: creating the context, whose constructor reserves),
   ``{"call": <record>}`` after it, then ``{"done": {...}}``; ``{"unreachable": endpoint}`` when an
-  RPC server does not answer; ``{"error": message}`` when the harness failed;
+  RPC server does not answer; ``{"error": message}`` when the harness failed; ``{"unsupported":
+  message}``, before any call, when the workload sets a context parameter this build lacks;
 * on a ggml abort: ``{"abort": {"call": i, "message": text}}`` from ggml's abort callback, then
   the process dies; in a captured run, ``"sched"`` adds the call's scheduler calls up to the one that
   aborted, which is last, ``"aborted": true``, with its graph.
@@ -30,6 +31,7 @@ from ggml's debug log (``GGML_SCHED_DEBUG=1`` prints the split headers; a Debug 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -39,7 +41,7 @@ import re
 import struct
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -50,9 +52,11 @@ from ..ggml.engine import CPU_THREADS, VIEW_OP_NAMES, Channel, FakeGpuConfig, Gg
 from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
-from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload
+from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload, Part
+from ..model.llama_model import RECURRENT_KINDS
 from ..model.scenario import BackendSpec
 from . import declarations, graph_records
+from .speculative import BATCH_EXT, CONTEXT_TYPE_MTP, MtpDraft, nextn_functions
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET,
@@ -84,6 +88,7 @@ CALL_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "set_embeddings": ("llama_set_embeddings",),
     "set_causal_attn": ("llama_set_causal_attn",),
     "set_warmup": ("llama_set_warmup",),
+    "spec": ("llama_memory_seq_rm",),
 }
 CORE = ("llama_backend_init", "llama_batch_free", "llama_batch_init", "llama_context_default_params", "llama_decode", "llama_free",
         "llama_get_logits_ith", "llama_get_memory", "llama_init_from_model", "llama_log_set", "llama_max_devices", "llama_memory_seq_pos_max",
@@ -97,7 +102,7 @@ TENSOR_FLAG_INPUT = 1
 KV_TYPE = {"f16": 1, "f32": 0, "q8_0": 8}  # enum ggml_type
 FLASH = {"off": 0, "on": 1, "auto": -1}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
-SPLIT_MODE = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
+SPLIT_MODE = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
@@ -236,6 +241,15 @@ class Llama:
         self.L = L
         self.declarations = decl.source
         self.absent_calls = tuple(kind for kind, fns in CALL_FUNCTIONS.items() if not all(L.has(f) for f in fns))
+        # draft-mtp: llama.h's extended batch and llama-ext.h's NextN functions (speculative.py)
+        self.nextn = nextn_functions(L.lib_path) if all(L.has(f) for f in BATCH_EXT) else None
+        if self.nextn is None:
+            self.absent_calls += ("draft mtp",)
+        self.context = 0  # whose scheduler calls come now: 0 the target context, 1 the draft context
+        self.sched_context: dict[int, int] = {}  # scheduler id -> the context that made it
+        self.mtp: MtpDraft | None = None
+        # context parameters this build's llama_context_params lacks (b11739's moe_cache_size on 0.3.36)
+        self.absent_params = tuple(p for p in OPTIONAL_PARAMS if p not in L.llama_context_params.FIELDS)
         # a Debug build logs each reallocation with ggml-alloc's reason; a Release one is observed through the callback alone
         self.logs_reallocs = logs_reallocs
         self.chan = chan
@@ -352,17 +366,17 @@ class Llama:
             line = (text or b"").decode(errors="replace")
             if line.startswith("sched_reserve: max_nodes = "):
                 # llama_context::sched_reserve: the worst case is reserved again (on a new or a kept scheduler)
-                self.sched_events.append({"kind": "sched_reserve", "sched": -1, "max_nodes": int(line.split("=")[1])})
+                self.sched_events.append({"kind": "sched_reserve", "sched": -1, "context": self.context, "max_nodes": int(line.split("=")[1])})
             elif m := LLAMA_REALLOC.match(line):
                 # the seeds' llama.cpp: its own count of the reallocations it did not expect, after this one
                 self.llama_said = {k: int(v) for k, v in m.groupdict().items() if v is not None}
             elif m := LLAMA_SCHED_PARAMS.match(line):
                 # the seeds' sched_new: the parameters llama.cpp asks a scheduler for
-                self.sched_events.append({"kind": "sched_params", "sched": -1, "max_nodes": int(m["max_nodes"]),
+                self.sched_events.append({"kind": "sched_params", "sched": -1, "context": self.context, "max_nodes": int(m["max_nodes"]),
                                           "parallel": m["parallel"] == "1", "op_offload": m["op_offload"] == "1"})
             elif m := LLAMA_SCHED_REUSE.match(line):
                 # the seeds' sched_new kept the scheduler it had (sched_params::can_reuse)
-                self.sched_events.append({"kind": "reuse", "sched": self.n_scheds - 1, "max_nodes": int(m["max_nodes"]),
+                self.sched_events.append({"kind": "reuse", "sched": self.n_scheds - 1, "context": self.context, "max_nodes": int(m["max_nodes"]),
                                           "current_max_nodes": int(m["current"])})
             if PLACEMENT.search(line):
                 self.placement.append(line.strip())
@@ -419,6 +433,7 @@ class Llama:
             # ids by creation: a new scheduler may get a freed one's address
             sid = self.scheds[sched] = self.n_scheds
             self.n_scheds += 1
+            self.sched_context[sid] = self.context
             self.backends[sid] = self._backends(sched)
             self.sched_events.append({"kind": "new", "sched": sid, "max_nodes": a, "parallel": bool(b & 1), "op_offload": bool(c),
                                       "observes_realloc": bool(b & 2)})
@@ -670,6 +685,7 @@ class Llama:
             "declarations": self.declarations,
             "layouts_checked": self.layouts,
             "absent_calls": ",".join(self.absent_calls),  # call kinds this build lacks a function of: absent from its workloads
+            "absent_params": ",".join(self.absent_params),  # context parameters its llama_context_params lacks: ditto
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
             # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
             "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
@@ -703,26 +719,29 @@ class Llama:
             self.gpus[key] = self.glib.ggml_backend_reg_dev_get(reg, 0)
         return self.gpus[key]
 
-    def load_model(self, path: str, dv: Devices, endpoints: Sequence[str]) -> Any:
+    def load_model(self, path: str, dv: Devices, endpoints: Sequence[str], mtp: bool = False) -> Any:
         """The model on ``dv``'s devices (kept while the next workload's placement is the same),
-        each GPU-like device then left with ``dv.gpu_free`` bytes free for the contexts."""
-        key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()))
+        each GPU-like device then left with ``dv.gpu_free`` bytes free for the contexts; with its
+        MTP layers (``load_mtp``) where a draft context will run them, as llama-server loads it."""
+        key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()), mtp)
         gpus = [self.gpu_device(k, g) for k, g in enumerate(dv.gpus)]
         if key != self.model_key:
             self.free_model()
             self.placement = []
             for dev in gpus:
                 self.fake.schedfuzz_fake_gpu_set_free(dev, ALL_MEMORY)  # for the weights
-            self.model = self._load(path, dv, [self.rpc_device(e) for e in endpoints[: dv.n_rpc]] + gpus)
+            self.model = self._load(path, dv, [self.rpc_device(e) for e in endpoints[: dv.n_rpc]] + gpus, mtp)
             self.model_key, self.n_model_lines = key, len(self.placement)
         for dev, free in zip(gpus, dv.gpu_free or [0] * len(gpus)):
             self.fake.schedfuzz_fake_gpu_set_free(dev, free or ALL_MEMORY)
         return self.model
 
-    def _load(self, path: str, dv: Devices, devs: list[int]) -> Any:
+    def _load(self, path: str, dv: Devices, devs: list[int], mtp: bool) -> Any:
         L = self.L
         self._devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
         mp = L.llama_model_default_params()
+        if mtp:
+            mp.load_mtp = True
         mp.devices = ctypes.cast(self._devs, ctypes.c_void_p)
         mp.n_gpu_layers = dv.n_gpu_layers
         mp.split_mode = SPLIT_MODE[dv.split_mode]
@@ -757,6 +776,9 @@ class Llama:
         p.pooling_type = POOLING[c.pooling] if c.embeddings else L.LLAMA_POOLING_TYPE_UNSPECIFIED
         p.n_outputs_max, p.n_outputs_max_per_seq = c.n_outputs_max, c.n_outputs_max_per_seq
         p.no_perf = False
+        for name in OPTIONAL_PARAMS:  # where the build has it (``unsupported`` refused a workload setting one it lacks)
+            if name not in self.absent_params:
+                setattr(p, name, getattr(c, name))
         if c.backend_samplers:
             # as llama-server makes them: one sampler chain per sequence (the context keeps no reference alive)
             chains = [self.chain(c.sampler_chain) for _ in range(c.n_seq_max)]
@@ -783,7 +805,7 @@ class Llama:
 
     def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str], lora_paths: Sequence[str] = ()) -> dict[str, Any]:
         L = self.L
-        model = self.load_model(model_path, w.devices, endpoints)
+        model = self.load_model(model_path, w.devices, endpoints, mtp=w.draft == "mtp")
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         self._samplers = []
         self.model_for_loras, self.lora_paths = model, list(lora_paths)
@@ -793,11 +815,14 @@ class Llama:
         # with backend samplers (the graph samples; the logits it keeps are the samplers')
         self.embeddings, self.backend_samplers, self.logits = w.ctx.embeddings, w.ctx.backend_samplers, []
         self.checkpoints: dict[int, tuple[Any, int]] = {}  # seq -> its saved state and last position
+        self.recurrent = w.model.kind in RECURRENT_KINDS
         ctx = None
         try:
             self.begin(-1)
             ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
-            if not ctx:
+            if ctx and w.draft == "mtp":
+                self.mtp = self._mtp_context(model, ctx, w.ctx)
+            if not ctx or (self.mtp is not None and not self.mtp.ctx):
                 # not a pass: what llama.cpp said is the finding's message
                 said = [x for x in self.log.tail if re.search(r"error|failed|out of memory", x, re.I)] or list(self.log.tail)
                 self.end(-1, "init", -1, error=said[-12:])
@@ -808,11 +833,15 @@ class Llama:
                 self.begin(i)
                 rc = self.do(ctx, mem, call)
                 self.end(i, call.kind, rc)
-            perf = L.llama_perf_context(ctx)
-            # llama.cpp's own counters, where its perf data has them (upstream since seed 000's merge)
-            return {"perf": {f: getattr(perf, f) for f in PERF_FIELDS if f in type(perf).FIELDS}}
+            # llama.cpp's own counters, where its perf data has them (upstream since seed 000's merge); the draft context's apart
+            perf = self._perf(ctx)
+            return {"perf": perf | ({f"draft.{k}": v for k, v in self._perf(self.mtp.ctx).items()} if self.mtp is not None else {})}
         finally:
             self.begin(len(w.calls))
+            if self.mtp is not None:
+                with self.in_context(1):
+                    self.mtp.free()
+                self.mtp = None
             if ctx:
                 L.llama_free(ctx)
             for chain in self._samplers:
@@ -824,6 +853,41 @@ class Llama:
             self.adapters = {}
             self.errors, self.log.errors = [], []
 
+    def _perf(self, ctx: Any) -> dict[str, int]:
+        perf = self.L.llama_perf_context(ctx)
+        return {f: getattr(perf, f) for f in PERF_FIELDS if f in type(perf).FIELDS}
+
+    def _mtp_context(self, model: Any, target: Any, c: ContextParams) -> MtpDraft:
+        """The draft context of draft-mtp, as llama-server makes it (common/speculative.cpp): the
+        target's parameters, of type MTP, ``ctx_other`` the target."""
+        assert self.nextn is not None, "draft mtp on a build without it (the workload should have been refused)"
+
+        def make(other: Any) -> Any:
+            p = self.context_params(replace(c, backend_samplers=False))
+            p.ctx_type, p.ctx_other = CONTEXT_TYPE_MTP, ctypes.cast(other, ctypes.c_void_p)
+            with self.in_context(1):
+                return self.L.llama_init_from_model(model, p)
+
+        return MtpDraft(self.L, self.nextn, model, target, make)
+
+    @contextlib.contextmanager
+    def in_context(self, context: int) -> Iterator[None]:
+        """Scheduler calls in the block are the ``context``'s (0 the target's, 1 the draft's)."""
+        before, self.context = self.context, context
+        try:
+            yield
+        finally:
+            self.context = before
+
+    def unsupported(self, w: LlamaWorkload) -> str:
+        """Why this build cannot run ``w`` ("" where it can): a context parameter its
+        ``llama_context_params`` lacks, set to other than its default."""
+        wrong = [f"ctx.{p} {getattr(w.ctx, p)}" for p in self.absent_params if getattr(w.ctx, p) != getattr(ContextParams(), p)]
+        if w.draft == "mtp" and "draft mtp" in self.absent_calls:
+            return f"draft mtp: {loaded_library_path('libllama')} lacks llama_batch_ext or the NextN functions (speculative.py)"
+        return (f"{', '.join(wrong)}: this build's llama_context_params has no such field ({self.declarations}, "
+                f"{loaded_library_path('libllama')}): the workload needs a build that has it") if wrong else ""
+
     def begin(self, i: int) -> None:
         self.call = i
         self.sched_events = []
@@ -833,6 +897,9 @@ class Llama:
         errors = self.errors + self.log.errors
         if errors:  # run()'s finally forgets them for the next workload
             raise HarnessError("\n".join(errors))
+        for e in self.sched_events:  # the draft context's schedulers' calls say so (a log line's, when it came)
+            if "context" not in e and self.sched_context.get(e["sched"], 0):
+                e["context"] = self.sched_context[e["sched"]]
         rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
         if error:
             rec["error"] = error
@@ -849,41 +916,119 @@ class Llama:
         if k in self.absent_calls:  # a corpus case's call this build cannot make (drawn workloads have none)
             return f"this build lacks {', '.join(f for f in CALL_FUNCTIONS[k] if not L.has(f))}"
         if k == "decode":
-            n = call.n_tokens()
-            batch = L.llama_batch_init(n, 0, 1)
-            try:
-                j = 0
-                for part in call.parts:
-                    pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
-                    for t in range(part.n_tokens):
-                        batch.token[j] = 3 + (part.seq * 31 + (pos0 + t) * 7) % max(1, self.n_vocab - 3)
-                        batch.pos[j] = pos0 + t
-                        batch.n_seq_id[j] = 1
-                        batch.seq_id[j][0] = part.seq
-                        batch.logits[j] = part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1)
-                        j += 1
-                batch.n_tokens = n
-                rc = int(L.llama_decode(ctx, batch))
-                L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
-                outputs = [i for i in range(n) if batch.logits[i]]
-                if rc == 0 and self.want_logits and outputs and not self.embeddings and not self.backend_samplers:
-                    for i in dict.fromkeys((outputs[0], outputs[-1])):
-                        row = L.llama_get_logits_ith(ctx, i)
-                        self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
+            return self._decode(ctx, mem, call.parts)
+        if k == "spec":
+            return self._spec(ctx, mem, call)
+        rc = self._memory_call(ctx, mem, call)
+        if self.mtp is not None and rc == 0 and k in ("seq_rm", "seq_cp", "seq_keep", "shift", "clear", "restore"):
+            self._mirror(mem, call)  # llama-server's common_memory: on the draft context too
+        return rc
+
+    def token(self, seq: int, pos: int) -> int:
+        """The token at ``pos`` of ``seq``: every run of a workload decodes the same ones."""
+        return 3 + (seq * 31 + pos * 7) % max(1, self.n_vocab - 3)
+
+    def _decode(self, ctx: Any, mem: Any, parts: Sequence[Part]) -> int:
+        """``llama_decode`` of ``parts`` (each sequence's next tokens); with a draft context, its
+        catch-up on them (``MtpDraft.catch_up``)."""
+        L = self.L
+        n = sum(p.n_tokens for p in parts)
+        batch = L.llama_batch_init(n, 0, 1)
+        decoded: list[tuple[int, int, int]] = []  # token, position, sequence
+        try:
+            j = 0
+            for part in parts:
+                pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
+                for t in range(part.n_tokens):
+                    batch.token[j] = self.token(part.seq, pos0 + t)
+                    decoded.append((batch.token[j], pos0 + t, part.seq))
+                    batch.pos[j] = pos0 + t
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = part.seq
+                    batch.logits[j] = part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1)
+                    j += 1
+            batch.n_tokens = n
+            rc = int(L.llama_decode(ctx, batch))
+            L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
+            outputs = [i for i in range(n) if batch.logits[i]]
+            if rc == 0 and self.want_logits and outputs and not self.embeddings and not self.backend_samplers:
+                for i in dict.fromkeys((outputs[0], outputs[-1])):
+                    row = L.llama_get_logits_ith(ctx, i)
+                    self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
+        finally:
+            L.llama_batch_free(batch)
+        if rc == 0 and self.mtp is not None:
+            with self.in_context(1):
+                rc = self.mtp.catch_up(decoded)
+        return rc
+
+    def _spec(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        """One speculative step of ``call.seq`` (``speculative.py``): draft, verify, accept, roll back."""
+        L, seq = self.L, call.seq
+        pos0 = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
+        if self.mtp is not None:
+            with self.in_context(1):
+                rc = self.mtp.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n)])
+            if rc:
                 return rc
-            finally:
-                L.llama_batch_free(batch)
+        # a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL)
+        saved = self._checkpoint(ctx, mem, seq) if self.recurrent and call.accept < call.n else None
+        rc = self._decode(ctx, mem, (Part(seq, 1 + call.n, "all"),))
+        if rc or call.accept == call.n:
+            return rc
+        keep = pos0 + call.accept + 1
+        if self.mtp is not None:
+            self.mtp.accept(seq, call.accept)
+            L.llama_memory_seq_rm(self.mtp.mem, seq, keep, -1)
+        if L.llama_memory_seq_rm(mem, seq, keep, -1):
+            return 0
+        if saved is None or not self._restore(ctx, mem, seq, *saved):
+            return f"the rollback of the rejected drafts failed (llama_memory_seq_rm{', then the checkpoint' if saved else ''})"
+        return self._decode(ctx, mem, (Part(seq, call.accept + 1, "none"),))  # the accepted tokens again
+
+    def _checkpoint(self, ctx: Any, mem: Any, seq: int) -> tuple[Any, int]:
+        """``seq``'s state as llama-server checkpoints it (``PARTIAL_ONLY``), and its last position."""
+        L = self.L
+        size = L.llama_state_seq_get_size_ext(ctx, seq, STATE_PARTIAL_ONLY)
+        buf = (ctypes.c_uint8 * size)()
+        got = L.llama_state_seq_get_data_ext(ctx, buf, size, seq, STATE_PARTIAL_ONLY)
+        return (buf if got == size else None), int(L.llama_memory_seq_pos_max(mem, seq))
+
+    def _restore(self, ctx: Any, mem: Any, seq: int, buf: Any, pos: int) -> bool:
+        """A checkpoint set back, and what the attention cache holds after it dropped."""
+        L = self.L
+        return buf is not None and bool(L.llama_state_seq_set_data_ext(ctx, buf, len(buf), seq, STATE_PARTIAL_ONLY)) \
+            and bool(L.llama_memory_seq_rm(mem, seq, pos + 1, -1))
+
+    def _mirror(self, mem: Any, call: Call) -> None:
+        """A memory call the target made, on the draft context (``common_memory``)."""
+        assert self.mtp is not None
+        L, m, k = self.L, self.mtp.mem, call.kind
+        if k in ("seq_rm", "restore", "shift"):
+            # the target's positions after the call decide what the draft context drops
+            end = int(L.llama_memory_seq_pos_max(mem, call.seq)) + 1
+            if k == "shift":
+                L.llama_memory_seq_rm(m, call.seq, call.n_keep, call.n_keep + call.n)
+                L.llama_memory_seq_add(m, call.seq, call.n_keep + call.n, -1, -call.n)
+            else:
+                L.llama_memory_seq_rm(m, call.seq, end, -1)
+        elif k == "seq_cp":
+            L.llama_memory_seq_cp(m, call.seq, call.dst, -1, -1)
+            self.mtp.copy(call.seq, call.dst)
+        elif k == "seq_keep":
+            L.llama_memory_seq_keep(m, call.seq)
+        elif k == "clear":
+            L.llama_memory_clear(m, True)
+            self.mtp.pending.clear()
+
+    def _memory_call(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        """Every call but a decode and a speculative step, on the target."""
+        L, k = self.L, call.kind
         if k == "checkpoint":
-            size = L.llama_state_seq_get_size_ext(ctx, call.seq, STATE_PARTIAL_ONLY)
-            buf = (ctypes.c_uint8 * size)()
-            got = L.llama_state_seq_get_data_ext(ctx, buf, size, call.seq, STATE_PARTIAL_ONLY)
-            self.checkpoints[call.seq] = (buf, int(L.llama_memory_seq_pos_max(mem, call.seq)))
-            return int(got != size)
+            self.checkpoints[call.seq] = self._checkpoint(ctx, mem, call.seq)
+            return int(self.checkpoints[call.seq][0] is None)
         if k == "restore":
-            buf, pos = self.checkpoints[call.seq]
-            if not L.llama_state_seq_set_data_ext(ctx, buf, len(buf), call.seq, STATE_PARTIAL_ONLY):
-                return 1
-            return int(not L.llama_memory_seq_rm(mem, call.seq, pos + 1, -1))
+            return int(not self._restore(ctx, mem, call.seq, *self.checkpoints[call.seq]))
         if k == "seq_rm":
             end = L.llama_memory_seq_pos_max(mem, call.seq) + 1
             p0 = 0 if call.n < 0 else max(0, end - call.n)
@@ -964,6 +1109,10 @@ def main() -> None:
         req = json.loads(line)
         try:
             w = LlamaWorkload.from_json(req["workload"])
+            refused = eng.unsupported(w)
+            if refused:
+                chan.send({"unsupported": refused})
+                continue
             eng.want_logits = bool(req.get("logits"))
             eng.capturing = bool(req.get("capture"))
             with gc_paused():

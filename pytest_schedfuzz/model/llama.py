@@ -38,12 +38,33 @@ SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
     "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
 }
 CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear",
-              "lora_load", "lora_set", "lora_free", "checkpoint", "restore")
+              "lora_load", "lora_set", "lora_free", "checkpoint", "restore", "spec")
+# a workload's draft context, as llama-server's --spec-type makes one: "" none (a ``spec`` call then
+# drafts as ngram-mod does, from token tables, with no llama.cpp call), "mtp" (draft-mtp: a context
+# of type MTP on the same model, running its NextN layer)
+DRAFTS = ("", "mtp")
+MAX_DRAFT = 8  # tokens one ``spec`` call drafts (llama-server's --spec-draft-n-max)
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
 MAX_GPU = 2
-SPLIT_MODES = ("none", "layer")  # row needs a split buffer type, which neither RPC nor the GPU-like device has: llama.cpp refuses the model
+# LLAMA_SPLIT_MODE_TENSOR (llama.h 0.3.36 and b11739): with explicit devices llama.cpp wraps them all
+# (RPC too) in one meta device that splits each weight between them. Row is left out: it needs the
+# device's split buffer type (``ggml_backend_split_buffer_type``, which in 0.3.36's ggml only SYCL's
+# and Hexagon's registries have; neither RPC nor the GPU-like device): llama.cpp refuses the model
+# ("device ... does not support split buffers")
+SPLIT_MODES = ("none", "layer", "tensor")
+# architectures llama.cpp has no tensor split for (``llm_arch_supports_sm_tensor``, llama-arch.cpp of
+# 0.3.36): loading one with split mode tensor throws "LLAMA_SPLIT_MODE_TENSOR not implemented for
+# architecture"; of the tiny models' archs, mamba2 and granitehybrid (llama and glm4moe have it)
+NO_TENSOR_SPLIT = frozenset((
+    "grok", "mpt", "plamo2", "minicpm3", "gemma3n", "mamba", "mamba2", "jamba", "falcon-h1", "olmo2", "olmoe", "deepseek2", "deepseek32",
+    "hy_v4", "dots3note", "glm-dsa", "bitnet", "t5", "nemotron_h", "nemotron_h_moe", "granitehybrid", "minimax-01", "minimax-m2",
+    "minimax-m3", "mistral4", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen3tts", "qwen4exp"))
+# context parameters only some builds' llama_context_params have: the worker passes one only where
+# the build declares it, and a build without it refuses a workload that sets it (``Unsupported``);
+# the strategies draw it only for a build that has it (``llama_workloads(absent=...)``)
+OPTIONAL_PARAMS = ("moe_cache_size",)  # b11739's MoE cache (bytes, 0 = off); 0.3.36 has none
 CPU_DEVICE = -1  # a tensor override's device: the CPU (else an index into the model's devices)
 MAX_CALLS = 64
 MAX_CTX = 4096
@@ -67,7 +88,8 @@ class Devices:
       the free memory llama.cpp sees when it loads the model), registered with ggml's backend
       registry; ``gpu_free``: per GPU-like device, the bytes it has free once the model is
       loaded (``0``: the rest of its memory), as a GPU the weights mostly fill;
-    * ``split_mode`` (``none``: only ``main_gpu``), ``main_gpu``;
+    * ``split_mode`` (``none``: only ``main_gpu``; ``tensor``: every weight split between all
+      the devices, which llama.cpp wraps in one meta device), ``main_gpu``;
     * ``overrides``: ``tensor_buft_overrides`` (the API of ``-ot``): a tensor-name regex and the
       device whose buffer type holds the matching weights (``CPU_DEVICE`` or a device index).
     """
@@ -133,7 +155,7 @@ class Devices:
         gpus = f", {len(self.gpus)} GPU-like" if self.gpus else ""
         return (f"devices: {self.n_rpc} RPC{gpus}, n_gpu_layers {self.n_gpu_layers}"
                 + (f", tensor_split {list(self.tensor_split)}" if self.tensor_split else "")
-                + (f", split_mode {self.split_mode} (main_gpu {self.main_gpu})" if self.split_mode != "layer" else "")
+                + (f", split_mode {self.split_mode}" + (f" (main_gpu {self.main_gpu})" if self.split_mode == "none" else "") if self.split_mode != "layer" else "")
                 + (", overrides " + ", ".join(f"{p}={self.device_name(d)}" for p, d in self.overrides) if self.overrides else ""))
 
 
@@ -157,6 +179,10 @@ class ContextParams:
     n_outputs_max_per_seq: int = 0  # 0 = n_outputs_max
     backend_samplers: bool = False  # a backend sampler chain per sequence (llama_sampler_seq_config)
     sampler_chain: str = "greedy"  # which (SAMPLER_CHAINS)
+    # b11739's MoE cache (``--moe-cache-mib``): device memory, in bytes, for the routed experts of the
+    # layers whose experts are host weights (``-ot exps=CPU``, ``-ncmoe``) while the layer runs on a
+    # device; llama.cpp uploads the selected ones through ggml's copy callback (0: no cache)
+    moe_cache_size: int = 0
 
     def outputs_max(self) -> int:
         return self.n_outputs_max or self.n_batch
@@ -190,7 +216,12 @@ class Call:
     in ``n`` (scale 1; 0 detaches all), as llama-server does per request; ``checkpoint``: save
     ``seq``'s recurrent state (``llama_state_seq_get_data_ext``, ``PARTIAL_ONLY``), and
     ``restore``: set it back and drop what the attention cache holds after it, as llama-server
-    rolls back a rejected draft on a recurrent or hybrid model."""
+    rolls back a rejected draft on a recurrent or hybrid model; ``spec``: one speculative step of
+    ``seq`` as llama-server makes it: draft ``n`` tokens (in the MTP context, one at a time, where
+    the workload has one; else from n-gram tables, no call), verify the last token and the ``n``
+    drafts in one batch with all outputs, accept ``accept`` of them and roll back the rest in every
+    context (``llama_memory_seq_rm``, or a checkpoint restored where the memory cannot drop its
+    last positions)."""
 
     kind: str
     parts: tuple[Part, ...] = ()
@@ -200,6 +231,7 @@ class Call:
     n_keep: int = 0
     flag: bool = False
     chain: str = ""  # set_sampler: SAMPLER_CHAINS key ("": greedy)
+    accept: int = 0  # spec: drafts accepted
 
     def describe(self) -> str:
         if self.kind == "decode":
@@ -217,6 +249,7 @@ class Call:
             "lora_set": f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if self.n >> i & 1)}])",
             "checkpoint": f"llama_state_seq_get_data_ext(seq {self.seq}, PARTIAL_ONLY)",
             "restore": f"llama_state_seq_set_data_ext(seq {self.seq}, PARTIAL_ONLY) + llama_memory_seq_rm(seq {self.seq}, after it)",
+            "spec": f"speculative step(seq {self.seq}: draft {self.n}, verify {1 + self.n}, accept {self.accept})",
         }.get(self.kind, f"llama_{self.kind}({str(self.flag).lower()})")
 
     def n_tokens(self) -> int:
@@ -233,14 +266,15 @@ class LlamaWorkload:
     ctx: ContextParams = ContextParams()
     calls: tuple[Call, ...] = ()
     loras: tuple[LoraSpec, ...] = ()  # adapters for the model, loaded and attached by the calls
+    draft: str = ""  # DRAFTS: the draft context beside the target's
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model.to_json(),
             "devices": self.devices.to_json(),
-            "ctx": asdict(self.ctx),
+            "ctx": _ctx_json(self.ctx),
             "calls": [_call_json(c) for c in self.calls],
-        } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {})
+        } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {}) | ({"draft": self.draft} if self.draft else {})
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> LlamaWorkload:
@@ -256,9 +290,10 @@ class LlamaWorkload:
                 Call(**{**c, "parts": tuple(Part(**p) for p in c.get("parts", ()))}) for c in d.get("calls", ())
             )
             loras = tuple(LoraSpec.from_json(a) for a in d.get("loras", ()))
+            draft = str(d.get("draft", ""))
         except (KeyError, TypeError, ValueError, AttributeError, SpecError) as e:
             raise WorkloadError(f"malformed llama workload: {type(e).__name__}: {e}") from None
-        w = LlamaWorkload(model, devices, ctx, calls, loras)
+        w = LlamaWorkload(model, devices, ctx, calls, loras, draft)
         w.validate()
         return w
 
@@ -284,8 +319,21 @@ class LlamaWorkload:
         need(c.sampler_chain in SAMPLER_CHAINS, f"ctx.sampler_chain {c.sampler_chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
         need(0 <= c.n_outputs_max <= c.n_batch and 0 <= c.n_outputs_max_per_seq <= c.n_batch,
              f"ctx.n_outputs_max {c.n_outputs_max} / n_outputs_max_per_seq {c.n_outputs_max_per_seq}: must be 0..n_batch")
+        tensor = dv.split_mode == "tensor"
+        if tensor:  # what llama.cpp refuses with LLAMA_SPLIT_MODE_TENSOR (llama_model_load, llama_init_from_model)
+            need(dv.n_devices >= 1, "devices.split_mode tensor: needs at least one device to split the weights between")
+            need(c.flash_attn != "off", "devices.split_mode tensor: needs flash attention (ctx.flash_attn on or auto): llama.cpp refuses the context")
+            need(self.model.arch not in NO_TENSOR_SPLIT, f"devices.split_mode tensor: llama.cpp has none for architecture {self.model.arch!r}")
+            need(not c.backend_samplers, "devices.split_mode tensor: no backend samplers (ctx.backend_samplers): llama.cpp samples on the CPU with it")
+        need(c.moe_cache_size >= 0, f"ctx.moe_cache_size {c.moe_cache_size}: bytes, >= 0")
+        if c.moe_cache_size:  # what llama.cpp's MoE cache throws on (llama_moe_cache::impl): the context is not made
+            need(self.model.n_expert > 0, f"ctx.moe_cache_size {c.moe_cache_size}: needs a mixture-of-experts model, not a {self.model.kind} one")
+            need(dv.n_devices >= 1, f"ctx.moe_cache_size {c.moe_cache_size}: needs a device of GPU type (RPC or GPU-like) for the cache")
+            need(not tensor, f"ctx.moe_cache_size {c.moe_cache_size}: llama.cpp's MoE cache does not support split mode tensor")
         need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
         need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
+        need(self.draft in DRAFTS, f"draft {self.draft!r}: one of {', '.join(map(repr, DRAFTS))}")
+        need(self.draft != "mtp" or self.model.kind == "mtp", f"draft 'mtp': the model must have an MTP layer (kind mtp), not {self.model.kind}")
         for k, a in enumerate(self.loras):
             try:
                 a.validate(self.model)
@@ -304,6 +352,8 @@ class LlamaWorkload:
             need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
             need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
             need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
+            # llama_set_sampler refuses a chain with split mode tensor (returns false: "using CPU")
+            need(not (tensor and call.kind == "set_sampler" and call.flag), f"{where}: no backend sampler with split mode tensor")
             if recurrent:
                 # llama.cpp cannot drop a recurrent state's last positions: llama_memory_seq_rm returns false
                 need(not (call.kind == "seq_rm" and call.n > 0) and call.kind != "shift",
@@ -321,6 +371,12 @@ class LlamaWorkload:
                 need(call.n >= 0 and all(call.n >> i & 1 == 0 or i in loaded for i in range(max(call.n.bit_length(), 1))),
                      f"{where}: attaches adapters that are not loaded (mask {call.n}, loaded {sorted(loaded)})")
                 attached = call.n
+            if call.kind == "spec":
+                verify = 1 + call.n  # the last token and the drafts, all with outputs
+                need(1 <= call.n <= MAX_DRAFT and 0 <= call.accept <= call.n, f"{where}: draft {call.n} must be 1..{MAX_DRAFT}, accept {call.accept} 0..draft")
+                need(verify <= c.n_batch and verify <= c.outputs_max_per_seq() and verify <= c.outputs_max(),
+                     f"{where}: verifying {verify} tokens needs n_batch and n_outputs_max (per seq) >= {verify}")
+                need(causal or verify <= c.n_ubatch, f"{where}: {verify} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
             if call.kind == "decode":
                 need(bool(call.parts), f"{where}: a batch needs at least one part")
                 seqs = [p.seq for p in call.parts]
@@ -342,8 +398,27 @@ class LlamaWorkload:
             + (f", embeddings pooling {c.pooling}" if c.embeddings else "")
             + (f", n_outputs_max {c.n_outputs_max}/{c.n_outputs_max_per_seq}" if c.n_outputs_max or c.n_outputs_max_per_seq else "")
             + (f", backend samplers ({c.sampler_chain})" if c.backend_samplers else "")
+            + (f", moe_cache_size {c.moe_cache_size}" if c.moe_cache_size else "")
             + ("; loras: " + ", ".join(f"rank {a.rank} on {'/'.join(a.targets)}" for a in self.loras) if self.loras else "")
+            + ("; draft: an MTP context on the same model (draft-mtp)" if self.draft == "mtp" else "")
         )
+
+
+def _ctx_json(c: ContextParams) -> dict[str, Any]:
+    """The context's fields; an optional parameter (``OPTIONAL_PARAMS``) only where it is set, so that
+    a workload without it reads as it did before the field existed."""
+    return {k: v for k, v in asdict(c).items() if k not in OPTIONAL_PARAMS or v}
+
+
+def expert_bytes(m: ModelSpec) -> int:
+    """The bytes of one routed expert of one layer (its gate, up and down rows, F32 as the tiny
+    models are written): the unit of llama.cpp's MoE cache slots."""
+    return 3 * m.n_embd * m.n_ff * 4
+
+
+def all_experts_bytes(m: ModelSpec) -> int:
+    """The bytes of every routed expert of every layer: a MoE cache this large holds them all."""
+    return m.n_layer * m.n_expert * expert_bytes(m)
 
 
 def _call_json(c: Call) -> dict[str, Any]:

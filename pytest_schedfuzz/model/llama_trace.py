@@ -61,6 +61,7 @@ class SchedCall:
     # backend split_graph gave each node and leaf, and each backend's compute buffer size (cases.capture)
     capture: Mapping[str, Any] | None = None
     aborted: bool = False  # ggml aborted inside this call (the last of LlamaAbort.sched)
+    context: int = 0  # whose scheduler: 0 the target context's, 1 the draft (MTP) context's (llama.speculative)
 
     @property
     def observed(self) -> bool:
@@ -113,7 +114,7 @@ class SchedCall:
             observes_realloc=bool(d.get("observes_realloc", False)), owner_counts=bool(d.get("owner_counts", False)),
             current_max_nodes=int(d.get("current_max_nodes", 0)),
             llama_n_same=int(counted["n_same"]) if counted else None, llama_n_diff=int(counted["n_diff"]) if counted else None,
-            capture=d.get("capture"), aborted=bool(d.get("aborted", False)),
+            capture=d.get("capture"), aborted=bool(d.get("aborted", False)), context=int(d.get("context", 0)),
         )
 
 

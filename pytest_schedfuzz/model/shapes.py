@@ -312,6 +312,7 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "sum": (1, frozenset()),
     "log": (1, frozenset()),
     "exp": (1, frozenset()),
+    "sigmoid": (1, frozenset()),
     "step": (1, frozenset()),
     "cumsum": (1, frozenset()),
     "fill": (1, frozenset()),
@@ -322,7 +323,7 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
 OPS = frozenset(ARITY)
 # what ``ggml_op_name`` calls each op's node (silu is a unary op)
 GGML_OP_NAMES: dict[str, str] = {
-    op: {"silu": "UNARY", "exp": "UNARY", "step": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE", "cast": "CPY"}.get(op, op.upper())
+    op: {"silu": "UNARY", "exp": "UNARY", "sigmoid": "UNARY", "step": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE", "cast": "CPY"}.get(op, op.upper())
     for op in OPS
 } | {"none": "NONE"}
 # ``ggml_view_tensor`` keeps op NONE and no src: ggml's graph makes it a leaf that views a tensor
@@ -396,7 +397,7 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
         return _argsort(a)
     if op == "glu":
         return _glu(a, args[1])
-    if op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "step"):
+    if op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "sigmoid", "step"):
         return _unary(a, op)
     if op == "rope":
         return _rope(a, args[1], args[2])  # type: ignore[arg-type]

@@ -181,7 +181,8 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
             p_call, p = plan.get(s.sched, reserved[s.sched])
             r_call, r = reserved[s.sched]
             invalid = _invalid(s)
-            head = (f"same-size graph reallocation in {_call_name(w, call)}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
+            whose = " (the draft context's scheduler: its catch-up or draft in llama.speculative)" if s.context else ""
+            head = (f"same-size graph reallocation in {_call_name(w, call)}{whose}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
                     f"graph_size = {s.graph_size} (prev {s.prev_graph_size}), backend_ids_changed = 0; "
                     f"ggml_gallocr_needs_realloc: {s.realloc_reason or '?'}")
             if s.sched in replaced:
@@ -219,6 +220,8 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
                        f"({_what_grew(r, s)}){changed}")
                 facts, switch = {"explained": how, "invalid": invalid, "lost_by": "-"}, None
+            if s.context:  # the draft context's graphs are another cause than the target's
+                facts = {"context": "draft"} | facts
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts, switch))
         plan[s.sched] = (call, s)
         if s.sched in reserved:
@@ -263,7 +266,13 @@ def rebuilds(trace: LlamaTrace) -> list[Rebuild]:
     What llama.cpp asked for: on the seeds' llama.cpp every field (its ``sched_new`` logs them);
     elsewhere the ``max_nodes`` ``sched_reserve`` logged, and ``parallel``/``op_offload`` of the
     scheduler it then built (kept: of the one it kept; a build that does not say what it asks for
-    is judged on ``max_nodes`` only)."""
+    is judged on ``max_nodes`` only). A draft context's schedulers are its own (``SchedCall.context``)."""
+    contexts = sorted({s.context for _, s in trace.sched_calls()})
+    return sorted((r for context in contexts for r in _rebuilds(trace, context)), key=lambda r: r.call)
+
+
+def _rebuilds(trace: LlamaTrace, context: int) -> list[Rebuild]:
+    """``rebuilds`` of one context's schedulers."""
     out: list[Rebuild] = []
     current: SchedCall | None = None  # the scheduler in force (its creation)
     pending: tuple[int, SchedCall, SchedCall] | None = None  # sched_reserve logged on a context with a scheduler, its reserve not seen yet
@@ -271,6 +280,8 @@ def rebuilds(trace: LlamaTrace) -> list[Rebuild]:
     built: SchedCall | None = None
     logged: bool | None = None
     for call, s in trace.sched_calls():
+        if s.context != context:
+            continue
         if s.kind == "sched_params":  # the seeds' sched_new asks (also for the fallback within one sched_reserve)
             pending = (pending[0] if pending is not None else call, s, current) if current is not None else None
             asked, built, logged = s, None, False
@@ -346,10 +357,12 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
       from ggml's graph-size formula (``reference.versions``): they must agree;
     * llama.cpp counts the reallocations it did not expect (``n_same``/``n_diff``, traced after
       each one): its counts must equal the harness's count of the same events, every time, and
-      at the end where its perf data has them (``n_reallocs_same``/``_diff``: upstream's API)."""
+      at the end where its perf data has them (``n_reallocs_same``/``_diff``: upstream's API).
+
+    Each context counts its own schedulers' (a draft context's perf data is ``draft.``'s)."""
     out: list[Violation] = []
     counting = {s.sched for _, s in trace.sched_calls() if s.kind == "new" and s.owner_counts}
-    same = diff = 0
+    counted: dict[int, tuple[int, int]] = {}  # context -> (same, diff)
     for call, s in trace.sched_calls():
         if s.kind != "alloc" or not s.realloc:
             continue
@@ -361,24 +374,28 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
             return out
         if s.sched not in counting or (s.ggml_ids_changed if s.observed else s.backend_ids_changed):
             continue  # llama.cpp ignores a reallocation after a change of the backend assignments
-        same, diff = same + s.same_size, diff + (not s.same_size)
+        same, diff = counted.get(s.context, (0, 0))
+        same, diff = counted[s.context] = same + s.same_size, diff + (not s.same_size)
         if (s.llama_n_same, s.llama_n_diff) != (same, diff):
             said = "traced nothing" if s.llama_n_same is None else f"counts n_same = {s.llama_n_same}, n_diff = {s.llama_n_diff}"
             out.append(Violation("llama-counters-agree", max(call, 0),
                                  f"{_call_name(w, call)}: after this reallocation ({'same' if s.same_size else 'changed'} size, ggml says) "
                                  f"llama.cpp {said}; the harness counts n_same = {same}, n_diff = {diff}", {"what": "counters"}))
             return out
-    perf = (trace.perf.get("n_reallocs_same"), trace.perf.get("n_reallocs_diff"))
-    if perf[0] is not None and trace.abort is None and perf != (same, diff):
-        last = max((c.index for c in trace.calls), default=0)
-        out.append(Violation("llama-counters-agree", max(last, 0),
-                             f"after the workload llama.cpp's perf data (llama_perf_context) counts n_reallocs_same = {perf[0]}, "
-                             f"n_reallocs_diff = {perf[1]}; the harness counts {same} and {diff} of ggml's decisions", {"what": "perf"}))
+    for context, prefix in enumerate(("", "draft.")):
+        perf = (trace.perf.get(prefix + "n_reallocs_same"), trace.perf.get(prefix + "n_reallocs_diff"))
+        same, diff = counted.get(context, (0, 0))
+        if perf[0] is not None and trace.abort is None and perf != (same, diff):
+            last = max((c.index for c in trace.calls), default=0)
+            whose = "the draft context's" if context else "llama.cpp's"
+            out.append(Violation("llama-counters-agree", max(last, 0),
+                                 f"after the workload {whose} perf data (llama_perf_context) counts n_reallocs_same = {perf[0]}, "
+                                 f"n_reallocs_diff = {perf[1]}; the harness counts {same} and {diff} of ggml's decisions", {"what": "perf"}))
     return out
 
 
 # calls that change what the model's devices hold or what the graph reads (not decodes)
-CHANGES = ("lora_load", "lora_free", "lora_set", "set_sampler", "seq_rm", "seq_cp", "seq_keep", "shift", "clear")
+CHANGES = ("lora_load", "lora_free", "lora_set", "set_sampler", "seq_rm", "seq_cp", "seq_keep", "shift", "clear", "spec")
 
 
 def _last_change(w: LlamaWorkload, call: int) -> str:
@@ -576,8 +593,8 @@ def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
         if c.kind == "init":
             if c.rc == 0 and not any(s.kind == "reserve" for s in c.sched):
                 out.append("llama_init_from_model reserved nothing the scheduler hook saw: the observation is broken")
-        elif c.kind == "decode":
-            if c.rc in (-1, 2):  # -1: an invalid batch, 2: aborted; the generator makes neither
+        elif c.kind in ("decode", "spec"):  # a full cache (1) is llama.cpp's answer; a rollback refused is a string
+            if c.rc in (-1, 2) or isinstance(c.rc, str):  # -1: an invalid batch, 2: aborted; the generator makes neither
                 out.append(f"{name} returned {c.rc}")
         elif c.rc != 0:
             out.append(f"{name} could not be made (returned {c.rc!r})")

@@ -11,6 +11,7 @@ from ..model.llama import (
     CPU_DEVICE,
     FLASH_ATTN,
     KV_TYPES,
+    MAX_DRAFT,
     MAX_GPU,
     MAX_LORAS,
     MAX_RPC,
@@ -28,7 +29,7 @@ from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECU
 from ..model.scenario import BackendSpec
 from . import gpus, sampled
 
-FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid
+FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid, mtp
 
 
 @st.composite
@@ -136,7 +137,7 @@ TIGHT_FREE = tuple(int(2 ** (18 + i / 4)) for i in range(17))  # 256 KiB .. 4 Mi
 def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tuple[str, int], ...]:
     """``-ot`` as users write it: experts, the embeddings, the output, a layer or attention on a
     device of the model's or the CPU."""
-    patterns = ["token_embd", "^output\\.", "blk\\.0\\.", "attn_(q|k|v)"] + (["_exps"] if model.kind == "moe" else ["ffn_(up|down|gate)"])
+    patterns = ["token_embd", "^output\\.", "blk\\.0\\.", "attn_(q|k|v)"] + (["_exps"] if model.has_experts else ["ffn_(up|down|gate)"])
     if model.kind in RECURRENT_KINDS:
         patterns.append("ssm_(in|out)")
     chosen = draw(st.lists(sampled(tuple(patterns)), min_size=1, max_size=2, unique=True))
@@ -229,8 +230,13 @@ class _Server:
             if accepted < n - 1:
                 self.calls += [Call("restore", seq=seq), Call("decode", (Part(seq, accepted + 1, "last"),))]
             return
-        self.calls.append(Call("decode", (Part(seq, n, out),)))
         rejected = draw(st.integers(0, n - 1))
+        if out == "all" and n - 1 <= MAX_DRAFT:
+            # one speculative step (``Call`` ``spec``): n - 1 drafted (by the draft context, else
+            # n-gram tables), n verified, the rejected rolled back in every context
+            self.calls.append(Call("spec", seq=seq, n=n - 1, accept=n - 1 - rejected))
+            return
+        self.calls.append(Call("decode", (Part(seq, n, out),)))
         if rejected:
             self.calls.append(Call("seq_rm", seq=seq, n=rejected))
 
@@ -302,7 +308,7 @@ class _Server:
 def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0, recurrent: bool = False) -> tuple[Call, ...]:
     """What a server does between requests (``_Server``): prompts chunked to ``n_batch``,
     single-token decode of all active slots in one batch, speculative drafts verified and rolled
-    back, slot reuse, ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with
+    back (speculative steps), slot reuse, ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with
     ``n_loras`` adapters their loading at start (as ``--lora`` does), per-request sets and
     run-time loads and frees. Outputs per batch and per sequence stay within the context's limits."""
     server = _Server(ctx, n_loras, recurrent, max_calls)
@@ -355,14 +361,29 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     dv = draw(devices(model, max_rpc, max_gpu))
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
-    return LlamaWorkload(model, dv, ctx, calls, adapters)
+    model, draft = draw(_mtp(model, families, absent)) if not adapters else (model, "")
+    return LlamaWorkload(model, dv, ctx, calls, adapters, draft)
+
+
+@st.composite
+def _mtp(draw: st.DrawFn, model: ModelSpec, families: tuple[str, ...], absent: frozenset[str]) -> tuple[ModelSpec, str]:
+    """In a quarter of the draws with "mtp" among ``families``, a dense or MoE model made the
+    GLM-4.5 style one with its MTP layer (experts always, the shared expert an expert's size), and
+    in three quarters of those llama-server's draft-mtp (a draft context; else n-gram drafts).
+    Drawn last, so that the other dimensions' draws stay as they were without it."""
+    if "mtp" not in families or model.kind not in ("dense", "moe") or draw(st.integers(0, 3)):
+        return model, ""
+    mtp = replace(model, kind="mtp", arch="glm4moe", n_ff=model.n_ff if model.kind == "moe" else 32, n_expert=model.n_expert or 4, n_expert_used=2)
+    while mtp.n_layer > 1 and 4 * mtp.n_params > MAX_WEIGHT_BYTES:
+        mtp = replace(mtp, n_layer=mtp.n_layer - 1)
+    return mtp, "mtp" if "draft mtp" not in absent and draw(st.integers(0, 3)) else ""
 
 
 @st.composite
 def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
     """0..``MAX_LORAS`` tiny LoRA adapters for ``model`` (a quarter of the workloads have some;
     none for a recurrent model, whose Mamba-2 layers have no attention or FFN to adapt)."""
-    if model.kind in RECURRENT_KINDS or draw(st.integers(0, 3)):
+    if model.arch != "llama" or draw(st.integers(0, 3)):  # llama.cpp's adapters here are the llama arch's
         return ()
     targets = [t for t in LORA_TARGETS if model.kind == "dense" or not t.startswith("ffn_")]
     return tuple(LoraSpec(rank=draw(sampled((1, 2, 4, 8))), targets=tuple(sorted(draw(st.sets(sampled(tuple(targets)), min_size=1)))),

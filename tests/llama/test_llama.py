@@ -670,8 +670,8 @@ def test_a_partial_rollback_of_a_recurrent_model_is_refused_and_a_restore_needs_
 
 @pytest.mark.engine
 def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_back_by_its_checkpoint(target) -> None:
-    """Mamba-2 and the hybrid beside the dense and MoE llamas: 80 drawn workloads of every family
-    decode; a rejected draft on a recurrent model is restored from its checkpoint (the call
+    """Mamba-2, the hybrid and glm4moe with its MTP layer beside the dense and MoE llamas: 80
+    drawn workloads of every family decode, speculative steps among them; a rejected draft on a recurrent model is restored from its checkpoint (the call
     llama.cpp accepts) and its accepted tokens decoded again."""
     from hypothesis import Phase, seed
 
@@ -690,7 +690,7 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
         assert unmade_calls(w, trace) == [], w.describe()
 
     run()
-    for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "call checkpoint", "call restore"):
+    for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "model mtp", "call checkpoint", "call restore", "call spec"):
         assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))
 
 

@@ -224,8 +224,8 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
 
     stats, full = Stats(), []
 
-    # a seed under which every placement reaches three decodes (re-picked when gpus() gained cuda_batch)
-    @seed(3)
+    # a seed under which every placement reaches three decodes (re-picked when gpus() gained cuda_batch, and the MTP models came)
+    @seed(2)
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads(max_rpc=1, families=FAMILIES))
     def run(w: LlamaWorkload) -> None:
@@ -236,7 +236,7 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
             assert LLAMA_CHECKS["llama-no-abort"](w, trace) == []
 
     run()
-    assert len(full) <= 10 and all(w.devices.gpu_free for w in full)
+    assert len(full) <= 10 and all(w.devices.gpu_free for w in full), [(w.model.kind, w.draft) for w in full]
     for shown in ("1 GPU-like", "2 GPU-like", "GPU-like asynchronous", "GPU-like host buffer", "GPU-like unsupported ops", "GPU-like max_size",
                   "GPU-like graph_optimize", "GPU-like offload_op, op_offload on", "tensor overrides", "split_mode none", "GPU-like little free memory",
                   *(f"model {f}" for f in FAMILIES), "observed: n_copies > 1", "observed: op offloaded to a device"):
