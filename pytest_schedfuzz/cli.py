@@ -106,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cm.add_argument("--workloads", type=int, default=50, help="how many generated workloads (default 50)")
     cm.add_argument("--seed", type=int, default=0)
     cm.set_defaults(func="tools:compare_builds")
+    su = sub.add_parser("seeds", help="seed 000's users' servers, scaled down, on each built-in llama.cpp: n_same/n_diff and the findings")
+    su.add_argument("--llama-lib", action="append", help="a build to replay them on (repeatable; default: every built-in llama.cpp)")
+    su.set_defaults(func="tools:seed_users")
     args = parser.parse_args(argv)
     try:
         module, name = args.func.split(":")

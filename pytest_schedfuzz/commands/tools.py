@@ -118,3 +118,31 @@ def compare_builds(args: argparse.Namespace) -> int:
             t.close()
     print("\n".join(result.summary()))
     return 0
+
+
+def seed_users(args: argparse.Namespace) -> int:
+    """``schedfuzz seeds``: seed 000's users' servers (``campaign.seed_users``) on each build, with
+    every llama.cpp property; exit 0 (a report: the findings are in it, and in the corpus's run)."""
+    from ..campaign.fuzz import Fuzzer
+    from ..campaign.seed_users import USERS, lines, replay
+    from ..llama.target import BUILT_IN
+    from ..properties.base import LLAMA_GROUP
+
+    rows = []
+    for build in args.llama_lib or BUILT_IN:
+        f = Fuzzer(FuzzConfig(database=None, llama_lib=build))
+        try:
+            info = f.engines.llama_target.start()
+            gpu_like = info.get("gpu_device", "available") == "available"
+            has_moe_cache = "moe_cache_size" not in info.get("absent_params", "").split(",")
+
+            def check(w):  # type: ignore[no-untyped-def]
+                return f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)
+
+            for user in USERS:
+                rows.append(replay(user, build, check, gpu_like, has_moe_cache))
+                print("\n".join(lines(rows[-1:])), flush=True)
+        finally:
+            f.close()
+    return 0
+

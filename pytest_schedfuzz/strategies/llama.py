@@ -361,17 +361,17 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     dv = draw(devices(model, max_rpc, max_gpu))
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
-    model, draft = draw(_mtp(model, families, absent)) if not adapters else (model, "")
+    model, draft = draw(_mtp(model, absent)) if "mtp" in families and not adapters else (model, "")
     return LlamaWorkload(model, dv, ctx, calls, adapters, draft)
 
 
 @st.composite
-def _mtp(draw: st.DrawFn, model: ModelSpec, families: tuple[str, ...], absent: frozenset[str]) -> tuple[ModelSpec, str]:
-    """In a quarter of the draws with "mtp" among ``families``, a dense or MoE model made the
+def _mtp(draw: st.DrawFn, model: ModelSpec, absent: frozenset[str]) -> tuple[ModelSpec, str]:
+    """In a quarter of the draws, a dense or MoE model made the
     GLM-4.5 style one with its MTP layer (experts always, the shared expert an expert's size), and
     in three quarters of those llama-server's draft-mtp (a draft context; else n-gram drafts).
     Drawn last, so that the other dimensions' draws stay as they were without it."""
-    if "mtp" not in families or model.kind not in ("dense", "moe") or draw(st.integers(0, 3)):
+    if model.kind not in ("dense", "moe") or draw(st.integers(0, 3)):
         return model, ""
     mtp = replace(model, kind="mtp", arch="glm4moe", n_ff=model.n_ff if model.kind == "moe" else 32, n_expert=model.n_expert or 4, n_expert_used=2)
     while mtp.n_layer > 1 and 4 * mtp.n_params > MAX_WEIGHT_BYTES:

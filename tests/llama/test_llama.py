@@ -228,7 +228,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
 
     stats, dead, found = Stats(), [], set()
 
-    @seed(37)  # one whose 200 draws have each asserted dimension at least six times
+    @seed(32)  # one whose 200 draws have each asserted dimension at least three times (re-picked when spec steps came)
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/llama/test_llama_gpu.py
     def run(w: LlamaWorkload) -> None:
