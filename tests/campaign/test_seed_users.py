@@ -1,0 +1,51 @@
+"""Seed 000's users' servers, scaled down (``campaign.seed_users``, ``schedfuzz seeds``): each
+build's counts are llama.cpp's own where its perf data has them, else the harness's, named; the
+first user's server climbs n_same on 0.3.36, and the finding says why in ggml's terms."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.profiles import FuzzConfig
+from pytest_schedfuzz.campaign.seed_users import USERS, counts, lines, replay
+from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaTrace, SchedCall
+from pytest_schedfuzz.properties.base import LLAMA_GROUP
+
+
+def test_counts_are_llama_cpps_where_its_perf_data_has_them_else_the_harnesss_named() -> None:
+    realloc = SchedCall("alloc", 0, realloc=True, ggml_ids_changed=False, ggml_size_changed=False)
+    calls = (CallRecord(0, "decode", 0, (realloc, SchedCall("alloc", 1, realloc=True, ggml_ids_changed=True, ggml_size_changed=False, context=1))),)
+    upstream = LlamaTrace(calls, None, {}, {"n_reallocs_same": 3, "n_reallocs_diff": 1, "draft.n_reallocs_same": 0, "draft.n_reallocs_diff": 2})
+    assert counts(upstream) == ("target: n_same = 3, n_diff = 1 (llama.cpp's perf data); draft: n_same = 0, n_diff = 2 (llama.cpp's perf data)")
+    assert counts(LlamaTrace(calls, None, {}, {})) == ("target: n_same = 1, n_diff = 0 (the harness's count, observed by ggml's realloc callback); "
+                                                       "draft: n_same = 0, n_diff = 1 (the harness's count, observed by ggml's realloc callback)")
+
+
+def test_each_user_says_what_they_ran_and_what_could_not_be_kept() -> None:
+    for user in USERS:
+        user.workload.validate()
+        assert user.said and user.left_out
+    tensor, gpus = USERS
+    assert tensor.workload.devices.split_mode == "tensor" and tensor.workload.draft == "mtp" and tensor.workload.ctx.n_seq_max == 4
+    assert gpus.workload.devices.tensor_split == (1.0, 0.0) and gpus.workload.ctx.moe_cache_size > 0
+    on_b11739 = gpus.for_build(gpu_like=False, has_moe_cache=True)  # no GPU-like device there: RPC devices serve
+    assert on_b11739.devices.n_rpc == 2 and not on_b11739.devices.gpus
+    assert gpus.for_build(gpu_like=True, has_moe_cache=False).ctx.moe_cache_size == 0
+
+
+@pytest.mark.engine
+def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why() -> None:
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        row = replay(USERS[0], "llama.cpp-0.3.36", lambda w: (f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)), True, False)
+    finally:
+        f.close()
+    target = re.search(r"target: n_same = (\d+), n_diff = (\d+)", row.counts)
+    assert target is not None and int(target[1]) > 0, row.counts
+    signatures = {v.signature() for v in row.findings}
+    assert any("Meta(RPC,RPC)" in s and s.startswith("llama-no-same-size-realloc[explained=lost") for s in signatures), signatures
+    report = "\n".join(lines([row]))
+    assert "the worst-case reservation" in report and "backend ids changed" in report
