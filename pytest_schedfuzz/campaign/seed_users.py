@@ -90,7 +90,7 @@ USERS: tuple[User, ...] = (
                                          overrides=(("_exps", CPU_DEVICE),)),
                       ContextParams(n_ctx=1024, n_batch=128, n_ubatch=16, n_seq_max=1, flash_attn="on", n_outputs_max=4,
                                     n_outputs_max_per_seq=4, moe_cache_size=512 * 1024),
-                      _slots(1, 100, 128, 8, 3)),
+                      _slots(1, 100, 128, 8, 3), draft="mtp"),
         "the draft is the model's own MTP layer, not a separate draft model on the second GPU; -ncmoe is every "
         "layer's experts on the CPU (-ot exps=CPU); the MoE cache only where the build has it (b11739)",
         on_gpus=True,
