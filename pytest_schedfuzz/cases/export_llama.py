@@ -678,8 +678,11 @@ static int dft_process(const int * toks, const llama_pos * pos, const int * seqs
         llama_pos p[4] = {{ pos[i], pos[i], pos[i], pos[i] }};
         llama_batch_ext_set_pos(b, at, p);
         struct llama_embd e = {{ states[i], 1, (size_t) n_embd_out }};
-        if (!set_embd) set_embd = llama_batch_ext_set_embd_state(b, at, e) ? llama_batch_ext_set_embd_state : llama_batch_ext_set_embd_token;
-        if (!set_embd(b, at, e)) {{ fprintf(stderr, "the draft context refused a hidden state\n"); exit(77); }}
+        bool ok;
+        if (set_embd) ok = set_embd(b, at, e);
+        else if ((ok = llama_batch_ext_set_embd_state(b, at, e))) set_embd = llama_batch_ext_set_embd_state;  /* b11739 */
+        else if ((ok = llama_batch_ext_set_embd_token(b, at, e))) set_embd = llama_batch_ext_set_embd_token;  /* 0.3.36 */
+        if (!ok) {{ fprintf(stderr, "the draft context refused a hidden state\n"); exit(77); }}
         if (out) llama_batch_ext_set_output_logits(b, at, true);
     }}
     int rc = llama_process(dft, LLAMA_PROCESS_TYPE_DECODE, b);

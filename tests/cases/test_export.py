@@ -94,6 +94,7 @@ LLAMA_KINDS = [
     ("97dfe7600a", "cannot run the operation (ROPE)"),  # an abort in split_graph, a KV cache on a GPU-like device
     ("0603feb841", "Segmentation fault"),  # a crash: SIGSEGV in llama_mul_mat_hadamard (a context shift)
     ("525922f4eb", "GGML_ASSERT(ggml_can_mul_mat(a, b))"),  # an abort in llama_init_from_model (the violation's call 0)
+    ("34b0a02ef6", "unexpected graph reallocation"),  # an MTP model's target beside its draft context (draft-mtp), catching up
 ]
 
 
