@@ -87,12 +87,12 @@ USERS: tuple[User, ...] = (
         "--moe-cache-mib 8700, --parallel 1, -b 4096 -ub 512, --spec-type draft-mtp,ngram-map-k4v with an MTP draft "
         "model on the second GPU (nodes = 7842, splits = 65 and nodes = 202, splits = 1 alternating)",
         LlamaWorkload(MTP_MODEL, Devices(n_rpc=0, gpus=(BackendSpec("gpu"), BackendSpec("gpu")), tensor_split=(1.0, 0.0),
-                                         overrides=(("_exps", CPU_DEVICE),)),
+                                         overrides=(("blk\\.3\\.", 1), ("_exps", CPU_DEVICE))),
                       ContextParams(n_ctx=1024, n_batch=128, n_ubatch=16, n_seq_max=1, flash_attn="on", n_outputs_max=4,
                                     n_outputs_max_per_seq=4, moe_cache_size=512 * 1024),
                       _slots(1, 100, 128, 8, 3), draft="mtp"),
-        "the draft is the model's own MTP layer, not a separate draft model on the second GPU; -ncmoe is every "
-        "layer's experts on the CPU (-ot exps=CPU); the MoE cache only where the build has it (b11739)",
+        "the draft is the model's own MTP layer put on the second GPU (-ot blk.3.=GPU1), not a separate draft model; "
+        "-ncmoe is every trunk layer's experts on the CPU (-ot exps=CPU); the MoE cache only where the build has it (b11739)",
         on_gpus=True,
     ),
 )

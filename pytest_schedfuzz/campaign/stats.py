@@ -354,6 +354,7 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         "batch > n_ubatch": any(x.n_tokens() > c.n_ubatch for x in w.calls if x.kind == "decode"),
         # llama-server's speculative decoding (llama.speculative): a draft context, or n-gram drafts
         "draft mtp (an MTP context)": w.draft == "mtp",
+        "draft mtp, its layer on a device of its own (-ot blk.N.)": w.draft == "mtp" and any(p == f"blk\\.{m.n_layer}\\." for p, _ in dv.overrides),
         "speculative steps, draft mtp": w.draft == "mtp" and any(x.kind == "spec" for x in w.calls),
         "speculative steps, n-gram drafts": not w.draft and any(x.kind == "spec" for x in w.calls),
         "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n for x in w.calls),

@@ -863,7 +863,7 @@ class Llama:
         assert self.nextn is not None, "draft mtp on a build without it (the workload should have been refused)"
 
         def make(other: Any) -> Any:
-            p = self.context_params(replace(c, backend_samplers=False))
+            p = self.context_params(replace(c, backend_samplers=False, embeddings=False))  # a draft samples tokens, it pools nothing
             p.ctx_type, p.ctx_other = CONTEXT_TYPE_MTP, ctypes.cast(other, ctypes.c_void_p)
             with self.in_context(1):
                 return self.L.llama_init_from_model(model, p)

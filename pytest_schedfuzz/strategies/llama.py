@@ -361,22 +361,30 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     dv = draw(devices(model, max_rpc, max_gpu))
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
-    model, draft = draw(_mtp(model, absent)) if "mtp" in families and not adapters else (model, "")
+    # llama-server drafts only for completions: no draft beside an embeddings context
+    model, draft, dv = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) if "mtp" in families and not adapters \
+        else (model, "", dv)
     return LlamaWorkload(model, dv, ctx, calls, adapters, draft)
 
 
 @st.composite
-def _mtp(draw: st.DrawFn, model: ModelSpec, absent: frozenset[str]) -> tuple[ModelSpec, str]:
-    """In a quarter of the draws, a dense or MoE model made the
+def _mtp(draw: st.DrawFn, model: ModelSpec, dv: Devices, families: tuple[str, ...], absent: frozenset[str]) -> tuple[ModelSpec, str, Devices]:
+    """In a quarter of the draws (every one where ``families`` is "mtp" alone), a dense or MoE model made the
     GLM-4.5 style one with its MTP layer (experts always, the shared expert an expert's size), and
     in three quarters of those llama-server's draft-mtp (a draft context; else n-gram drafts).
-    Drawn last, so that the other dimensions' draws stay as they were without it."""
-    if model.kind not in ("dense", "moe") or draw(st.integers(0, 3)):
-        return model, ""
+    With several devices, in half of those the MTP layer (the last block) is put on a device of
+    its own choosing (``-ot blk\\.N\\.=DEV``): the draft on another device than the target's last
+    layer, as users put their draft model. Drawn last, so that the other dimensions' draws stay
+    as they were without it."""
+    if model.kind not in ("dense", "moe") or (len(families) > 1 and draw(st.integers(0, 3))):
+        return model, "", dv
     mtp = replace(model, kind="mtp", arch="glm4moe", n_ff=model.n_ff if model.kind == "moe" else 32, n_expert=model.n_expert or 4, n_expert_used=2)
     while mtp.n_layer > 1 and 4 * mtp.n_params > MAX_WEIGHT_BYTES:
         mtp = replace(mtp, n_layer=mtp.n_layer - 1)
-    return mtp, "mtp" if "draft mtp" not in absent and draw(st.integers(0, 3)) else ""
+    draft = "mtp" if "draft mtp" not in absent and draw(st.integers(0, 3)) else ""
+    if draft and dv.n_devices > 1 and dv.split_mode == "layer" and draw(st.booleans()):
+        dv = replace(dv, overrides=(*dv.overrides, (f"blk\\.{mtp.n_layer}\\.", draw(st.integers(0, dv.n_devices - 1)))))
+    return mtp, draft, dv
 
 
 @st.composite

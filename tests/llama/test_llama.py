@@ -725,3 +725,33 @@ def test_a_switch_beside_the_point_is_not_named_and_a_causal_one_is(target) -> N
     with_switch = ("llama-no-same-size-realloc[explained=lost,lost_by=decode after set_warmup(true): "
                    "node node_N (GET_ROWS(cache_r_lN (reshaped), rs_s_copy (view))),topology=same]")
     assert signed("ca9df62f29", frozenset({with_switch})) == ({with_switch}, 0)
+
+
+@pytest.mark.engine
+def test_speculative_servers_draft_verify_and_roll_back_in_both_contexts(target) -> None:
+    """Workloads of the MTP family alone (issue 47): an MTP draft context beside the target,
+    speculative steps drafted there or from n-gram tables, rolled back, and the MTP layer on a
+    device of its own, each reached by workloads that decoded; every call made, and the draft
+    context's schedulers told apart from the target's."""
+    from hypothesis import Phase, seed
+
+    from pytest_schedfuzz.campaign.stats import Stats
+    from pytest_schedfuzz.properties.llama import unmade_calls
+
+    stats, contexts = Stats(), set()
+
+    @seed(2)  # one whose 60 draws reach each speculative dimension twice
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
+    @given(llama_workloads(max_rpc=2, max_gpu=0, families=("mtp",)))
+    def run(w: LlamaWorkload) -> None:
+        trace = llama_trace(target.run(w))
+        stats.add_llama(w, trace)
+        assert unmade_calls(w, trace) == [], w.describe()
+        contexts.update(s.context for _, s in trace.sched_calls())
+
+    run()
+    for shown in ("model mtp", "draft mtp (an MTP context)", "speculative steps, draft mtp", "speculative steps, n-gram drafts",
+                  "speculative steps rolled back", "draft mtp, its layer on a device of its own (-ot blk.N.)"):
+        assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))
+    assert contexts == {0, 1}
+
