@@ -301,7 +301,8 @@ class Fuzzer:
             info = self.engines.llama_target.start()
             gpus = MAX_GPU if info.get("gpu_device", "available") == "available" else 0
             absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k)
-            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent)
+            families = FAMILIES if p.mtp else tuple(f for f in FAMILIES if f != "mtp")
+            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=families, absent=absent)
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws
