@@ -40,10 +40,13 @@ from .base import LLAMA_PROPERTY_IDS, Violation, reason_kind, role
 
 
 def _call_kind(w: LlamaWorkload, index: int) -> str:
-    """The kind of call ``index`` (``init``: the context's constructor, ``free``: after the last)."""
+    """The kind of call ``index`` as a signature names it (``init``: the context's constructor,
+    ``free``: after the last). A speculative step is a ``decode``: llama.cpp sees only the batches
+    it decodes (its message still names the step), and a known cause stays one signature."""
     if index < 0:
         return "init"
-    return w.calls[index].kind if index < len(w.calls) else "free"
+    kind = w.calls[index].kind if index < len(w.calls) else "free"
+    return "decode" if kind == "spec" else kind
 
 
 def _call_name(w: LlamaWorkload, index: int) -> str:
@@ -71,7 +74,7 @@ def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
     and that switch's index."""
     if call < 0 or call >= len(w.calls):
         return _call_name(w, call).split(" ")[0], None
-    kind = w.calls[call].kind
+    kind = _call_kind(w, call)
     switches = [i for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
     if not switches:
         return kind, None

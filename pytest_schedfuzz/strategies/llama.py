@@ -329,7 +329,8 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_lor
 
 
 def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Call, ...]:
-    """llama.cpp requires ``n_tokens <= n_ubatch`` while causal attention is off: trim such batches."""
+    """llama.cpp requires ``n_tokens <= n_ubatch`` while causal attention is off: trim such batches
+    (a speculative step's verification of 1 + n tokens too)."""
     out, causal = [], True
     for c in calls:
         if c.kind == "set_causal_attn":
@@ -342,6 +343,8 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
                     parts.append(replace(p, n_tokens=n, outputs="last" if p.outputs == "all" and n < p.n_tokens else p.outputs))
                     room -= n
             c = replace(c, parts=tuple(parts))
+        elif c.kind == "spec" and not causal and 1 + c.n > n_ubatch:  # its verification batch too
+            c = replace(c, n=n_ubatch - 1, accept=min(c.accept, n_ubatch - 1)) if n_ubatch > 1 else Call("decode", (Part(c.seq, 1, "last"),))
         out.append(c)
     return tuple(out)
 

@@ -755,3 +755,15 @@ def test_speculative_servers_draft_verify_and_roll_back_in_both_contexts(target)
         assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))
     assert contexts == {0, 1}
 
+
+
+def test_a_speculative_step_is_signed_as_the_decode_it_makes() -> None:
+    """A lost reservation or an abort in a speculative step is signed ``decode`` (llama.cpp sees
+    the batches it decodes: a known cause stays one signature); its message names the step."""
+    from pytest_schedfuzz.properties.llama import _call_kind, _trigger
+
+    w = LlamaWorkload(ModelSpec(), Devices(n_rpc=1), ContextParams(n_batch=32, n_outputs_max=8, n_outputs_max_per_seq=4),
+                      (Call("decode", (Part(0, 8, "last"),)), Call("spec", seq=0, n=2, accept=1)))
+    w.validate()
+    assert _call_kind(w, 1) == "decode" and _trigger(w, 0, 1) == ("decode", None)
+    assert "speculative step(seq 0: draft 2, verify 3, accept 1)" in w.calls[1].describe()
