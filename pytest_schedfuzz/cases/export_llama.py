@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import struct
 import tempfile
 import textwrap
 from pathlib import Path
@@ -37,7 +36,7 @@ from ..ggml.lib import base_library, library_folder
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
 from ..llama.target import BUILT_IN, resolve_lib_dir
-from ..llama.upstream import LIBRARIES
+from ..llama.upstream import LIBRARIES, exported_symbols
 from ..llama.worker import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
 from ..model.llama_model import RECURRENT_KINDS
@@ -79,29 +78,19 @@ DECLARED_HEADER = "llama_declared.h"
 
 
 def _exported(folder: Path) -> dict[str, str]:
-    """The functions and objects the libraries of ``folder`` export (their ELF dynamic symbol
-    tables, read here: loading them would run their constructors in this process), each with the
-    library that exports it."""
+    """The functions and objects the libraries of ``folder`` export (read from the files:
+    ``upstream.exported_symbols``), each with the library that exports it."""
     out: dict[str, str] = {}
     for stem in LIBRARIES:
         path = next((p for p in (folder / f"{stem}.so", folder / f"{stem}.so.0") if p.exists()), None)
         if path is None:
             continue
-        data = path.read_bytes()
-        if data[:4] != b"\x7fELF" or data[4] != 2:  # ELFCLASS64
-            raise ExportError(f"{path}: not a 64-bit ELF library; its exported functions cannot be read")
-        shoff, = struct.unpack_from("<Q", data, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-        sections = [struct.unpack_from("<IIQQQQII", data, shoff + k * shentsize) for k in range(shnum)]
-        for _, kind, _, _, offset, size, link, _ in sections:
-            if kind != 11:  # SHT_DYNSYM
-                continue
-            strings = sections[link][4]
-            for at in range(offset + 24, offset + size, 24):  # Elf64_Sym; the first is the null symbol
-                name_at, info, _, shndx = struct.unpack_from("<IBBH", data, at)
-                if shndx != 0 and info >> 4 in (1, 2):  # defined, global or weak
-                    end = data.index(b"\0", strings + name_at)
-                    out.setdefault(data[strings + name_at:end].decode(), path.name)
+        try:
+            names = exported_symbols(path.read_bytes())
+        except TargetError as e:
+            raise ExportError(f"{path}: its exported functions cannot be read ({e})") from None
+        for name in names:
+            out.setdefault(name, path.name)
     return out
 
 

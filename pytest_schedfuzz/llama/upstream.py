@@ -352,6 +352,21 @@ def _symbols_by_version(data: bytes | bytearray) -> dict[int, list[str]]:
     return names
 
 
+def exported_symbols(data: bytes | bytearray) -> list[str]:
+    """The functions and objects a library (its bytes) exports: its dynamic symbols that are
+    defined, global or weak. Read from the file, never loaded (loading would run its constructors)."""
+    sections = _sections(data)
+    dynsym = next((s for s in sections if s.type == _SHT_DYNSYM), None)
+    if dynsym is None:
+        return []
+    out = []
+    for at in range(dynsym.offset + 24, dynsym.offset + dynsym.size, 24):  # Elf64_Sym; the first is the null symbol
+        name, info, _, shndx = struct.unpack_from("<IBBH", data, at)
+        if shndx != 0 and info >> 4 in (1, 2):  # defined; STB_GLOBAL or STB_WEAK
+            out.append(_string(data, sections[dynsym.link], name))
+    return out
+
+
 def _unlink_version_need(data: bytearray, need: _VersionNeed, name: str) -> None:
     """Take ``need`` out of its file's chain in ``.gnu.version_r`` (the entry's bytes stay, unread).
     Refused while a symbol is still bound to its version: ld.so would then look that symbol up
