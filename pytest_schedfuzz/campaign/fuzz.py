@@ -32,7 +32,7 @@ from ..cases.capture import CaptureError, capture, preparer
 from ..cases.corpus import Case, component_of
 from ..cases.verdict import RACE
 from ..engine import TargetError, Unsupported, gc_paused
-from ..model.llama import MAX_GPU, LlamaWorkload
+from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
@@ -300,7 +300,9 @@ class Fuzzer:
         if props.is_llama(prop):
             info = self.engines.llama_target.start()
             gpus = MAX_GPU if info.get("gpu_device", "available") == "available" else 0
-            absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k)
+            # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
+            absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
+                frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
             families = FAMILIES if p.mtp else tuple(f for f in FAMILIES if f != "mtp")
             return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=families, absent=absent)
         if self.engines.gpu_device() != "available":

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import properties as props
 from ..cases.capture import CAPTURED_LABEL
-from ..model.llama import LlamaWorkload
+from ..model.llama import LlamaWorkload, all_experts_bytes
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
@@ -100,6 +100,8 @@ class Stats:
             self.llama_decoded[f] = self.llama_decoded.get(f, 0) + decoded
         for kind in filter(None, str(trace.engine.get("absent_calls", "")).split(",")):  # a dead dimension, with its reason
             self.llama_explored.setdefault(f"call {kind} absent (this build lacks it)", 0)
+        for param in filter(None, str(trace.engine.get("absent_params", "")).split(",")):
+            self.llama_explored.setdefault(f"{param} absent (this build lacks it)", 0)
         for kind in {c.kind for c in workload.calls}:
             f = f"call {kind}"
             self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
@@ -334,6 +336,7 @@ def llama_features(w: LlamaWorkload) -> list[str]:
     checks = {
         "partial offload": dv.n_gpu_layers < m.n_layer,
         "tensor_split": bool(dv.tensor_split),
+        "tensor_split with a zero share": any(x == 0 for x in dv.tensor_split),
         f"{len(dv.gpus)} GPU-like": bool(dv.gpus),
         "GPU-like asynchronous": any(g.asynchronous for g in dv.gpus),
         "GPU-like host buffer": any(g.host_buffer for g in dv.gpus),
@@ -349,6 +352,8 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         "offload_kqv off": not c.offload_kqv,
         f"embeddings pooling {c.pooling}": c.embeddings,
         f"backend samplers {c.sampler_chain}": c.backend_samplers,
+        # b11739's MoE cache: a budget for part of the host experts, or for all of them
+        f"moe cache {'>=' if c.moe_cache_size >= all_experts_bytes(m) else '<'} all experts' bytes": c.moe_cache_size > 0,
         "output limits": bool(c.n_outputs_max or c.n_outputs_max_per_seq),
         "multi-sequence batch": any(len(x.parts) > 1 for x in w.calls if x.kind == "decode"),
         "batch > n_ubatch": any(x.n_tokens() > c.n_ubatch for x in w.calls if x.kind == "decode"),
@@ -366,15 +371,21 @@ def llama_features(w: LlamaWorkload) -> list[str]:
 def llama_observed(trace: LlamaTrace) -> list[str]:
     """What llama.cpp's scheduler was seen doing in a run (as ggml and llama.cpp report it), for
     the same line: pipeline parallelism, its fallback, op offload, flash attention "auto" resolved
-    off."""
+    off, the meta device of split mode tensor, the MoE cache made and used."""
     init = [s for c in trace.calls if c.kind == "init" for s in c.sched if s.kind == "new"]
     calls = [s for _, s in trace.sched_calls()]
     checks = {
         "observed: n_copies > 1": any(s.n_copies > 1 for s in calls),
         "observed: pipeline parallelism dropped (compute buffers did not fit)": len(init) > 1 and init[0].parallel and not init[-1].parallel,
-        "observed: op offloaded to a device": any(s.offloaded for s in calls),
+        "observed: op offloaded to a device": any(not x.startswith("moe_cache.") for s in calls for x in s.offloaded),
         "observed: the draft context's scheduler re-planned": any(s.context and s.realloc for s in calls),
         "observed: flash attention auto, off (a device refused it)": trace.flash_attn() == "off",
+        # split mode tensor: llama.cpp wraps the devices in a meta device (llama_prepare_model_devices)
+        "observed: meta device (split mode tensor)": any("using device Meta(" in x for c in trace.calls if c.kind == "init" for x in c.log),
+        # b11739's MoE cache: made (its banks and slot maps), and its lookup reading a slot map on a
+        # device, which the scheduler copies through llama.cpp's copy callback (llama_moe_cache::copy)
+        "observed: moe cache made": any("MoE cache size = " in x for c in trace.calls if c.kind == "init" for x in c.log),
+        "observed: moe cache slot map copied to a device": any(x.startswith("moe_cache.slot_map") for s in calls for x in s.offloaded),
     }
     return [k for k, v in checks.items() if v]
 

@@ -49,7 +49,8 @@ EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
 _FLASH = {"off": "LLAMA_FLASH_ATTN_TYPE_DISABLED", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED", "auto": "LLAMA_FLASH_ATTN_TYPE_AUTO"}
 _POOLING = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN", "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST"}
-_SPLIT = {"none": "LLAMA_SPLIT_MODE_NONE", "layer": "LLAMA_SPLIT_MODE_LAYER", "row": "LLAMA_SPLIT_MODE_ROW"}
+_SPLIT = {"none": "LLAMA_SPLIT_MODE_NONE", "layer": "LLAMA_SPLIT_MODE_LAYER", "row": "LLAMA_SPLIT_MODE_ROW",
+          "tensor": "LLAMA_SPLIT_MODE_TENSOR"}
 _SAMPLERS = {"greedy": "llama_sampler_init_greedy()", "top_k": "llama_sampler_init_top_k(8)", "top_p": "llama_sampler_init_top_p(0.9f, 1)",
              "min_p": "llama_sampler_init_min_p(0.05f, 1)", "temp": "llama_sampler_init_temp(0.8f)", "dist": "llama_sampler_init_dist(1234)"}
 
@@ -265,7 +266,22 @@ def _context_params(w: LlamaWorkload) -> str:
         lines.append(f"static struct llama_sampler_seq_config seqs[{c.n_seq_max}]; "
                      f"for (int s = 0; s < {c.n_seq_max}; s++) {{ seqs[s].seq_id = s; seqs[s].sampler = {chain}; }}")
         lines.append(f"cp.samplers = seqs; cp.n_samplers = {c.n_seq_max};")
+    if c.moe_cache_size:  # a field of the builds that have the MoE cache (export_llama_case refuses the others)
+        lines.append(f"cp.moe_cache_size = {c.moe_cache_size};")
     return textwrap.indent("\n".join(lines), "    ")
+
+
+def _lacking_params(folder: Path, w: LlamaWorkload) -> list[str]:
+    """The optional context parameters (``OPTIONAL_PARAMS``) ``w`` sets that the build in
+    ``folder`` does not declare in its ``llama_context_params`` (its own declarations)."""
+    from ..llama.declarations import find, parse
+    from ..model.llama import OPTIONAL_PARAMS
+
+    wanted = [p for p in OPTIONAL_PARAMS if getattr(w.ctx, p)]
+    if not wanted:
+        return []
+    declared = {name for name, _ in parse(find(folder)).typeof("struct llama_context_params").fields}
+    return [f"ctx.{p} {getattr(w.ctx, p)}" for p in wanted if p not in declared]
 
 
 def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str = "", trace: LlamaTrace | None = None) -> list[Path]:
@@ -309,6 +325,10 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
     variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w, trace))]
                                                           if case.property == "llama-same-logits" else [])
+    lacking = _lacking_params(folder, w)
+    if lacking:
+        raise ExportError(f"{case.path}: the workload sets {', '.join(lacking)}, which the llama_context_params of {folder} has no "
+                          "field for; export it against a build that has it (--llama-lib)")
     # the violation's step is its call, llama_init_from_model's (-1) as 0
     died = f"(out.died_at < 0 ? 0 : out.died_at) == {case.step}"
     earlier = [c.index for c in (trace.calls if trace else ()) for s in c.sched

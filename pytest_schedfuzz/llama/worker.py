@@ -107,10 +107,12 @@ BUFFER_USAGE_WEIGHTS = 1  # enum ggml_backend_buffer_usage
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
 MAX_BUFFERS = 256  # distinct buffers of one captured graph (sched_hook.c's graph_records)
-# llama.cpp's lines on where the model and the context went (llama_model_load, llama_context), and
-# how the context resolved flash attention "auto" (llama_context::resolve_fused_ops)
+# llama.cpp's lines on where the model and the context went (llama_model_load, llama_context), how
+# the context resolved flash attention "auto" (llama_context::resolve_fused_ops), and what its MoE
+# cache made of its budget (llama_moe_cache, b11739: made, or why not)
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
-                       r"retrying without pipeline parallelism|Flash Attention (?:enabled|not supported)")
+                       r"retrying without pipeline parallelism|Flash Attention (?:enabled|not supported)|"
+                       r"MoE cache size = |MoE cache is disabled|MoE cache budget is too small")
 
 
 class HarnessError(RuntimeError):

@@ -97,6 +97,10 @@ def _invalid(s: SchedCall) -> str:
     return f"{reason} ({op}({', '.join(role(x) for x in srcs[:-1].split(', ') if x)}))"
 
 
+# re-plan causes that depend on the batch alone (``_replan_reason``)
+BY_BATCH = ("(op offload)", "(MoE cache lookup)")
+
+
 def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
     the invalid tensor, or for a backend change the node that moved and between which kinds of
@@ -111,6 +115,10 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
         # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU): the
         # moved node reads a weight in host memory (only op offload puts it on a device), or the
         # same graph copies other host-resident weights
+        # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the
+        # device) only in a ubatch small enough for the cache, so its graphs differ by ubatch size
+        if any(o.startswith("moe_cache.") for o in set(x.offloaded) ^ set(r.offloaded)):
+            return f"{reason} (MoE cache lookup)"
         if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
             return f"{reason} (op offload)"
         # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
@@ -203,12 +211,12 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 # (after which switch), for which kind of graph, why, and whether the topology switched;
                 # which tensor then shows invalid depends on the model (it is in the message)
                 replan = _replan_reason(x, r)
-                # op offload depends on the batch only: a switch made before the call is beside the point
-                trigger, switch = _trigger(w, x_call if replan.endswith("(op offload)") else r_call, x_call)
+                # op offload and the MoE cache's lookup depend on the batch only: a switch made before the call is beside the point
+                trigger, switch = _trigger(w, x_call if replan.endswith(BY_BATCH) else r_call, x_call)
                 facts = {"explained": how, "lost_by": f"{trigger}: {replan}"}
                 # which op offload wants depends on the batch alone: whether the graphs also differ
                 # in topology or inputs (the sampler's, the outputs') does not make another cause
-                if not replan.endswith("(op offload)"):
+                if not replan.endswith(BY_BATCH):
                     facts["topology"] = "switch" if switched else "same"
                     graph = _graph_kind(r, x)
                     if graph:
@@ -482,11 +490,11 @@ def compares_logits(w: LlamaWorkload) -> bool:
 
 
 def cpu_only(w: LlamaWorkload, trace: LlamaTrace | None) -> LlamaWorkload:
-    """``w`` with every weight, cache and op on the CPU (no device at all), and flash attention
-    as llama.cpp resolved "auto" in ``w``'s run (``trace``): a device that refuses
-    ``FLASH_ATTN_EXT`` turns it off there, where the CPU alone would keep it on."""
+    """``w`` with every weight, cache and op on the CPU (no device at all, so no MoE cache, which
+    needs one), and flash attention as llama.cpp resolved "auto" in ``w``'s run (``trace``): a
+    device that refuses ``FLASH_ATTN_EXT`` turns it off there, where the CPU alone would keep it on."""
     resolved = trace.flash_attn() if trace is not None and w.ctx.flash_attn == "auto" else None
-    ctx = replace(w.ctx, flash_attn=resolved) if resolved else w.ctx
+    ctx = replace(w.ctx, flash_attn=resolved, moe_cache_size=0) if resolved else replace(w.ctx, moe_cache_size=0)
     return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), ctx, w.calls, w.loras)
 
 

@@ -16,6 +16,8 @@ from ..model.llama import (
     MAX_LORAS,
     MAX_RPC,
     MAX_SEQ,
+    NO_TENSOR_SPLIT,
+    OPTIONAL_PARAMS,
     OUTPUTS,
     POOLING,
     SAMPLER_CHAINS,
@@ -24,6 +26,8 @@ from ..model.llama import (
     Devices,
     LlamaWorkload,
     Part,
+    all_experts_bytes,
+    expert_bytes,
 )
 from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, LoraSpec, ModelSpec
 from ..model.scenario import BackendSpec
@@ -145,13 +149,16 @@ def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tu
 
 
 @st.composite
-def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: int = MAX_GPU) -> Devices:
+def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: int = MAX_GPU, tensor: bool = False) -> Devices:
     """Where the model goes: 0..``max_rpc`` RPC and 0..``max_gpu`` GPU-like devices (at least one
-    device), all or some layers, llama.cpp's split by free memory or a ``tensor_split``; with
-    GPU-like devices also split mode layer or none (``main_gpu``), and in a quarter of those
-    workloads each tensor overrides and little free memory. One workload in six is set up for pipeline
-    parallelism (two asynchronous GPU-like devices holding every layer, no overrides), which
-    llama.cpp enables only there."""
+    device), all or some layers, llama.cpp's split by free memory or a ``tensor_split`` (a share
+    may be zero, as ``-ts 1,0``: a device that holds no layer); with GPU-like devices also split
+    mode layer or none (``main_gpu``), and in a quarter of those workloads each tensor overrides
+    and little free memory; with ``tensor`` (the model and context allow it) split mode tensor in a
+    quarter of the workloads (overrides to the CPU only: a device's own buffer under the meta
+    device makes ggml abort). One workload in six is set up for pipeline parallelism (two
+    asynchronous GPU-like devices holding every layer, no overrides), which llama.cpp enables only
+    there."""
     if max_gpu >= 2 and draw(st.integers(0, 5)) == 0:
         gpus_ = (draw(llama_gpus(True)), draw(llama_gpus(True)))
         free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
@@ -161,12 +168,16 @@ def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: 
     gpus_ = tuple(draw(llama_gpus()) for _ in range(n_gpu))
     n = n_rpc + n_gpu
     all_layers = draw(st.integers(0, 3)) > 0
-    split = tuple(draw(sampled((1.0, 2.0, 3.0))) for _ in range(n)) if n > 1 and draw(st.booleans()) else ()
-    # placement as users set it for GPUs (drawn only with GPU-like devices: RPC-only draws stay as they were)
-    mode = draw(sampled(("layer", "layer", "none"))) if n > 1 and gpus_ else "layer"
+    split = tuple(draw(sampled((0.0, 1.0, 2.0, 3.0))) for _ in range(n)) if n > 1 and draw(st.booleans()) else ()
+    if split and not any(split):
+        split = (1.0, *split[1:])
+    # placement as users set it: split mode none only with GPU-like devices, tensor where it may be
+    modes = ("layer", "layer", "none" if n > 1 and gpus_ else "layer") + (("tensor",) if tensor else ())
+    mode = draw(sampled(modes)) if len(set(modes)) > 1 else "layer"
     main_gpu = draw(st.integers(0, n - 1)) if mode == "none" else 0
     free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
-    usable = [main_gpu] if mode == "none" else list(range(n))  # a device the model does not use has no backend in the context
+    # a device the model does not use has no backend in the context; under split mode tensor none is the model's itself
+    usable = [main_gpu] if mode == "none" else [] if mode == "tensor" else list(range(n))
     overrides = _overrides(draw, model, usable) if gpus_ and draw(st.integers(0, 3)) == 0 else ()
     return Devices(n_rpc=n_rpc, n_gpu_layers=99 if all_layers else draw(st.integers(0, model.n_layer)), tensor_split=split, gpus=gpus_,
                    gpu_free=free, split_mode=mode, main_gpu=main_gpu, overrides=overrides)
@@ -349,19 +360,29 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
     return tuple(out)
 
 
+# the default build (0.3.36) lacks the optional context parameters: they are drawn only where a build says it has them
+DEFAULT_ABSENT = frozenset(OPTIONAL_PARAMS)
+
+
 @st.composite
 def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU,
-                    families: tuple[str, ...] = ("dense", "moe"), absent: frozenset[str] = frozenset()) -> LlamaWorkload:
+                    families: tuple[str, ...] = ("dense", "moe"), absent: frozenset[str] = DEFAULT_ABSENT) -> LlamaWorkload:
     """A tiny model of ``families`` (``FAMILIES``: the recurrent ones too) on RPC and GPU-like
     devices (``devices``), a context, and a server's calls on it, without the ``absent`` call
-    kinds (those the build under test lacks a function of: never emulated)."""
+    kinds and context parameters (``OPTIONAL_PARAMS``: those the build under test lacks a
+    function or a field of, never emulated). Split mode tensor where llama.cpp has it (the
+    model's architecture, flash attention not off, no backend samplers), and with the MoE cache
+    where the build has one (``_moe_cache``)."""
     model = draw(model_specs(max_layers, families))
     ctx = draw(context_params(model.head_dim))
     adapters = draw(loras(model))
     calls = draw(server_calls(ctx, max_calls, len(adapters), model.kind in RECURRENT_KINDS))
     if absent:
         calls = tuple(c for c in calls if c.kind not in absent) or (Call("decode", (Part(0, 1, "last"),)),)
-    dv = draw(devices(model, max_rpc, max_gpu))
+    tensor = model.arch not in NO_TENSOR_SPLIT and ctx.flash_attn != "off" and not ctx.backend_samplers
+    dv = draw(devices(model, max_rpc, max_gpu, tensor))
+    if "moe_cache_size" not in absent and model.n_expert and dv.n_devices and dv.split_mode != "tensor" and draw(st.integers(0, 2)) == 0:
+        dv, ctx = draw(_moe_cache(model, dv, ctx))
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
     # llama-server drafts only for completions: no draft beside an embeddings context
@@ -390,6 +411,30 @@ def _mtp(draw: st.DrawFn, model: ModelSpec, dv: Devices, families: tuple[str, ..
     return mtp, draft, dv
 
 
+# what llama.cpp's MoE cache adds to a group's bytes beyond its slots: each bank padded to its buffer
+# type's alignment (the GPU-like devices' is at most 512; RPC's is its server's)
+BANK_SLACK = 3 * 4096
+
+
+@st.composite
+def _moe_cache(draw: st.DrawFn, model: ModelSpec, dv: Devices, ctx: ContextParams) -> tuple[Devices, ContextParams]:
+    """b11739's MoE cache as llama-server's users set it: the routed experts of every layer
+    (``--cpu-moe``, ``-ot exps=CPU``) or of the first ``k`` (``-ncmoe k``) kept in host memory,
+    after the overrides already drawn (the first matching pattern wins, as in llama.cpp), and a
+    cache (``--moe-cache-mib``) from nothing to all experts' bytes. Sizes llama.cpp refuses
+    ("MoE cache is too small to hold the experts of one token": no device's share of the budget
+    holds ``n_expert_used + 1`` slots) are not drawn: the smallest is that for every device, the
+    budget being split between the devices with host experts (by ``tensor_split`` or free
+    memory), so the largest share holds it."""
+    k = draw(st.integers(1, model.n_layer))
+    pattern = "_exps" if k == model.n_layer else "blk\\.(" + "|".join(str(i) for i in range(k)) + ")\\.ffn_(up|down|gate)_exps"
+    overrides = dv.overrides + ((pattern, CPU_DEVICE),)
+    one = (model.n_expert_used + 1) * expert_bytes(model) + BANK_SLACK
+    least, most = dv.n_devices * one, all_experts_bytes(model) + dv.n_devices * (expert_bytes(model) + BANK_SLACK)
+    size = 0 if draw(st.integers(0, 3)) == 0 else draw(st.integers(least, max(least, most)))
+    return replace(dv, overrides=overrides), replace(ctx, moe_cache_size=size)
+
+
 @st.composite
 def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
     """0..``MAX_LORAS`` tiny LoRA adapters for ``model`` (a quarter of the workloads have some;
@@ -402,4 +447,5 @@ def loras(draw: st.DrawFn, model: ModelSpec) -> tuple[LoraSpec, ...]:
                  for _ in range(draw(st.integers(1, MAX_LORAS))))
 
 
-__all__ = ["FAMILIES", "context_params", "devices", "llama_gpus", "llama_workloads", "loras", "model_specs", "pipeline_ready", "server_calls"]
+__all__ = ["DEFAULT_ABSENT", "FAMILIES", "context_params", "devices", "llama_gpus", "llama_workloads", "loras", "model_specs", "pipeline_ready",
+           "server_calls"]

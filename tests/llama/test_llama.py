@@ -228,7 +228,9 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
 
     stats, dead, found = Stats(), [], set()
 
-    @seed(32)  # one whose 200 draws have each asserted dimension at least three times (re-picked when spec steps came)
+    # one whose 200 draws decode each asserted dimension (re-picked when spec steps came, and for split mode tensor), run
+    # alone and with tests/ collected: Hypothesis also draws constants of the project's modules loaded
+    @seed(1)
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/llama/test_llama_gpu.py
     def run(w: LlamaWorkload) -> None:
@@ -244,12 +246,15 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
 
     run()
     assert stats.llama_workloads == 200 and dead == []
-    # a dimension drawn only in workloads that were findings (a crash on a rare draw) is alive
-    never = sorted(f for f, n in stats.llama_explored.items() if stats.llama_decoded.get(f, 0) == 0 and f not in found)
+    # a dimension drawn only in workloads that were findings (a crash on a rare draw) is alive; one
+    # this build lacks (b11739's moe_cache_size) is listed as never drawn, with that reason
+    never = sorted(f for f, n in stats.llama_explored.items() if stats.llama_decoded.get(f, 0) == 0 and f not in found
+                   and not f.endswith("absent (this build lacks it)"))
     assert never == [], f"dimensions drawn that never decoded: {never}"
     for f in ("backend samplers greedy", "backend samplers top_k-temp-dist", "call set_sampler", "embeddings pooling mean",
               "flash_attn on", "kv q8_0/q8_0", "kv per sequence", "2 RPC", "model moe", "tensor_split", "partial offload",
-              "lora adapters", "call lora_load", "call lora_set", "call lora_free"):
+              "lora adapters", "call lora_load", "call lora_set", "call lora_free", "split_mode tensor", "tensor_split with a zero share",
+              "observed: meta device (split mode tensor)"):
         assert stats.llama_decoded.get(f, 0) > 0, f
     line = next(x for x in stats.summary_lines() if x.startswith("llama.cpp explored"))
     assert "backend samplers greedy" in line
@@ -681,7 +686,7 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
 
     stats = Stats()
 
-    @seed(6)
+    @seed(1)  # re-picked for split mode tensor: one whose 80 draws decode each family and call kind twice
     @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads(max_rpc=1, families=FAMILIES))
     def run(w: LlamaWorkload) -> None:
