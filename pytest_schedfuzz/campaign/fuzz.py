@@ -303,8 +303,7 @@ class Fuzzer:
             # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
             absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
                 frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
-            families = FAMILIES if p.mtp else tuple(f for f in FAMILIES if f != "mtp")
-            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=families, absent=absent)
+            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent)
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws

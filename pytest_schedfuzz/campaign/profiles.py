@@ -32,10 +32,6 @@ class Profile:
     # the fewest examples a property item must judge to pass (fewer, if it is asked for fewer: an
     # example count over its xdist shards); an item below it is reported with the reason, not passed
     min_examples: int = 10
-    # models with an MTP layer and their draft contexts (issue 47): each run of them still finds a
-    # new node or pair of backends of the lost-reservation family, so the ci profile, a pre-merge
-    # gate, leaves them to dev and nightly runs until those settle
-    mtp: bool = True
 
 
 PROFILES: dict[str, Profile] = {
@@ -44,8 +40,7 @@ PROFILES: dict[str, Profile] = {
     # (llama.cpp workloads too: the llama.cpp properties' unit gets one share per property it judges)
     # (two GPU-like devices: peer copies between them, cpy_tensor_async); its floor of 10 examples an
     # item: the fewest measured were 18 (a graph shard of `-n 2`, 240 s) and 40 (60 s, one process)
-    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, max_gpu=2, llama_examples=None, min_examples=10,
-                  mtp=False),
+    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, max_gpu=2, llama_examples=None, min_examples=10),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
         examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,

@@ -360,6 +360,9 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         # llama-server's speculative decoding (llama.speculative): a draft context, or n-gram drafts
         "draft mtp (an MTP context)": w.draft == "mtp",
         "draft mtp, its layer on a device of its own (-ot blk.N.)": w.draft == "mtp" and any(p == f"blk\\.{m.n_layer}\\." for p, _ in dv.overrides),
+        # llama-server's --spec-draft-devices/-ngld: the draft context on a model of its own
+        "draft mtp on a draft model of its own, on one device (--spec-draft-devices)": bool(w.draft_model and w.draft_model.devices),
+        "draft mtp on a draft model of its own, the target's devices (-ngld)": bool(w.draft_model and not w.draft_model.devices),
         "speculative steps, draft mtp": w.draft == "mtp" and any(x.kind == "spec" for x in w.calls),
         "speculative steps, n-gram drafts": not w.draft and any(x.kind == "spec" for x in w.calls),
         "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n for x in w.calls),

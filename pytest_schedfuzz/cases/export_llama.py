@@ -38,7 +38,7 @@ from ..llama.gguf_models import write_lora, write_model
 from ..llama.target import BUILT_IN, resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..llama.worker import STATE_PARTIAL_ONLY
-from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, LlamaWorkload
+from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
@@ -239,18 +239,38 @@ def _devices(w: LlamaWorkload) -> str:
     return "\n".join(lines)
 
 
-def _model_params(w: LlamaWorkload) -> str:
-    dv = w.devices
+def _model_params(dv: Devices, mtp: bool, devs: str = "devs") -> str:
+    """``mp``'s placement fields for ``dv`` (its overrides' devices indexed into ``devs``)."""
     lines = [f"mp.n_gpu_layers = {dv.n_gpu_layers};", f"mp.split_mode = {_SPLIT[dv.split_mode]};", f"mp.main_gpu = {dv.main_gpu};"]
-    if w.draft == "mtp":
+    if mtp:
         lines.append("mp.load_mtp = true;  /* the MTP layer, for the draft context (llama-server's draft-mtp) */")
     if dv.tensor_split:
         lines.append(f"static float split[128] = {{{', '.join(f'{x!r}f' for x in dv.tensor_split)}}}; mp.tensor_split = split;")
     if dv.overrides:
-        rows = ", ".join(f"{{{c_string(p)}, ggml_backend_dev_buffer_type({'cpu_dev' if d == CPU_DEVICE else f'devs[{d}]'})}}" for p, d in dv.overrides)
+        rows = ", ".join(f"{{{c_string(p)}, ggml_backend_dev_buffer_type({'cpu_dev' if d == CPU_DEVICE else f'{devs}[{d}]'})}}" for p, d in dv.overrides)
         lines.append(f"static struct llama_model_tensor_buft_override over[{len(dv.overrides) + 1}]; "
                      f"{{ struct llama_model_tensor_buft_override o[] = {{{rows}, {{NULL, NULL}}}}; memcpy(over, o, sizeof o); }} mp.tensor_buft_overrides = over;")
     return textwrap.indent("\n".join(lines), "    ")
+
+
+def _draft_model(w: LlamaWorkload) -> str:
+    """The draft's model of its own (``DraftModel``), loaded after the target's, as llama-server
+    loads it (``common_speculative_init_result``): the same file on some of the target's devices."""
+    if w.draft_model is None:
+        return "    dft_model = NULL;"
+    dv, chosen = w.draft_model.placement(w.devices)
+    picks = " ".join(f"ddevs[n_ddevs++] = devs[{i}];" for i in chosen)
+    return textwrap.indent(f"""{{  /* {w.draft_model.describe(w.devices)}: the same file, loaded again */
+    static ggml_backend_dev_t ddevs[N_DEVICES + 1];
+    int n_ddevs = 0;
+    {picks}
+    ddevs[n_ddevs] = NULL;
+    struct llama_model_params mp = llama_model_default_params();
+    mp.devices = ddevs;
+{_model_params(dv, True, "ddevs")}
+    dft_model = llama_model_load_from_file(REPRO_DIR "/model.gguf", mp);
+    if (!dft_model) {{ fprintf(stderr, "llama_model_load_from_file failed (the draft model)\\n"); exit(77); }}
+}}""", "    ")
 
 
 def _context_params(w: LlamaWorkload) -> str:
@@ -361,7 +381,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict), cpu_threads=CPU_THREADS,
         draft_mtp=int(w.draft == "mtp"), recurrent=int(w.model.kind in RECURRENT_KINDS),
         run_calls="\n".join(_RUN_CALLS.format(
-            what=what, variant=k, devices=_devices(v), model_params=_model_params(v), context_params=_context_params(v), calls=calls, watch=watch,
+            what=what, variant=k, devices=_devices(v), model_params=_model_params(v.devices, v.draft == "mtp"), draft_model=_draft_model(v), context_params=_context_params(v), calls=calls, watch=watch,
             gpu_free=", ".join(str(x) for x in v.devices.gpu_free) or "0", n_gpu_free=len(v.devices.gpu_free), n_gpus=len(v.devices.gpus),
             n_rpc=v.devices.n_rpc) for k, (what, v) in enumerate(variants))
         + ("" if len(variants) > 1 else "static void run_calls_1(void) { run_calls_0(); }\n"),
@@ -528,6 +548,7 @@ static void run_calls_{variant}(void) {{
 {model_params}
     model = llama_model_load_from_file(REPRO_DIR "/model.gguf", mp);
     if (!model) {{ fprintf(stderr, "llama_model_load_from_file failed\n"); exit(77); }}
+{draft_model}
     n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 #if HAVE_GPUS
     {{
@@ -647,6 +668,7 @@ static void end(int call, int rc) {{
 /* ------------------------------------------------ the draft (MTP) context: llama-server's draft-mtp */
 
 static struct llama_context * dft;
+static struct llama_model * dft_model;  /* the draft's own model (--spec-draft-devices), or NULL: the target's */
 static llama_memory_t dft_mem;
 static int n_embd_out;
 static float * pending[64];   /* per sequence: the hidden state its next token goes in with */
@@ -671,11 +693,11 @@ static void make_draft_context(struct llama_context_params cp) {{
     cp.ctx_other = ctx;
     cp.samplers = NULL;
     cp.n_samplers = 0;
-    dft = llama_init_from_model(model, cp);
+    dft = llama_init_from_model(dft_model ? dft_model : model, cp);  /* on the draft's own model, where it has one */
     if (!dft) {{ printf("    the draft context did not initialize\n"); return; }}
     set_embeddings_nextn(dft, true, true);
     dft_mem = llama_get_memory(dft);
-    n_embd_out = llama_model_n_embd_out(model);
+    n_embd_out = llama_model_n_embd_out(dft_model ? dft_model : model);
     for (int s = 0; s < 64; s++) {{ pending[s] = calloc((size_t) n_embd_out, sizeof(float)); verified[s] = NULL; n_verified[s] = 0; }}
 }}
 

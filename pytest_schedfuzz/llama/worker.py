@@ -360,6 +360,9 @@ class Llama:
         self.cpu_dev = self.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU: tensor overrides to the CPU, the GPU-like devices' kernels
         self.model: Any = None
         self.model_key: tuple[Any, ...] | None = None
+        self.draft_model: Any = None  # a draft model of its own (``DraftModel``), kept as the target's
+        self.draft_model_key: tuple[Any, ...] | None = None
+        self._kept: dict[str, list[Any]] = {}  # per model slot: the arrays its load parameters point to
 
     # ------------------------------------------------------------------ callbacks from C
 
@@ -726,36 +729,62 @@ class Llama:
         each GPU-like device then left with ``dv.gpu_free`` bytes free for the contexts; with its
         MTP layers (``load_mtp``) where a draft context will run them, as llama-server loads it."""
         key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()), mtp)
-        gpus = [self.gpu_device(k, g) for k, g in enumerate(dv.gpus)]
         if key != self.model_key:
             self.free_model()
             self.placement = []
-            for dev in gpus:
-                self.fake.schedfuzz_fake_gpu_set_free(dev, ALL_MEMORY)  # for the weights
-            self.model = self._load(path, dv, [self.rpc_device(e) for e in endpoints[: dv.n_rpc]] + gpus, mtp)
+            self.model = self._loaded("target", path, dv, dv, tuple(range(dv.n_devices)), endpoints, mtp)
             self.model_key, self.n_model_lines = key, len(self.placement)
-        for dev, free in zip(gpus, dv.gpu_free or [0] * len(gpus)):
-            self.fake.schedfuzz_fake_gpu_set_free(dev, free or ALL_MEMORY)
+        self._left_free(dv)
         return self.model
 
-    def _load(self, path: str, dv: Devices, devs: list[int], mtp: bool) -> Any:
+    def load_draft_model(self, path: str, w: LlamaWorkload, endpoints: Sequence[str]) -> Any:
+        """The draft's model of its own (``DraftModel``: the target's file again, on its devices,
+        with its MTP layers), kept like the target's while its placement is the same."""
+        assert w.draft_model is not None
+        dv, chosen = w.draft_model.placement(w.devices)
+        key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()), chosen)
+        if key != self.draft_model_key:
+            self.free_draft_model()
+            self.draft_model = self._loaded("draft", path, w.devices, dv, chosen, endpoints, True)
+            self.draft_model_key = key
+        self._left_free(w.devices)
+        return self.draft_model
+
+    def _loaded(self, slot: str, path: str, devices: Devices, dv: Devices, chosen: Sequence[int], endpoints: Sequence[str], mtp: bool) -> Any:
+        """A model loaded with ``dv``'s placement on the ``chosen`` of ``devices``' devices (every
+        GPU-like device with all its memory free for the weights)."""
+        gpus = [self.gpu_device(k, g) for k, g in enumerate(devices.gpus)]
+        for dev in gpus:
+            self.fake.schedfuzz_fake_gpu_set_free(dev, ALL_MEMORY)  # for the weights
+        devs = [self.rpc_device(e) for e in endpoints[: devices.n_rpc]] + gpus
+        return self._load(slot, path, dv, [devs[i] for i in chosen], mtp)
+
+    def _left_free(self, dv: Devices) -> None:
+        """Each GPU-like device left with ``dv.gpu_free`` bytes free for the contexts."""
+        for dev, free in zip([self.gpu_device(k, g) for k, g in enumerate(dv.gpus)], dv.gpu_free or [0] * len(dv.gpus)):
+            self.fake.schedfuzz_fake_gpu_set_free(dev, free or ALL_MEMORY)
+
+    def _load(self, slot: str, path: str, dv: Devices, devs: list[int], mtp: bool) -> Any:
+        """``llama_model_load_from_file``; the arrays its parameters point to are kept per
+        ``slot`` (the target's model, the draft's) while that model lives."""
         L = self.L
-        self._devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        keep: list[Any] = [(ctypes.c_void_p * (len(devs) + 1))(*devs, None)]
         mp = L.llama_model_default_params()
         if mtp:
             mp.load_mtp = True
-        mp.devices = ctypes.cast(self._devs, ctypes.c_void_p)
+        mp.devices = ctypes.cast(keep[0], ctypes.c_void_p)
         mp.n_gpu_layers = dv.n_gpu_layers
         mp.split_mode = SPLIT_MODE[dv.split_mode]
         mp.main_gpu = dv.main_gpu
         if dv.tensor_split:
-            self._tensor_split = (ctypes.c_float * L.llama_max_devices())(*dv.tensor_split)
-            mp.tensor_split = self._tensor_split
+            keep.append((ctypes.c_float * L.llama_max_devices())(*dv.tensor_split))
+            mp.tensor_split = keep[-1]
         if dv.overrides:
             bufts = [self.ggml.ggml_backend_dev_buffer_type(ctypes.c_void_p(self.cpu_dev if d == CPU_DEVICE else devs[d])) for _, d in dv.overrides]
-            self._patterns = [p.encode() for p, _ in dv.overrides]
-            self._overrides = (TensorBuftOverride * (len(bufts) + 1))(*[TensorBuftOverride(p, b) for p, b in zip(self._patterns, bufts)])
-            mp.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+            patterns = [p.encode() for p, _ in dv.overrides]
+            keep += [patterns, (TensorBuftOverride * (len(bufts) + 1))(*[TensorBuftOverride(p, b) for p, b in zip(patterns, bufts)])]
+            mp.tensor_buft_overrides = ctypes.cast(keep[-1], ctypes.c_void_p)
+        self._kept[slot] = keep
         model = L.llama_model_load_from_file(path.encode(), mp)
         if not model:
             raise RuntimeError(f"llama_model_load_from_file({path}) failed: {self.log.tail and list(self.log.tail)[-3:]}")
@@ -765,6 +794,11 @@ class Llama:
         if self.model:
             self.L.llama_model_free(self.model)
         self.model, self.model_key = None, None
+
+    def free_draft_model(self) -> None:
+        if self.draft_model:
+            self.L.llama_model_free(self.draft_model)
+        self.draft_model, self.draft_model_key = None, None
 
     def context_params(self, c: ContextParams) -> Any:
         L = self.L
@@ -808,6 +842,9 @@ class Llama:
     def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str], lora_paths: Sequence[str] = ()) -> dict[str, Any]:
         L = self.L
         model = self.load_model(model_path, w.devices, endpoints, mtp=w.draft == "mtp")
+        if w.draft_model is None:
+            self.free_draft_model()  # a later workload's contexts never share a device with a draft model it did not load
+        draft_model = self.load_draft_model(model_path, w, endpoints) if w.draft_model is not None else model
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         self._samplers = []
         self.model_for_loras, self.lora_paths = model, list(lora_paths)
@@ -823,7 +860,7 @@ class Llama:
             self.begin(-1)
             ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
             if ctx and w.draft == "mtp":
-                self.mtp = self._mtp_context(model, ctx, w.ctx)
+                self.mtp = self._mtp_context(draft_model, ctx, w.ctx)
             if not ctx or (self.mtp is not None and not self.mtp.ctx):
                 # not a pass: what llama.cpp said is the finding's message
                 said = [x for x in self.log.tail if re.search(r"error|failed|out of memory", x, re.I)] or list(self.log.tail)

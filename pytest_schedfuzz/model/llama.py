@@ -19,7 +19,7 @@ allow, a batch larger than ``n_batch``) are never generated and are refused by `
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .llama_model import RECURRENT_KINDS, LoraSpec, ModelSpec
@@ -260,6 +260,39 @@ class Call:
 
 
 @dataclass(frozen=True)
+class DraftModel:
+    """The draft's model of its own, as llama-server loads it with ``--spec-draft-devices`` and
+    ``-ngld`` (``common_speculative_init_result``, ``common_base_params_to_speculative``): the
+    target's file loaded again, on ``devices`` (indices into the target's device list, RPC first;
+    ``()``: the target's devices, as llama-server defaults them) with ``n_gpu_layers`` of its
+    own, and none of the target's tensor overrides; on one device split mode layer, else the
+    target's split mode and shares. The draft context is made on it (``ctx_other`` the target)."""
+
+    devices: tuple[int, ...] = ()
+    n_gpu_layers: int = 99
+
+    def to_json(self) -> dict[str, Any]:
+        return {"devices": list(self.devices), "n_gpu_layers": self.n_gpu_layers}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> DraftModel:
+        return DraftModel(tuple(int(i) for i in d.get("devices", ())), int(d.get("n_gpu_layers", 99)))
+
+    def placement(self, dv: Devices) -> tuple[Devices, tuple[int, ...]]:
+        """How the draft model is loaded beside a target on ``dv``: its placement, and which of
+        the target's devices (indices, in order) it is given."""
+        if not self.devices:
+            return replace(dv, n_gpu_layers=self.n_gpu_layers, overrides=()), tuple(range(dv.n_devices))
+        one = len(self.devices) == 1
+        return (replace(dv, n_gpu_layers=self.n_gpu_layers, overrides=(), tensor_split=(),
+                        split_mode="layer" if one else dv.split_mode, main_gpu=0), self.devices)
+
+    def describe(self, dv: Devices) -> str:
+        on = ", ".join(dv.device_name(i) for i in self.devices) if self.devices else "the target's devices"
+        return f"a draft model of its own on {on}, n_gpu_layers {self.n_gpu_layers}"
+
+
+@dataclass(frozen=True)
 class LlamaWorkload:
     model: ModelSpec
     devices: Devices = Devices()
@@ -267,6 +300,7 @@ class LlamaWorkload:
     calls: tuple[Call, ...] = ()
     loras: tuple[LoraSpec, ...] = ()  # adapters for the model, loaded and attached by the calls
     draft: str = ""  # DRAFTS: the draft context beside the target's
+    draft_model: DraftModel | None = None  # the draft context's own model (else the target's)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -274,7 +308,8 @@ class LlamaWorkload:
             "devices": self.devices.to_json(),
             "ctx": _ctx_json(self.ctx),
             "calls": [_call_json(c) for c in self.calls],
-        } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {}) | ({"draft": self.draft} if self.draft else {})
+        } | ({"loras": [a.to_json() for a in self.loras]} if self.loras else {}) | ({"draft": self.draft} if self.draft else {}) \
+            | ({"draft_model": self.draft_model.to_json()} if self.draft_model else {})
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> LlamaWorkload:
@@ -291,9 +326,10 @@ class LlamaWorkload:
             )
             loras = tuple(LoraSpec.from_json(a) for a in d.get("loras", ()))
             draft = str(d.get("draft", ""))
+            draft_model = DraftModel.from_json(d["draft_model"]) if "draft_model" in d else None
         except (KeyError, TypeError, ValueError, AttributeError, SpecError) as e:
             raise WorkloadError(f"malformed llama workload: {type(e).__name__}: {e}") from None
-        w = LlamaWorkload(model, devices, ctx, calls, loras, draft)
+        w = LlamaWorkload(model, devices, ctx, calls, loras, draft, draft_model)
         w.validate()
         return w
 
@@ -334,6 +370,12 @@ class LlamaWorkload:
         need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
         need(self.draft in DRAFTS, f"draft {self.draft!r}: one of {', '.join(map(repr, DRAFTS))}")
         need(self.draft != "mtp" or self.model.kind == "mtp", f"draft 'mtp': the model must have an MTP layer (kind mtp), not {self.model.kind}")
+        if self.draft_model is not None:
+            dm = self.draft_model
+            need(self.draft == "mtp", "draft_model: only for a draft context (draft 'mtp')")
+            need(len(set(dm.devices)) == len(dm.devices) and all(0 <= i < dv.n_devices for i in dm.devices),
+                 f"draft_model.devices {list(dm.devices)}: distinct indices of the target's {dv.n_devices} devices")
+            need(0 <= dm.n_gpu_layers <= 99, f"draft_model.n_gpu_layers {dm.n_gpu_layers}: must be 0..99")
         for k, a in enumerate(self.loras):
             try:
                 a.validate(self.model)
@@ -400,7 +442,8 @@ class LlamaWorkload:
             + (f", backend samplers ({c.sampler_chain})" if c.backend_samplers else "")
             + (f", moe_cache_size {c.moe_cache_size}" if c.moe_cache_size else "")
             + ("; loras: " + ", ".join(f"rank {a.rank} on {'/'.join(a.targets)}" for a in self.loras) if self.loras else "")
-            + ("; draft: an MTP context on the same model (draft-mtp)" if self.draft == "mtp" else "")
+            + ("; draft: an MTP context on the same model (draft-mtp)" if self.draft == "mtp" and not self.draft_model else "")
+            + (f"; draft: an MTP context on {self.draft_model.describe(dv)} (draft-mtp)" if self.draft_model else "")
         )
 
 

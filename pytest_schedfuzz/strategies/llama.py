@@ -24,6 +24,7 @@ from ..model.llama import (
     Call,
     ContextParams,
     Devices,
+    DraftModel,
     LlamaWorkload,
     Part,
     all_experts_bytes,
@@ -386,29 +387,37 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
     # llama-server drafts only for completions: no draft beside an embeddings context
-    model, draft, dv = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) if "mtp" in families and not adapters \
-        else (model, "", dv)
-    return LlamaWorkload(model, dv, ctx, calls, adapters, draft)
+    model, draft, dv, draft_model = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) \
+        if "mtp" in families and not adapters else (model, "", dv, None)
+    return LlamaWorkload(model, dv, ctx, calls, adapters, draft, draft_model)
 
 
 @st.composite
-def _mtp(draw: st.DrawFn, model: ModelSpec, dv: Devices, families: tuple[str, ...], absent: frozenset[str]) -> tuple[ModelSpec, str, Devices]:
+def _mtp(draw: st.DrawFn, model: ModelSpec, dv: Devices, families: tuple[str, ...],
+         absent: frozenset[str]) -> tuple[ModelSpec, str, Devices, DraftModel | None]:
     """In a quarter of the draws (every one where ``families`` is "mtp" alone), a dense or MoE model made the
     GLM-4.5 style one with its MTP layer (experts always, the shared expert an expert's size), and
     in three quarters of those llama-server's draft-mtp (a draft context; else n-gram drafts).
     With several devices, in half of those the MTP layer (the last block) is put on a device of
     its own choosing (``-ot blk\\.N\\.=DEV``): the draft on another device than the target's last
-    layer, as users put their draft model. Drawn last, so that the other dimensions' draws stay
-    as they were without it."""
+    layer. Else, in a third of the draft contexts, the draft gets a model of its own
+    (``DraftModel``, llama-server's ``--spec-draft-devices``/``-ngld``): on one of the target's
+    devices, or on all of them with ``-ngld`` from 0 (the CPU) up. Drawn last, so that the other
+    dimensions' draws stay as they were without it."""
     if model.kind not in ("dense", "moe") or (len(families) > 1 and draw(st.integers(0, 3))):
-        return model, "", dv
+        return model, "", dv, None
     mtp = replace(model, kind="mtp", arch="glm4moe", n_ff=model.n_ff if model.kind == "moe" else 32, n_expert=model.n_expert or 4, n_expert_used=2)
     while mtp.n_layer > 1 and 4 * mtp.n_params > MAX_WEIGHT_BYTES:
         mtp = replace(mtp, n_layer=mtp.n_layer - 1)
     draft = "mtp" if "draft mtp" not in absent and draw(st.integers(0, 3)) else ""
     if draft and dv.n_devices > 1 and dv.split_mode == "layer" and draw(st.booleans()):
         dv = replace(dv, overrides=(*dv.overrides, (f"blk\\.{mtp.n_layer}\\.", draw(st.integers(0, dv.n_devices - 1)))))
-    return mtp, draft, dv
+        return mtp, draft, dv, None
+    own = None
+    if draft and dv.n_devices and draw(st.integers(0, 2)) == 0:
+        on = draw(st.integers(-1, dv.n_devices - 1))  # -1: the target's devices
+        own = DraftModel((on,) if on >= 0 else (), draw(sampled((0, 99, mtp.n_layer))) if on < 0 else 99)
+    return mtp, draft, dv, own
 
 
 # what llama.cpp's MoE cache adds to a group's bytes beyond its slots: each bank padded to its buffer

@@ -1,7 +1,8 @@
 """Issue 47's server dimensions: split mode tensor (both builds: one meta device over the RPC
-devices), ``tensor_split`` with a zero share, and b11739's MoE cache (``moe_cache_size``: experts in
-host memory, a device cache for them filled through ggml's copy callback), as workloads, drawn by
-the strategies where the build and the model have them, counted in ``explored``, and exported."""
+devices), ``tensor_split`` with a zero share, b11739's MoE cache (``moe_cache_size``: experts in
+host memory, a device cache for them filled through ggml's copy callback), and a draft model of its
+own on another device (``--spec-draft-devices``), as workloads, drawn by the strategies where the
+build and the model have them, counted in ``explored``, and exported."""
 
 from __future__ import annotations
 
@@ -21,7 +22,18 @@ from pytest_schedfuzz.cases.export import ExportError, build_and_run
 from pytest_schedfuzz.cases.export_llama import export_llama_case
 from pytest_schedfuzz.engine import Unsupported
 from pytest_schedfuzz.llama.upstream import UPSTREAM
-from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError, all_experts_bytes
+from pytest_schedfuzz.cases.capture import capture
+from pytest_schedfuzz.model.llama import (
+    CPU_DEVICE,
+    Call,
+    ContextParams,
+    Devices,
+    DraftModel,
+    LlamaWorkload,
+    Part,
+    WorkloadError,
+    all_experts_bytes,
+)
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
@@ -44,10 +56,15 @@ TENSOR = LlamaWorkload(MOE, Devices(n_rpc=2, split_mode="tensor"), ContextParams
 # -ot exps=CPU with the layers on an RPC device, and a MoE cache for half of the experts
 CACHED = LlamaWorkload(MOE, Devices(n_rpc=1, overrides=(("_exps", CPU_DEVICE),)),
                        ContextParams(n_seq_max=2, moe_cache_size=all_experts_bytes(MOE) // 2), CALLS)
+# draft-mtp with the draft's model of its own on the second RPC device (--spec-draft-devices RPC1)
+MTP = ModelSpec(kind="mtp", arch="glm4moe", n_layer=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, n_expert=4, n_expert_used=2)
+OWN = LlamaWorkload(MTP, Devices(n_rpc=2), ContextParams(n_batch=32, n_outputs_max=8, n_outputs_max_per_seq=8, flash_attn="auto"),
+                    (decode((0, 12, "last")), Call("spec", seq=0, n=3, accept=1), Call("spec", seq=0, n=2, accept=2), decode((0, 1, "last"))),
+                    draft="mtp", draft_model=DraftModel((1,)))
 
 
 def test_the_new_parameters_round_trip_and_old_workloads_read_as_before() -> None:
-    for w in (TENSOR, CACHED, replace(TENSOR, devices=replace(TENSOR.devices, tensor_split=(1.0, 0.0)))):
+    for w in (TENSOR, CACHED, replace(TENSOR, devices=replace(TENSOR.devices, tensor_split=(1.0, 0.0))), OWN):
         assert LlamaWorkload.from_json(w.to_json()) == w
     assert CACHED.to_json()["ctx"]["moe_cache_size"] == all_experts_bytes(MOE) // 2
     # no cache: the field is not written, and a workload written before it existed reads with none
@@ -69,6 +86,9 @@ def test_the_new_parameters_round_trip_and_old_workloads_read_as_before() -> Non
         (replace(CACHED, devices=replace(CACHED.devices, split_mode="tensor"), ctx=replace(CACHED.ctx, flash_attn="on")),
          "does not support split mode tensor"),
         (replace(CACHED, ctx=replace(CACHED.ctx, moe_cache_size=-1)), "moe_cache_size -1: bytes"),
+        (replace(OWN, draft=""), "draft_model: only for a draft context"),
+        (replace(OWN, draft_model=DraftModel((2,))), r"draft_model.devices \[2\]: distinct indices of the target's 2 devices"),
+        (replace(OWN, draft_model=DraftModel((), -1)), "draft_model.n_gpu_layers -1"),
     ],
 )
 def test_what_llama_cpp_refuses_with_them_is_an_invalid_workload(w: LlamaWorkload, field: str) -> None:
@@ -241,3 +261,45 @@ def test_b11739s_drawn_workloads_with_tensor_zero_shares_and_the_moe_cache_decod
                     "observed: moe cache made", "observed: moe cache slot map copied to a device"):
         assert stats.llama_decoded.get(feature, 0) > 0 or feature in found, (feature, stats.llama_explored)
     assert any(stats.llama_decoded.get(f"moe cache {c} all experts' bytes", 0) for c in ("<", ">="))
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("lib", ["llama.cpp-0.3.36", UPSTREAM])
+def test_a_draft_model_of_its_own_puts_the_draft_contexts_scheduler_on_its_device(lib: str) -> None:
+    """``--spec-draft-devices RPC1``: the target's file loaded again on the second RPC device, the
+    MTP context made on it. The draft context's scheduler has that device and the CPU, the
+    target's both RPC devices; both contexts' graphs are captured and judged by the reference,
+    and every property judges the workload: on b11739 nothing is found, on 0.3.36 only the
+    target's known lost reservation (its MTP layer's graph by the verification's sizes)."""
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
+    try:
+        found = {v.signature() for v in f.check_llama(LLAMA_GROUP, OWN)}
+        assert found <= {"llama-no-same-size-realloc[explained=lost,lost_by=decode: changed (node h_nextn: RPC -> RPC),topology=switch by sizes]"}
+        assert bool(found) == (lib != UPSTREAM), found
+        assert "llama-matches-reference" in f.llama_judged and f.stats.llama_not_captured == {}
+        assert f.stats.llama_decoded["draft mtp on a draft model of its own, on one device (--spec-draft-devices)"] == 1
+        trace = llama_trace(f.engines.llama_target.run(OWN, capture=True))
+        assert unmade_calls(OWN, trace) == []
+        kinds = [[b.kind for b in capture(OWN, trace, c).scenario.layout.backends] for c in (0, 1)]
+        assert kinds == [["rpc", "rpc", "cpu"], ["rpc", "cpu"]]
+    finally:
+        f.close()
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake builds the reproducer")
+def test_a_draft_models_case_is_exported_with_its_own_model_and_reproduces(tmp_path: Path) -> None:
+    """The reproducer loads the model file a second time on the draft's device and makes the MTP
+    context on it, as llama-server does; on 0.3.36 the lost reservation reproduces in its call."""
+    f = Fuzzer(FuzzConfig(database=None, llama_lib="llama.cpp-0.3.36"))
+    try:
+        v = min(f.check_llama(LLAMA_GROUP, OWN), key=lambda v: v.step)
+        trace = llama_trace(f.engines.run_llama(OWN))
+    finally:
+        f.close()
+    case = load_case(save_case(tmp_path, Case(v.property, v.signature(), None, v.message, v.step, engine=dict(trace.engine), llama=OWN)))
+    export_llama_case(case, tmp_path / "repro", None, trace=trace)
+    source = (tmp_path / "repro" / "repro.c").read_text()
+    assert "ddevs[n_ddevs++] = devs[1];" in source and "dft = llama_init_from_model(dft_model ? dft_model : model, cp);" in source
+    built = build_and_run(tmp_path / "repro")
+    assert built.code == 1 and f"REPRODUCED: [llama-no-same-size-realloc] call {v.step}" in built.output, built.output[-3000:]
