@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from .campaign.profiles import PROFILES
 from .commands import UsageError
+from .engine import TargetError
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -115,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(getattr(importlib.import_module(f".commands.{module}", __package__), name)(args))
     except UsageError as e:
         print(f"schedfuzz: {e}", file=sys.stderr)
+        return 2
+    except TargetError as e:  # what the build under test cannot do for these cases (a GPU-like device on a headerless build)
+        print(f"schedfuzz {args.command}: {e}", file=sys.stderr)
         return 2
 
 

@@ -920,10 +920,13 @@ class Llama:
 
     def unsupported(self, w: LlamaWorkload) -> str:
         """Why this build cannot run ``w`` ("" where it can): a context parameter its
-        ``llama_context_params`` lacks, set to other than its default."""
+        ``llama_context_params`` lacks, set to other than its default; a draft context it has no
+        functions for; GPU-like devices where the device cannot be built against its ggml."""
         wrong = [f"ctx.{p} {getattr(w.ctx, p)}" for p in self.absent_params if getattr(w.ctx, p) != getattr(ContextParams(), p)]
         if w.draft == "mtp" and "draft mtp" in self.absent_calls:
             return f"draft mtp: {loaded_library_path('libllama')} lacks llama_batch_ext or the NextN functions (speculative.py)"
+        if w.devices.gpus and self.fake is None and (why := gpu_device()) != "available":
+            return f"GPU-like devices: {why}"
         return (f"{', '.join(wrong)}: this build's llama_context_params has no such field ({self.declarations}, "
                 f"{loaded_library_path('libllama')}): the workload needs a build that has it") if wrong else ""
 

@@ -17,6 +17,9 @@ RPC_FAILED = "Remote RPC server crashed or returned malformed response"
 _SITE = re.compile(r"(\S*?)([\w.-]+\.(?:c|cpp|h)):(\d+): ")
 # a function definition's first line in ggml's and llama.cpp's style: at column 0, a name and "("
 _DEFINITION = re.compile(r"^(?![#/ \t}{])[^;=]*?\b([A-Za-z_]\w*(?:::~?\w+)*)\s*\(")
+# a named lambda inside a function (``auto handle_set_rows = [&](...) {``): ggml-backend-meta.cpp
+# keeps one per op in one function, so the lambda is the site's finer half
+_LAMBDA = re.compile(r"^\s*(?:const\s+)?auto\s+(\w+)\s*=\s*\[")
 
 
 def check_site(message: str) -> str:
@@ -59,12 +62,26 @@ def _site(message: str) -> tuple[str, int, str, int] | None:
     lines = _lines(source)[:line]
     if len(lines) < line:
         return name, line, "", 0
-    check = lines[-1].strip()
+    check = _same(lines[-1])
+    inner = ""  # the named lambda the check is in, if any
     for start in range(len(lines) - 1, -1, -1):
+        lam = _LAMBDA.match(lines[start])
+        if lam and not inner and sum(x.count("{") - x.count("}") for x in lines[start:-1]) > 0:
+            # the ordinal counts the lambda's checks only
+            inner = lam.group(1)
+            ordinal = sum(_same(x) == check for x in lines[start:])
         d = _DEFINITION.match(lines[start])
         if d and d.group(1) not in ("if", "for", "while", "switch", "return", "sizeof"):
-            return name, line, d.group(1), sum(x.strip() == check for x in lines[start:])
+            if inner:
+                return name, line, f"{d.group(1)}/{inner}", ordinal
+            return name, line, d.group(1), sum(_same(x) == check for x in lines[start:])
     return name, line, "", 0
+
+
+def _same(line: str) -> str:
+    """A check's text as a signature keeps it (numbers as N): two checks that differ only in an
+    index (``src_ss[1]``, ``src_ss[2]``) are one message, so the ordinal must tell them apart."""
+    return re.sub(r"\d+", "N", line.strip())
 
 
 @lru_cache(maxsize=16)

@@ -121,6 +121,34 @@ def test_two_sites_of_one_assert_text_are_two_findings() -> None:
     assert "site=" not in signed(128, Path("/nowhere/ggml-backend.cpp"))
 
 
+def test_checks_that_differ_by_an_index_or_sit_in_named_lambdas_are_told_apart(tmp_path: Path) -> None:
+    """ggml-backend-meta.cpp keeps a lambda per op inside one function, and two of its checks differ
+    only in an index (``src_ss[1]``, ``src_ss[2]``), which a signature writes as N: the site names
+    the lambda, and counts checks as the signature writes them, so the three are three sites."""
+    from pytest_schedfuzz.properties.sites import site_key
+
+    source = tmp_path / "ggml-backend-meta.cpp"
+    source.write_text("""static int get_split_state(const int * t) {
+    auto handle_mul_mat = [&](const int * src_ss) -> int {
+        if (src_ss[0] == 0) {
+            GGML_ASSERT(split_states_equal(src_ss[0], src_ss[1]));
+        }
+        GGML_ASSERT(split_states_equal(src_ss[0], src_ss[1]));
+        return 0;
+    };
+    auto handle_set_rows = [&](const int * src_ss) -> int {
+        GGML_ASSERT(split_states_equal(src_ss[0], src_ss[2]));
+        return 0;
+    };
+    GGML_ASSERT(split_states_equal(t[0], t[1]));
+    return handle_mul_mat(t) + handle_set_rows(t);
+}
+""")
+    sites = [site_key(f"{source}:{line}: GGML_ASSERT(...) failed") for line in (4, 6, 10, 13)]
+    assert sites == ["get_split_state/handle_mul_mat", "get_split_state/handle_mul_mat#2", "get_split_state/handle_set_rows",
+                     "get_split_state"], sites
+
+
 def test_llama_aborts_are_signed_by_call_phase_and_site() -> None:
     """The same assert text in the context's constructor and in a decode, or in its reserve and its
     compute, are different root causes."""
