@@ -74,3 +74,42 @@ def test_the_plugin_imports_nothing_of_the_project_without_the_flag() -> None:
         module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
         assert node.level == 0 if isinstance(node, ast.ImportFrom) else True, f"plugin.py imports .{module} at load time"
         assert not _ours(module or ""), f"plugin.py imports {module} at load time"
+
+
+def _call_kind_tables(source: str, where: str) -> list[str]:
+    """Places in ``source`` that branch or key on three or more llama.cpp call kinds: an if/elif
+    chain comparing a kind with them, or a dict literal keyed by them. Each kind is one entry of
+    ``model.llama_calls.CALLS``, and such a place is a second table of kinds."""
+    from pytest_schedfuzz.model.llama_calls import CALL_KINDS
+
+    def kinds(node: ast.AST) -> set[str]:
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in CALL_KINDS}
+
+    out = []
+    tree = ast.parse(source)
+    elifs = {id(n.orelse[0]) for n in ast.walk(tree) if isinstance(n, ast.If) and len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and id(node) not in elifs:
+            seen, branch = set(), node
+            while True:
+                seen |= kinds(branch.test) if isinstance(branch.test, ast.Compare) else set()
+                if not (len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If)):
+                    break
+                branch = branch.orelse[0]
+            if len(seen) >= 3:
+                out.append(f"{where}:{node.lineno}: an if/elif over the call kinds {sorted(seen)}")
+        elif isinstance(node, ast.Dict) and len({k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in CALL_KINDS}) >= 3:
+            out.append(f"{where}:{node.lineno}: a dict keyed by call kinds")
+    return out
+
+
+def test_call_kinds_are_branched_on_only_in_their_table() -> None:
+    """A llama.cpp call kind is one entry of ``CALLS``: no module branches or keys on the kinds
+    (the server strategy, which draws them, aside); a planted dispatch chain is caught."""
+    planted = 'def make(k):\n    if k == "seq_rm":\n        pass\n    elif k == "seq_cp":\n        pass\n    elif k in ("clear", "shift"):\n        pass\n'
+    assert len(_call_kind_tables(planted, "planted")) == 1
+    assert len(_call_kind_tables('X = {"seq_rm": 1, "seq_cp": 2, "clear": 3}\n', "planted")) == 1
+    allowed = {PACKAGE / "model" / "llama_calls.py", PACKAGE / "strategies" / "llama.py"}
+    found = [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
+             for x in _call_kind_tables(path.read_text(), str(path.relative_to(PACKAGE)))]
+    assert found == []

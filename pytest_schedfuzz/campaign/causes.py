@@ -12,7 +12,8 @@ from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
-from ..properties.llama import SWITCHES, llama_no_same_size_realloc
+from ..model.llama_calls import SWITCHES
+from ..properties.llama import llama_no_same_size_realloc
 
 Run = Callable[[Scenario], Trace]
 LlamaRun = Callable[[LlamaWorkload], LlamaTrace]

@@ -39,6 +39,7 @@ from ..llama.target import BUILT_IN, resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..llama.worker import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
+from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
@@ -175,51 +176,18 @@ extern "C" {{
 
 
 def _call(i: int, c: Call) -> str:
-    """Call ``c`` as the worker's ``Llama.do`` makes it."""
-    k = c.kind
-    head = f"    begin({i}, {c_string(c.describe())});"
-    if k == "decode":
-        parts = ", ".join(f"{{{p.seq}, {p.n_tokens}, {({'none': 0, 'last': 1, 'all': 2})[p.outputs]}}}" for p in c.parts)
-        body = f"rc = decode((const struct part[]){{{parts}}}, {len(c.parts)});"
-    elif k == "checkpoint":
-        body = f"rc = checkpoint({c.seq});"
-    elif k == "restore":
-        body = f"rc = restore({c.seq});"
-    elif k == "seq_rm":
-        body = f"{{ llama_pos end = llama_memory_seq_pos_max(mem, {c.seq}) + 1; rc = !llama_memory_seq_rm(mem, {c.seq}, {'0' if c.n < 0 else f'end > {c.n} ? end - {c.n} : 0'}, -1); }}"
-    elif k == "seq_cp":
-        body = f"llama_memory_seq_cp(mem, {c.seq}, {c.dst}, -1, -1);"
-    elif k == "seq_keep":
-        body = f"llama_memory_seq_keep(mem, {c.seq});"
-    elif k == "shift":
-        a, b = c.n_keep, c.n_keep + c.n
-        body = (f"if (!llama_memory_can_shift(mem)) rc = -1; else if (!llama_memory_seq_rm(mem, {c.seq}, {a}, {b})) rc = 1; "
-                f"else llama_memory_seq_add(mem, {c.seq}, {b}, -1, {-c.n});")
-    elif k == "clear":
-        body = "llama_memory_clear(mem, true);"
-    elif k == "set_sampler":
-        body = f"rc = !llama_set_sampler(ctx, {c.seq}, {'chain_' + (c.chain or 'greedy').replace('-', '_') + '()' if c.flag else 'NULL'});"
-    elif k == "lora_load":
-        body = (f"adapters[{c.n}] = llama_adapter_lora_init(model, REPRO_DIR \"/lora-{c.n}.gguf\"); rc = adapters[{c.n}] == NULL;")
-    elif k == "lora_free":
-        body = f"llama_adapter_lora_free(adapters[{c.n}]); adapters[{c.n}] = NULL;"
-    elif k == "lora_set":
-        body = f"rc = set_loras({c.n});"
-    elif k in ("set_embeddings", "set_causal_attn", "set_warmup"):
-        body = f"llama_{k}(ctx, {str(c.flag).lower()});"
-    elif k == "spec":
-        body = f"rc = spec({c.seq}, {c.n}, {c.accept});"
-    else:
-        raise ExportError(f"call {i}: {k} has no C form in the exporter")
-    if k in _MIRRORED:  # llama-server's common_memory: the draft context too (a no-op without one)
-        body += f" if (rc == 0) {_MIRRORED[k].format(c=c, end=c.n_keep + c.n)}"
-    return f"{head}\n    rc = 0; {body}\n    end({i}, rc);"
+    """Call ``c`` as the worker's ``Llama.do`` makes it (``CALLS[kind].c``), and the draft context's side of it."""
+    kind = CALLS[c.kind]
+    body = kind.c(c)
+    if kind.draft:  # llama-server's common_memory: the draft context too (a no-op without one)
+        body += f" if (rc == 0) {_DRAFT_C[kind.draft].format(c=c, end=c.n_keep + c.n)}"
+    return f"    begin({i}, {c_string(c.describe())});\n    rc = 0; {body}\n    end({i}, rc);"
 
 
-# what a memory call on the target does to the draft context (``llama.worker.Llama._mirror``)
-_MIRRORED = {
-    "seq_rm": "dft_drop_after({c.seq});", "restore": "dft_drop_after({c.seq});", "seq_cp": "dft_copy({c.seq}, {c.dst});",
-    "seq_keep": "dft_keep({c.seq});", "clear": "dft_clear();", "shift": "dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});",
+# the draft context's side of a memory call in repro.c (``DRAFT_ACTIONS``; the worker's ``Llama._draft_<action>``)
+_DRAFT_C = {
+    "drop_after": "dft_drop_after({c.seq});", "copy": "dft_copy({c.seq}, {c.dst});", "keep": "dft_keep({c.seq});", "clear": "dft_clear();",
+    "shift": "dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});",
 }
 
 

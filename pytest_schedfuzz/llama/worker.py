@@ -53,6 +53,7 @@ from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload, Part
+from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.scenario import BackendSpec
 from . import declarations, graph_records
@@ -72,24 +73,7 @@ LLAMA_REALLOC = re.compile(r"^sched_graph_realloc: graph reallocation: nodes = (
                            r"n_same = (?P<n_same>\d+), n_diff = (?P<n_diff>\d+)$")
 LLAMA_SCHED_PARAMS = re.compile(r"^sched_new: max_nodes = (?P<max_nodes>\d+), parallel = (?P<parallel>[01]), op_offload = (?P<op_offload>[01])$")
 LLAMA_SCHED_REUSE = re.compile(r"^sched_new: reusing scheduler: max_nodes = (?P<max_nodes>\d+) \(current max_nodes = (?P<current>\d+)\)$")
-# the libllama functions each call kind makes (``Llama.do``): where a build lacks one, that kind is
-# absent from its workloads (``absent_calls``), never emulated; the worker needs all of CORE
-CALL_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "checkpoint": ("llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"),
-    "restore": ("llama_state_seq_set_data_ext",),
-    "seq_cp": ("llama_memory_seq_cp",),
-    "seq_keep": ("llama_memory_seq_keep",),
-    "shift": ("llama_memory_can_shift", "llama_memory_seq_add"),
-    "clear": ("llama_memory_clear",),
-    "set_sampler": ("llama_set_sampler",),
-    "lora_load": ("llama_adapter_lora_init", "llama_adapter_lora_free"),
-    "lora_free": ("llama_adapter_lora_free",),
-    "lora_set": ("llama_set_adapters_lora",),
-    "set_embeddings": ("llama_set_embeddings",),
-    "set_causal_attn": ("llama_set_causal_attn",),
-    "set_warmup": ("llama_set_warmup",),
-    "spec": ("llama_memory_seq_rm",),
-}
+# the libllama functions the worker needs whatever the calls (each call kind's own: ``CALLS[k].functions``)
 CORE = ("llama_backend_init", "llama_batch_free", "llama_batch_init", "llama_context_default_params", "llama_decode", "llama_free",
         "llama_get_logits_ith", "llama_get_memory", "llama_init_from_model", "llama_log_set", "llama_max_devices", "llama_memory_seq_pos_max",
         "llama_memory_seq_rm", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab", "llama_model_load_from_file",
@@ -242,7 +226,7 @@ class Llama:
             raise declarations.DeclarationsError(f"the declarations of {decl.source} do not match {os.path.realpath(L.lib_path)}:\n  " + "\n  ".join(wrong))
         self.L = L
         self.declarations = decl.source
-        self.absent_calls = tuple(kind for kind, fns in CALL_FUNCTIONS.items() if not all(L.has(f) for f in fns))
+        self.absent_calls = tuple(kind for kind, k in CALLS.items() if not all(L.has(f) for f in k.functions))
         # draft-mtp: llama.h's extended batch and llama-ext.h's NextN functions (speculative.py)
         self.nextn = nextn_functions(L.lib_path) if all(L.has(f) for f in BATCH_EXT) else None
         if self.nextn is None:
@@ -952,23 +936,21 @@ class Llama:
         self.chan.send({"call": rec})
 
     def do(self, ctx: Any, mem: Any, call: Call) -> int | str:
-        """One call; its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
-        L = self.L
-        k = call.kind
-        if k in self.absent_calls:  # a corpus case's call this build cannot make (drawn workloads have none)
-            return f"this build lacks {', '.join(f for f in CALL_FUNCTIONS[k] if not L.has(f))}"
-        if k == "decode":
-            return self._decode(ctx, mem, call.parts)
-        if k == "spec":
-            return self._spec(ctx, mem, call)
-        rc = self._memory_call(ctx, mem, call)
-        if self.mtp is not None and rc == 0 and k in ("seq_rm", "seq_cp", "seq_keep", "shift", "clear", "restore"):
-            self._mirror(mem, call)  # llama-server's common_memory: on the draft context too
+        """One call (``CALLS[kind].make``); its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
+        kind = CALLS[call.kind]
+        if call.kind in self.absent_calls:  # a corpus case's call this build cannot make (drawn workloads have none)
+            return f"this build lacks {', '.join(f for f in kind.functions if not self.L.has(f))}"
+        rc = getattr(self, kind.make)(ctx, mem, call)
+        if self.mtp is not None and rc == 0 and kind.draft:
+            getattr(self, f"_draft_{kind.draft}")(mem, call)  # llama-server's common_memory: on the draft context too
         return rc
 
     def token(self, seq: int, pos: int) -> int:
         """The token at ``pos`` of ``seq``: every run of a workload decodes the same ones."""
         return 3 + (seq * 31 + pos * 7) % max(1, self.n_vocab - 3)
+
+    def _make_decode(self, ctx: Any, mem: Any, call: Call) -> int:
+        return self._decode(ctx, mem, call.parts)
 
     def _decode(self, ctx: Any, mem: Any, parts: Sequence[Part]) -> int:
         """``llama_decode`` of ``parts`` (each sequence's next tokens); with a draft context, its
@@ -1004,7 +986,7 @@ class Llama:
                 rc = self.mtp.catch_up(decoded)
         return rc
 
-    def _spec(self, ctx: Any, mem: Any, call: Call) -> int | str:
+    def _make_spec(self, ctx: Any, mem: Any, call: Call) -> int | str:
         """One speculative step of ``call.seq`` (``speculative.py``): draft, verify, accept, roll back."""
         L, seq = self.L, call.seq
         pos0 = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
@@ -1042,80 +1024,98 @@ class Llama:
         return buf is not None and bool(L.llama_state_seq_set_data_ext(ctx, buf, len(buf), seq, STATE_PARTIAL_ONLY)) \
             and bool(L.llama_memory_seq_rm(mem, seq, pos + 1, -1))
 
-    def _mirror(self, mem: Any, call: Call) -> None:
-        """A memory call the target made, on the draft context (``common_memory``)."""
-        assert self.mtp is not None
-        L, m, k = self.L, self.mtp.mem, call.kind
-        if k in ("seq_rm", "restore", "shift"):
-            # the target's positions after the call decide what the draft context drops
-            end = int(L.llama_memory_seq_pos_max(mem, call.seq)) + 1
-            if k == "shift":
-                L.llama_memory_seq_rm(m, call.seq, call.n_keep, call.n_keep + call.n)
-                L.llama_memory_seq_add(m, call.seq, call.n_keep + call.n, -1, -call.n)
-            else:
-                L.llama_memory_seq_rm(m, call.seq, end, -1)
-        elif k == "seq_cp":
-            L.llama_memory_seq_cp(m, call.seq, call.dst, -1, -1)
-            self.mtp.copy(call.seq, call.dst)
-        elif k == "seq_keep":
-            L.llama_memory_seq_keep(m, call.seq)
-        elif k == "clear":
-            L.llama_memory_clear(m, True)
-            self.mtp.pending.clear()
+    # the draft context's side of a memory call the target made (``DRAFT_ACTIONS``, llama-server's common_memory)
 
-    def _memory_call(self, ctx: Any, mem: Any, call: Call) -> int | str:
-        """Every call but a decode and a speculative step, on the target."""
-        L, k = self.L, call.kind
-        if k == "checkpoint":
-            self.checkpoints[call.seq] = self._checkpoint(ctx, mem, call.seq)
-            return int(self.checkpoints[call.seq][0] is None)
-        if k == "restore":
-            return int(not self._restore(ctx, mem, call.seq, *self.checkpoints[call.seq]))
-        if k == "seq_rm":
-            end = L.llama_memory_seq_pos_max(mem, call.seq) + 1
-            p0 = 0 if call.n < 0 else max(0, end - call.n)
-            return int(not L.llama_memory_seq_rm(mem, call.seq, p0, -1))
-        if k == "seq_cp":
-            L.llama_memory_seq_cp(mem, call.seq, call.dst, -1, -1)
-            return 0
-        if k == "seq_keep":
-            L.llama_memory_seq_keep(mem, call.seq)
-            return 0
-        if k == "shift":
-            if not L.llama_memory_can_shift(mem):
-                return "cannot shift"
-            a, b = call.n_keep, call.n_keep + call.n
-            if not L.llama_memory_seq_rm(mem, call.seq, a, b):
-                return 1
-            L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n)
-            return 0
-        if k == "clear":
-            L.llama_memory_clear(mem, True)
-            return 0
-        if k == "set_sampler":
-            # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
-            smpl = self.chain(call.chain or "greedy") if call.flag else None
-            return int(not L.llama_set_sampler(ctx, call.seq, smpl))
-        if k == "lora_load":
-            adapter = L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.n].encode())
-            if not adapter:
-                return "llama_adapter_lora_init failed: " + " / ".join(list(self.log.tail)[-2:])
-            self.adapters[call.n] = adapter
-            return 0
-        if k == "lora_free":
-            adapter = self.adapters.pop(call.n, None)
-            if adapter is None:  # its lora_load failed, and that call says why
-                return f"adapter {call.n} is not loaded: its lora_load failed"
-            L.llama_adapter_lora_free(adapter)
-            return 0
-        if k == "lora_set":
-            chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
-            arr = (ctypes.c_void_p * max(1, len(chosen)))(*chosen)
-            scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
-            return int(L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
-        if k == "set_embeddings":
+    def _draft_drop_after(self, mem: Any, call: Call) -> None:
+        """The target's positions after the call decide what the draft context drops."""
+        assert self.mtp is not None
+        self.L.llama_memory_seq_rm(self.mtp.mem, call.seq, int(self.L.llama_memory_seq_pos_max(mem, call.seq)) + 1, -1)
+
+    def _draft_shift(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_seq_rm(self.mtp.mem, call.seq, call.n_keep, call.n_keep + call.n)
+        self.L.llama_memory_seq_add(self.mtp.mem, call.seq, call.n_keep + call.n, -1, -call.n)
+
+    def _draft_copy(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_seq_cp(self.mtp.mem, call.seq, call.dst, -1, -1)
+        self.mtp.copy(call.seq, call.dst)
+
+    def _draft_keep(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_seq_keep(self.mtp.mem, call.seq)
+
+    def _draft_clear(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_clear(self.mtp.mem, True)
+        self.mtp.pending.clear()
+
+    # every call but a decode and a speculative step, on the target (``CALLS[kind].make``)
+
+    def _make_checkpoint(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.checkpoints[call.seq] = self._checkpoint(ctx, mem, call.seq)
+        return int(self.checkpoints[call.seq][0] is None)
+
+    def _make_restore(self, ctx: Any, mem: Any, call: Call) -> int:
+        return int(not self._restore(ctx, mem, call.seq, *self.checkpoints[call.seq]))
+
+    def _make_seq_rm(self, ctx: Any, mem: Any, call: Call) -> int:
+        end = self.L.llama_memory_seq_pos_max(mem, call.seq) + 1
+        p0 = 0 if call.n < 0 else max(0, end - call.n)
+        return int(not self.L.llama_memory_seq_rm(mem, call.seq, p0, -1))
+
+    def _make_seq_cp(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.L.llama_memory_seq_cp(mem, call.seq, call.dst, -1, -1)
+        return 0
+
+    def _make_seq_keep(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.L.llama_memory_seq_keep(mem, call.seq)
+        return 0
+
+    def _make_shift(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        L = self.L
+        if not L.llama_memory_can_shift(mem):
+            return "cannot shift"
+        a, b = call.n_keep, call.n_keep + call.n
+        if not L.llama_memory_seq_rm(mem, call.seq, a, b):
+            return 1
+        L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n)
+        return 0
+
+    def _make_clear(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.L.llama_memory_clear(mem, True)
+        return 0
+
+    def _make_set_sampler(self, ctx: Any, mem: Any, call: Call) -> int:
+        # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
+        smpl = self.chain(call.chain or "greedy") if call.flag else None
+        return int(not self.L.llama_set_sampler(ctx, call.seq, smpl))
+
+    def _make_lora_load(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        adapter = self.L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.n].encode())
+        if not adapter:
+            return "llama_adapter_lora_init failed: " + " / ".join(list(self.log.tail)[-2:])
+        self.adapters[call.n] = adapter
+        return 0
+
+    def _make_lora_free(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        adapter = self.adapters.pop(call.n, None)
+        if adapter is None:  # its lora_load failed, and that call says why
+            return f"adapter {call.n} is not loaded: its lora_load failed"
+        self.L.llama_adapter_lora_free(adapter)
+        return 0
+
+    def _make_lora_set(self, ctx: Any, mem: Any, call: Call) -> int:
+        chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
+        arr = (ctypes.c_void_p * max(1, len(chosen)))(*chosen)
+        scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
+        return int(self.L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
+
+    def _make_flag(self, ctx: Any, mem: Any, call: Call) -> int:
+        """set_embeddings, set_causal_attn, set_warmup."""
+        if call.kind == "set_embeddings":
             self.embeddings = call.flag
-        getattr(L, f"llama_{k}")(ctx, call.flag)  # set_embeddings, set_causal_attn, set_warmup
+        getattr(self.L, f"llama_{call.kind}")(ctx, call.flag)
         return 0
 
 

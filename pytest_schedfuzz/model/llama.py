@@ -22,28 +22,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+# the calls (one entry per kind) and what the workload's modules name from here
+from .llama_calls import CALL_KINDS, MAX_DRAFT, MAX_LORAS, OUTPUTS, SAMPLER_CHAINS, Call, Checking, Part, check_calls  # noqa: F401
 from .llama_model import RECURRENT_KINDS, LoraSpec, ModelSpec
 from .scenario import BackendSpec, SpecError
 
 FLASH_ATTN = ("off", "on", "auto")
 KV_TYPES = ("f16", "f32", "q8_0")
 POOLING = ("none", "mean", "last", "cls")
-OUTPUTS = ("last", "all", "none")
-# backend sampler chains as llama-server builds them from a request's parameters (each sampler
-# here has a backend implementation in 0.3.36: the whole chain runs in the graph)
-SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
-    "greedy": ("greedy",),
-    "top_k-greedy": ("top_k", "greedy"),
-    "top_k-temp-dist": ("top_k", "temp", "dist"),
-    "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
-}
-CALL_KINDS = ("decode", "seq_rm", "seq_cp", "seq_keep", "shift", "set_embeddings", "set_causal_attn", "set_warmup", "set_sampler", "clear",
-              "lora_load", "lora_set", "lora_free", "checkpoint", "restore", "spec")
 # a workload's draft context, as llama-server's --spec-type makes one: "" none (a ``spec`` call then
 # drafts as ngram-mod does, from token tables, with no llama.cpp call), "mtp" (draft-mtp: a context
 # of type MTP on the same model, running its NextN layer)
 DRAFTS = ("", "mtp")
-MAX_DRAFT = 8  # tokens one ``spec`` call drafts (llama-server's --spec-draft-n-max)
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
@@ -69,7 +59,6 @@ CPU_DEVICE = -1  # a tensor override's device: the CPU (else an index into the m
 MAX_CALLS = 64
 MAX_CTX = 4096
 MAX_SEQ = 8
-MAX_LORAS = 3
 
 
 class WorkloadError(ValueError):
@@ -189,74 +178,6 @@ class ContextParams:
 
     def outputs_max_per_seq(self) -> int:
         return min(self.n_outputs_max_per_seq or self.outputs_max(), self.outputs_max())
-
-
-@dataclass(frozen=True)
-class Part:
-    """``n_tokens`` consecutive tokens of sequence ``seq`` in one batch, with outputs for the last
-    token, all of them, or none."""
-
-    seq: int
-    n_tokens: int
-    outputs: str = "last"
-
-    def n_outputs(self) -> int:
-        return {"last": 1, "all": self.n_tokens, "none": 0}[self.outputs]
-
-
-@dataclass(frozen=True)
-class Call:
-    """One call on the context. ``decode``: ``parts``; ``seq_rm``: drop the last ``n`` positions of
-    ``seq`` (``n`` = -1: all of it, a slot reused); ``seq_cp``: copy ``seq`` to ``dst``;
-    ``seq_keep``: keep only ``seq``; ``shift``: context shift of ``seq``, keeping ``n_keep`` and
-    discarding the next ``n`` (``seq_rm`` then ``seq_add``); ``set_*``: ``flag``; ``set_sampler``:
-    attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it; ``clear``:
-    ``llama_memory_clear``; ``lora_load``/``lora_free``: load or free adapter ``n`` of the
-    workload's ``loras`` on the model; ``lora_set``: attach the loaded adapters whose bits are set
-    in ``n`` (scale 1; 0 detaches all), as llama-server does per request; ``checkpoint``: save
-    ``seq``'s recurrent state (``llama_state_seq_get_data_ext``, ``PARTIAL_ONLY``), and
-    ``restore``: set it back and drop what the attention cache holds after it, as llama-server
-    rolls back a rejected draft on a recurrent or hybrid model; ``spec``: one speculative step of
-    ``seq`` as llama-server makes it: draft ``n`` tokens (in the MTP context, one at a time, where
-    the workload has one; else from n-gram tables, no call), verify the last token and the ``n``
-    drafts in one batch with all outputs, accept ``accept`` of them and roll back the rest in every
-    context (``llama_memory_seq_rm``, or a checkpoint restored where the memory cannot drop its
-    last positions)."""
-
-    kind: str
-    parts: tuple[Part, ...] = ()
-    seq: int = 0
-    dst: int = 0
-    n: int = 0
-    n_keep: int = 0
-    flag: bool = False
-    chain: str = ""  # set_sampler: SAMPLER_CHAINS key ("": greedy)
-    accept: int = 0  # spec: drafts accepted
-
-    def describe(self) -> str:
-        if self.kind == "decode":
-            body = ", ".join(f"seq {p.seq}: {p.n_tokens} tok, out {p.outputs}" for p in self.parts)
-            return f"llama_decode([{body}])"
-        return {
-            "seq_rm": f"llama_memory_seq_rm(seq {self.seq}, {'all' if self.n < 0 else f'last {self.n}'})",
-            "seq_cp": f"llama_memory_seq_cp({self.seq} -> {self.dst})",
-            "seq_keep": f"llama_memory_seq_keep({self.seq})",
-            "shift": f"context shift(seq {self.seq}: keep {self.n_keep}, discard {self.n})",
-            "clear": "llama_memory_clear()",
-            "set_sampler": f"llama_set_sampler(seq {self.seq}, {'chain ' + (self.chain or 'greedy') if self.flag else 'none'})",
-            "lora_load": f"llama_adapter_lora_init(lora {self.n})",
-            "lora_free": f"llama_adapter_lora_free(lora {self.n})",
-            "lora_set": f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if self.n >> i & 1)}])",
-            "checkpoint": f"llama_state_seq_get_data_ext(seq {self.seq}, PARTIAL_ONLY)",
-            "restore": f"llama_state_seq_set_data_ext(seq {self.seq}, PARTIAL_ONLY) + llama_memory_seq_rm(seq {self.seq}, after it)",
-            "spec": f"speculative step(seq {self.seq}: draft {self.n}, verify {1 + self.n}, accept {self.accept})",
-        }.get(self.kind, f"llama_{self.kind}({str(self.flag).lower()})")
-
-    def n_tokens(self) -> int:
-        return sum(p.n_tokens for p in self.parts)
-
-    def n_outputs(self) -> int:
-        return sum(p.n_outputs() for p in self.parts)
 
 
 @dataclass(frozen=True)
@@ -381,55 +302,7 @@ class LlamaWorkload:
                 a.validate(self.model)
             except ValueError as e:
                 raise WorkloadError(f"loras[{k}]: {e}") from None
-        loaded: set[int] = set()
-        attached = 0
-        causal = True
-        saved: set[int] = set()  # sequences with a checkpoint
-        recurrent = self.model.kind in RECURRENT_KINDS
-        for i, call in enumerate(self.calls):
-            if call.kind == "set_causal_attn":
-                causal = call.flag
-            where = f"calls[{i}] ({call.kind})"
-            need(call.kind in CALL_KINDS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
-            need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
-            need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
-            need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
-            # llama_set_sampler refuses a chain with split mode tensor (returns false: "using CPU")
-            need(not (tensor and call.kind == "set_sampler" and call.flag), f"{where}: no backend sampler with split mode tensor")
-            if recurrent:
-                # llama.cpp cannot drop a recurrent state's last positions: llama_memory_seq_rm returns false
-                need(not (call.kind == "seq_rm" and call.n > 0) and call.kind != "shift",
-                     f"{where}: a {self.model.kind} model's recurrent state cannot drop its last positions (checkpoint and restore instead)")
-            if call.kind == "checkpoint":
-                saved.add(call.seq)
-            need(call.kind != "restore" or call.seq in saved, f"{where}: no checkpoint of sequence {call.seq} before it")
-            if call.kind in ("lora_load", "lora_free"):
-                need(0 <= call.n < len(self.loras), f"{where}: adapter {call.n}: the workload has {len(self.loras)}")
-                need((call.n in loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.n} is {'not ' if call.kind == 'lora_free' else ''}loaded")
-                # freeing an attached adapter leaves the context a dangling pointer: llama-server never does
-                need(call.kind == "lora_load" or not attached >> call.n & 1, f"{where}: adapter {call.n} is attached to the context")
-                loaded ^= {call.n}
-            elif call.kind == "lora_set":
-                need(call.n >= 0 and all(call.n >> i & 1 == 0 or i in loaded for i in range(max(call.n.bit_length(), 1))),
-                     f"{where}: attaches adapters that are not loaded (mask {call.n}, loaded {sorted(loaded)})")
-                attached = call.n
-            if call.kind == "spec":
-                verify = 1 + call.n  # the last token and the drafts, all with outputs
-                need(1 <= call.n <= MAX_DRAFT and 0 <= call.accept <= call.n, f"{where}: draft {call.n} must be 1..{MAX_DRAFT}, accept {call.accept} 0..draft")
-                need(verify <= c.n_batch and verify <= c.outputs_max_per_seq() and verify <= c.outputs_max(),
-                     f"{where}: verifying {verify} tokens needs n_batch and n_outputs_max (per seq) >= {verify}")
-                need(causal or verify <= c.n_ubatch, f"{where}: {verify} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
-            if call.kind == "decode":
-                need(bool(call.parts), f"{where}: a batch needs at least one part")
-                seqs = [p.seq for p in call.parts]
-                need(len(set(seqs)) == len(seqs), f"{where}: a sequence appears twice in one batch")
-                for p in call.parts:
-                    need(0 <= p.seq < c.n_seq_max, f"{where}: sequence id {p.seq} >= n_seq_max {c.n_seq_max}")
-                    need(p.n_tokens >= 1 and p.outputs in OUTPUTS, f"{where}: part {p} out of range")
-                    need(p.n_outputs() <= c.outputs_max_per_seq(), f"{where}: {p.n_outputs()} outputs for seq {p.seq} > n_outputs_max_per_seq {c.outputs_max_per_seq()}")
-                need(call.n_tokens() <= c.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {c.n_batch}")
-                need(causal or call.n_tokens() <= c.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
-                need(call.n_outputs() <= c.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {c.outputs_max()}")
+        check_calls(self.calls, Checking(c, len(self.loras), self.model.kind, self.model.kind in RECURRENT_KINDS, tensor, need))
 
     def describe(self) -> str:
         m, c, dv = self.model, self.ctx, self.devices

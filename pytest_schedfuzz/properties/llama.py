@@ -32,6 +32,7 @@ import numpy as np
 from reference.params import can_reuse
 
 from ..model.llama import Devices, LlamaWorkload
+from ..model.llama_calls import CHANGES, SWITCHES, signed_kind
 from ..model.llama_trace import CallRecord, LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
 from .aborts import at_site, with_c_stack
@@ -45,8 +46,7 @@ def _call_kind(w: LlamaWorkload, index: int) -> str:
     it decodes (its message still names the step), and a known cause stays one signature."""
     if index < 0:
         return "init"
-    kind = w.calls[index].kind if index < len(w.calls) else "free"
-    return "decode" if kind == "spec" else kind
+    return signed_kind(w.calls[index].kind) if index < len(w.calls) else "free"
 
 
 def _call_name(w: LlamaWorkload, index: int) -> str:
@@ -63,10 +63,6 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
-
-
-# the per-request switches a server makes (memory calls change sizes, not the kind of graph)
-SWITCHES = ("set_embeddings", "set_causal_attn", "set_warmup", "set_sampler")
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
@@ -406,7 +402,6 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
 
 
 # calls that change what the model's devices hold or what the graph reads (not decodes)
-CHANGES = ("lora_load", "lora_free", "lora_set", "set_sampler", "seq_rm", "seq_cp", "seq_keep", "shift", "clear", "spec")
 
 
 def _last_change(w: LlamaWorkload, call: int) -> str:

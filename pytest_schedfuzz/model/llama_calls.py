@@ -1,0 +1,265 @@
+"""The calls a llama.cpp workload makes on its context, one entry per kind (``CALLS``).
+
+An entry is everything the harness knows of a kind: its description, its checks (what llama.cpp
+refuses, or llama-server never does), the libllama functions it needs beyond the worker's core
+(a build that lacks one cannot make it: the kind is absent from that build's workloads), the
+worker's method that makes it, its C for the exported reproducer, what it does to the draft
+context (llama-server's ``common_memory``), and how findings treat it: whether it switches the
+graph's topology, whether it changes what the devices hold, and the kind a signature names.
+Adding a kind is one entry here, the worker's ``_make_<kind>`` method and, to draw it, a line of
+the server strategy (``strategies.llama._Server``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .llama import ContextParams
+
+OUTPUTS = ("last", "all", "none")
+# backend sampler chains as llama-server builds them from a request's parameters (each sampler
+# here has a backend implementation in 0.3.36: the whole chain runs in the graph)
+SAMPLER_CHAINS: dict[str, tuple[str, ...]] = {
+    "greedy": ("greedy",),
+    "top_k-greedy": ("top_k", "greedy"),
+    "top_k-temp-dist": ("top_k", "temp", "dist"),
+    "top_p-min_p-temp-dist": ("top_p", "min_p", "temp", "dist"),
+}
+MAX_DRAFT = 8  # tokens one ``spec`` call drafts (llama-server's --spec-draft-n-max)
+MAX_LORAS = 3
+
+
+@dataclass(frozen=True)
+class Part:
+    """``n_tokens`` consecutive tokens of sequence ``seq`` in one batch, with outputs for the last
+    token, all of them, or none."""
+
+    seq: int
+    n_tokens: int
+    outputs: str = "last"
+
+    def n_outputs(self) -> int:
+        return {"last": 1, "all": self.n_tokens, "none": 0}[self.outputs]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call on the context, of kind ``kind`` (``CALLS`` says what each kind does with the fields)."""
+
+    kind: str
+    parts: tuple[Part, ...] = ()
+    seq: int = 0
+    dst: int = 0
+    n: int = 0
+    n_keep: int = 0
+    flag: bool = False
+    chain: str = ""  # set_sampler: SAMPLER_CHAINS key ("": greedy)
+    accept: int = 0  # spec: drafts accepted
+
+    def describe(self) -> str:
+        return CALLS[self.kind].describe(self) if self.kind in CALLS else f"llama_{self.kind}({str(self.flag).lower()})"
+
+    def n_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.parts)
+
+    def n_outputs(self) -> int:
+        return sum(p.n_outputs() for p in self.parts)
+
+
+@dataclass
+class Checking:
+    """What the calls before the one being checked left (``LlamaWorkload.validate``), and
+    ``need(ok, message)``, which raises the workload's error."""
+
+    ctx: ContextParams
+    n_loras: int
+    model_kind: str
+    recurrent: bool  # the model's memory cannot drop its last positions
+    tensor: bool  # split mode tensor
+    need: Callable[[bool, str], None]
+    causal: bool = True
+    loaded: set[int] = field(default_factory=set)  # adapters loaded
+    attached: int = 0  # mask of the adapters attached
+    saved: set[int] = field(default_factory=set)  # sequences with a checkpoint
+
+
+def _nothing(call: Call, where: str, st: Checking) -> None:
+    """A kind with no checks of its own."""
+
+
+@dataclass(frozen=True)
+class CallKind:
+    """One kind of call (see the module's docstring)."""
+
+    describe: Callable[[Call], str]
+    c: Callable[[Call], str]  # the reproducer's statement(s); one that returns a status sets rc
+    make: str  # the llama worker's method: ``Llama.<make>(ctx, mem, call)`` -> llama.cpp's return code, or why it could not
+    functions: tuple[str, ...] = ()
+    check: Callable[[Call, str, Checking], None] = _nothing
+    draft: str = ""  # what the draft context does after it (``DRAFT_ACTIONS``): llama-server's common_memory
+    switch: bool = False  # switches the graph's topology: a lost reservation after it names it
+    changes: bool = False  # changes what the devices hold (weights attached, cache contents)
+    signed_as: str = ""  # the kind a finding's signature names ("": its own)
+
+
+# the draft context's side of a memory call (``Llama._draft_<action>``, ``dft_<action>`` in repro.c)
+DRAFT_ACTIONS = ("drop_after", "copy", "keep", "clear", "shift")
+
+
+def _check_decode(call: Call, where: str, st: Checking) -> None:
+    c, need = st.ctx, st.need
+    need(bool(call.parts), f"{where}: a batch needs at least one part")
+    seqs = [p.seq for p in call.parts]
+    need(len(set(seqs)) == len(seqs), f"{where}: a sequence appears twice in one batch")
+    for p in call.parts:
+        need(0 <= p.seq < c.n_seq_max, f"{where}: sequence id {p.seq} >= n_seq_max {c.n_seq_max}")
+        need(p.n_tokens >= 1 and p.outputs in OUTPUTS, f"{where}: part {p} out of range")
+        need(p.n_outputs() <= c.outputs_max_per_seq(), f"{where}: {p.n_outputs()} outputs for seq {p.seq} > n_outputs_max_per_seq {c.outputs_max_per_seq()}")
+    need(call.n_tokens() <= c.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {c.n_batch}")
+    need(st.causal or call.n_tokens() <= c.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
+    need(call.n_outputs() <= c.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {c.outputs_max()}")
+
+
+def _check_spec(call: Call, where: str, st: Checking) -> None:
+    c, need = st.ctx, st.need
+    verify = 1 + call.n  # the last token and the drafts, all with outputs
+    need(1 <= call.n <= MAX_DRAFT and 0 <= call.accept <= call.n, f"{where}: draft {call.n} must be 1..{MAX_DRAFT}, accept {call.accept} 0..draft")
+    need(verify <= c.n_batch and verify <= c.outputs_max_per_seq() and verify <= c.outputs_max(),
+         f"{where}: verifying {verify} tokens needs n_batch and n_outputs_max (per seq) >= {verify}")
+    need(st.causal or verify <= c.n_ubatch, f"{where}: {verify} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
+
+
+def _drops_last_positions(call: Call, where: str, st: Checking) -> None:
+    # llama.cpp cannot drop a recurrent state's last positions: llama_memory_seq_rm returns false
+    st.need(not st.recurrent, f"{where}: a {st.model_kind} model's recurrent state cannot drop its last positions (checkpoint and restore instead)")
+
+
+def _check_set_sampler(call: Call, where: str, st: Checking) -> None:
+    # llama_set_sampler refuses a chain with split mode tensor (returns false: "using CPU")
+    st.need(not (st.tensor and call.flag), f"{where}: no backend sampler with split mode tensor")
+
+
+def _check_set_causal_attn(call: Call, where: str, st: Checking) -> None:
+    st.causal = call.flag
+
+
+def _check_checkpoint(call: Call, where: str, st: Checking) -> None:
+    st.saved.add(call.seq)
+
+
+def _check_restore(call: Call, where: str, st: Checking) -> None:
+    st.need(call.seq in st.saved, f"{where}: no checkpoint of sequence {call.seq} before it")
+
+
+def _check_lora_load_free(call: Call, where: str, st: Checking) -> None:
+    need = st.need
+    need(0 <= call.n < st.n_loras, f"{where}: adapter {call.n}: the workload has {st.n_loras}")
+    need((call.n in st.loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.n} is {'not ' if call.kind == 'lora_free' else ''}loaded")
+    # freeing an attached adapter leaves the context a dangling pointer: llama-server never does
+    need(call.kind == "lora_load" or not st.attached >> call.n & 1, f"{where}: adapter {call.n} is attached to the context")
+    st.loaded ^= {call.n}
+
+
+def _check_lora_set(call: Call, where: str, st: Checking) -> None:
+    st.need(call.n >= 0 and all(call.n >> i & 1 == 0 or i in st.loaded for i in range(max(call.n.bit_length(), 1))),
+            f"{where}: attaches adapters that are not loaded (mask {call.n}, loaded {sorted(st.loaded)})")
+    st.attached = call.n
+
+
+def _flag(name: str) -> CallKind:
+    """``llama_<name>(ctx, flag)``: a per-request switch of the context."""
+    return CallKind(lambda c: f"llama_{c.kind}({str(c.flag).lower()})", lambda c: f"llama_{c.kind}(ctx, {str(c.flag).lower()});",
+                    "_make_flag", (f"llama_{name}",), check=_check_set_causal_attn if name == "set_causal_attn" else _nothing, switch=True)
+
+
+def _decode_parts(c: Call) -> str:
+    return ", ".join(f"{{{p.seq}, {p.n_tokens}, {({'none': 0, 'last': 1, 'all': 2})[p.outputs]}}}" for p in c.parts)
+
+
+def _chain_c(c: Call) -> str:
+    return "chain_" + (c.chain or "greedy").replace("-", "_") + "()" if c.flag else "NULL"
+
+
+CALLS: dict[str, CallKind] = {
+    # llama_decode of ``parts`` (each sequence's next tokens); with a draft context, its catch-up on them
+    "decode": CallKind(
+        lambda c: "llama_decode([" + ", ".join(f"seq {p.seq}: {p.n_tokens} tok, out {p.outputs}" for p in c.parts) + "])",
+        lambda c: f"rc = decode((const struct part[]){{{_decode_parts(c)}}}, {len(c.parts)});", "_make_decode", check=_check_decode),
+    # drop the last ``n`` positions of ``seq`` (``n`` = -1: all of it, a slot reused)
+    "seq_rm": CallKind(
+        lambda c: f"llama_memory_seq_rm(seq {c.seq}, {'all' if c.n < 0 else f'last {c.n}'})",
+        lambda c: f"{{ llama_pos end = llama_memory_seq_pos_max(mem, {c.seq}) + 1; "
+                  f"rc = !llama_memory_seq_rm(mem, {c.seq}, {'0' if c.n < 0 else f'end > {c.n} ? end - {c.n} : 0'}, -1); }}",
+        "_make_seq_rm", check=lambda c, where, st: _drops_last_positions(c, where, st) if c.n > 0 else None, draft="drop_after", changes=True),
+    # copy ``seq`` to ``dst``
+    "seq_cp": CallKind(lambda c: f"llama_memory_seq_cp({c.seq} -> {c.dst})", lambda c: f"llama_memory_seq_cp(mem, {c.seq}, {c.dst}, -1, -1);",
+                       "_make_seq_cp", ("llama_memory_seq_cp",), draft="copy", changes=True),
+    # keep only ``seq``
+    "seq_keep": CallKind(lambda c: f"llama_memory_seq_keep({c.seq})", lambda c: f"llama_memory_seq_keep(mem, {c.seq});",
+                         "_make_seq_keep", ("llama_memory_seq_keep",), draft="keep", changes=True),
+    # context shift of ``seq``: keep ``n_keep``, discard the next ``n`` (seq_rm, then seq_add)
+    "shift": CallKind(
+        lambda c: f"context shift(seq {c.seq}: keep {c.n_keep}, discard {c.n})",
+        lambda c: (f"if (!llama_memory_can_shift(mem)) rc = -1; else if (!llama_memory_seq_rm(mem, {c.seq}, {c.n_keep}, {c.n_keep + c.n})) rc = 1; "
+                   f"else llama_memory_seq_add(mem, {c.seq}, {c.n_keep + c.n}, -1, {-c.n});"),
+        "_make_shift", ("llama_memory_can_shift", "llama_memory_seq_add"), check=_drops_last_positions, draft="shift", changes=True),
+    "set_embeddings": _flag("set_embeddings"),
+    "set_causal_attn": _flag("set_causal_attn"),
+    "set_warmup": _flag("set_warmup"),
+    # attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it
+    "set_sampler": CallKind(
+        lambda c: f"llama_set_sampler(seq {c.seq}, {'chain ' + (c.chain or 'greedy') if c.flag else 'none'})",
+        lambda c: f"rc = !llama_set_sampler(ctx, {c.seq}, {_chain_c(c)});",
+        "_make_set_sampler", ("llama_set_sampler",), check=_check_set_sampler, switch=True, changes=True),
+    # llama_memory_clear
+    "clear": CallKind(lambda c: "llama_memory_clear()", lambda c: "llama_memory_clear(mem, true);", "_make_clear", ("llama_memory_clear",),
+                      draft="clear", changes=True),
+    # load or free adapter ``n`` of the workload's ``loras`` on the model
+    "lora_load": CallKind(lambda c: f"llama_adapter_lora_init(lora {c.n})",
+                          lambda c: f"adapters[{c.n}] = llama_adapter_lora_init(model, REPRO_DIR \"/lora-{c.n}.gguf\"); rc = adapters[{c.n}] == NULL;",
+                          "_make_lora_load", ("llama_adapter_lora_init", "llama_adapter_lora_free"), check=_check_lora_load_free, changes=True),
+    "lora_free": CallKind(lambda c: f"llama_adapter_lora_free(lora {c.n})", lambda c: f"llama_adapter_lora_free(adapters[{c.n}]); adapters[{c.n}] = NULL;",
+                          "_make_lora_free", ("llama_adapter_lora_free",), check=_check_lora_load_free, changes=True),
+    # attach the loaded adapters whose bits are set in ``n`` (scale 1; 0 detaches all), as llama-server does per request
+    "lora_set": CallKind(lambda c: f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if c.n >> i & 1)}])",
+                         lambda c: f"rc = set_loras({c.n});", "_make_lora_set", ("llama_set_adapters_lora",), check=_check_lora_set, changes=True),
+    # save ``seq``'s recurrent state (PARTIAL_ONLY), as llama-server checkpoints before a draft on a recurrent or hybrid model
+    "checkpoint": CallKind(lambda c: f"llama_state_seq_get_data_ext(seq {c.seq}, PARTIAL_ONLY)", lambda c: f"rc = checkpoint({c.seq});",
+                           "_make_checkpoint", ("llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"), check=_check_checkpoint),
+    # set it back and drop what the attention cache holds after it: a rejected draft rolled back
+    "restore": CallKind(
+        lambda c: f"llama_state_seq_set_data_ext(seq {c.seq}, PARTIAL_ONLY) + llama_memory_seq_rm(seq {c.seq}, after it)",
+        lambda c: f"rc = restore({c.seq});", "_make_restore", ("llama_state_seq_set_data_ext",), check=_check_restore, draft="drop_after"),
+    # one speculative step of ``seq`` as llama-server makes it: draft ``n`` tokens (in the draft
+    # context, one at a time, where the workload has one; else from n-gram tables, no call), verify
+    # the last token and the drafts in one batch with all outputs, accept ``accept`` of them and roll
+    # back the rest in every context (seq_rm, or a checkpoint restored where the memory cannot drop
+    # its last positions). Signed as the decode it makes: llama.cpp sees only the batches it decodes.
+    "spec": CallKind(lambda c: f"speculative step(seq {c.seq}: draft {c.n}, verify {1 + c.n}, accept {c.accept})",
+                     lambda c: f"rc = spec({c.seq}, {c.n}, {c.accept});", "_make_spec", ("llama_memory_seq_rm",), check=_check_spec,
+                     changes=True, signed_as="decode"),
+}
+CALL_KINDS = tuple(CALLS)
+SWITCHES = tuple(k for k, v in CALLS.items() if v.switch)  # calls that switch the graph's topology
+CHANGES = tuple(k for k, v in CALLS.items() if v.changes)  # calls that change what the devices hold
+
+
+def check_calls(calls: tuple[Call, ...], st: Checking) -> None:
+    """Each call's checks, in order (``st`` carries what the calls before it left)."""
+    c, need = st.ctx, st.need
+    for i, call in enumerate(calls):
+        where = f"calls[{i}] ({call.kind})"
+        need(call.kind in CALLS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
+        need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
+        need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
+        need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
+        CALLS[call.kind].check(call, where, st)
+
+
+def signed_kind(kind: str) -> str:
+    """The kind a finding's signature names for a call of ``kind``."""
+    return CALLS[kind].signed_as or kind if kind in CALLS else kind
+
