@@ -63,6 +63,7 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
+_META_DEVICES = re.compile(r"Meta\([^)]*\)")
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
@@ -436,7 +437,9 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         head = lines[0] if at else ""
         if not at:  # no assert: the top of the C stack tells one crash from another
             cause = with_c_stack(cause, a.message)
-        kind = re.sub(r"\d+", "N", (head + ": " if head else "") + cause)[:160]
+        # split mode tensor's meta device names its per-device tensors after its devices
+        # (``Meta(RPC0,RPC1,GPU0)#kqv_out-0#0``): the devices drawn are not the cause
+        kind = re.sub(r"\d+", "N", _META_DEVICES.sub("Meta(...)", (head + ": " if head else "") + cause))[:160]
         text = f"{head}: {cause}" if head else cause
         # what separates root causes beside the message: the check site (one assert text has many),
         # the call kind and where in it ggml stopped (the context's reservation, a decode's alloc...)
@@ -480,8 +483,11 @@ LOGITS_TOLERANCE = 1e-3
 
 
 def compares_logits(w: LlamaWorkload) -> bool:
-    """Whether llama-same-logits judges ``w``: it has GPU-like devices, and logits to compare."""
-    return bool(w.devices.gpus) and not w.ctx.backend_samplers and any(c.kind == "decode" for c in w.calls)
+    """Whether llama-same-logits judges ``w``: a device computes otherwise than the CPU (GPU-like
+    devices, or split mode tensor's meta device, which splits each op between its members even when
+    they are RPC servers computing with ggml's CPU backend), and it has logits to compare."""
+    computes = bool(w.devices.gpus) or w.devices.split_mode == "tensor"
+    return computes and not w.ctx.backend_samplers and any(c.kind == "decode" for c in w.calls)
 
 
 def cpu_only(w: LlamaWorkload, trace: LlamaTrace | None) -> LlamaWorkload:
@@ -552,8 +558,11 @@ def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> l
         if found is None:
             continue
         token, kind = found
-        devices = ", ".join(["RPC"] * bool(w.devices.n_rpc) + ["GPU-like"])
+        # who computes: the devices' kinds, or split mode tensor's meta device whatever its members
+        devices = "Meta" if w.devices.split_mode == "tensor" else ", ".join(["RPC"] * bool(w.devices.n_rpc) + ["GPU-like"] * bool(w.devices.gpus))
         facts: dict[str, object] = {"on": devices}
+        if not w.ctx.offload_kqv:  # a KV cache left in host memory computes attention elsewhere
+            facts["kv"] = "host"
         what = f"{_call_name(w, call)}: the logits of its {'first' if k == 0 else 'last'} output differ from the CPU-only run's: "
         if kind == "count":
             what += f"{len(got)} logits, on the CPU alone {len(want)}"

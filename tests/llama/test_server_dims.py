@@ -303,3 +303,23 @@ def test_a_draft_models_case_is_exported_with_its_own_model_and_reproduces(tmp_p
     assert "ddevs[n_ddevs++] = devs[1];" in source and "dft = llama_init_from_model(dft_model ? dft_model : model, cp);" in source
     built = build_and_run(tmp_path / "repro")
     assert built.code == 1 and f"REPRODUCED: [llama-no-same-size-realloc] call {v.step}" in built.output, built.output[-3000:]
+
+
+@pytest.mark.engine
+def test_split_mode_tensor_with_the_kv_cache_on_the_host_computes_other_logits_on_0_3_36() -> None:
+    """``-sm tensor -nkvo`` on two RPC devices: 0.3.36's logits differ from the CPU-only run's
+    (the starter corpus's known case was found with an RPC and a GPU-like device: the meta device
+    computes, whatever its members, so both are one signature); with the KV cache offloaded they
+    agree."""
+    heads = replace(MOE, n_head=4, n_head_kv=2)  # two KV heads: one per device
+    w = LlamaWorkload(heads, Devices(n_rpc=2, split_mode="tensor"), ContextParams(n_seq_max=2, n_batch=8, n_ubatch=8, flash_attn="on", kv_unified=True,
+                                                                              offload_kqv=False), (decode((0, 1, "last")),))
+    f = Fuzzer(FuzzConfig(database=None, llama_lib="llama.cpp-0.3.36"))
+    try:
+        found = [v for v in f.check_llama(LLAMA_GROUP, w) if v.property == "llama-same-logits"]
+        assert [v.signature() for v in found] == ["llama-same-logits[kv=host,on=Meta]"]
+        assert [v for v in f.check_llama(LLAMA_GROUP, replace(w, ctx=replace(w.ctx, offload_kqv=True))) if v.property == "llama-same-logits"] == []
+    finally:
+        f.close()
+    known = [load_case(p) for p in (Path(__file__).parents[2] / "corpus").glob("llama-same-logits-*.json")]
+    assert "llama-same-logits[kv=host,on=Meta]" in {c.signature for c in known if c.expected_failure}
