@@ -14,7 +14,7 @@ import pytest
 
 from .items import STATS_KEY, SchedfuzzSuite
 from .plugin import base_dir, option
-from .properties import PROPERTY_IDS
+from .properties import PROPERTY_IDS, is_llama
 
 
 class SchedfuzzSession:
@@ -86,7 +86,7 @@ class SchedfuzzSession:
         if known == "builtin":
             self.fuzzer.known.learn(STARTER_CORPUS)
         self.fuzzer.known.learn(self.corpus)
-        self.fuzzer.llama_judged = tuple(p for p in self.properties if p.startswith("llama-"))
+        self.fuzzer.llama_judged = tuple(p for p in self.properties if is_llama(p))
 
     def engine_line(self) -> str:
         """Which engine runs: for the built-in ggml its version, library and bindings check."""
@@ -132,7 +132,7 @@ class SchedfuzzSession:
             lines.append(f"schedfuzz: {self.engine_line()}")
         except TargetError as e:
             pytest.exit(f"schedfuzz: the engine cannot start: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
-        if any(p.startswith("llama-") for p in self.properties):
+        if any(is_llama(p) for p in self.properties):
             try:  # a bad or Release llama.cpp build is a usage error now, not at the first workload
                 info = self.fuzzer.engines.llama_target.start()
             except TargetError as e:
@@ -153,7 +153,7 @@ class SchedfuzzSession:
         n = len(self.fuzzer.known.cases)
         lines.append(f"schedfuzz: known upstream bugs: {n} expected failures (built in: {self.known_source}; your corpus: {self.corpus})")
         for llama in (False, True):
-            if not llama or any(p.startswith("llama-") for p in self.properties):
+            if not llama or any(is_llama(p) for p in self.properties):
                 note = self.fuzzer.known.unknown_version_note(llama)
                 lines += [f"schedfuzz: {note}"] if note else []
         return lines

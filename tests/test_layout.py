@@ -113,3 +113,19 @@ def test_call_kinds_are_branched_on_only_in_their_table() -> None:
     found = [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
              for x in _call_kind_tables(path.read_text(), str(path.relative_to(PACKAGE)))]
     assert found == []
+
+
+def _family_by_prefix(source: str, where: str) -> list[str]:
+    """Places in ``source`` that tell a property's family by its id's prefix (``startswith("llama-")``)
+    instead of asking the registry (``properties.is_llama``)."""
+    return [f"{where}:{n.lineno}" for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "startswith"
+            and any(isinstance(a, ast.Constant) and a.value == "llama-" for a in n.args)]
+
+
+def test_a_propertys_family_comes_from_the_registry() -> None:
+    """The property ids and every list of them come from ``properties.base.REGISTRY``: no module
+    tells a llama property by its prefix, and a planted one is caught."""
+    assert _family_by_prefix('if prop.startswith("llama-"):\n    pass\n', "planted") == ["planted:1"]
+    found = [x for path in sorted(PACKAGE.rglob("*.py")) for x in _family_by_prefix(path.read_text(), str(path.relative_to(PACKAGE)))]
+    assert found == []

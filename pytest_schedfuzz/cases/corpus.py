@@ -28,7 +28,7 @@ from ..files import atomic_write
 from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError, nelements
-from ..properties import PROPERTY_IDS
+from ..properties import PROPERTY_IDS, is_llama
 from ..sim.driver import Workload
 
 CASE_VERSION = 1
@@ -224,13 +224,13 @@ def load_case(path: Path | str) -> Case:
     except (KeyError, TypeError, ValueError, RecursionError) as e:
         raise CaseError(path, f"malformed scenario: {type(e).__name__}: {e}") from None
     if "llama" in data:
-        if not data["property"].startswith("llama-"):
+        if not is_llama(data["property"]):
             raise CaseError(path, f"a llama workload cannot replay property {data['property']!r}")
         try:
             llama = LlamaWorkload.from_json(data["llama"])
         except WorkloadError as e:
             raise CaseError(path, f"llama workload: {e}") from None
-    elif data["property"].startswith("llama-"):
+    elif is_llama(data["property"]):
         raise CaseError(path, f"property {data['property']!r} needs a llama workload")
     workload = None
     if "workload" in data:
@@ -268,7 +268,7 @@ def component_of(prop: str, signature: str) -> str:
     """Which part of ggml or llama.cpp a finding is in, from what it says: the RPC backend (a
     remote server failed), ggml-alloc (a kept plan's buffers, allocation), llama.cpp (its
     graphs and calls), or the scheduler."""
-    if prop.startswith("llama-"):
+    if is_llama(prop):
         return "llama.cpp"
     if "ggml-rpc" in signature or "server=" in signature:
         return "RPC backend"

@@ -41,9 +41,10 @@ from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..model.scenario import BackendSpec, GraphSpec, Scenario, TensorSpec
 from ..model.trace import StepRecord
+from ..properties.base import EXPORTED_IDS, is_llama
 from .corpus import Case
 
-EXPORTED = ("no-same-size-realloc", "no-abort", "same-values", "matches-reference", "reuse-equivalent")
+EXPORTED = tuple(p for p in EXPORTED_IDS if not is_llama(p))  # the graph properties a C program shows
 REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = 1, 0, 77
 _TYPES = {"f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "i32": "GGML_TYPE_I32", "i64": "GGML_TYPE_I64", "q8_0": "GGML_TYPE_Q8_0"}
 _STEP_KINDS = {"reserve": "STEP_RESERVE", "alloc": "STEP_ALLOC", "compute": "STEP_COMPUTE", "split": "STEP_SPLIT", "reserve_size": "STEP_RESERVE_SIZE"}

@@ -42,11 +42,12 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorklo
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
+from ..properties.base import EXPORTED_IDS, is_llama
 from ..properties.llama import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
 from .export import PROCESS_C, ExportError, c_string, death_condition, gpu_config, gpu_declarations
 
-EXPORTED = ("llama-no-same-size-realloc", "llama-no-abort", "llama-same-logits")
+EXPORTED = tuple(p for p in EXPORTED_IDS if is_llama(p))  # the llama.cpp properties a C program shows
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}
 _FLASH = {"off": "LLAMA_FLASH_ATTN_TYPE_DISABLED", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED", "auto": "LLAMA_FLASH_ATTN_TYPE_AUTO"}
 _POOLING = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN", "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST"}

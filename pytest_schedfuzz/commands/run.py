@@ -10,7 +10,7 @@ from pathlib import Path
 from ..campaign.fuzz import Finding, Fuzzer
 from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import STARTER_CORPUS, save_case
-from ..properties import fuzz_units
+from ..properties import fuzz_units, is_llama
 from . import cli_words, properties_arg
 
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     with fuzzer.ctrl_c_noted():  # a Ctrl-C between Hypothesis runs (printing or saving a case, closing) too
         try:
             budget = args.budget if args.budget is not None else fuzzer.profile.budget
-            fuzzer.llama_judged = tuple(p for p in props if p.startswith("llama-"))
+            fuzzer.llama_judged = tuple(p for p in props if is_llama(p))
             units = fuzz_units(props, policy=args.policy is not None)
             pending = sum(w for _, w in units)
             for prop, weight in units:

@@ -17,6 +17,8 @@ from .aborts import at_site, no_abort, with_c_stack, without_c_stack
 from .agreement import matches_reference
 from .base import (
     ENGINE,
+    ENTRIES,
+    EXPORTED_IDS,
     FRESH,
     GRAPH_PROPERTY_IDS,
     LLAMA_GROUP,
@@ -24,10 +26,12 @@ from .base import (
     POLICY_PROPERTY_IDS,
     PROPERTY_IDS,
     REFERENCE,
+    REGISTRY,
     VALUES,
     Draws,
     Observed,
     Property,
+    PropertyEntry,
     Violation,
     fuzz_units,
     is_llama,
@@ -67,10 +71,12 @@ PROPERTIES: dict[str, Property] = {p.id: p for p in (
               lambda sc, o: no_abort(sc, o.trace, o.prediction)),
 )}
 
+assert tuple(PROPERTIES) == GRAPH_PROPERTY_IDS, "a graph property's judgement for each graph entry of REGISTRY, in its order"
+
 
 __all__ = [
-    "ENGINE", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "VALUES", "Draws",
-    "Observed", "Property", "Violation", "as_forced_view", "as_race", "at_site", "forced_views", "fresh_variant", "fuzz_units", "is_llama",
+    "ENGINE", "ENTRIES", "EXPORTED_IDS", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "REGISTRY", "VALUES", "Draws",
+    "Observed", "Property", "PropertyEntry", "Violation", "as_forced_view", "as_race", "at_site", "forced_views", "fresh_variant", "fuzz_units", "is_llama",
     "matches_reference", "no_abort", "no_same_size_realloc", "normalize_reason", "reason_kind", "reuse_complete", "reuse_equivalent",
     "reuse_sound", "role", "same_values", "synchronous_variant", "unforced_views_variant", "with_c_stack", "without_c_stack",
 ]

@@ -1,4 +1,5 @@
-"""What every property is made of: the ids, ``Violation`` (a finding and its signature), what a
+"""What every property is made of: its entry in ``REGISTRY`` (the ids and every list of them
+derive from it), ``Violation`` (a finding and its signature), what a
 graph property needs observed (``Observed``) and which strategy draws its examples (``Draws``),
 and the helpers that name tensors and reasons by role in signatures."""
 
@@ -11,21 +12,52 @@ from dataclasses import dataclass, field
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 
-GRAPH_PROPERTY_IDS = ("reuse-sound", "reuse-complete", "reuse-equivalent", "no-same-size-realloc", "matches-reference", "same-values", "no-abort")
+
+@dataclass(frozen=True)
+class PropertyEntry:
+    """One property as the rest of the harness knows it: its id, what it checks (one line, for
+    help and the docs), its family (``llama``: a property of the real llama.cpp, fuzzed as one
+    unit, ``LLAMA_GROUP``), whether it judges the driver's reuse policy alone (``policy``: with
+    the built-in policy, the very ``can_reuse`` it judges by, it cannot fail, so it takes a share
+    of the time budget only with a user's ``--schedfuzz-policy`` and runs as a few cheap rule
+    checks otherwise), and whether a C reproducer shows its findings (``exported``). How a graph
+    property is judged and drawn is ``properties.PROPERTIES``; a llama property's judgement
+    ``properties.llama.LLAMA_CHECKS`` (or, for the two that need a second run or the captured
+    graphs, the fuzzer's)."""
+
+    id: str
+    doc: str
+    llama: bool = False
+    policy: bool = False
+    exported: bool = False
 
 
+REGISTRY: tuple[PropertyEntry, ...] = (
+    PropertyEntry("reuse-sound", "the driver reuses a scheduler only where can_reuse(new, current) holds", policy=True),
+    PropertyEntry("reuse-complete", "the driver rebuilds no scheduler where can_reuse held", policy=True),
+    PropertyEntry("reuse-equivalent", "a reused scheduler behaves like a fresh one with the new parameters", exported=True),
+    PropertyEntry("no-same-size-realloc", "no alloc re-plans at an unchanged graph size and backend ids after a sufficient reservation",
+                  exported=True),
+    PropertyEntry("matches-reference", "ggml's assignment, splits, sizes, events and buffers are the reference's", exported=True),
+    PropertyEntry("same-values", "every compute step's values are the CPU backend's alone", exported=True),
+    PropertyEntry("no-abort", "valid scenarios never abort, crash or hang ggml", exported=True),
+    PropertyEntry("llama-no-same-size-realloc", "no llama.cpp call re-plans at the same size after the context's reservation",
+                  llama=True, exported=True),
+    PropertyEntry("llama-reuse-sound", "llama.cpp keeps its scheduler only where can_reuse held", llama=True),
+    PropertyEntry("llama-reuse-complete", "llama.cpp rebuilds no scheduler where can_reuse held", llama=True),
+    PropertyEntry("llama-no-abort", "the context initializes; no abort, crash, hang or decode failure below -1", llama=True, exported=True),
+    PropertyEntry("llama-counters-agree", "llama.cpp's n_same/n_diff and ggml's realloc callback agree with the harness", llama=True),
+    PropertyEntry("llama-same-logits", "the devices decode the logits the CPU alone decodes", llama=True, exported=True),
+    PropertyEntry("llama-matches-reference", "the scheduler inside llama.cpp does what the reference predicts for its captured graphs",
+                  llama=True),
+)
+ENTRIES = {p.id: p for p in REGISTRY}
+GRAPH_PROPERTY_IDS = tuple(p.id for p in REGISTRY if not p.llama)
 # properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
-LLAMA_PROPERTY_IDS = ("llama-no-same-size-realloc", "llama-reuse-sound", "llama-reuse-complete", "llama-no-abort", "llama-counters-agree",
-                      "llama-same-logits", "llama-matches-reference")
-
-
+LLAMA_PROPERTY_IDS = tuple(p.id for p in REGISTRY if p.llama)
 PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
-
-
-# properties of the driver's reuse policy alone: with the built-in policy (the very ``can_reuse``
-# they judge by) they cannot fail, so they take a share of the time budget only with a user's
-# ``--schedfuzz-policy``, and run as a few cheap rule checks otherwise (``Fuzzer.examples_for``)
-POLICY_PROPERTY_IDS = ("reuse-sound", "reuse-complete")
+POLICY_PROPERTY_IDS = tuple(p.id for p in REGISTRY if p.policy)
+EXPORTED_IDS = tuple(p.id for p in REGISTRY if p.exported)
 
 
 # the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them

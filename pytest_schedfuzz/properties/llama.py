@@ -119,9 +119,10 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
         if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
             return f"{reason} (op offload)"
         # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
-        # positions in the scheduler or device numbers (which move with the number of devices)
+        # positions in the scheduler or device numbers (which move with the number of devices), and
+        # split mode tensor's meta device without its members (``Meta(RPC0,GPU1)``: drawn, not the cause)
         name, _, move = x.moved.partition(": ")
-        return f"{reason} ({role(name)}: {re.sub(r'#[0-9]+ |(?<=GPU|RPC)[0-9]+', '', _ENDPOINT.sub('', move))})"
+        return f"{reason} ({role(name)}: {_META_DEVICES.sub('Meta', re.sub(r'#[0-9]+ |(?<=GPU|RPC)[0-9]+', '', _ENDPOINT.sub('', move)))})"
     return reason
 
 
@@ -625,4 +626,4 @@ LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] 
     "llama-counters-agree": llama_counters_agree,
 }
 # llama-same-logits needs a second run (on the CPU alone), llama-matches-reference the captured graphs (``captured``)
-assert (*LLAMA_CHECKS, "llama-same-logits", "llama-matches-reference") == LLAMA_PROPERTY_IDS
+assert {*LLAMA_CHECKS, "llama-same-logits", "llama-matches-reference"} == set(LLAMA_PROPERTY_IDS)

@@ -46,6 +46,6 @@ def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why()
     target = re.search(r"target: n_same = (\d+), n_diff = (\d+)", row.counts)
     assert target is not None and int(target[1]) > 0, row.counts
     signatures = {v.signature() for v in row.findings}
-    assert any("Meta(RPC,RPC)" in s and s.startswith("llama-no-same-size-realloc[explained=lost") for s in signatures), signatures
+    assert any("-> Meta)" in s and s.startswith("llama-no-same-size-realloc[explained=lost") for s in signatures), signatures
     report = "\n".join(lines([row]))
     assert "the worst-case reservation" in report and "backend ids changed" in report
