@@ -30,7 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-lib", "the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, ggml-0.25.3-seed (the seeds' ggml, built on first use), "
         "or your build's folder (env SCHEDFUZZ_GGML_LIB)")
     add("schedfuzz-llama-lib", "the llama.cpp under test: llama.cpp-0.3.36 (default: llama-cpp-python's), llama.cpp-0.3.36-seed (the seeds' "
-        "system, built on first use), or your build's library folder, e.g. build/bin (env SCHEDFUZZ_LLAMA_LIB)")
+        "system, built on first use), llama.cpp-b11739 (upstream, Release, prebuilt), or your build's library folder, e.g. build/bin "
+        "(env SCHEDFUZZ_LLAMA_LIB)")
     add("schedfuzz-policy", "scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)")
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
     add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")

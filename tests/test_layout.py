@@ -1,4 +1,4 @@
-"""The layout's rules (``../shared/DESIGN.md`` §12), read from the sources: the data package
+"""The layout's rules (``docs/design.md`` §12), read from the sources: the data package
 imports nothing of the project's, the oracle imports only the data package, and no private name
 is imported from another package."""
 

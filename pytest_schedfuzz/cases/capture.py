@@ -141,7 +141,7 @@ def _n_srcs(op: str, kind: str) -> int:
 
 
 def covered_ops() -> list[str]:
-    """The ggml ops a captured graph may hold (the README's table)."""
+    """The ggml ops a captured graph may hold (the table of docs/llama.md)."""
     ops = [f"UNARY ({k})" if k in UNARY_OPS else k for k in OP_TABLE]
     return sorted([*ops, "VIEW", "RESHAPE", "CPY (ggml_cast)", *(f"GLU ({g})" for g in GLU_OPS)])
 

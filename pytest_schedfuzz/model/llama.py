@@ -310,6 +310,7 @@ class LlamaWorkload:
             f"model {m.describe()}; {dv.describe()}"
             + f"; ctx: n_ctx {c.n_ctx}, n_batch {c.n_batch}, n_ubatch {c.n_ubatch}, n_seq_max {c.n_seq_max}, "
             f"flash_attn {c.flash_attn}, op_offload {c.op_offload}, kv {c.type_k}/{c.type_v}{' unified' if c.kv_unified else ''}"
+            + ("" if c.offload_kqv else " in host memory (offload_kqv off)")
             + (f", embeddings pooling {c.pooling}" if c.embeddings else "")
             + (f", n_outputs_max {c.n_outputs_max}/{c.n_outputs_max_per_seq}" if c.n_outputs_max or c.n_outputs_max_per_seq else "")
             + (f", backend samplers ({c.sampler_chain})" if c.backend_samplers else "")

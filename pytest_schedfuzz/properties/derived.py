@@ -1,5 +1,5 @@
 """Figures ggml keeps but does not tell, derived from what an engine observed: the one place the
-harness computes them (``../shared/DESIGN.md`` §12). The engines report raw counts only
+harness computes them (``docs/design.md`` §12). The engines report raw counts only
 (``model.trace.SizeCounts``: what each ``ggml_backend_sched_split_graph`` was given and made);
 this module turns them into
 

@@ -64,8 +64,8 @@ def test_gate_rejects_an_unknown_build(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 @pytest.mark.parametrize("tree", ["ggml", "llama.cpp"])
-def test_the_readme_cmake_line_configures_a_vendored_ggml(tree: str, tmp_path: Path) -> None:
-    """The pre-merge recipe's cmake line, verbatim from the README, on a ggml checkout
+def test_the_ci_recipes_cmake_line_configures_a_vendored_ggml(tree: str, tmp_path: Path) -> None:
+    """The pre-merge recipe's cmake line, verbatim from the docs (docs/ci.md), on a ggml checkout
     (ggml-python's vendored ggml 0.15.3) and on a llama.cpp checkout without its tests/ and
     examples/ (llama-cpp-python's vendored llama.cpp)."""
     import shlex
@@ -73,7 +73,7 @@ def test_the_readme_cmake_line_configures_a_vendored_ggml(tree: str, tmp_path: P
 
     from pytest_schedfuzz.ggml.build import source_tree
 
-    lines = (Path(__file__).parents[2] / "README.md").read_text().splitlines()
+    lines = (Path(__file__).parents[2] / "docs" / "ci.md").read_text().splitlines()
     i = next(k for k, x in enumerate(lines) if x.strip().startswith("cmake -S $tree -B $tree/build"))
     line = lines[i].strip()
     while line.endswith("\\"):
