@@ -535,10 +535,18 @@ class Fuzzer:
         """Check one saved case (no Hypothesis). A case with a workload is played again by
         this run's driver, so that it judges the current policy, not the recorded decisions.
         A race (its signature says ``race=``) shows only when the threads interleave so: it is
-        played up to ``RACE_TRIES`` times before it counts as not reproduced."""
+        played up to ``RACE_TRIES`` times before it counts as not reproduced; a llama.cpp crash is
+        played again on a fresh worker, as the campaign confirmed it, before it does."""
         if case.llama is not None:
             try:
-                return self.check_llama(case.property, case.llama)
+                found = self.check_llama(case.property, case.llama)
+                if "kind=crash" in case.signature and all(v.signature() != case.signature for v in found):
+                    # a crash the campaign confirmed on a fresh worker may need one: what earlier
+                    # workloads left in the worker's memory can hide it (a kernel reading a slice
+                    # nothing wrote)
+                    self.engines.llama_target.fresh()
+                    found = self.check_llama(case.property, case.llama)
+                return found
             except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
                 return []
         return self.check_shown(case, self.scenario_for(case))

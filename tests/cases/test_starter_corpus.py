@@ -64,3 +64,26 @@ def test_coverage_seeds_hold_on_both_ggmls(path: Path, fuzzers: dict[str, Fuzzer
     assert case.scenario is not None
     for lib, fuzzer in fuzzers.items():
         assert fuzzer.check(case.property, case.scenario) == [], f"{path.name} on {lib}"
+
+
+def test_a_llama_crash_case_not_shown_on_the_shared_worker_is_played_again_on_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zero-share RMS_NORM crash reads a slice nothing wrote: on a worker that ran other
+    workloads first it may not crash. A crash case is played once more on a fresh worker, as the
+    campaign confirmed it, before it counts as not reproduced; another kind of case is not."""
+    from pytest_schedfuzz.properties import Violation
+
+    case = load_case(next((Path(__file__).parents[2] / "corpus").glob("*-39761028ac.json")))
+    assert "kind=crash" in case.signature
+    f = Fuzzer(FuzzConfig(database=None))
+    runs: list[str] = []
+    shown = [Violation(case.property, case.step, "x", {})]
+    monkeypatch.setattr(Violation, "signature", lambda self: case.signature)
+    monkeypatch.setattr(f, "check_llama", lambda prop, w: (runs.append("run"), shown if "fresh" in runs else [])[1])
+    monkeypatch.setattr(f.engines.llama_target, "fresh", lambda: runs.append("fresh"))
+    try:
+        assert f.replay(case) == shown and runs == ["run", "fresh", "run"]
+        runs.clear()
+        other = load_case(next(p for p in (Path(__file__).parents[2] / "corpus").glob("llama-no-same-size-realloc-*.json")))
+        assert f.replay(other) == [] and runs == ["run"]
+    finally:
+        f.close()
