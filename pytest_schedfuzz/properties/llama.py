@@ -64,6 +64,7 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
 _META_DEVICES = re.compile(r"Meta\([^)]*\)")
+_MOVED = re.compile(r"\((?:node|leaf) ")  # a re-plan's reason that names the tensor that moved
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
@@ -219,7 +220,10 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                     graph = _graph_kind(r, x)
                     if graph:
                         facts["graph"] = graph
-                    elif switched and switch is None:  # no switch call, no other kind of graph: the batch did it
+                    elif switched and switch is None and not _MOVED.search(replan):
+                        # no switch call, no other kind of graph, no node named as the one that moved:
+                        # the batch did it, and its class (outputs, tokens, sizes) is what tells causes apart;
+                        # where a node's move is named, that move is the cause, whatever batch showed it
                         facts["topology"] = f"switch by {_topology_cause(r, x)}"
             else:
                 how = "not-dominating"
