@@ -109,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cm.set_defaults(func="tools:compare_builds")
     su = sub.add_parser("seeds", help="seed 000's users' servers, scaled down, on each built-in llama.cpp: n_same/n_diff and the findings")
     su.add_argument("--llama-lib", action="append", help="a build to replay them on (repeatable; default: every built-in llama.cpp)")
+    su.add_argument("--export", metavar="DIR", help="save each finding as a case and export its C reproducer into DIR")
+    su.add_argument("--check", action="store_true", help="with --export: build each reproducer and run it")
     su.set_defaults(func="tools:seed_users")
     args = parser.parse_args(argv)
     try:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..engine import TargetError, Unsupported
-from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
+from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, DraftModel, LlamaWorkload, Part
 from ..model.llama_model import ModelSpec
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import BackendSpec
@@ -87,11 +87,11 @@ USERS: tuple[User, ...] = (
         "--moe-cache-mib 8700, --parallel 1, -b 4096 -ub 512, --spec-type draft-mtp,ngram-map-k4v with an MTP draft "
         "model on the second GPU (nodes = 7842, splits = 65 and nodes = 202, splits = 1 alternating)",
         LlamaWorkload(MTP_MODEL, Devices(n_rpc=0, gpus=(BackendSpec("gpu"), BackendSpec("gpu")), tensor_split=(1.0, 0.0),
-                                         overrides=(("blk\\.3\\.", 1), ("_exps", CPU_DEVICE))),
+                                         overrides=(("_exps", CPU_DEVICE),)),
                       ContextParams(n_ctx=1024, n_batch=128, n_ubatch=16, n_seq_max=1, flash_attn="on", n_outputs_max=4,
                                     n_outputs_max_per_seq=4, moe_cache_size=512 * 1024),
-                      _slots(1, 100, 128, 8, 3), draft="mtp"),
-        "the draft is the model's own MTP layer put on the second GPU (-ot blk.3.=GPU1), not a separate draft model; "
+                      _slots(1, 100, 128, 8, 3), draft="mtp", draft_model=DraftModel((1,))),
+        "the MTP draft model is the same file loaded again on the second GPU (--spec-draft-devices), as llama-server does; "
         "-ncmoe is every trunk layer's experts on the CPU (-ot exps=CPU); the MoE cache only where the build has it (b11739)",
         on_gpus=True,
     ),
@@ -108,6 +108,7 @@ class Replayed:
     counts: str
     findings: tuple[Violation, ...]
     refused: str = ""
+    trace: LlamaTrace | None = None  # the run the findings were judged on (a reproducer's export reads it)
 
 
 def counts(trace: LlamaTrace) -> str:
@@ -138,7 +139,7 @@ def replay(user: User, build: str, check: Callable[[LlamaWorkload], tuple[LlamaT
         return Replayed(user.name, build, w, "", (), f"refused: {e}")
     except TargetError as e:
         return Replayed(user.name, build, w, "", (), f"harness error: {str(e).splitlines()[0]}")
-    return Replayed(user.name, build, w, counts(trace), tuple(found))
+    return Replayed(user.name, build, w, counts(trace), tuple(found), trace=trace)
 
 
 def lines(rows: Sequence[Replayed]) -> list[str]:

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..campaign.profiles import PROFILES, FuzzConfig
 from ..cases.corpus import CaseError, case_files
@@ -142,7 +143,33 @@ def seed_users(args: argparse.Namespace) -> int:
             for user in USERS:
                 rows.append(replay(user, build, check, gpu_like, has_moe_cache))
                 print("\n".join(lines(rows[-1:])), flush=True)
+                if args.export:
+                    _export_seed_findings(rows[-1], Path(args.export), USERS.index(user) + 1, args.check)
         finally:
             f.close()
     return 0
+
+
+def _export_seed_findings(row: Any, out: Path, user: int, check: bool) -> None:
+    """Each distinct finding of one user's server on one build, saved as a case and exported as a
+    C reproducer (``out/user<N>-<build>-<k>/``) against that build; with ``check``, built and run."""
+    from ..cases.corpus import Case, load_case, save_case
+    from ..cases.export import ExportError, build_and_run
+    from ..cases.export_llama import EXPORTED, export_llama_case
+
+    assert row.trace is not None or not row.findings
+    firsts = {v.signature(): v for v in reversed(row.findings)}  # the earliest call of each signature
+    for k, v in enumerate(x for x in firsts.values() if x.property in EXPORTED):
+        case = load_case(save_case(out / "cases", Case(v.property, v.signature(), None, v.message, v.step, engine=dict(row.trace.engine),
+                                                       llama=row.workload)))
+        folder = out / f"user{user}-{row.build}-{k}"
+        try:
+            export_llama_case(case, folder, row.build, trace=row.trace)
+            said = ""
+            if check:
+                built = build_and_run(folder)
+                said = " (built and run: " + ("it reproduces" if built.code == 1 else f"exit {built.code}, it does not reproduce") + ")"
+            print(f"  reproducer of {v.signature()}: {folder}{said}", flush=True)
+        except ExportError as e:
+            print(f"  no reproducer of {v.signature()}: {str(e).splitlines()[0]}", flush=True)
 

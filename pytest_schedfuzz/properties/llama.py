@@ -64,7 +64,6 @@ def _what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
 _META_DEVICES = re.compile(r"Meta\([^)]*\)")
-_MOVED = re.compile(r"\((?:node|leaf) ")  # a re-plan's reason that names the tensor that moved
 
 
 def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
@@ -103,7 +102,10 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
     """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
     the invalid tensor, or for a backend change the node that moved and between which kinds of
     backends, or that op offload moved it (the two graphs copy different host-resident weights,
-    or to different devices: which device's offload_op wants an op depends on the batch)."""
+    or to different devices: which device's offload_op wants an op depends on the batch). Between
+    graphs of different topologies ggml compares backend ids by position, so the "node that moved"
+    is whichever node now sits where the two graphs first differ: not a cause, and left to the
+    message (the topology's class signs it instead)."""
     if x.kind == "reserve_size":
         return "reserve_size"
     reason = _invalid(x)
@@ -119,6 +121,8 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
             return f"{reason} (MoE cache lookup)"
         if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
             return f"{reason} (op offload)"
+        if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs):
+            return reason
         # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
         # positions in the scheduler or device numbers (which move with the number of devices), and
         # split mode tensor's meta device without its members (``Meta(RPC0,GPU1)``: drawn, not the cause)
@@ -220,10 +224,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                     graph = _graph_kind(r, x)
                     if graph:
                         facts["graph"] = graph
-                    elif switched and switch is None and not _MOVED.search(replan):
-                        # no switch call, no other kind of graph, no node named as the one that moved:
-                        # the batch did it, and its class (outputs, tokens, sizes) is what tells causes apart;
-                        # where a node's move is named, that move is the cause, whatever batch showed it
+                    elif switched and switch is None:  # no switch call, no other kind of graph: the batch did it
                         facts["topology"] = f"switch by {_topology_cause(r, x)}"
             else:
                 how = "not-dominating"

@@ -5,6 +5,7 @@ first user's server climbs n_same on 0.3.36, and the finding says why in ggml's 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -31,13 +32,17 @@ def test_each_user_says_what_they_ran_and_what_could_not_be_kept() -> None:
     tensor, gpus = USERS
     assert tensor.workload.devices.split_mode == "tensor" and tensor.workload.draft == "mtp" and tensor.workload.ctx.n_seq_max == 4
     assert gpus.workload.devices.tensor_split == (1.0, 0.0) and gpus.workload.ctx.moe_cache_size > 0
+    assert gpus.workload.draft_model is not None and gpus.workload.draft_model.devices == (1,)  # --spec-draft-devices: the second GPU
     on_b11739 = gpus.for_build(gpu_like=False, has_moe_cache=True)  # no GPU-like device there: RPC devices serve
     assert on_b11739.devices.n_rpc == 2 and not on_b11739.devices.gpus
     assert gpus.for_build(gpu_like=True, has_moe_cache=False).ctx.moe_cache_size == 0
 
 
 @pytest.mark.engine
-def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why() -> None:
+def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """... and its reproducer, exported as ``schedfuzz seeds --export DIR --check`` does, reproduces."""
+    from pytest_schedfuzz.commands.tools import _export_seed_findings
+
     f = Fuzzer(FuzzConfig(database=None))
     try:
         row = replay(USERS[0], "llama.cpp-0.3.36", lambda w: (f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)), True, False)
@@ -45,7 +50,10 @@ def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why()
         f.close()
     target = re.search(r"target: n_same = (\d+), n_diff = (\d+)", row.counts)
     assert target is not None and int(target[1]) > 0, row.counts
-    signatures = {v.signature() for v in row.findings}
-    assert any("-> Meta)" in s and s.startswith("llama-no-same-size-realloc[explained=lost") for s in signatures), signatures
+    lost = [v for v in row.findings if v.signature().startswith("llama-no-same-size-realloc[explained=lost")]
+    assert any("Meta(RPC0,RPC1)" in v.message for v in lost), [v.message for v in row.findings]
     report = "\n".join(lines([row]))
     assert "the worst-case reservation" in report and "backend ids changed" in report
+    _export_seed_findings(row, tmp_path, 1, True)
+    said = capsys.readouterr().out
+    assert re.search(r"reproducer of llama-no-same-size-realloc\[explained=lost.*\(built and run: it reproduces\)", said), said

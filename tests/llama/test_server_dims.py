@@ -280,7 +280,7 @@ def test_a_draft_model_of_its_own_puts_the_draft_contexts_scheduler_on_its_devic
     f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
     try:
         found = {v.signature() for v in f.check_llama(LLAMA_GROUP, OWN)}
-        assert found <= {"llama-no-same-size-realloc[explained=lost,lost_by=decode: changed (node h_nextn: RPC -> RPC),topology=switch]"}
+        assert {f for f in found if "topology=switch" not in f} == set() and all(f.startswith("llama-no-same-size-realloc[explained=lost") for f in found)
         assert bool(found) == (lib != UPSTREAM), found
         assert "llama-matches-reference" in f.llama_judged and f.stats.llama_not_captured == {}
         assert f.stats.llama_decoded["draft mtp on a draft model of its own, on one device (--spec-draft-devices)"] == 1
