@@ -427,3 +427,21 @@ def test_no_captured_graphs_for_an_engine_of_another_ggml_version() -> None:
     finally:
         f.close()
     assert "llama.cpp's graphs are ggml 0.25.3's, the engine is ggml 0.15.3" in "\n".join(f.stats.summary_lines())
+
+
+@pytest.mark.engine
+def test_an_rpc_server_failure_inside_llama_cpp_is_left_to_llama_no_abort(fuzzer: Fuzzer) -> None:
+    """A remote server's failure is no scheduler's to predict: llama-matches-reference leaves it to
+    llama-no-abort (which signs it by how the server failed); a scheduler abort the reference does
+    not predict stays its finding."""
+    from pytest_schedfuzz.properties.sites import RPC_FAILED
+
+    case = load_case(next(CORPUS.glob("llama-no-abort-*-97dfe7600a.json")))
+    assert case.llama is not None
+    captured = capture(case.llama, fuzzer.engines.run_llama(case.llama, capture=True))
+    assert captured.abort is not None
+    step, call, _ = captured.abort
+    prediction = replace(predict(captured.scenario), abort=None)
+    served = replace(captured, abort=(step, call, f"ggml-rpc.cpp:686: {RPC_FAILED}"))
+    assert llama_matches_reference(case.llama, served, prediction) == []
+    assert [v.facts for v in llama_matches_reference(case.llama, captured, prediction)] == [{"what": "abort"}]
