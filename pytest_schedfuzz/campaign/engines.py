@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -226,13 +227,17 @@ class Engines:
         """As ``confirmed``, for llama.cpp: a crash or a timeout counts only if it comes back on
         a fresh worker (the target starts one after every abort), a timeout with five times the
         call timeout; one that does not is counted as unconfirmed, kept as a case, and the fresh
-        run (captured as the first was) is judged."""
-        if trace.abort is None or trace.abort.kind not in ("crash", "timeout"):
+        run (captured as the first was) is judged. So does an abort because an RPC server was gone:
+        unreachable at all (an earlier workload killed it) or killed by a signal during this one;
+        fresh servers tell whether this workload is the cause."""
+        if trace.abort is None or (trace.abort.kind not in ("crash", "timeout") and not _server_gone(trace.abort.message)):
             return trace
         target = self.llama_target
         usual = target.call_timeout
         if trace.abort.kind == "timeout":
             target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
+        if _server_gone(trace.abort.message):
+            target.fresh()  # new RPC servers, whatever killed the old ones
         try:
             again = self.run_llama(workload, logits, capture, on_graph=on_graph)
         finally:
@@ -251,3 +256,9 @@ class Engines:
             if engine is not None:
                 engine.close()
                 setattr(self, name, None)
+
+
+def _server_gone(message: str) -> bool:
+    """Whether ggml-rpc's client aborted because its server was gone: it could not connect at all,
+    or the server was killed by a signal (a crash, confirmed as the worker's are)."""
+    return "ggml-rpc" in message and ("Failed to connect to" in message or re.search(r"RPC server \S+ was killed by", message) is not None)

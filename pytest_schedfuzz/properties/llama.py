@@ -440,7 +440,8 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         at = next((k for k, x in enumerate(lines) if re.search(r"Assertion `|GGML_ASSERT|GGML_ABORT", x)), 0)
         cause = re.sub(r"^\S*: (?=\S*\.(?:c|cpp|h):\d+)", "", lines[at])  # the "python: " program prefix
         cause = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", cause)
-        head = lines[0] if at else ""
+        # the first line too (an RPC client's abort, before the server's own assert): its source path is the build folder's
+        head = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", lines[0]) if at else ""
         if not at:  # no assert: the top of the C stack tells one crash from another
             cause = with_c_stack(cause, a.message)
         # split mode tensor's meta device names its per-device tensors after its devices

@@ -87,3 +87,27 @@ def test_a_llama_crash_case_not_shown_on_the_shared_worker_is_played_again_on_a_
         assert f.replay(other) == [] and runs == ["run"]
     finally:
         f.close()
+
+
+def test_an_rpc_server_gone_before_the_workload_is_confirmed_on_fresh_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ggml-rpc's client aborting because it cannot connect at all means an earlier workload
+    killed the server: the workload runs again on fresh servers, and where it then passes the
+    abort is counted unconfirmed (kept, not a finding); an abort of another kind is judged as it is."""
+    from pytest_schedfuzz.model.llama import Devices, LlamaWorkload
+    from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.llama_trace import LlamaAbort, LlamaTrace
+
+    f = Fuzzer(FuzzConfig(database=None))
+    w = LlamaWorkload(ModelSpec(), Devices(n_rpc=1))
+    gone = LlamaTrace((), LlamaAbort(-1, "abort", "/x/ggml-rpc/ggml-rpc.cpp:547: Failed to connect to 127.0.0.1:1: ops.cpp: ..."))
+    runs: list[str] = []
+    monkeypatch.setattr(f.engines, "run_llama", lambda *a, **k: (runs.append("run"), LlamaTrace(()))[1])
+    monkeypatch.setattr(f.engines.llama_target, "fresh", lambda: runs.append("fresh"))
+    monkeypatch.setattr(f.engines, "_keep_unconfirmed", lambda *a, **k: runs.append("kept"))
+    try:
+        assert f.engines.llama_confirmed(w, gone).abort is None and runs == ["fresh", "run", "kept"]
+        runs.clear()
+        other = LlamaTrace((), LlamaAbort(0, "abort", "ggml.c:1: GGML_ASSERT(x) failed"))
+        assert f.engines.llama_confirmed(w, other) is other and runs == []
+    finally:
+        f.close()
