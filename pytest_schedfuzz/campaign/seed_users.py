@@ -29,8 +29,10 @@ MTP_MODEL = ModelSpec(arch="glm4moe", kind="mtp", n_layer=3, n_embd=64, n_head=4
 
 def _slots(n_slots: int, prompt: int, n_batch: int, steps: int, n_draft: int, keep: int = 0) -> tuple[Call, ...]:
     """llama-server's traffic for ``n_slots`` requests: each prompt in ``n_batch`` chunks, then
-    ``steps`` rounds of one speculative step per slot (``n_draft`` drafted; accepted 0..all in
-    turn), a context shift keeping ``keep`` tokens in the middle (``--keep``), the slots freed."""
+    ``steps`` rounds of one speculative step per slot, a context shift keeping ``keep`` tokens in
+    the middle (``--keep``), the slots freed. A step drafts 0 to ``n_draft`` tokens in turn, as
+    the server's drafts vary (an n-gram draft finds no match, an MTP draft stops below its
+    ``p_min``): none is a plain one-token decode; some of the drafted tokens are accepted."""
     calls: list[Call] = []
     for s in range(n_slots):
         left = prompt
@@ -40,7 +42,8 @@ def _slots(n_slots: int, prompt: int, n_batch: int, steps: int, n_draft: int, ke
             calls.append(Call("decode", (Part(s, n, "last" if left == 0 else "none"),)))
     for r in range(steps):
         for s in range(n_slots):
-            calls.append(Call("spec", seq=s, n=n_draft, accept=(r + s) % (n_draft + 1)))
+            n = (r + s) % (n_draft + 1)
+            calls.append(Call("spec", seq=s, n=n, accept=(r + 2 * s) % (n + 1)) if n else Call("decode", (Part(s, 1, "last"),)))
         if keep and r == steps // 2:
             calls += [Call("shift", seq=s, n_keep=keep, n=prompt // 2) for s in range(n_slots)]
     return tuple(calls + [Call("seq_rm", seq=s, n=-1) for s in range(n_slots)])
@@ -88,11 +91,12 @@ USERS: tuple[User, ...] = (
         "model on the second GPU (nodes = 7842, splits = 65 and nodes = 202, splits = 1 alternating)",
         LlamaWorkload(MTP_MODEL, Devices(n_rpc=0, gpus=(BackendSpec("gpu"), BackendSpec("gpu")), tensor_split=(1.0, 0.0),
                                          overrides=(("_exps", CPU_DEVICE),)),
-                      ContextParams(n_ctx=1024, n_batch=128, n_ubatch=16, n_seq_max=1, flash_attn="on", n_outputs_max=4,
+                      ContextParams(n_ctx=1024, n_batch=128, n_ubatch=64, n_seq_max=1, flash_attn="on", n_outputs_max=4,
                                     n_outputs_max_per_seq=4, moe_cache_size=512 * 1024),
                       _slots(1, 100, 128, 8, 3), draft="mtp", draft_model=DraftModel((1,))),
         "the MTP draft model is the same file loaded again on the second GPU (--spec-draft-devices), as llama-server does; "
-        "-ncmoe is every trunk layer's experts on the CPU (-ot exps=CPU); the MoE cache only where the build has it (b11739)",
+        "-ncmoe is every trunk layer's experts on the CPU (-ot exps=CPU); the MoE cache only where the build has it (b11739); "
+        "-ub stays above the 32 tokens up to which the MoE cache serves a ubatch (its limit does not scale), as 512 is",
         on_gpus=True,
     ),
 )

@@ -110,15 +110,17 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
         return "reserve_size"
     reason = _invalid(x)
     if x.backend_ids_changed and x.moved:
+        # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the
+        # device) only in a ubatch small enough for the cache, so its graphs differ by ubatch size;
+        # the cause whichever node sits first where the two graphs differ (none at a common position
+        # where the lookup comes first)
+        if any(o.startswith("moe_cache.") for o in set(x.offloaded) ^ set(r.offloaded)):
+            return f"{reason} (MoE cache lookup)"
         if x.moved.startswith("no node"):
             return f"{reason} (no tensor at a common position)"
         # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU): the
         # moved node reads a weight in host memory (only op offload puts it on a device), or the
         # same graph copies other host-resident weights
-        # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the
-        # device) only in a ubatch small enough for the cache, so its graphs differ by ubatch size
-        if any(o.startswith("moe_cache.") for o in set(x.offloaded) ^ set(r.offloaded)):
-            return f"{reason} (MoE cache lookup)"
         if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
             return f"{reason} (op offload)"
         if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs):

@@ -57,3 +57,27 @@ def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why(t
     _export_seed_findings(row, tmp_path, 1, True)
     said = capsys.readouterr().out
     assert re.search(r"reproducer of llama-no-same-size-realloc\[explained=lost.*\(built and run: it reproduces\)", said), said
+
+
+@pytest.mark.engine
+def test_the_second_users_server_climbs_llama_cpps_own_n_same_on_b11739_by_the_moe_cache(tmp_path: Path,
+                                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The second user's server (the MoE cache, MTP drafts of varying length, ``-ub`` above the
+    cache's 32-token limit) on upstream's b11739: llama.cpp's own counter climbs, and each same-size
+    reallocation is the MoE cache's lookup (the one-token plan that replaced the worst case), a
+    signature of its own; its reproducer, built against b11739, reproduces."""
+    from pytest_schedfuzz.commands.tools import _export_seed_findings
+
+    f = Fuzzer(FuzzConfig(database=None, llama_lib="llama.cpp-b11739"))
+    try:
+        row = replay(USERS[1], "llama.cpp-b11739", lambda w: (f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)), False, True)
+    finally:
+        f.close()
+    target = re.search(r"target: n_same = (\d+), n_diff = (\d+) \(llama.cpp's perf data\)", row.counts)
+    assert target is not None and int(target[1]) > 1, row.counts
+    assert {v.signature() for v in row.findings} == {
+        "llama-no-same-size-realloc[explained=lost,lost_by=decode: unobservable in a Release build (MoE cache lookup)]"}, row.findings
+    assert all("ffn_moe_slots" in v.message and "the worst-case reservation" in v.message for v in row.findings)
+    _export_seed_findings(row, tmp_path, 2, True)
+    said = capsys.readouterr().out
+    assert re.search(r"reproducer of llama-no-same-size-realloc\[explained=lost.*\(built and run: it reproduces\)", said), said
