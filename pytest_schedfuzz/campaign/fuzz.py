@@ -158,10 +158,11 @@ class Fuzzer:
         ``interrupted``, not raised halfway, so that nothing is left running."""
         with self.ctrl_c_noted():
             self.engines.close()
-            if self.shared is not None:
-                self.shared.record_examples(self.stats.examples)
-                for line in self.shared.close():
-                    self.shared.say(line)
+            shared, self.shared = self.shared, None  # its part in the campaign ends once
+            if shared is not None:
+                shared.record_examples(self.stats.examples)
+                for line in shared.close():
+                    shared.say(line)
 
     def save_finding(self, directory: Path | str, finding: Finding) -> Path:
         """Save a finding's case in the corpus ``directory`` (an ``OSError`` where it cannot be

@@ -179,6 +179,7 @@ class SharedCampaign:
         self.examples = 0
         self.corpus: Path | None = None  # where ``pull`` writes the published cases (again at ``close``)
         self._lost_at: float | None = None
+        self.losses = 0  # times Redis was lost (said at the time, and again at ``close``: pytest may capture the first)
         self._retry_at = 0.0
         self._mine: set[str] = set()  # signatures this host claimed
         self._theirs: dict[str, str] = {}  # signature -> the host that claimed it
@@ -208,6 +209,7 @@ class SharedCampaign:
         except _lost_errors() as e:
             if self._lost_at is None:
                 self._lost_at = time.monotonic()
+                self.losses += 1
                 self.say(f"lost Redis at {self.url} ({e}); fuzzing on locally: findings are saved in the local corpus and "
                          "examples in the local database, and published when Redis answers again")
             self._retry_at = time.monotonic() + RETRY_S
@@ -333,6 +335,9 @@ class SharedCampaign:
         lines = [f"{self.url}: host {self.host}, seed {self.seed}: {len(self._mine)} finding(s) claimed, "
                  f"{len(self._theirs)} claimed by other hosts (seen again), {len(self.published)} case(s) published, "
                  f"{self.fetched} example(s) fetched from the shared database, {len(self.pulled)} case(s) pulled into the corpus"]
+        if self.losses:
+            lines.append(f"Redis was lost {self.losses} time(s) during the run; this host fuzzed on locally meanwhile"
+                         + ("" if self.lost else ", and published what waited once it answered again"))
         if self.lost or self._cases or self._examples or self._claims:
             waiting = [f"{len(self._cases)} case(s): {', '.join(sorted(self._cases))}"] if self._cases else []
             waiting += [f"{len(self._claims)} claim(s): {', '.join(sorted(self._claims))}"] if self._claims else []

@@ -206,6 +206,7 @@ def test_killing_redis_mid_run_loses_nothing(redis_server: RedisServer, tmp_path
     (saved,) = case_files(corpus)
     assert load_case(saved).signature == SIGNATURE
     assert "NOT PUBLISHED" not in out and "1 case(s) published" in out, out
+    assert "Redis was lost 1 time(s) during the run; this host fuzzed on locally meanwhile, and published what waited" in out, out
     listed = status(redis_server.url)
     assert f"  {SIGNATURE}\n    property reuse-complete; claimed by {name}; seen again 0; saved: {saved.name}\n" in listed, listed
     assert re.search(rf"  {re.escape(name)}  seed \d+  examples [1-9]\d*  done", listed), listed
