@@ -39,7 +39,7 @@ PREFIX = "schedfuzz:"
 HOSTS = PREFIX + "hosts"  # host id -> JSON: seed, examples, state, last contact
 CLAIMS = PREFIX + "claims"  # signature -> JSON: the host that claimed it first, its property, when
 SEEN = PREFIX + "seen"  # signature -> times other hosts found it again
-SAVED = PREFIX + "saved"  # signature -> JSON list of the case files published for it
+SAVED = PREFIX + "saved:"  # + signature: the set of case files published for it
 CASES = PREFIX + "cases"  # case file name -> the case's JSON text
 EXAMPLES = (PREFIX + "examples:").encode()  # Hypothesis's keys (RedisExampleDatabase's key_prefix)
 # a lost Redis is tried again at most this often: a host cut off by a firewall would otherwise
@@ -157,11 +157,11 @@ def status(text: str) -> CampaignStatus:
     keys = [k for k in r.scan_iter(match=EXAMPLES + b"*", count=1000)]
     examples = sum(r.scard(k) for k in keys)
     seen = {k.decode(): int(v) for k, v in r.hgetall(SEEN).items()}
-    saved = {k.decode(): tuple(json.loads(v)) for k, v in r.hgetall(SAVED).items()}
     findings = []
     for sig_b, claim in sorted(r.hgetall(CLAIMS).items()):
         sig, c = sig_b.decode(), json.loads(claim)
-        findings.append(FindingStatus(sig, c["property"], c["host"], seen.get(sig, 0), saved.get(sig, ())))
+        saved = tuple(sorted(f.decode() for f in r.smembers(SAVED + sig)))
+        findings.append(FindingStatus(sig, c["property"], c["host"], seen.get(sig, 0), saved))
     return CampaignStatus(str(url), hosts, len(keys), examples, tuple(findings))
 
 
@@ -175,7 +175,6 @@ class SharedCampaign:
         self.seed = seed
         self.say = say
         self.host = f"{socket.gethostname()}:{os.getpid()}"
-        self.started = time.time()
         self.examples = 0
         self.corpus: Path | None = None  # where ``pull`` writes the published cases (again at ``close``)
         self._lost_at: float | None = None
@@ -289,12 +288,10 @@ class SharedCampaign:
 
     def _publish(self, file: str, signature: str, text: str) -> bool:
         def write(r: Any) -> bool:
-            pipe = r.pipeline()  # MULTI/EXEC: the case and its listing under its signature together
+            pipe = r.pipeline()  # MULTI/EXEC: a case is never listed under its signature without its text
             pipe.hset(CASES, file, text)
-            pipe.hget(SAVED, signature)
-            _, listed = pipe.execute()
-            files = sorted(set(json.loads(listed) if listed else []) | {file})
-            r.hset(SAVED, signature, json.dumps(files))
+            pipe.sadd(SAVED + signature, file)
+            pipe.execute()
             return True
 
         if self._do(write) is None:
