@@ -160,8 +160,7 @@ class Fuzzer:
             self.engines.close()
             shared, self.shared = self.shared, None  # its part in the campaign ends once
             if shared is not None:
-                shared.record_examples(self.stats.examples)
-                for line in shared.close():
+                for line in shared.close(self.stats.examples):
                     shared.say(line)
 
     def save_finding(self, directory: Path | str, finding: Finding) -> Path:

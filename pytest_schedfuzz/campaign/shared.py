@@ -187,13 +187,15 @@ class SharedCampaign:
         self._claims: dict[str, str] = {}
         self._cases: dict[str, tuple[str, str]] = {}  # file name -> (signature, JSON text)
         self._seen: dict[str, int] = {}
-        self.published: list[str] = []  # case files published (now or once Redis was back)
+        self.published: set[str] = set()  # case files published (now or once Redis was back; a file saved again is one)
         self.fetched = 0  # examples Redis gave Hypothesis to replay
         self.pulled: list[Path] = []
         from hypothesis.extra.redis import RedisExampleDatabase
 
         self._redis_examples = RedisExampleDatabase(self.redis, key_prefix=EXAMPLES)
-        self.heartbeat("fuzzing")
+        # listed as a host from its first examples on: pytest-xdist's controller, which runs none
+        # (it pulls the cases for its workers), is not one
+        self._listed = False
         self.say(f"{self.url}: host {self.host}, seed {seed}")
 
     # ------------------------------------------------------------- the connection
@@ -254,6 +256,7 @@ class SharedCampaign:
 
     def record_examples(self, examples: int) -> None:
         self.examples = examples
+        self._listed = True
         self.heartbeat("fuzzing")
 
     def _owner(self, signature: str) -> str | None:
@@ -297,7 +300,7 @@ class SharedCampaign:
         if self._do(write) is None:
             return False
         self._cases.pop(file, None)
-        self.published.append(file)
+        self.published.add(file)
         return True
 
     def pull(self, corpus: Path) -> list[Path]:
@@ -321,12 +324,15 @@ class SharedCampaign:
         shared = _SharedExamples(self)
         return MultiplexedDatabase(DirectoryBasedExampleDatabase(str(local)), shared) if local is not None else shared
 
-    def close(self) -> list[str]:
-        """The end of this host's part: its last record, a last try to publish what waited, the
-        published cases pulled into the corpus; the lines that say what it did and what it could not."""
+    def close(self, examples: int) -> list[str]:
+        """The end of this host's part, after ``examples`` in all: its last record, a last try to
+        publish what waited, the published cases pulled into the corpus; the lines that say what it
+        did and what it could not."""
+        self.examples = examples
         if self.lost:
             self._retry_at = 0.0  # one more try now, whatever the interval
-        self.heartbeat("done")
+        if self._listed:
+            self.heartbeat("done")
         if self.corpus is not None:
             self.pull(self.corpus)
         lines = [f"{self.url}: host {self.host}, seed {self.seed}: {len(self._mine)} finding(s) claimed, "
