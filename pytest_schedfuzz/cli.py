@@ -37,7 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again; findings are saved there")
     run.add_argument("--known", choices=("builtin", "none"), default="builtin",
                      help="builtin: the starter corpus's known upstream bugs are not reported again (default); none: report them too")
+    run.add_argument("--db", help="share the campaign with other hosts on Redis: redis://HOST:PORT/N (see docs/shared-campaign.md)")
     run.set_defaults(func="run:run")
+    cg = sub.add_parser("campaign", help="a campaign shared on Redis (run --db): its hosts, examples and findings")
+    cg_sub = cg.add_subparsers(dest="campaign_command", required=True)
+    cs = cg_sub.add_parser("status", help="the hosts, the examples in the shared database, the findings by signature")
+    cs.add_argument("--db", required=True, help="the campaign's Redis: redis://HOST:PORT/N")
+    cs.set_defaults(func="campaign:status")
     rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
     rp.add_argument("cases", nargs="+", help="case files or corpus directories")
     rp.add_argument("--capture", action="store_true", help="llama.cpp cases: capture their graphs and compare the reference with what ggml did")

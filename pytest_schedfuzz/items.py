@@ -113,11 +113,9 @@ class PropertyItem(pytest.Item):
         reports: list[str] = []
 
         def save(finding: Any) -> None:
-            from .cases.corpus import save_case
-
             self.user_properties.append(("schedfuzz_property", finding.violation.property))
             try:
-                path = save_case(session.corpus, finding.to_case(fuzzer))
+                path = fuzzer.save_finding(session.corpus, finding)
             except OSError as e:  # the finding is still reported, in full
                 reports.append(f"{finding.report()}\nNOT SAVED: cannot write to {session.corpus}: {e.strerror or e}")
                 return

@@ -36,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add("schedfuzz-reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace")
     add("schedfuzz-properties", "comma-separated property ids to fuzz (default: all)")
     add("schedfuzz-corpus", "directory of saved cases, replayed first; new findings are written there (default: corpus)")
+    add("schedfuzz-db", "share the campaign with other hosts on Redis: redis://HOST:PORT/N (see docs/shared-campaign.md)")
     add("schedfuzz-known", "builtin (default): the starter corpus's known upstream bugs are not reported again; none: report them too")
     group.addoption(
         "--schedfuzz-rereserve", "--no-schedfuzz-rereserve", dest="schedfuzz_rereserve", default=None,

@@ -22,7 +22,7 @@ class SchedfuzzSession:
 
     def __init__(self, config: pytest.Config) -> None:
         from .campaign.fuzz import Fuzzer
-        from .campaign.profiles import FuzzConfig, new_seed
+        from .campaign.profiles import FuzzConfig
         from .campaign.stats import Stats
 
         def num(name: str, kind: type) -> Any:
@@ -53,13 +53,14 @@ class SchedfuzzSession:
             keep_going=None if option(config, "schedfuzz_keep_going") is None else bool(option(config, "schedfuzz_keep_going")),
             size_oracle=None if option(config, "schedfuzz_size_oracle") is None else bool(option(config, "schedfuzz_size_oracle")),
             database=base_dir(config) / ".schedfuzz" / "examples",
+            shared=option(config, "schedfuzz_db") or None,
         )
         try:
-            profile_obj = self.fuzz_config.resolved_profile()
+            self.fuzz_config.resolved_profile()
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
         if self.fuzz_config.seed is None:
-            self.fuzz_config = replace(self.fuzz_config, seed=0 if profile_obj.derandomize else new_seed())
+            self.fuzz_config = replace(self.fuzz_config, seed=self.fuzz_config.default_seed())
         chosen_corpus = option(config, "schedfuzz_corpus")
         self.corpus = base_dir(config) / (chosen_corpus or "corpus")
         if chosen_corpus and not self.corpus.is_dir():
@@ -77,6 +78,8 @@ class SchedfuzzSession:
             self.fuzzer = Fuzzer(self.fuzz_config)
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
+        if self.fuzzer.shared is not None and workerinput is None:  # xdist's workers collect what the controller pulled
+            self.fuzzer.shared.pull(self.corpus)
         known = option(config, "schedfuzz_known") or "builtin"
         if known not in ("builtin", "none"):
             raise pytest.UsageError(f"--schedfuzz-known {known!r}: builtin or none")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams
 from pytest_schedfuzz.model.trace import Trace
+from pytest_schedfuzz.sim.driver import can_reuse
 from reference.predict import predict
 from reference.sched import Scheduler
 
@@ -22,6 +25,12 @@ def never_slowly(new: SchedParams, cur: SchedParams) -> bool:
     """``never``, taking 0.3 s a call: its finding's shrink lasts seconds, for a Ctrl-C to land in."""
     time.sleep(0.3)
     return False
+
+
+def never_once_told(new: SchedParams, cur: SchedParams) -> bool:
+    """``can_reuse`` until the file named by ``$PLANTED_TRIGGER`` exists, ``never`` from then on:
+    a finding that comes when a test says (after it has killed Redis, say)."""
+    return can_reuse(new, cur) and not Path(os.environ["PLANTED_TRIGGER"]).exists()
 
 
 def ignore_max_nodes(new: SchedParams, cur: SchedParams) -> bool:

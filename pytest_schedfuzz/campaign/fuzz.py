@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure
 
 from reference.graph import CGraph
@@ -29,7 +30,7 @@ from reference.versions import NEWEST, Rules, rules_for
 
 from .. import properties as props
 from ..cases.capture import CaptureError, capture, preparer
-from ..cases.corpus import Case, component_of
+from ..cases.corpus import Case, component_of, save_case
 from ..cases.verdict import RACE
 from ..engine import TargetError, Unsupported, gc_paused
 from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
@@ -48,8 +49,11 @@ from .captures import captured_pool
 from .causes import causes_told_apart, switches_told_apart
 from .engines import Engines, Meanwhile
 from .known import KnownBugs
-from .profiles import FuzzConfig, load_spec, new_seed
+from .profiles import FuzzConfig, load_spec
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from .shared import SharedCampaign
 
 # ggml 0.15.3's asynchronous race shows in about half the replays on an idle machine, in one of
 # six or seven under load: 30 replays miss it about once in 100 then (the verdict says so, ``unshown``)
@@ -104,7 +108,7 @@ class Fuzzer:
         config.validate()
         self.config = config
         self.profile = config.resolved_profile()
-        self.seed = config.seed if config.seed is not None else (0 if self.profile.derandomize else new_seed())
+        self.seed = config.seed if config.seed is not None else config.default_seed()
         self.policy = load_policy(config.policy) if config.policy else can_reuse
         self.driver = Driver(self.policy, config.rereserve)
         # a user's reference is theirs to version; the built-in one follows the loaded ggml
@@ -133,6 +137,11 @@ class Fuzzer:
         # whether check_llama confirms a new same-size finding with ggml's own check: not while
         # Hypothesis shrinks one (each candidate would cost a second llama.cpp run; the shrunk one is confirmed)
         self.confirm_llama = True
+        self.shared: SharedCampaign | None = None  # --schedfuzz-db: the campaign shared on Redis
+        if config.shared is not None:
+            from .shared import SharedCampaign
+
+            self.shared = SharedCampaign(config.shared, self.seed)
 
     @property
     def rules(self) -> Rules:
@@ -149,6 +158,19 @@ class Fuzzer:
         ``interrupted``, not raised halfway, so that nothing is left running."""
         with self.ctrl_c_noted():
             self.engines.close()
+            shared, self.shared = self.shared, None  # its part in the campaign ends once
+            if shared is not None:
+                for line in shared.close(self.stats.examples):
+                    shared.say(line)
+
+    def save_finding(self, directory: Path | str, finding: Finding) -> Path:
+        """Save a finding's case in the corpus ``directory`` (an ``OSError`` where it cannot be
+        written) and, in a shared campaign, publish it to the other hosts."""
+        case = finding.to_case(self)
+        path = save_case(directory, case)
+        if self.shared is not None:
+            self.shared.publish(case, path)
+        return path
 
     def out_of_budget(self) -> bool:
         budget = self.config.budget if self.config.budget is not None else self.profile.budget
@@ -423,7 +445,8 @@ class Fuzzer:
             signal.signal(signal.SIGINT, before)
 
     def _fuzz_run(self, prop: str, n: int, seed: int, start: float, deadline: float | None) -> Finding | None:
-        db = DirectoryBasedExampleDatabase(str(self.config.database)) if self.config.database else None
+        if self.shared is not None:
+            self.shared.record_examples(self.stats.examples)
         # shrink towards the first failure's signature only, so that a case keeps its finding
         target: list[str] = []
 
@@ -431,7 +454,6 @@ class Fuzzer:
         @settings(
             max_examples=n,
             deadline=None,
-            database=db,
             derandomize=False,
             suppress_health_check=list(HealthCheck),
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
@@ -470,6 +492,11 @@ class Fuzzer:
             for v in known:
                 self.stats.seen_again[v.signature()] = self.stats.seen_again.get(v.signature(), 0) + 1
             found = [v for v in found if v.signature() not in known_set]
+            # a shared campaign: a signature another host claimed is theirs to shrink and save; here it is seen again
+            while found and not target and self.shared is not None and (owner := self.shared.claim(prop, found[0].signature())):
+                sig = found.pop(0).signature()
+                self.stats.seen_again[sig] = self.stats.seen_again.get(sig, 0) + 1
+                self.stats.components.setdefault(sig, f"found by {owner} in the shared campaign")
             if found and self.first_failure is None:
                 self.first_failure = time.monotonic() - start
             if found and not target:
@@ -481,6 +508,12 @@ class Fuzzer:
                 raise best[0]
 
         best: list[ViolationFound] = []  # the smallest failing case so far (Hypothesis shrinks in order)
+        if self.shared is not None:
+            # ``seed`` turns Hypothesis's database off: a seeded run is decided by its seed alone, as a
+            # local run stays. A shared campaign needs it on, so that every host replays first the
+            # failing examples any host saved (its local database beside the shared one).
+            run._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+                run._hypothesis_internal_use_settings, database=self.shared.database(self.config.database))  # type: ignore[attr-defined]
 
         def interrupted() -> None:
             # Ctrl-C: stop at once (Hypothesis would stop shrinking, replay the case, and the

@@ -64,6 +64,7 @@ class FuzzConfig:
     keep_going: bool | None = None  # campaign mode; default: the profile's
     size_oracle: bool | None = None  # ggml's own graph size for matches-reference; default: the profile's
     database: Path | None = Path(".schedfuzz/examples")
+    shared: str | None = None  # redis://HOST:PORT/N: a campaign shared with other hosts (``campaign.shared``)
 
     def resolved_profile(self) -> Profile:
         if self.profile not in PROFILES:
@@ -76,6 +77,11 @@ class FuzzConfig:
     def keeps_going(self) -> bool:
         return self.keep_going if self.keep_going is not None else self.resolved_profile().keep_going
 
+    def default_seed(self) -> int:
+        """The seed where none is given: 0 under a derandomized profile (ci: every run alike), but
+        a drawn one in a shared campaign, where hosts alike would all fuzz the same examples."""
+        return new_seed() if self.shared or not self.resolved_profile().derandomize else 0
+
     def validate(self) -> None:
         """A ``ValueError`` naming the option (``--schedfuzz-*``) for any value out of range."""
         self.resolved_profile()
@@ -87,6 +93,10 @@ class FuzzConfig:
             raise ValueError(f"--schedfuzz-seed {self.seed}: must be in 0 .. 2**32-1")
         if self.target is not None:
             load_spec(self.target, "--schedfuzz-target")
+        if self.shared is not None:
+            from .shared import RedisUrl
+
+            RedisUrl.parse(self.shared)
 
 
 def new_seed() -> int:

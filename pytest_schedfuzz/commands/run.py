@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..campaign.fuzz import Finding, Fuzzer
 from ..campaign.profiles import FuzzConfig
-from ..cases.corpus import STARTER_CORPUS, save_case
+from ..cases.corpus import STARTER_CORPUS
 from ..properties import fuzz_units, is_llama
 from . import cli_words, properties_arg
 
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
             FuzzConfig(
                 profile=args.profile, examples=args.examples, seed=args.seed, budget=args.budget, target=args.target,
                 lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, reference=args.reference,
-                keep_going=args.keep_going,
+                keep_going=args.keep_going, shared=args.db,
             )
         )
     except ValueError as e:
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.known == "builtin":
         fuzzer.known.learn(STARTER_CORPUS)
+    if fuzzer.shared is not None:  # the cases other hosts of the campaign saved, into this corpus
+        fuzzer.shared.pull(Path(args.corpus))
     fuzzer.known.learn(Path(args.corpus))
     print(f"schedfuzz: profile={args.profile} seed={fuzzer.seed}; known upstream bugs: {len(fuzzer.known.cases)}")
     findings = []
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                     print("  " + finding.report().replace("\n", "\n  "))
                     # as the plugin does: a finding printed is a finding saved
                     try:
-                        print(f"  saved to {save_case(args.corpus, finding.to_case(fuzzer))}", flush=True)
+                        print(f"  saved to {fuzzer.save_finding(args.corpus, finding)}", flush=True)
                     except OSError as e:
                         print(f"  NOT SAVED: cannot write to {args.corpus}: {e.strerror or e}", flush=True)
 

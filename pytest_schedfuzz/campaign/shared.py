@@ -1,0 +1,389 @@
+"""A campaign shared by several hosts on one Redis (``--schedfuzz-db redis://HOST:PORT/N``).
+
+Every host fuzzing with the same ``--schedfuzz-db`` shares, under the ``schedfuzz:`` keys of that
+Redis database:
+
+- Hypothesis's example database (``RedisExampleDatabase``, beside the host's local one): the
+  failing examples one host saved are replayed first by every other host;
+- the findings, by signature: the first host to find a signature claims it (``HSETNX``), shrinks
+  it and saves it; another host that finds it counts it as seen again, as a known bug;
+- the saved cases, published so that every host's corpus gets them (``pull``);
+- the hosts, each with its own seed and its examples run (``schedfuzz campaign status``).
+
+Redis may go away mid-run: a host that loses it fuzzes on locally and says so. Its findings are
+claimed and saved locally, its examples kept in its local database, and all of it is published
+when Redis answers again (tried at most every ``RETRY_S`` seconds); whatever is still unpublished
+at the end is listed then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, MultiplexedDatabase
+
+from ..cases.corpus import Case
+from ..files import atomic_write
+
+OPTION = "--schedfuzz-db"
+PREFIX = "schedfuzz:"
+HOSTS = PREFIX + "hosts"  # host id -> JSON: seed, examples, state, last contact
+CLAIMS = PREFIX + "claims"  # signature -> JSON: the host that claimed it first, its property, when
+SEEN = PREFIX + "seen"  # signature -> times other hosts found it again
+SAVED = PREFIX + "saved:"  # + signature: the set of case files published for it
+CASES = PREFIX + "cases"  # case file name -> the case's JSON text
+EXAMPLES = (PREFIX + "examples:").encode()  # Hypothesis's keys (RedisExampleDatabase's key_prefix)
+# a lost Redis is tried again at most this often: a host cut off by a firewall would otherwise
+# wait for a connection timeout at every database call
+RETRY_S = 5.0
+
+T = TypeVar("T")
+
+
+class SharedError(ValueError):
+    """A ``--schedfuzz-db`` that cannot be used at the start (a usage error, naming the option)."""
+
+
+@dataclass(frozen=True)
+class RedisUrl:
+    host: str
+    port: int
+    db: int
+
+    def __str__(self) -> str:
+        return f"redis://{self.host}:{self.port}/{self.db}"
+
+    @classmethod
+    def parse(cls, text: str) -> RedisUrl:
+        """``redis://HOST:PORT/N`` (port 6379 and database 0 where left out); a ``SharedError``
+        naming the option for anything else."""
+        usage = f"{OPTION} {text!r}: write it redis://HOST:PORT/N"
+        try:
+            url = urlsplit(text)
+            port = url.port or 6379
+        except ValueError as e:  # a port that is not a number, or out of range
+            raise SharedError(f"{usage} ({e})") from None
+        if url.scheme != "redis" or not url.hostname:
+            raise SharedError(f"{usage} (a redis:// URL with a host)")
+        path = url.path.strip("/") or "0"
+        if not path.isdigit() or url.query or url.fragment:
+            raise SharedError(f"{usage} (the database N is a number, nothing after it)")
+        return cls(url.hostname, port, int(path))
+
+
+def _say(line: str) -> None:
+    print(f"schedfuzz: shared campaign: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    host: str
+    seed: int
+    examples: int
+    state: str
+    last_contact: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class FindingStatus:
+    signature: str
+    property: str
+    host: str  # the host that claimed it
+    seen_again: int  # times other hosts found it
+    saved: tuple[str, ...]  # its case files published
+
+
+@dataclass(frozen=True)
+class CampaignStatus:
+    url: str
+    hosts: tuple[HostStatus, ...]
+    example_keys: int
+    examples: int
+    findings: tuple[FindingStatus, ...]
+
+    def lines(self, now: float) -> list[str]:
+        out = [f"shared campaign {self.url}", f"hosts: {len(self.hosts)}"]
+        out += [f"  {h.host}  seed {h.seed}  examples {h.examples}  {h.state}  (last contact {max(0.0, now - h.last_contact):.0f} s ago)"
+                for h in self.hosts]
+        out.append(f"examples in the shared database: {self.examples} (under {self.example_keys} keys)")
+        out.append(f"findings by signature: {len(self.findings)}")
+        for f in self.findings:
+            saved = ", ".join(f.saved) if f.saved else "not saved yet (being shrunk, or its host lost Redis)"
+            out.append(f"  {f.signature}\n    property {f.property}; claimed by {f.host}; seen again {f.seen_again}; saved: {saved}")
+        return out
+
+
+def _client(url: RedisUrl) -> Any:
+    try:
+        from redis import Redis
+    except ImportError:
+        raise SharedError(f"{OPTION} needs the redis client: pip install redis") from None
+
+    # short timeouts: a host that cannot reach Redis fuzzes on locally rather than wait
+    return Redis(host=url.host, port=url.port, db=url.db, socket_connect_timeout=2.0, socket_timeout=5.0)
+
+
+def _lost_errors() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return ConnectionError, TimeoutError, OSError
+
+
+def reach(text: str) -> tuple[RedisUrl, Any]:
+    """The parsed URL and a client that answered a PING; a ``SharedError`` naming the option where
+    the URL is malformed or nothing answers there."""
+    url = RedisUrl.parse(text)
+    client = _client(url)
+    try:
+        client.ping()
+    except _lost_errors() as e:
+        raise SharedError(f"{OPTION} {url}: Redis does not answer there: {e}") from None
+    return url, client
+
+
+def status(text: str) -> CampaignStatus:
+    """What the campaign at ``text`` holds: hosts, examples and findings by signature."""
+    url, r = reach(text)
+    hosts = tuple(sorted((HostStatus(h.decode(), **json.loads(v)) for h, v in r.hgetall(HOSTS).items()), key=lambda h: h.host))
+    keys = [k for k in r.scan_iter(match=EXAMPLES + b"*", count=1000)]
+    examples = sum(r.scard(k) for k in keys)
+    seen = {k.decode(): int(v) for k, v in r.hgetall(SEEN).items()}
+    findings = []
+    for sig_b, claim in sorted(r.hgetall(CLAIMS).items()):
+        sig, c = sig_b.decode(), json.loads(claim)
+        saved = tuple(sorted(f.decode() for f in r.smembers(SAVED + sig)))
+        findings.append(FindingStatus(sig, c["property"], c["host"], seen.get(sig, 0), saved))
+    return CampaignStatus(str(url), hosts, len(keys), examples, tuple(findings))
+
+
+class SharedCampaign:
+    """This host's part in a shared campaign: claims, publishing, pulling, and the examples
+    database. Every Redis call goes through ``_do``, which turns a lost connection into local
+    work queued for later (and says so), never into an error of the run."""
+
+    def __init__(self, text: str, seed: int, say: Callable[[str], None] = _say) -> None:
+        self.url, self.redis = reach(text)
+        self.seed = seed
+        self.say = say
+        self.host = f"{socket.gethostname()}:{os.getpid()}"
+        self.examples = 0
+        self.corpus: Path | None = None  # where ``pull`` writes the published cases (again at ``close``)
+        self._lost_at: float | None = None
+        self.losses = 0  # times Redis was lost (said at the time, and again at ``close``: pytest may capture the first)
+        self._retry_at = 0.0
+        self._mine: set[str] = set()  # signatures this host claimed
+        self._theirs: dict[str, str] = {}  # signature -> the host that claimed it
+        # what waits for Redis to answer again: example writes, claims made offline, cases, seen counts
+        self._examples: list[tuple[str, tuple[bytes, ...]]] = []
+        self._claims: dict[str, str] = {}
+        self._cases: dict[str, tuple[str, str]] = {}  # file name -> (signature, JSON text)
+        self._seen: dict[str, int] = {}
+        self.published: set[str] = set()  # case files published (now or once Redis was back; a file saved again is one)
+        self.fetched = 0  # examples Redis gave Hypothesis to replay
+        self.pulled: list[Path] = []
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        self._redis_examples = RedisExampleDatabase(self.redis, key_prefix=EXAMPLES)
+        # listed as a host from its first examples on: pytest-xdist's controller, which runs none
+        # (it pulls the cases for its workers), is not one
+        self._listed = False
+        self.say(f"{self.url}: host {self.host}, seed {seed}")
+
+    # ------------------------------------------------------------- the connection
+
+    def _do(self, op: Callable[[Any], T]) -> T | None:
+        """``op(redis)``; None while Redis is lost (retried every ``RETRY_S`` s). The first call
+        that succeeds after a loss publishes what waited."""
+        if self._lost_at is not None and time.monotonic() < self._retry_at:
+            return None
+        try:
+            result = op(self.redis)
+        except _lost_errors() as e:
+            if self._lost_at is None:
+                self._lost_at = time.monotonic()
+                self.losses += 1
+                self.say(f"lost Redis at {self.url} ({e}); fuzzing on locally: findings are saved in the local corpus and "
+                         "examples in the local database, and published when Redis answers again")
+            self._retry_at = time.monotonic() + RETRY_S
+            return None
+        if self._lost_at is not None:
+            self.say(f"Redis at {self.url} answers again after {time.monotonic() - self._lost_at:.0f} s; publishing what waited")
+            self._lost_at = None
+            self._flush()
+        return result
+
+    @property
+    def lost(self) -> bool:
+        return self._lost_at is not None
+
+    def _flush(self) -> None:
+        """Publish what waited for Redis, in order; what fails again waits on."""
+        for sig, record in list(self._claims.items()):
+            if self._do(lambda r: r.hsetnx(CLAIMS, sig, record)) is None:
+                return
+            del self._claims[sig]
+            owner = self._owner(sig)
+            if owner not in (None, self.host):
+                self.say(f"{sig}: claimed by {owner} too while this host was cut off; both saved it")
+        for file, (sig, text) in list(self._cases.items()):
+            if not self._publish(file, sig, text):
+                return
+        while self._examples:
+            method, args = self._examples[0]
+            if self._do(lambda r: getattr(self._redis_examples, method)(*args) or True) is None:
+                return
+            self._examples.pop(0)
+        for sig, n in list(self._seen.items()):
+            if self._do(lambda r: r.hincrby(SEEN, sig, n)) is None:
+                return
+            del self._seen[sig]
+
+    # ------------------------------------------------------------- the campaign
+
+    def heartbeat(self, state: str) -> None:
+        """Record this host's seed, examples run and state (``campaign status``)."""
+        record = json.dumps({"seed": self.seed, "examples": self.examples, "state": state, "last_contact": time.time()})
+        self._do(lambda r: r.hset(HOSTS, self.host, record))
+
+    def record_examples(self, examples: int) -> None:
+        self.examples = examples
+        self._listed = True
+        self.heartbeat("fuzzing")
+
+    def _owner(self, signature: str) -> str | None:
+        raw = self._do(lambda r: r.hget(CLAIMS, signature))
+        return str(json.loads(raw)["host"]) if raw else None
+
+    def claim(self, prop: str, signature: str) -> str | None:
+        """Claim a new finding's signature: None where this host is the one to shrink and save it
+        (its first finder, or cut off from Redis: claimed locally, published later); else the
+        host that claimed it, and this host counts it as seen again."""
+        if signature in self._mine:
+            return None
+        if signature not in self._theirs:
+            record = json.dumps({"host": self.host, "property": prop, "claimed": time.time()})
+            won = self._do(lambda r: r.hsetnx(CLAIMS, signature, record))
+            if won is None:
+                self._claims[signature] = record
+            if won is None or won:
+                self._mine.add(signature)
+                return None
+            self._theirs[signature] = self._owner(signature) or "another host"
+            self.say(f"{signature}: already claimed by {self._theirs[signature]}; counted as seen again")
+        if self._do(lambda r: r.hincrby(SEEN, signature, 1)) is None:
+            self._seen[signature] = self._seen.get(signature, 0) + 1
+        return self._theirs[signature]
+
+    def publish(self, case: Case, path: Path) -> None:
+        """A case this host saved (at ``path``), for every host's corpus."""
+        text = path.read_text(encoding="utf-8")
+        if not self._publish(path.name, case.signature, text):
+            self._cases[path.name] = (case.signature, text)
+
+    def _publish(self, file: str, signature: str, text: str) -> bool:
+        def write(r: Any) -> bool:
+            pipe = r.pipeline()  # MULTI/EXEC: a case is never listed under its signature without its text
+            pipe.hset(CASES, file, text)
+            pipe.sadd(SAVED + signature, file)
+            pipe.execute()
+            return True
+
+        if self._do(write) is None:
+            return False
+        self._cases.pop(file, None)
+        self.published.add(file)
+        return True
+
+    def pull(self, corpus: Path) -> list[Path]:
+        """Write the cases other hosts published into ``corpus`` (those it lacks); remembered, to
+        pull again at ``close``."""
+        self.corpus = corpus
+        cases = self._do(lambda r: r.hgetall(CASES))
+        if cases is None:
+            return []
+        new = []
+        for name, text in sorted(cases.items()):
+            target = corpus / Path(name.decode()).name  # a name only: never a path out of the corpus
+            if not target.exists():
+                new.append(_write_file(target, text))
+        self.pulled += new
+        return new
+
+    def database(self, local: Path | None) -> ExampleDatabase:
+        """Hypothesis's database for this host: the local one (``local``: kept whatever happens to
+        Redis) and the shared one."""
+        shared = _SharedExamples(self)
+        return MultiplexedDatabase(DirectoryBasedExampleDatabase(str(local)), shared) if local is not None else shared
+
+    def close(self, examples: int) -> list[str]:
+        """The end of this host's part, after ``examples`` in all: its last record, a last try to
+        publish what waited, the published cases pulled into the corpus; the lines that say what it
+        did and what it could not."""
+        self.examples = examples
+        if self.lost:
+            self._retry_at = 0.0  # one more try now, whatever the interval
+        if self._listed:
+            self.heartbeat("done")
+        if self.corpus is not None:
+            self.pull(self.corpus)
+        lines = [f"{self.url}: host {self.host}, seed {self.seed}: {len(self._mine)} finding(s) claimed, "
+                 f"{len(self._theirs)} claimed by other hosts (seen again), {len(self.published)} case(s) published, "
+                 f"{self.fetched} example(s) fetched from the shared database, {len(self.pulled)} case(s) pulled into the corpus"]
+        if self.losses:
+            lines.append(f"Redis was lost {self.losses} time(s) during the run; this host fuzzed on locally meanwhile"
+                         + ("" if self.lost else ", and published what waited once it answered again"))
+        if self.lost or self._cases or self._examples or self._claims:
+            waiting = [f"{len(self._cases)} case(s): {', '.join(sorted(self._cases))}"] if self._cases else []
+            waiting += [f"{len(self._claims)} claim(s): {', '.join(sorted(self._claims))}"] if self._claims else []
+            waiting += [f"{len(self._examples)} example write(s)"] if self._examples else []
+            lines.append(f"NOT PUBLISHED (Redis at {self.url} is lost): " + ("; ".join(waiting) or "nothing waited")
+                         + ". The cases are in the local corpus, the examples in the local database.")
+        self.redis.close()
+        return lines
+
+
+def _write_file(target: Path, data: bytes) -> Path:
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(data)
+
+    return atomic_write(target, write)
+
+
+class _SharedExamples(ExampleDatabase):
+    """The Redis half of the examples database, through the campaign's ``_do``: a lost connection
+    fetches nothing and queues the writes, for ``_flush`` once Redis answers again."""
+
+    def __init__(self, campaign: SharedCampaign) -> None:
+        super().__init__()
+        self.campaign = campaign
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        values = self.campaign._do(lambda r: list(self.campaign._redis_examples.fetch(key))) or []
+        self.campaign.fetched += len(values)
+        return values
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self._write("save", (key, value))
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self._write("move", (src, dest, value))
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        """Not forwarded: Hypothesis deletes an example that no longer fails, and one that fails
+        with a signature another host claimed, or a bug known only here, does not fail here; in
+        the shared database that would erase another host's finding. Redis expires what no host
+        replays (``RedisExampleDatabase``'s eight days)."""
+
+    def _write(self, method: str, args: tuple[bytes, ...]) -> None:
+        c = self.campaign
+        if c._examples or c._do(lambda r: getattr(c._redis_examples, method)(*args) or True) is None:
+            c._examples.append((method, args))  # in order, after what already waits (published by ``_flush``)

@@ -1,0 +1,228 @@
+"""A campaign shared on Redis (``campaign.shared``), on a real ``redis-server`` started on loopback
+as the RPC servers are (a free port, ready once it accepts a connection, killed as a process
+group): two ``schedfuzz run`` hosts share a finding, saved once and replayed by the other; killing
+Redis mid-run loses nothing. Skipped, with the reason, where ``redis-server`` is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_schedfuzz.campaign.shared import RedisUrl, SharedError
+from pytest_schedfuzz.cases.corpus import case_files, load_case
+from pytest_schedfuzz.ggml.children import kill_group, spawn
+from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
+
+pytest_plugins = ["pytester"]
+
+SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]
+TESTS = Path(__file__).parents[1]
+SIGNATURE = "reuse-complete[rebuilt=True]"
+# the planted fault's finding comes in the first examples: a short ci budget is enough (each host
+# fuzzes reuse-complete alone, with no engine)
+FUZZ = ["run", "--profile", "ci", "--properties", "reuse-complete", "--known", "none"]
+
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None,
+                                 reason="redis-server is not installed (Debian: apt-get install redis-server)")
+
+
+class RedisServer:
+    """``redis-server`` on 127.0.0.1 at a free port, its append-only file in ``folder`` (fsynced at
+    every write: what it acknowledged survives a SIGKILL); ``kill`` and ``start`` again on the same port."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = open(self.folder / "redis.log", "ab")
+        self.proc = spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.folder), "--save", "",
+                           "--appendonly", "yes", "--appendfsync", "always"], dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not port_accepts(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"redis-server did not listen on {self.port}: {(self.folder / 'redis.log').read_text()[-2000:]}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.close()
+
+
+class Host:
+    """A ``schedfuzz run`` process whose output lines are read as they come."""
+
+    def __init__(self, args: list[str], cwd: Path, **env: str) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        self.proc = subprocess.Popen([*SCHEDFUZZ, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "PYTHONPATH": f"{TESTS.parent}{os.pathsep}{TESTS}", **env}, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.out.append(line)
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    break
+                continue
+            if text in line:
+                return line
+        pytest.fail(f"never said {text!r}:\n{''.join(self.out)}")
+
+    def finish(self, timeout: float = 120) -> str:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            pytest.fail(f"still running after {timeout} s:\n{''.join(self.out)}")
+        time.sleep(0.2)  # the reader thread's last lines
+        return "".join(self.out)
+
+
+def status(url: str) -> str:
+    run = subprocess.run([*SCHEDFUZZ, "campaign", "status", "--db", url], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(TESTS.parent)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_a_redis_url_is_checked_and_names_the_option() -> None:
+    assert RedisUrl.parse("redis://10.0.0.5:7000/3") == RedisUrl("10.0.0.5", 7000, 3)
+    assert str(RedisUrl.parse("redis://cache")) == "redis://cache:6379/0"
+    for bad in ("http://h:1/0", "redis://", "redis://h:port/0", "redis://h:1/db", "h:6379"):
+        with pytest.raises(SharedError, match=r"--schedfuzz-db .*: write it redis://HOST:PORT/N"):
+            RedisUrl.parse(bad)
+
+
+def test_a_bad_db_is_a_usage_error_of_run_status_and_the_plugin(tmp_path: Path, pytester: pytest.Pytester) -> None:
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+    bad = subprocess.run([*SCHEDFUZZ, "run", "--db", "redis:/nohost"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert bad.returncode == 2 and "schedfuzz: --db 'redis:/nohost': write it redis://HOST:PORT/N" in bad.stderr, bad.stderr
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    down = subprocess.run([*SCHEDFUZZ, "campaign", "status", "--db", nobody], capture_output=True, text=True, timeout=60, env=env)
+    assert down.returncode == 2 and f"--db {nobody}: Redis does not answer there" in down.stderr, down.stderr
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--co", "--schedfuzz-db", "127.0.0.1:6379", timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--schedfuzz-db '127.0.0.1:6379': write it redis://HOST:PORT/N" in result.stderr.str()
+
+
+@needs_redis
+def test_two_hosts_on_one_redis_save_a_finding_once_and_the_other_replays_it(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Two hosts at once, each with a seed of its own: the first to find the planted fault claims,
+    shrinks and saves it; the other finds it again, in the shared examples database too, counts it
+    seen again and gets the case in its corpus; ``campaign status`` lists both and the finding."""
+    corpora = [tmp_path / "a", tmp_path / "b"]
+    hosts = []
+    for corpus in corpora:
+        corpus.mkdir()
+        hosts.append(Host([*FUZZ, "--budget", "15", "--policy", "planted:never", "--corpus", ".", "--db", redis_server.url], corpus))
+    outs = [h.finish() for h in hosts]
+    names = [re.search(r"shared campaign: redis://\S+: host (\S+), seed (\d+)\n", out) for out in outs]
+    assert all(names), outs
+    assert names[0].group(2) != names[1].group(2)  # type: ignore[union-attr]
+    winner = next(i for i, out in enumerate(outs) if "saved to" in out)
+    loser = 1 - winner
+    assert "saved to" not in outs[loser], outs[loser]
+    assert hosts[winner].proc.returncode == 1 and hosts[loser].proc.returncode == 0, outs
+    assert f"{SIGNATURE}: already claimed by {names[winner].group(1)}; counted as seen again" in outs[loser]  # type: ignore[union-attr]
+    fetched = re.search(r"(\d+) example\(s\) fetched from the shared database, (\d+) case\(s\) pulled", outs[loser])
+    assert fetched and int(fetched.group(1)) >= 1 and int(fetched.group(2)) == 1, outs[loser]
+    # saved once: the same one file in both corpora, published once
+    files = [[p.name for p in case_files(c)] for c in corpora]
+    assert len(files[winner]) == 1 and files[loser] == files[winner], files
+    assert load_case(corpora[loser] / files[loser][0]).signature == SIGNATURE
+    listed = status(redis_server.url)
+    assert "hosts: 2" in listed and f"{names[0].group(1)}  seed {names[0].group(2)}" in listed  # type: ignore[union-attr]
+    seen = re.search(rf"  {re.escape(SIGNATURE)}\n    property reuse-complete; claimed by (\S+); seen again (\d+); saved: (\S+)\n", listed)
+    assert seen, listed
+    assert seen.group(1) == names[winner].group(1) and int(seen.group(2)) >= 1 and seen.group(3) == files[winner][0]  # type: ignore[union-attr]
+    assert "findings by signature: 1" in listed
+    assert re.search(r"examples in the shared database: [1-9]", listed), listed
+
+
+@needs_redis
+def test_killing_redis_mid_run_loses_nothing(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Redis killed (SIGKILL) after a host joined, before its finding: the host says it fuzzes on
+    locally, claims and saves the finding in its corpus, and publishes it once Redis is back. A
+    host whose Redis never comes back says at the end what it could not publish, kept locally."""
+    corpus = tmp_path / "a"
+    corpus.mkdir()
+    trigger = tmp_path / "trigger-a"
+    # --keep-going: it fuzzes on after its finding, for the rest of its budget, while Redis comes back
+    host = Host([*FUZZ, "--budget", "20", "--keep-going", "--policy", "planted:never_once_told", "--corpus", ".", "--db", redis_server.url],
+                corpus, PLANTED_TRIGGER=str(trigger))
+    name = re.search(r"host (\S+),", host.wait_for("shared campaign: redis://")).group(1)  # type: ignore[union-attr]
+    redis_server.kill()
+    trigger.touch()
+    host.wait_for("lost Redis at")
+    host.wait_for("saved to")
+    assert host.proc.poll() is None  # fuzzing on
+    redis_server.start()
+    host.wait_for("answers again after")
+    out = host.finish()
+    assert host.proc.returncode == 1, out
+    (saved,) = case_files(corpus)
+    assert load_case(saved).signature == SIGNATURE
+    assert "NOT PUBLISHED" not in out and "1 case(s) published" in out, out
+    assert "Redis was lost 1 time(s) during the run; this host fuzzed on locally meanwhile, and published what waited" in out, out
+    listed = status(redis_server.url)
+    assert f"  {SIGNATURE}\n    property reuse-complete; claimed by {name}; seen again 0; saved: {saved.name}\n" in listed, listed
+    assert re.search(rf"  {re.escape(name)}  seed \d+  examples [1-9]\d*  done", listed), listed
+
+    # a host that never gets Redis back: what waited is listed at the end, and kept locally
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    trigger = tmp_path / "trigger-c"
+    host = Host([*FUZZ, "--budget", "10", "--policy", "planted:never_once_told", "--corpus", ".", "--db", redis_server.url], corpus,
+                PLANTED_TRIGGER=str(trigger))
+    host.wait_for("shared campaign: redis://")
+    redis_server.kill()
+    trigger.touch()
+    out = host.finish()
+    assert host.proc.returncode == 1, out
+    (saved,) = case_files(corpus)
+    assert f"NOT PUBLISHED (Redis at {redis_server.url} is lost): 1 case(s): {saved.name}; 1 claim(s): {SIGNATURE}" in out, out
+    assert "Traceback" not in out, out
+    assert json.loads(saved.read_text())["signature"] == SIGNATURE
