@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from .campaign.campaign import Campaign, ConfigError, shards_for
-from .campaign.summary import Found
+from .campaign.summary import Found, short_path
 from .items import FOUND_KEY, STATS_KEY, SchedfuzzSuite
 from .options import from_pytest
 from .plugin import base_dir
@@ -68,7 +68,7 @@ class SchedfuzzSession:
             terminalreporter.write_line(line)
         written = self.campaign.write_report()
         if written is not None:
-            terminalreporter.write_line(f"report: {written}")
+            terminalreporter.write_line(f"report: {short_path(str(written))}")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.campaign.close()

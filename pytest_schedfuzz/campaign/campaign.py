@@ -122,6 +122,9 @@ class Campaign:
         self.stats = Stats()
         self.found: list[summary.Found] = []
         self.corpus_outcomes: dict[str, list[str]] = {}
+        # the engines as they described themselves at the start (``header_lines``), for the summary
+        self.engine_info: dict[str, str] = {}
+        self.llama_info: dict[str, str] | None = None
 
     def words(self, e: Exception | str) -> str:
         """An error of the campaign's checks in the words the user gave the option in."""
@@ -271,12 +274,11 @@ class Campaign:
 
         importlib.import_module("reference")  # its status is set when it is imported
         fuzzer, config = self.fuzzer, self.config
-        engine = {"name": config.target} if config.target else fuzzer.engines.info() if fuzzer.engines.started() else {}
-        llama = dict(fuzzer.engines.llama_target.start()) if fuzzer.engines._llama is not None else None
+        engine = {"name": config.target} if config.target else self.engine_info
         self.stats.components.update(fuzzer.stats.components)
         return summary.Facts(
             profile=config.profile, seed=config.seed or 0, lib=config.lib or "ggml-0.25.3", llama_lib=config.llama_lib or "llama.cpp-0.3.36",
-            engine=engine, llama=llama, reference=compiled.status, rules_note=fuzzer.rules_note if engine else None,
+            engine=engine, llama=self.llama_info, reference=compiled.status, rules_note=fuzzer.rules_note if engine else None,
             options={name: {"value": g.value, "source": g.source} for name, g in self.given.items() if name},
             shards=self.shards, seed_flag=self.flag("seed"), report_flag=self.flag("report"),
         )
@@ -299,14 +301,15 @@ class Campaign:
         lines = [f"profile={fc.profile} seed={fc.seed} policy={fc.policy or 'can_reuse'} rereserve={'on' if fc.rereserve else 'off'}"
                  + (f"; {self.shards} shards a property (see the summary)" if self.shards > 1 else "")]
         if not fc.target:
-            info = self.fuzzer.engines.info()
+            info = self.engine_info = self.fuzzer.engines.info()
             self.fuzzer.rules  # noqa: B018 -- reads the loaded ggml's version: sets rules_note
             if verbose:
                 lines.append(f"engine = ggml {info.get('ggml_version', '?')} ({info.get('lib', '?')}); bindings: {info.get('bindings', '?')}")
             if info.get("gpu_device", "available") != "available":
                 lines.append(f"GPU-like devices off, layouts run without them: {info['gpu_device']}")
         if any(is_llama(p) for p in self.properties):
-            info = self.fuzzer.engines.llama_target.start()  # a bad or Release build: an error now, not at the first workload
+            # a bad or Release build: an error now, not at the first workload
+            info = self.llama_info = self.fuzzer.engines.llama_target.start()
             if verbose:
                 lines.append(f"llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
                              f"realloc callback: {info.get('realloc_callback', '?')}; build: {info.get('build', '?')}; "

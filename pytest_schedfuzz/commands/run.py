@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from ..campaign.campaign import Campaign, ConfigError
+from ..campaign.summary import short_path
 from ..cases.corpus import case_files
 from ..options import from_argparse
 from . import UsageError
@@ -47,5 +48,5 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(campaign.summary_lines(args.verbose)))
     written = campaign.write_report()
     if written is not None:
-        print(f"report: {written}")
+        print(f"report: {short_path(str(written))}")
     return 1 if campaign.found or campaign.corpus_outcomes.get("fail") else 0
