@@ -298,8 +298,7 @@ class Campaign:
         with ``verbose``, the engines in full. Starts the engines, so that one that cannot start
         is an error now (``TargetError``), not at the first case."""
         fc = self.config
-        lines = [f"profile={fc.profile} seed={fc.seed} policy={fc.policy or 'can_reuse'} rereserve={'on' if fc.rereserve else 'off'}"
-                 + (f"; {self.shards} shards a property (see the summary)" if self.shards > 1 else "")]
+        lines = [f"profile={fc.profile} seed={fc.seed} policy={fc.policy or 'can_reuse'} rereserve={'on' if fc.rereserve else 'off'}"]
         if not fc.target:
             info = self.engine_info = self.fuzzer.engines.info()
             self.fuzzer.rules  # noqa: B018 -- reads the loaded ggml's version: sets rules_note

@@ -75,16 +75,16 @@ def fit(line: str) -> str:
 
 
 def decisions(observed: int, derived: int) -> str:
-    """How the scheduler's same-size decisions were known: read from ggml's realloc callback
+    """How the reallocations' same-size decisions were known: read from ggml's realloc callback
     (observed), or derived from ggml's graph-size formula."""
-    return f"realloc decisions: {observed} observed, {derived} derived" if observed or derived else "no realloc decision"
+    return f"reallocs: {observed} observed (ggml's callback), {derived} derived (graph-size formula)"
 
 
 def ran_lines(facts: Facts, stats: Stats) -> list[str]:
     """Which engines and which reference judged, one line each."""
     e = facts.engine
     if "ggml_version" in e:
-        engine = f"ggml {e['ggml_version']} ({short_path(facts.lib)}); {decisions(stats.realloc_observed, stats.realloc_derived)}"
+        engine = f"ggml {e['ggml_version']} ({short_path(facts.lib)}); {decisions(stats.realloc_observed, stats.realloc_derived + stats.realloc_by_gallocr)}"
     else:
         engine = e.get("name", "ggml (never started: no graph property ran)")
     lines = [f"ran: {engine}"]
