@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gt.add_argument("--examples", type=int, help="examples per property (default: the profile's)")
     gt.add_argument("--seed", type=int, help="seed of both runs (default: the profile's: 0 under ci)")
     gt.add_argument("--properties", help="comma-separated property ids (default: all)")
-    gt.add_argument("--corpus", default="corpus", help="the cases replayed on both builds (default: ./corpus, none where absent)")
+    gt.add_argument("--corpus", help="the cases replayed on both builds (default: ./corpus, else the built-in one)")
     gt.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True,
                     help="the driver re-reserves the worst case on topology changes (default: on)")
     gt.set_defaults(func="tools:gate_")

@@ -11,22 +11,23 @@ from typing import Any
 
 import pytest
 
-from .options import OptionError, add_to_pytest, did_you_mean, from_pytest, in_user_words
-from .options import pytest_flags as schedfuzz_flags  # not named pytest_*: pluggy would take it for a hook
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .options import add_to_pytest
+
     add_to_pytest(parser)  # one table for pytest and ``schedfuzz run``: ``options.OPTIONS``
 
 
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     """A misspelled ``--schedfuzz-*`` option is an error that names the option meant (pytest's own
     says only "unrecognized arguments")."""
-    known = schedfuzz_flags()
+    from . import options
+
+    known = options.pytest_flags()
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag.startswith(("--schedfuzz", "--no-schedfuzz")) and flag not in known:
-            raise pytest.UsageError(f"{flag}: no such option{did_you_mean(flag, known)}; `pytest --help` lists the schedfuzz group")
+            raise pytest.UsageError(f"{flag}: no such option{options.did_you_mean(flag, known)}; `pytest --help` lists the schedfuzz group")
 
 
 def option(config: pytest.Config, name: str) -> Any:
@@ -48,6 +49,8 @@ def base_dir(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "schedfuzz: a property test over the scheduler engine; runs only with --schedfuzz")
+    from .options import OptionError, from_pytest, in_user_words
+
     try:
         given = from_pytest(config)
     except OptionError as e:

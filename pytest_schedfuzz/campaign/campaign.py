@@ -255,9 +255,9 @@ class Campaign:
 
     # ------------------------------------------------------------------ what it found
 
-    def record(self, stats: Mapping[str, Any] = {}, found: tuple[summary.Found, ...] = (), case: tuple[str, str] | None = None) -> None:
+    def record(self, stats: Mapping[str, Any] | None = None, found: tuple[summary.Found, ...] = (), case: tuple[str, str] | None = None) -> None:
         """Add what one unit (or corpus case: ``(path, outcome)``) found, in whichever process ran it."""
-        self.stats.merge(dict(stats))
+        self.stats.merge(dict(stats or {}))
         self.found += found
         if case is not None:
             self.corpus_outcomes.setdefault(case[1], []).append(case[0])

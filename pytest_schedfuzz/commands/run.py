@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..campaign.campaign import Campaign, ConfigError
+from ..campaign.campaign import Campaign
 from ..campaign.summary import short_path
 from ..cases.corpus import case_files
 from ..options import from_argparse
@@ -17,7 +17,7 @@ from . import UsageError
 def run(args: argparse.Namespace) -> int:
     try:
         campaign = Campaign(from_argparse(args), Path.cwd(), lambda o: o.cli_flag)
-    except (ConfigError, ValueError) as e:  # options.OptionError is a ValueError
+    except ValueError as e:  # a ConfigError, or an options.OptionError (a value that is not a number)
         raise UsageError(str(e)) from None
     fuzzer = campaign.fuzzer
     with fuzzer.ctrl_c_noted():  # a Ctrl-C between Hypothesis runs (printing or saving a case, closing) too

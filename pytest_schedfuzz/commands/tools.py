@@ -35,12 +35,13 @@ def gate_(args: argparse.Namespace) -> int:
     if args.profile not in PROFILES:
         print(f"schedfuzz gate: --profile {args.profile!r}: choose one of {', '.join(PROFILES)}", file=sys.stderr)
         return 2
+    corpus = corpus_arg(args.corpus)
     try:
-        cases = load_all([args.corpus]) if any(case_files(args.corpus)) else []
+        cases = load_all([str(corpus)]) if any(case_files(corpus)) else []
     except CaseError as e:
         return bad_case(e)
     seed = args.seed if args.seed is not None else (0 if PROFILES[args.profile].derandomize else new_seed())
-    print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={args.corpus} ({len(cases)} cases)", flush=True)
+    print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={corpus} ({len(cases)} cases)", flush=True)
     config = FuzzConfig(profile=args.profile, examples=args.examples, seed=seed, rereserve=args.rereserve)
     try:
         config.validate()  # --examples 0 and the like, before anything is built
