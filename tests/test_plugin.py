@@ -173,7 +173,7 @@ def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(py
     strategies find a same-size reallocation in llama.cpp 0.3.36, shrink it to a few calls,
     explain it and save it; replayed, it fails again. (Issue 19: generator changes once lost this.)"""
     result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-profile", "ci", "--schedfuzz-known=none",
-                                           "--schedfuzz-properties", "llama-no-same-size-realloc", timeout=600)
+                                           "--schedfuzz-properties", "llama-no-same-size-realloc", "-v", timeout=600)
     assert "seed=0" in result.stdout.str()
     assert failing_properties(result) == {"llama.cpp"}
     (case,) = saved_cases(pytester)
@@ -416,15 +416,18 @@ def test_a_library_folder_without_ggml_source_runs_without_gpu_like_devices(pyte
     assert "GPU-like device" not in re.search(r"explored.*", out).group(0)
 
 
-def test_a_property_item_that_ran_no_example_is_not_green(fuzz) -> None:
+def test_a_property_item_that_ran_no_example_is_not_green(fuzz, pytester: pytest.Pytester) -> None:
     """A budget spent before an item (or a share too small for one example) leaves it with nothing
     judged: it is skipped with the reason, never passed; the summary gives examples per item."""
-    result = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-budget", "0.001", "--schedfuzz-properties", "matches-reference,no-abort", "-rs", "-v")
+    result = fuzz("--schedfuzz-profile", "ci", "--schedfuzz-budget", "0.001", "--schedfuzz-properties", "matches-reference,no-abort", "-rs",
+                  "--schedfuzz-report", "report.json")
     out = result.stdout.str()
     assert "ran no example" in out and "passed" not in out.splitlines()[-1], out[-3000:]
     result.assert_outcomes(skipped=2)
-    assert "examples per property item: matches-reference = 0, no-abort = 0; " in out
-    assert "below their floor, not passed (judged / floor): matches-reference 0/10, no-abort 0/10" in out
+    result.stdout.fnmatch_lines(["below their floor of examples, not passed: matches-reference, no-abort"])
+    stats = json.loads((pytester.path / "report.json").read_text())["stats"]
+    assert stats["property_examples"] == {"matches-reference": 0, "no-abort": 0}
+    assert stats["short_items"] == {"matches-reference": 0, "no-abort": 0} and stats["short_floors"] == {"matches-reference": 10, "no-abort": 10}
 
 
 def test_a_property_item_below_its_profiles_floor_is_not_green(fuzz, pytester: pytest.Pytester) -> None:
@@ -540,3 +543,15 @@ def test_a_misspelled_option_gets_a_suggestion_and_an_error_names_where_a_value_
     assert "--schedfuzz-lib" not in env.stderr.str()
     run = pytester.run(*cli, "run", timeout=120)
     assert run.ret == 2 and "SCHEDFUZZ_GGML_LIB=/nonexistent: not a folder" in run.stderr.str() and "--lib" not in run.stderr.str()
+
+
+def test_the_fuzzing_job_collects_nothing_of_testpaths(pytester: pytest.Pytester):
+    """``pytest --schedfuzz`` without paths, in a project whose ``testpaths`` names its own tests:
+    only the suite is collected (not the project's tests, collected and then deselected), and
+    counted in pytest's "collected" line."""
+    pytester.makeini("[pytest]\ntestpaths = tests\n")
+    pytester.mkdir("tests").joinpath("test_x.py").write_text("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--co", "--schedfuzz-properties", "reuse-sound", timeout=300)
+    out = result.stdout.str()
+    assert "test_x" not in out and "deselected" not in out, out
+    result.stdout.fnmatch_lines(["collected 1 item", "*<PropertyItem reuse-sound>"])

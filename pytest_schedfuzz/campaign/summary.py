@@ -7,7 +7,6 @@ go, with everything else, into the JSON report (``write_report``), whose schema 
 from __future__ import annotations
 
 import json
-import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -139,9 +138,8 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
     details = [f"{k} = {v}" for k, v in sorted(facts.engine.items())] + [f"llama.cpp {k} = {v}" for k, v in sorted((facts.llama or {}).items())]
     details += [facts.rules_note] if facts.rules_note else []
     details += [f"new finding: {f.signature}" for f in found]
-    for line in ["statistics:", *stats.summary_lines(), "engines:", *details]:
-        out += textwrap.wrap(line, WIDTH, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False) or [""]
-    return out
+    # one line each, however long: what a user or a script greps for is never split (the report has them all too)
+    return out + ["statistics:", *stats.summary_lines(), "engines:", *details]
 
 
 def report(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[str, Sequence[str]]) -> dict[str, Any]:
