@@ -36,10 +36,10 @@ class SuggestingParser(argparse.ArgumentParser):
         super().error(message)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``schedfuzz`` command's parser, and each subcommand's by name."""
     parser = SuggestingParser(prog="schedfuzz", description="fuzz ggml's backend scheduler against a reference model")
     sub = parser.add_subparsers(dest="command", required=True)
-    commands: dict[str, argparse.ArgumentParser] = sub.choices  # name -> its parser
     run = sub.add_parser("run", help="fuzz every property (like pytest --schedfuzz); exit 1 on findings",
                          description="pytest --schedfuzz outside pytest: the same options (without the schedfuzz- prefix), run and summary")
     add_to_argparse(run)  # the options pytest --schedfuzz has: ``options.OPTIONS``
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _engine_args(mn)
     mn.set_defaults(func="cases:minimize")
     sh = sub.add_parser("show", help="draw a case's graph (SVG, PNG or DOT) and print its splits")
-    sh.add_argument("case")
+    sh.add_argument("case", help="a case file")
     sh.add_argument("-o", "--output", help="output file: .svg, .png or .dot (default: CASE.svg here)")
     _engine_args(sh)
     sh.set_defaults(func="cases:show")
@@ -115,13 +115,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     cm.add_argument("--a", default="llama.cpp-0.3.36-seed", help="build A: a built-in name or a library folder (default: the seeds' port)")
     cm.add_argument("--b", default="llama.cpp-b11739", help="build B (default: upstream b11739)")
     cm.add_argument("--workloads", type=int, default=50, help="how many generated workloads (default 50)")
-    cm.add_argument("--seed", type=int, default=0)
+    cm.add_argument("--seed", type=int, default=0, help="seed of the generated workloads (default 0)")
     cm.set_defaults(func="tools:compare_builds")
     su = sub.add_parser("seeds", help="seed 000's users' servers, scaled down, on each built-in llama.cpp: n_same/n_diff and the findings")
     su.add_argument("--llama-lib", action="append", help="a build to replay them on (repeatable; default: every built-in llama.cpp)")
     su.add_argument("--export", metavar="DIR", help="save each finding as a case and export its C reproducer into DIR")
     su.add_argument("--check", action="store_true", help="with --export: build each reproducer and run it")
     su.set_defaults(func="tools:seed_users")
+    return parser, sub.choices
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, commands = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage and suggestion, not the top level's
         commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")

@@ -513,20 +513,22 @@ def test_schedfuzz_run_and_the_plugin_find_and_save_the_same_cases(fuzz, pyteste
 
 def test_one_options_table_makes_both_front_ends_with_help_for_each() -> None:
     """pytest's schedfuzz group (with ini keys) and ``schedfuzz run`` have the options of
-    ``options.OPTIONS``, no more and no fewer, each with its help; the profile's help says
-    what each profile is."""
+    ``options.OPTIONS``, no more and no fewer, each with its help (every command's every
+    argument has help too); the profile's help says what each profile is."""
     from pytest_schedfuzz.campaign.profiles import PROFILES
+    from pytest_schedfuzz.cli import build_parser
     from pytest_schedfuzz.options import OPTIONS, pytest_flags
 
     helped = subprocess.run([sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, timeout=120).stdout
     assert set(re.findall(r"(?<![\w-])(--(?:no-)?schedfuzz[\w-]*)", helped)) == set(pytest_flags())
     assert {o.dest for o in OPTIONS} <= set(re.findall(r"^  (schedfuzz\w*) \(", helped, re.M))
-    run = subprocess.run([sys.executable, "-m", "pytest_schedfuzz.cli", "run", "--help"], capture_output=True, text=True, timeout=120).stdout
-    flags = {f for o in OPTIONS if o.cli for f in (o.cli_flag, *([f"--no-{o.name}"] if o.kind is bool else []))}
-    assert set(re.findall(r"^  (?:-\w, )?(--[a-z][\w-]*)(?:, (--no-[\w-]+))?", run, re.M)) >= {(f, "") for f in ("--help", "--verbose")}
-    assert {f for pair in re.findall(r"^  (?:-\w, )?(--[a-z][\w-]*)(?:, (--no-[\w-]+))?", run, re.M) for f in pair if f} == flags | {"--help", "--verbose"}
     assert all(o.help for o in OPTIONS)
-    profile = " ".join(run.split())
+    _, commands = build_parser()
+    run = commands["run"]
+    flags = {f for o in OPTIONS if o.cli for f in (o.cli_flag, *([f"--no-{o.name}"] if o.kind is bool else []))}
+    assert {f for a in run._actions for f in a.option_strings if f.startswith("--")} == flags | {"--help", "--verbose"}
+    assert [f"{name} {a.dest}" for name, p in commands.items() for a in p._actions if not a.help] == [], "every argument has help"
+    profile = " ".join(run.format_help().split())
     assert all(f"{name}: {p.about}" in profile for name, p in PROFILES.items())
 
 
