@@ -36,7 +36,7 @@ class SuggestingParser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     """The ``schedfuzz`` command's parser, and each subcommand's by name."""
     parser = SuggestingParser(prog="schedfuzz", description="fuzz ggml's backend scheduler against a reference model")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -164,4 +164,8 @@ def report(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[s
 def write_report(path: Path, facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[str, Sequence[str]]) -> None:
     text = json.dumps(report(facts, stats, found, corpus), indent=1, sort_keys=True, default=str) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+
+    atomic_write(path, write)
