@@ -173,6 +173,7 @@ def minimize(args: argparse.Namespace) -> int:
         return bad_case(e, " (nothing was changed)")
     fuzzer = fuzzer_for(args)
     kept: list[Case] = []
+    unchanged: set[int] = set()  # ids of the kept cases no smaller case was found for
     deadline = time.monotonic() + args.time_limit if args.time_limit else None
 
     def late() -> bool:
@@ -191,6 +192,12 @@ def minimize(args: argparse.Namespace) -> int:
                 print(f"{case.path}: does not replay to {case.signature}; left as it is")
                 continue
             small, tries = minimize_case(case, signatures, fuzzer.driver.scenario, fuzzer.screen)
+            stopped = " (stopped by --time-limit)" if late() else ""
+            if small.size_text() == case.size_text():
+                print(f"{case.path}: no smaller case found ({tries.replays} replays of {tries.candidates} candidates){stopped}; left as it is")
+                kept.append(case)  # not written again; removed only where a smaller case keeps its signature
+                unchanged.add(id(case))
+                continue
             # the smaller case's own step and message, as its replay states them
             found = next((v for v in fuzzer.replay(small) if v.signature() == case.signature), None)
             if found is None:
@@ -198,12 +205,14 @@ def minimize(args: argparse.Namespace) -> int:
                 continue
             small = replace(small, step=found.step, message=found.message)
             print(f"{case.path}: {case.size_text()} -> {small.size_text()} ({tries.replays} replays of {tries.candidates} smaller candidates; "
-                  f"{tries.screened} ruled out by the reference without replaying)" + (" (stopped by --time-limit)" if late() else ""))
+                  f"{tries.screened} ruled out by the reference without replaying){stopped}")
             kept.append(small)
     finally:
         fuzzer.close()
     best = simplest(kept)
     for case in kept:
+        if best[case.signature] is case and id(case) in unchanged:
+            continue  # not shrunk: its file stays as it was
         if best[case.signature] is case:
             path = save_case(args.dir, case)
             if case.path is not None and case.path.resolve() != path.resolve():
