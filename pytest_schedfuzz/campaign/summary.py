@@ -110,7 +110,7 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
         if not verbose and len(found) > SHOWN:
             out.append(f"  and {len(found) - SHOWN} more (-v lists them; their cases are in the corpus)")
     else:
-        out.append(f"no new finding ({stats.examples} examples over {len(stats.property_examples)} property items)")
+        out.append(f"no new finding ({stats.examples} examples, {len(stats.property_examples)} properties fuzzed)")
     if corpus:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted((o, len(c)) for o, c in corpus.items()))
         out.append(f"corpus replayed: {counts}" + (f"; FAILED: {short_path(failed[0])}" + (" and more" if len(failed) > 1 else "") if failed else ""))
