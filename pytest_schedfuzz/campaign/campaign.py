@@ -81,7 +81,6 @@ class Campaign:
         self.given = given
         self.default_flag = default_flag
         value = {name: g.value for name, g in given.items()}
-        self.base = base
         # Hypothesis keeps more than examples (its constants cache): beside them, not in ./.hypothesis
         set_hypothesis_home_dir(base / ".schedfuzz" / "hypothesis")
         config = FuzzConfig(
@@ -115,7 +114,8 @@ class Campaign:
             self.fuzzer.known.learn(STARTER_CORPUS)
         self.fuzzer.known.learn(self.corpus)
         self.fuzzer.llama_judged = tuple(p for p in self.properties if is_llama(p))
-        self.report_path = base / value["report"] if "report" in value else None
+        # as pytest's own --junitxml: relative to the folder the run started in
+        self.report_path = Path(value["report"]).absolute() if "report" in value else None
         self.pending = 1  # weight of the units this process has still to fuzz (``plan``)
         self.shards = 1
         # what the run found, over every process: statistics, findings, corpus outcomes
@@ -271,13 +271,15 @@ class Campaign:
     def facts(self) -> summary.Facts:
         """What ran, as the summary and the report say it (the engines already started)."""
         from .. import compiled
+        from ..ggml.lib import DEFAULT_LIB
+        from ..llama.target import BUILT_IN as LLAMA_BUILT_IN
 
         importlib.import_module("reference")  # its status is set when it is imported
         fuzzer, config = self.fuzzer, self.config
         engine = {"name": config.target} if config.target else self.engine_info
         self.stats.components.update(fuzzer.stats.components)
         return summary.Facts(
-            profile=config.profile, seed=config.seed or 0, lib=config.lib or "ggml-0.25.3", llama_lib=config.llama_lib or "llama.cpp-0.3.36",
+            profile=config.profile, seed=config.seed or 0, lib=config.lib or DEFAULT_LIB, llama_lib=config.llama_lib or LLAMA_BUILT_IN[0],
             engine=engine, llama=self.llama_info, reference=compiled.status, rules_note=fuzzer.rules_note if engine else None,
             options={name: {"value": g.value, "source": g.source} for name, g in self.given.items() if name},
             shards=self.shards, seed_flag=self.flag("seed"), report_flag=self.flag("report"),
