@@ -484,3 +484,18 @@ def test_minimize_drops_the_gpu_like_devices_and_placement_a_llama_finding_does_
     assert small.llama is not None
     assert small.llama.devices.gpus == (BackendSpec("gpu", offload_min_batch=8, asynchronous=True),)
     assert not small.llama.devices.overrides and not small.llama.devices.gpu_free and not small.llama.devices.tensor_split
+
+
+def test_the_commands_that_replay_a_corpus_find_one_as_pytest_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gate``, ``mutate`` and ``coverage``: the corpus named (which must exist), else ./corpus,
+    else the built-in one, so that each works in an empty folder."""
+    from pytest_schedfuzz.cases.corpus import STARTER_CORPUS
+    from pytest_schedfuzz.commands import UsageError
+    from pytest_schedfuzz.commands.tools import corpus_arg
+
+    monkeypatch.chdir(tmp_path)
+    assert corpus_arg(None) == STARTER_CORPUS
+    (tmp_path / "corpus").mkdir()
+    assert corpus_arg(None) == Path("corpus")
+    with pytest.raises(UsageError, match="--corpus nosuch: no such folder"):
+        corpus_arg("nosuch")
