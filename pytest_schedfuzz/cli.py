@@ -4,40 +4,46 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .campaign.profiles import PROFILES
 from .commands import UsageError
 from .engine import TargetError
+from .options import add_to_argparse, did_you_mean
+
+
+ENGINE = ("target", "lib", "llama-lib", "policy", "rereserve")  # the options of the commands that run cases
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="MODULE:FACTORY (default: the real ggml engine)")
-    p.add_argument("--lib", help="the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, ggml-0.25.3-seed (the seeds' ggml), or your build's library folder")
-    p.add_argument("--llama-lib", help="llama.cpp-0.3.36 (default), llama.cpp-0.3.36-seed (the seeds' system), llama.cpp-b11739 (upstream, "
-                   "Release, prebuilt) or your build's library folder")
-    p.add_argument("--policy", help="reuse policy MODULE:CALLABLE(new, cur) -> bool")
-    p.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
+    add_to_argparse(p, ENGINE)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="schedfuzz", description="fuzz ggml's backend scheduler against a reference model")
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a misspelled option or command (Python 3.14's
+    ``suggest_on_error``, which 3.11 lacks)."""
+
+    def error(self, message: str) -> NoReturn:
+        bad = re.search(r"unrecognized arguments: (\S+)|invalid choice: '([^']+)'", message)
+        if bad:
+            word = bad.group(1) or bad.group(2)
+            known = [s for a in self._actions for s in a.option_strings] if bad.group(1) else \
+                [c for a in self._actions if a.choices for c in a.choices]
+            message += did_you_mean(word.split("=", 1)[0], known)
+        super().error(message)
+
+
+def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
+    """The ``schedfuzz`` command's parser, and each subcommand's by name."""
+    parser = SuggestingParser(prog="schedfuzz", description="fuzz ggml's backend scheduler against a reference model")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="fuzz every property (like pytest --schedfuzz); exit 1 on findings")
-    run.add_argument("--profile", choices=sorted(PROFILES), default="dev")
-    run.add_argument("--examples", type=int)
-    run.add_argument("--seed", type=int)
-    run.add_argument("--budget", type=float, help="seconds for the whole run")
-    _engine_args(run)
-    run.add_argument("--reference", help="replace the reference's predict with MODULE:CALLABLE")
-    run.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=None,
-                     help="campaign: after a finding, save it and fuzz on; every distinct signature (default: on under nightly)")
-    run.add_argument("--properties", help="comma-separated property ids")
-    run.add_argument("--corpus", default="corpus", help="its expect-fail cases are known bugs, not reported again; findings are saved there")
-    run.add_argument("--known", choices=("builtin", "none"), default="builtin",
-                     help="builtin: the starter corpus's known upstream bugs are not reported again (default); none: report them too")
-    run.add_argument("--db", help="share the campaign with other hosts on Redis: redis://HOST:PORT/N (see docs/shared-campaign.md)")
+    run = sub.add_parser("run", help="fuzz every property (like pytest --schedfuzz); exit 1 on findings",
+                         description="pytest --schedfuzz outside pytest: the same options (without the schedfuzz- prefix), run and summary")
+    add_to_argparse(run)  # the options pytest --schedfuzz has: ``options.OPTIONS``
+    run.add_argument("-v", "--verbose", action="store_true", help="the engines in full, and the statistics after the summary")
     run.set_defaults(func="run:run")
     cg = sub.add_parser("campaign", help="a campaign shared on Redis (run --db): its hosts, examples and findings")
     cg_sub = cg.add_subparsers(dest="campaign_command", required=True)
@@ -50,11 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _engine_args(rp)
     rp.set_defaults(func="cases:replay")
     mn = sub.add_parser("minimize", help="shrink every case keeping its signature; keep the smallest per signature")
-    mn.add_argument("dir", nargs="?", default="corpus")
+    mn.add_argument("dir", nargs="?", default="corpus", help="the corpus folder to shrink in place (default: ./corpus)")
+    mn.add_argument("--time-limit", type=float, metavar="SECONDS",
+                    help="stop shrinking after this long; cases not reached yet are left as they are (default: none)")
     _engine_args(mn)
     mn.set_defaults(func="cases:minimize")
     sh = sub.add_parser("show", help="draw a case's graph (SVG, PNG or DOT) and print its splits")
-    sh.add_argument("case")
+    sh.add_argument("case", help="a case file")
     sh.add_argument("-o", "--output", help="output file: .svg, .png or .dot (default: CASE.svg here)")
     _engine_args(sh)
     sh.set_defaults(func="cases:show")
@@ -73,25 +81,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     gt = sub.add_parser("gate", help="pre-merge: the corpus and the same fuzzing on a base and a head build; exit 1 only for failures new on head")
     gt.add_argument("--base", required=True, help="the base build: ggml-0.25.3, ggml-0.15.3 or a library folder")
     gt.add_argument("--head", required=True, help="the head build, likewise")
-    gt.add_argument("--profile", default="ci")
+    gt.add_argument("--profile", default="ci", help="how much to fuzz on each build: " + ", ".join(PROFILES) + " (default: ci)")
     gt.add_argument("--examples", type=int, help="examples per property (default: the profile's)")
-    gt.add_argument("--seed", type=int)
+    gt.add_argument("--seed", type=int, help="seed of both runs (default: the profile's: 0 under ci)")
     gt.add_argument("--properties", help="comma-separated property ids (default: all)")
-    gt.add_argument("--corpus", default="corpus")
-    gt.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True)
+    gt.add_argument("--corpus", help="the cases replayed on both builds (default: ./corpus, else the built-in one)")
+    gt.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True,
+                    help="the driver re-reserves the worst case on topology changes (default: on)")
     gt.set_defaults(func="tools:gate_")
     mu = sub.add_parser("mutate", help="mutation score: the ci profile on ggml 0.25.3 with each scheduler mutant; the kill score")
     mu.add_argument("--mutants", help="comma-separated mutant names (default: all)")
     mu.add_argument("--budget", type=float, help="seconds of the ci profile per mutant (default: the profile's, 240)")
-    mu.add_argument("--corpus", default="corpus", help="the corpus each run replays (a copy)")
+    mu.add_argument("--corpus", help="the corpus each run replays (a copy; default: ./corpus, else the built-in one)")
     mu.add_argument("--logs", help="write each mutant's pytest output to this folder")
     mu.add_argument("--size-oracle", action="store_true", help="run the ci profile with --schedfuzz-size-oracle")
     mu.set_defaults(func="tools:mutate")
     cv = sub.add_parser("coverage", help="line and branch coverage of ggml's scheduler and allocator reached by a profile's run")
     cv.add_argument("--lib", default="ggml-0.25.3", choices=("ggml-0.25.3", "ggml-0.15.3"), help="the built-in ggml to instrument (default: ggml-0.25.3)")
-    cv.add_argument("--profile", default="ci")
+    cv.add_argument("--profile", default="ci", help="the profile of the run: " + ", ".join(PROFILES) + " (default: ci)")
     cv.add_argument("--budget", type=float, help="seconds of the run (default: the profile's)")
-    cv.add_argument("--corpus", default="corpus", help="the corpus the run replays (a copy)")
+    cv.add_argument("--corpus", help="the corpus the run replays (a copy; default: ./corpus, else the built-in one)")
     cv.add_argument("--json", help="write each function's reach and unreached branches to this file")
     cv.set_defaults(func="tools:coverage")
     dv = sub.add_parser("device", help="build the GPU-like device (fake_gpu.c) against each ggml (default: both built-ins); compile the reference with mypyc")
@@ -111,14 +120,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     cm.add_argument("--a", default="llama.cpp-0.3.36-seed", help="build A: a built-in name or a library folder (default: the seeds' port)")
     cm.add_argument("--b", default="llama.cpp-b11739", help="build B (default: upstream b11739)")
     cm.add_argument("--workloads", type=int, default=50, help="how many generated workloads (default 50)")
-    cm.add_argument("--seed", type=int, default=0)
+    cm.add_argument("--seed", type=int, default=0, help="seed of the generated workloads (default 0)")
     cm.set_defaults(func="tools:compare_builds")
     su = sub.add_parser("seeds", help="seed 000's users' servers, scaled down, on each built-in llama.cpp: n_same/n_diff and the findings")
     su.add_argument("--llama-lib", action="append", help="a build to replay them on (repeatable; default: every built-in llama.cpp)")
     su.add_argument("--export", metavar="DIR", help="save each finding as a case and export its C reproducer into DIR")
     su.add_argument("--check", action="store_true", help="with --export: build each reproducer and run it")
     su.set_defaults(func="tools:seed_users")
-    args = parser.parse_args(argv)
+    return parser, sub.choices
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, commands = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage and suggestion, not the top level's
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         module, name = args.func.split(":")
         return int(getattr(importlib.import_module(f".commands.{module}", __package__), name)(args))

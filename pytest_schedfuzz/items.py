@@ -1,20 +1,23 @@
 """What ``pytest --schedfuzz`` collects: the corpus's cases (``CaseItem``), replayed first, and
-one item per property and xdist shard (``PropertyItem``) that fuzzes it and saves its findings."""
+one item per property and xdist shard (``PropertyItem``) that fuzzes it and saves its findings;
+the work is the campaign's (``campaign.campaign``), shared with ``schedfuzz run``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .properties import fuzz_units
-
 if TYPE_CHECKING:
+    from .campaign.campaign import Unit
     from .session import SchedfuzzSession
 
+# what a property item sends its controller (pytest-xdist) in its report: the statistics it added, each new finding
 STATS_KEY = "schedfuzz_stats"
+FOUND_KEY = "schedfuzz_found"
 
 
 def xdist_workers(config: pytest.Config) -> int:
@@ -25,25 +28,19 @@ def xdist_workers(config: pytest.Config) -> int:
 
 
 class SchedfuzzSuite(pytest.Collector):
-    """The built-in property suite: one item per property, collected with no test file."""
+    """The built-in property suite: the corpus's cases, then one item per unit the campaign plans
+    (a property, or one of its shards under pytest-xdist), collected with no test file."""
 
     def collect(self) -> Iterator[pytest.Item]:
         from .cases.corpus import case_files
 
-        session = _session(self.config)
+        campaign = _session(self.config).campaign
         # the corpus first: known findings are replayed before new fuzzing
-        for path in case_files(session.corpus):
+        for path in case_files(campaign.corpus):
             yield CaseItem.from_parent(self, name=f"corpus/{path.stem}", path_=path)
-        # under pytest-xdist each property is split into one shard per worker, so that the
-        # workers share the fuzzing evenly (every worker collects the same items)
-        workers = xdist_workers(self.config)
-        shards = 1 if workers == 1 else 4 * workers  # several per worker: they balance better
-        units = fuzz_units(session.properties, policy=session.fuzz_config.policy is not None)
-        session.pending = sum(w for _, w in units) * shards // workers
-        for prop, weight in units:
-            for k in range(shards):
-                name = prop if shards == 1 else f"{prop}[{k}]"
-                yield PropertyItem.from_parent(self, name=name, prop=prop, shard=k, shards=shards, weight=weight)
+        # every worker collects the same items (xdist requires it): each property's shards
+        for unit in campaign.plan(xdist_workers(self.config)):
+            yield PropertyItem.from_parent(self, name=unit.name, unit=unit)
 
 
 class SchedfuzzFailure(Exception):
@@ -51,8 +48,7 @@ class SchedfuzzFailure(Exception):
 
 
 class CaseItem(pytest.Item):
-    """One corpus file, replayed on the engine: ``expect: pass`` must hold no violation of its
-    property; ``expect: {fail: ...}`` is a strict expected failure with the same signature."""
+    """One corpus file, replayed on the engine (``Campaign.replay``)."""
 
     def __init__(self, *, path_: Path, **kw: Any) -> None:
         super().__init__(**kw)
@@ -60,28 +56,15 @@ class CaseItem(pytest.Item):
         self.add_marker("schedfuzz")
 
     def runtest(self) -> None:
-        from .cases.corpus import CaseError, load_case
-        from .cases.verdict import judge_replay
-
-        session = _session(self.config)
-        try:
-            case = load_case(self.case_path)
-        except CaseError as e:
-            raise CorpusFailure(f"bad corpus file: {e}") from None
-        self.user_properties += [("schedfuzz_property", case.property), ("schedfuzz_case", str(self.case_path))]
-        version = session.fuzzer.engines.ggml_version(case.llama is not None)
-        if case.llama is not None:
-            off = case.off_build(version, session.fuzzer.engines.llama_target.start().get("gpu_device", "available"))
-            if off:
-                pytest.skip(off)
-        found = session.fuzzer.replay(case)
-        verdict = judge_replay(case, found, version, session.fuzzer.known.expected(case.llama is not None))
-        if verdict.outcome == "known":
-            pytest.xfail(verdict.text)
-        if verdict.outcome == "unshown":
-            pytest.skip(verdict.text)
-        if not verdict.ok:
-            raise CorpusFailure(verdict.text)
+        replayed = _session(self.config).campaign.replay(self.case_path)
+        if replayed.property is not None:
+            self.user_properties += [("schedfuzz_property", replayed.property), ("schedfuzz_case", str(self.case_path))]
+        if replayed.outcome == "known":
+            pytest.xfail(replayed.text)
+        if replayed.outcome == "skip":
+            pytest.skip(replayed.text)
+        if replayed.outcome == "fail":
+            raise CorpusFailure(replayed.text)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         # a known bug (xfail) is its verdict: pytest would format, and throw away, a traceback
@@ -99,88 +82,32 @@ class CorpusFailure(Exception):
 
 
 class PropertyItem(pytest.Item):
-    def __init__(self, *, prop: str, shard: int = 0, shards: int = 1, weight: int = 1, **kw: Any) -> None:
+    """One unit of the campaign's plan: fuzzes it, saves its findings (``Campaign.fuzz``)."""
+
+    def __init__(self, *, unit: Unit, **kw: Any) -> None:
         super().__init__(**kw)
-        self.prop = prop
-        self.weight = weight
-        self.shard, self.shards = shard, shards
+        self.unit = unit
         self.add_marker("schedfuzz")
 
     def runtest(self) -> None:
-        session = _session(self.config)
-        fuzzer = session.fuzzer
-        before = fuzzer.stats.as_dict()
-        reports: list[str] = []
-
-        def save(finding: Any) -> None:
-            self.user_properties.append(("schedfuzz_property", finding.violation.property))
-            try:
-                path = fuzzer.save_finding(session.corpus, finding)
-            except OSError as e:  # the finding is still reported, in full
-                reports.append(f"{finding.report()}\nNOT SAVED: cannot write to {session.corpus}: {e.strerror or e}")
-                return
-            self.user_properties.append(("schedfuzz_case", str(path)))
-            reports.append(f"{finding.report()}\nsaved to {path}")
-
-        seconds = session.time_share(self.weight)
-        done, short = False, None
-        try:
-            if session.fuzz_config.keeps_going():
-                fuzzer.campaign(self.prop, shard=self.shard, shards=self.shards, seconds=seconds, on_finding=save)
-            else:
-                finding = fuzzer.fuzz(self.prop, shard=self.shard, shards=self.shards, seconds=seconds)
-                if finding is not None:
-                    save(finding)
-            done = True
-        finally:
-            ran = fuzzer.stats.examples - before["examples"]
-            fuzzer.stats.property_examples[self.prop] = fuzzer.stats.property_examples.get(self.prop, 0) + ran
-            if done and not reports and not fuzzer.interrupted:
-                short = self.shortfall(ran, before, seconds)
-            if short is not None:
-                fuzzer.stats.short_items[self.name], fuzzer.stats.short_floors[self.name] = short[:2]
-            self.user_properties.append((STATS_KEY, fuzzer.stats.delta(before)))
-        if fuzzer.interrupted:  # Ctrl-C: what was found is saved; the session stops here
-            print("\n" + "\n\n".join(reports), flush=True)
+        campaign = _session(self.config).campaign
+        fuzzed = campaign.fuzz(self.unit)
+        for found in fuzzed.found:
+            self.user_properties.append(("schedfuzz_property", found.property))
+            if found.case is not None:
+                self.user_properties.append(("schedfuzz_case", found.case))
+            self.user_properties.append((FOUND_KEY, asdict(found)))
+        self.user_properties.append((STATS_KEY, fuzzed.stats))
+        if campaign.fuzzer.interrupted:  # Ctrl-C: what was found is saved; the session stops here
+            print("\n" + "\n\n".join(fuzzed.reports), flush=True)
             raise KeyboardInterrupt
-        if reports:
-            head = f"{len(reports)} distinct findings:\n\n" if len(reports) > 1 else ""
-            raise SchedfuzzFailure(head + "\n\n".join(reports))
-        if short is not None:
+        if fuzzed.reports:
+            head = f"{len(fuzzed.reports)} distinct findings:\n\n" if len(fuzzed.reports) > 1 else ""
+            raise SchedfuzzFailure(head + "\n\n".join(fuzzed.reports))
+        if fuzzed.short is not None:
             # too little was judged for a pass: none (the budget was spent before this item, or its
             # share was 0), or fewer examples than the profile's floor
-            pytest.skip(short[2])
-
-    def shortfall(self, ran: int, before: dict[str, Any], seconds: float | None) -> tuple[int, int, str] | None:
-        """``(judged, floor, reason)`` where this item judged fewer examples than its floor: the
-        profile's ``min_examples``, or the examples it was asked for where fewer (a count over
-        ``shards``). ``ran`` examples were run since the stats were ``before``; ``seconds``: its
-        share of the time budget."""
-        fuzzer = _session(self.config).fuzzer
-        asked = fuzzer.examples_for(self.prop)
-        floor = fuzzer.profile.min_examples
-        if asked is not None:
-            floor = min(floor, -(-asked // self.shards))
-        # llama.cpp workloads rejected, not judged: a context that did not fit and made no scheduler call
-        added = fuzzer.stats.delta(before)
-        rejected = added["llama_out_of_memory"] - added["llama_out_of_memory_judged"]
-        judged = max(0, ran - rejected)
-        if judged >= floor:
-            return None
-        why: list[str] = []
-        if fuzzer.out_of_budget():
-            why.append("the time budget was spent " + ("before it" if not ran else "while it ran"))
-        elif seconds is not None and asked is None:
-            why.append(f"its share of the time budget ({seconds:.1f} s) " + ("ran out" if ran else "was too small for one example"))
-        hint = " (raise --schedfuzz-budget, or select fewer properties)" if why else ""
-        if rejected:
-            why.append(f"{rejected} of its llama.cpp workloads were rejected (a context or adapter that did not fit "
-                       "devices this full, no scheduler call made: not judged)")
-        if not why:
-            why.append("Hypothesis stopped early (too many examples rejected, or none left to generate)")
-        ran_text = "ran no example" if not ran else f"judged {judged} of {ran} examples" if rejected else f"ran {ran} examples"
-        floor_text = f"fewer than its floor of {floor} ({fuzzer.config.profile} profile)"
-        return judged, floor, f"{self.name} {ran_text}, {floor_text}: {'; '.join(why)}{hint}"
+            pytest.skip(fuzzed.short[2])
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, SchedfuzzFailure):

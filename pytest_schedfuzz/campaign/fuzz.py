@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.errors import FlakyFailure
+from hypothesis.errors import FlakyFailure, HypothesisWarning
 
 from reference.graph import CGraph
 from reference.predict import predict as reference_predict
@@ -526,7 +527,10 @@ class Fuzzer:
 
         try:
             try:
-                with self.ctrl_c_noted():
+                with self.ctrl_c_noted(), warnings.catch_warnings():
+                    # Hypothesis formats a failing example's repr for its own report, which this
+                    # replaces (``Finding.report``): a large graph's is a warning no user caused
+                    warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)
                     run()
             except FlakyFailure as flaky:  # found once, not again on Hypothesis's replay: still a finding
                 found = [x for x in flaky.exceptions if isinstance(x, ViolationFound)]

@@ -32,19 +32,23 @@ class Profile:
     # the fewest examples a property item must judge to pass (fewer, if it is asked for fewer: an
     # example count over its xdist shards); an item below it is reported with the reason, not passed
     min_examples: int = 10
+    about: str = ""  # what it is for, in the options' help
 
 
 PROFILES: dict[str, Profile] = {
-    "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40),
+    "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40,
+                   about="local and fast, 15 examples a property (40 llama.cpp workloads), a random seed"),
     # ci: deterministic (seed 0), and spends its budget: examples until each property's share
     # (llama.cpp workloads too: the llama.cpp properties' unit gets one share per property it judges)
     # (two GPU-like devices: peer copies between them, cpy_tensor_async); its floor of 10 examples an
     # item: the fewest measured were 18 (a graph shard of `-n 2`, 240 s) and 40 (60 s, one process)
-    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, max_gpu=2, llama_examples=None, min_examples=10),
+    "ci": Profile(examples=None, max_rpc=2, max_steps=6, budget=240.0, derandomize=True, max_gpu=2, llama_examples=None, min_examples=10,
+                  about="seed 0, examples until its 240 s budget is spent, up to 2 RPC and 2 GPU-like devices"),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
         examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,
         llama_examples=1000, llama_layers=6, llama_calls=48, min_examples=100,
+        about="300 examples a property on graphs of up to 32 layers, keeps going after a finding, ggml's own figures on every scenario",
     ),
 }
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import Case, CaseError, case_files, load_case
+from ..options import from_argparse, in_user_words
 from ..properties import PROPERTY_IDS
 
 
@@ -33,11 +34,17 @@ class UsageError(Exception):
 
 
 def fuzzer_for(args: argparse.Namespace) -> Fuzzer:
+    """The engines for a command that runs cases (``cli.ENGINE``'s options, the environment's too)."""
     try:
-        return Fuzzer(FuzzConfig(target=args.target, lib=args.lib, llama_lib=args.llama_lib, policy=args.policy, rereserve=args.rereserve, database=None,
-                                 reference=getattr(args, "reference", None)))
+        given = from_argparse(args)
     except ValueError as e:
-        raise UsageError(cli_words(e)) from None
+        raise UsageError(str(e)) from None
+    value = {name: g.value for name, g in given.items()}
+    try:
+        return Fuzzer(FuzzConfig(target=value.get("target"), lib=value.get("lib"), llama_lib=value.get("llama-lib"), policy=value.get("policy"),
+                                 rereserve=value.get("rereserve", True), database=None, reference=getattr(args, "reference", None)))
+    except ValueError as e:
+        raise UsageError(in_user_words(str(e), given, lambda o: o.cli_flag)) from None
 
 
 def bad_case(e: CaseError, suffix: str = "") -> int:

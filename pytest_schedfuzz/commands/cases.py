@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -172,12 +173,31 @@ def minimize(args: argparse.Namespace) -> int:
         return bad_case(e, " (nothing was changed)")
     fuzzer = fuzzer_for(args)
     kept: list[Case] = []
+    unchanged: set[int] = set()  # ids of the kept cases no smaller case was found for
+    deadline = time.monotonic() + args.time_limit if args.time_limit else None
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    def signatures(c: Case) -> list[str]:
+        # past the time limit no candidate replays: the shrink ends at once with the smallest so far
+        return [] if late() else [v.signature() for v in fuzzer.replay(c)]
+
     try:
         for case in cases:
+            if late():
+                print(f"{case.path}: not reached within --time-limit {args.time_limit:g}; left as it is")
+                continue
             if not any(v.signature() == case.signature for v in fuzzer.replay(case)):
                 print(f"{case.path}: does not replay to {case.signature}; left as it is")
                 continue
-            small, tries = minimize_case(case, lambda c: [v.signature() for v in fuzzer.replay(c)], fuzzer.driver.scenario, fuzzer.screen)
+            small, tries = minimize_case(case, signatures, fuzzer.driver.scenario, fuzzer.screen)
+            stopped = " (stopped by --time-limit)" if late() else ""
+            if small.size_text() == case.size_text():
+                print(f"{case.path}: no smaller case found ({tries.replays} replays of {tries.candidates} candidates){stopped}; left as it is")
+                kept.append(case)  # not written again; removed only where a smaller case keeps its signature
+                unchanged.add(id(case))
+                continue
             # the smaller case's own step and message, as its replay states them
             found = next((v for v in fuzzer.replay(small) if v.signature() == case.signature), None)
             if found is None:
@@ -185,19 +205,25 @@ def minimize(args: argparse.Namespace) -> int:
                 continue
             small = replace(small, step=found.step, message=found.message)
             print(f"{case.path}: {case.size_text()} -> {small.size_text()} ({tries.replays} replays of {tries.candidates} smaller candidates; "
-                  f"{tries.screened} ruled out by the reference without replaying)")
+                  f"{tries.screened} ruled out by the reference without replaying){stopped}")
             kept.append(small)
     finally:
         fuzzer.close()
     best = simplest(kept)
     for case in kept:
+        if best[case.signature] is case and id(case) in unchanged:
+            continue  # not shrunk: its file stays as it was
         if best[case.signature] is case:
             path = save_case(args.dir, case)
             if case.path is not None and case.path.resolve() != path.resolve():
                 case.path.unlink()
+                print(f"wrote {path}, and removed {case.path} (the same case, shrunk: its file name follows its content)")
+            else:
+                print(f"wrote {path} (shrunk in place)")
         elif case.path is not None:
             # a smaller case keeps this signature; this one was replayed, so it can go
             case.path.unlink()
+            print(f"removed {case.path}: a smaller case keeps its signature ({case.signature})")
     print(f"{len(best)} signature(s) kept in {args.dir}")
     return 0
 

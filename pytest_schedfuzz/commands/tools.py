@@ -13,6 +13,18 @@ from ..cases.corpus import CaseError, case_files
 from . import UsageError, bad_case, cli_words, load_all, properties_arg
 
 
+def corpus_arg(given: str | None) -> Path:
+    """The corpus a command's run replays, as ``pytest --schedfuzz`` chooses it: the one named
+    (which must exist), else ./corpus, else the built-in starter corpus (an empty folder works)."""
+    from ..cases.corpus import STARTER_CORPUS
+
+    if given is not None:
+        if not Path(given).is_dir():
+            raise UsageError(f"--corpus {given}: no such folder")
+        return Path(given)
+    return Path("corpus") if Path("corpus").is_dir() else STARTER_CORPUS
+
+
 def gate_(args: argparse.Namespace) -> int:
     from ..campaign.profiles import new_seed
     from ..tools.gate import gate
@@ -23,12 +35,13 @@ def gate_(args: argparse.Namespace) -> int:
     if args.profile not in PROFILES:
         print(f"schedfuzz gate: --profile {args.profile!r}: choose one of {', '.join(PROFILES)}", file=sys.stderr)
         return 2
+    corpus = corpus_arg(args.corpus)
     try:
-        cases = load_all([args.corpus]) if any(case_files(args.corpus)) else []
+        cases = load_all([str(corpus)]) if any(case_files(corpus)) else []
     except CaseError as e:
         return bad_case(e)
     seed = args.seed if args.seed is not None else (0 if PROFILES[args.profile].derandomize else new_seed())
-    print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={args.corpus} ({len(cases)} cases)", flush=True)
+    print(f"schedfuzz gate: profile={args.profile} seed={seed} corpus={corpus} ({len(cases)} cases)", flush=True)
     config = FuzzConfig(profile=args.profile, examples=args.examples, seed=seed, rereserve=args.rereserve)
     try:
         config.validate()  # --examples 0 and the like, before anything is built
@@ -47,10 +60,7 @@ def gate_(args: argparse.Namespace) -> int:
 def mutate(args: argparse.Namespace) -> int:
     from ..tools.mutants import main as mutate_main
 
-    corpus = Path(args.corpus)
-    if not corpus.is_dir():
-        raise UsageError(f"--corpus {args.corpus}: no such folder")
-    return mutate_main(args.mutants.split(",") if args.mutants else None, corpus, args.budget, Path(args.logs) if args.logs else None,
+    return mutate_main(args.mutants.split(",") if args.mutants else None, corpus_arg(args.corpus), args.budget, Path(args.logs) if args.logs else None,
                        args.size_oracle)
 
 
@@ -88,10 +98,7 @@ def device(args: argparse.Namespace) -> int:
 def coverage(args: argparse.Namespace) -> int:
     from ..tools.coverage import main as coverage_main
 
-    corpus = Path(args.corpus)
-    if not corpus.is_dir():
-        raise UsageError(f"--corpus {args.corpus}: no such folder")
-    return coverage_main(args.lib, args.profile, args.budget, corpus, Path(args.json) if args.json else None)
+    return coverage_main(args.lib, args.profile, args.budget, corpus_arg(args.corpus), Path(args.json) if args.json else None)
 
 
 def compare_builds(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ an RPC round trip per allocation-size query, which has nothing to do with schedu
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -274,12 +273,13 @@ def xdist(examples: int) -> dict[str, Any]:
             t = time.perf_counter()
             run = subprocess.run(
                 [sys.executable, "-m", "pytest", "--schedfuzz", "-p", "no:cacheprovider", "-n", str(n), "-q", "--schedfuzz-seed", "5",
-                 "--schedfuzz-examples", str(examples), "--schedfuzz-properties", props, "--schedfuzz-corpus", "corpus"],
+                 "--schedfuzz-examples", str(examples), "--schedfuzz-properties", props, "--schedfuzz-corpus", "corpus",
+                 "--schedfuzz-report", "report.json"],
                 cwd=d, capture_output=True, text=True,
             )
             wall = time.perf_counter() - t
-            m = re.search(r"examples = (\d+)", run.stdout)
-            done = int(m.group(1)) if m else 0
+            report = Path(d) / "report.json"
+            done = json.loads(report.read_text())["stats"]["examples"] if report.is_file() else 0
             out[f"n{n}"] = {"examples": done, "wall_s": wall, "examples_per_s": done / wall}
     out["speedup"] = out["n2"]["examples_per_s"] / out["n1"]["examples_per_s"]
     return out

@@ -316,7 +316,20 @@ def _minimized(tmp_path: Path, pattern: str) -> tuple[Case, Case, subprocess.Com
     assert run.returncode == 0, run.stderr
     (small,) = [load_case(p) for p in case_files(tmp_path)]
     assert small.signature == before.signature
+    # it says what it wrote, and what it removed: the original, where the shrunk case's name differs
+    assert f"wrote {small.path}" in run.stdout and (small.path == before.path or f"removed {before.path}" in run.stdout), run.stdout
     return before, small, run
+
+
+def test_minimize_stops_at_its_time_limit_and_leaves_the_rest_as_it_is(tmp_path: Path):
+    path = _corpus_copy(tmp_path, "no-same-size-realloc-*-06a0cc7a62.json")
+    text = path.read_text()
+    run = subprocess.run([*SCHEDFUZZ, "minimize", str(tmp_path), "--time-limit", "0.001"], capture_output=True, text=True, timeout=120)
+    # the limit is past before the first candidate replays: no smaller case, nothing written
+    assert run.returncode == 0 and f"{path}: no smaller case found" in run.stdout and "(stopped by --time-limit); left as it is" in run.stdout, \
+        run.stdout + run.stderr
+    assert "wrote" not in run.stdout and "removed" not in run.stdout
+    assert [p.name for p in case_files(tmp_path)] == [path.name] and path.read_text() == text
 
 
 def test_minimize_shrinks_a_driver_workload_case_by_its_model_sizes(tmp_path: Path):
@@ -471,3 +484,18 @@ def test_minimize_drops_the_gpu_like_devices_and_placement_a_llama_finding_does_
     assert small.llama is not None
     assert small.llama.devices.gpus == (BackendSpec("gpu", offload_min_batch=8, asynchronous=True),)
     assert not small.llama.devices.overrides and not small.llama.devices.gpu_free and not small.llama.devices.tensor_split
+
+
+def test_the_commands_that_replay_a_corpus_find_one_as_pytest_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gate``, ``mutate`` and ``coverage``: the corpus named (which must exist), else ./corpus,
+    else the built-in one, so that each works in an empty folder."""
+    from pytest_schedfuzz.cases.corpus import STARTER_CORPUS
+    from pytest_schedfuzz.commands import UsageError
+    from pytest_schedfuzz.commands.tools import corpus_arg
+
+    monkeypatch.chdir(tmp_path)
+    assert corpus_arg(None) == STARTER_CORPUS
+    (tmp_path / "corpus").mkdir()
+    assert corpus_arg(None) == Path("corpus")
+    with pytest.raises(UsageError, match="--corpus nosuch: no such folder"):
+        corpus_arg("nosuch")

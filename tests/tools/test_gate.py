@@ -49,7 +49,9 @@ def test_gate_lists_what_0_25_3_fixed_and_passes(tmp_path: Path, capsys: pytest.
 
 
 def test_gate_fails_on_a_planted_scheduler_bug_and_names_it(planted_head: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    status = main(["gate", "--base", "ggml-0.25.3", "--head", planted_head, "--corpus", str(tmp_path / "none"), "--examples", "40",
+    empty = tmp_path / "no-cases"  # a corpus named must exist (as pytest --schedfuzz's); one without cases
+    empty.mkdir()
+    status = main(["gate", "--base", "ggml-0.25.3", "--head", planted_head, "--corpus", str(empty), "--examples", "40",
                    "--properties", "matches-reference"])
     out = capsys.readouterr().out
     assert status == 1, out
