@@ -46,7 +46,7 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     run.add_argument("-v", "--verbose", action="store_true", help="the engines in full, and the statistics after the summary")
     run.set_defaults(func="run:run")
     cg = sub.add_parser("campaign", help="a campaign shared on Redis (run --db): its hosts, examples and findings")
-    cg_sub = cg.add_subparsers(dest="campaign_command", required=True)
+    cg_sub = cg.add_subparsers(dest="campaign_command", required=True, help="what to do with the campaign")
     cs = cg_sub.add_parser("status", help="the hosts, the examples in the shared database, the findings by signature")
     cs.add_argument("--db", required=True, help="the campaign's Redis: redis://HOST:PORT/N")
     cs.set_defaults(func="campaign:status")
