@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -131,21 +130,6 @@ def check_geometry(name: str, want: Geometry, got: Geometry) -> None:
     ]
     if diffs:
         raise GeometryMismatch(f"tensor {name!r}: shapes.infer and ggml disagree: " + "; ".join(diffs))
-
-
-class Channel:
-    """The protocol's output, on a file descriptor of its own: each message pickled, after its
-    length (8 bytes, little-endian; ``Worker.recv`` reads them). JSON cost a captured llama.cpp
-    workload about a tenth of its time in the worker, and as much again in the parent."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def send(self, msg: dict[str, Any]) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        data = len(data).to_bytes(8, "little") + data
-        while data:
-            data = data[os.write(self.fd, data) :]
 
 
 def gcov_dump(reset: bool = False) -> None:

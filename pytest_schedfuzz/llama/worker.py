@@ -48,14 +48,16 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..engine import gc_paused
-from ..ggml.engine import CPU_THREADS, VIEW_OP_NAMES, Channel, FakeGpuConfig, Ggml, gpu_device, load_fake_gpu
-from ..ggml.lib import die_with_parent, import_ggml, loaded_library_path
+from ..ggml.engine import CPU_THREADS, VIEW_OP_NAMES, FakeGpuConfig, Ggml, gpu_device, load_fake_gpu
+from ..ggml.lib import import_ggml, loaded_library_path
 from ..ggml.schedlog import SchedLog
 from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
 from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, ContextParams, Devices, LlamaWorkload, Part
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.scenario import BackendSpec
+from ..process.channel import Channel
+from ..process.children import die_with_parent
 from . import declarations, graph_records
 from .speculative import BATCH_EXT, CONTEXT_TYPE_MTP, MtpDraft, nextn_functions
 
