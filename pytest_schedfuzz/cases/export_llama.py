@@ -37,7 +37,7 @@ from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
 from ..llama.target import BUILT_IN, resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
-from ..llama.worker import STATE_PARTIAL_ONLY
+from ..llama.calls import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
@@ -146,7 +146,7 @@ def declared_header(folder: Path, decl: Declarations, source: str) -> str:
 
 
 def _call(i: int, c: Call) -> str:
-    """Call ``c`` as the worker's ``Llama.do`` makes it (``CALLS[kind].c``), and the draft context's side of it."""
+    """Call ``c`` as the worker's ``Llama.make_call`` makes it (``CALLS[kind].c``), and the draft context's side of it."""
     kind = CALLS[c.kind]
     body = kind.c(c)
     if kind.draft:  # llama-server's common_memory: the draft context too (a no-op without one)
