@@ -39,6 +39,7 @@ from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
 from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
+from ..ggml.versions import version_of
 from ..model.scenario import BackendSpec, GraphSpec, Scenario, TensorSpec
 from ..model.trace import StepRecord
 from ..properties.base import EXPORTED_IDS, is_llama
@@ -103,11 +104,11 @@ def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
     if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "cumsum", "mul_mat_id", "set_rows"):
         return f"ggml_{op}({x})"
     if op == "top_k":
-        if version.startswith("0.15."):
+        if not version_of(version).has_top_k:
             raise ExportError(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
         return f"ggml_top_k(ctx, {a[0]}, {int(P('k'))})"
     if op == "ssm_scan":
-        return f"ggml_ssm_scan({x})" if version.startswith("0.15.") else f"ggml_ssm_scan({x}, {int(P('k', 1))})"
+        return f"ggml_ssm_scan({x}, {int(P('k', 1))})" if version_of(version).ssm_scan_takes_k else f"ggml_ssm_scan({x})"
     if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
         return f"ggml_{op}(ctx, {a[0]}, {a[1]})"
     if op in ("silu", "transpose", "view_tensor", "sum_rows", "dup"):

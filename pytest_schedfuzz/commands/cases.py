@@ -20,6 +20,7 @@ from ..cases.corpus import STARTER_CORPUS, Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
 from ..engine import Unsupported
 from ..files import atomic_write
+from ..ggml.versions import version_of
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord, Trace
@@ -278,7 +279,7 @@ def export(args: argparse.Namespace) -> int:
         assert case.path is not None
         out = Path(args.output) if single else Path(args.output) / case.path.stem
         version = str(case.engine.get("ggml_version", "0.25.3"))
-        lib = args.lib or ("ggml-0.15.3" if version.startswith("0.15.") else "ggml-0.25.3")
+        lib = args.lib or version_of(version).built_in
         fuzzer = fuzzer_for(argparse.Namespace(**{**vars(args), "lib": lib}))
         try:
             _export_one(fuzzer, case, out, lib, version, args.llama_lib)

@@ -27,13 +27,11 @@ from pathlib import Path
 
 from ..files import atomic_write, cache_dir
 from .installed import LibError, base_library, installed_folder, shared_library
+from .versions import VERSIONS
 
-# built-in ggml -> (distribution, version, the ggml folder inside its source distribution)
-SOURCES = {
-    "ggml-0.25.3": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp/ggml"),
-    "ggml-0.15.3": ("ggml-python", "0.0.45", "vendor/ggml"),
-    "llama.cpp-0.3.36": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp"),
-}
+# built-in -> (distribution, version, the folder inside its source distribution): each ggml's
+# (ggml.versions), and the llama.cpp the seeds' build patches (llama.seed)
+SOURCES = {**{v.built_in: v.source for v in VERSIONS}, "llama.cpp-0.3.36": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp")}
 
 # requirements.txt's compiler flags for llama-cpp-python: optimized, but without NDEBUG (a Debug
 # build: asserts and ggml's debug log kept) and without inlining or sibling calls, so that a

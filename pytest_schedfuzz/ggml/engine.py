@@ -15,9 +15,11 @@ from typing import Any, ClassVar
 from ..engine import TargetError, Unsupported
 from ..model.scenario import BackendSpec, GraphSpec, TensorSpec
 from ..model.shapes import Geometry
+from ..process.channel import Channel
 from .build import BuildError, build_fake_gpu, build_helpers, ggml_source_location
 from .lib import import_ggml, loaded_library_path
 from .schedlog import SchedLog
+from .versions import version_of
 
 Ptr = Any  # a ctypes pointer to a ggml struct (ggml_tensor, ggml_cgraph...)
 
@@ -374,7 +376,7 @@ class Ggml:
         GP = GraphProgram
         index = {t.name: i for i, t in enumerate(spec.tensors)}
         types, codes, geometry = self.types, GP.CODES, spec.geometry
-        new_k = not self.ggml_version.startswith("0.15.")  # ssm_scan's K, top_k and clamp as 0.25.3 has them
+        new_k = version_of(self.ggml_version).ssm_scan_takes_k  # with it, top_k and clamp as 0.25.3 has them
         program: list[int] = []
         reals: list[float] = []
         words: list[int] = []

@@ -23,10 +23,12 @@ from types import ModuleType
 
 from ..files import cache_dir
 from ..llama.seed import SEED_GGML, build_llama_seed
-from .build import BuildError
-# LibError and base_library: also what the plugin and the CLI import from here
-from .installed import LibError, base_library, ggml_python_dir, has_ggml, installed_folder
 from ..process.children import PARENT_ENV
+from .build import BuildError
+# LibError, base_library and BUILT_IN (the newest first: the default engine): also what the plugin
+# and the CLI import from here
+from .installed import LibError, base_library, ggml_python_dir, has_ggml, installed_folder
+from .versions import BUILT_IN
 
 LIB_ENV = "SCHEDFUZZ_GGML_LIB"
 
@@ -49,7 +51,6 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
-BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")  # the newest first: the default engine
 DEFAULT_LIB = BUILT_IN[0]
 # ggml 0.25.3 with the seeds' patch set (llama.seed.build_llama_seed: the libraries of llama.cpp-0.3.36-seed),
 # compiled on first use, so not one of BUILT_IN (which the CLI and tests walk through)
