@@ -201,11 +201,8 @@ class _Program:
                 lines.append(f"ggml_set_output({ref});")
         roots = " ".join(f"ggml_build_forward_expand(gf, T[{index[r]}]);" for r in spec.roots)
         forced = " ".join(f"ggml_backend_sched_set_tensor_backend(sched, T[{index[n]}], backends[{b}]);" for n, b in spec.forced)
-        body = textwrap.indent("\n".join(lines), "    ")
-        return (f"/* {spec.label or 'graph ' + str(k)}: {spec.n_ops} ops */\n"
-                f"static struct ggml_cgraph * build_g{k}(struct ggml_context * ctx, struct ggml_tensor ** T, bool solo) {{\n{body}\n"
-                f"    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, {len(spec.tensors) + 1}, false);\n    {roots}\n    return gf;\n}}\n"
-                f"static void force_g{k}(struct ggml_tensor ** T) {{ (void) T; {forced} }}\n")
+        return fill("repro_graph.c.in", label=spec.label or f"graph {k}", n_ops=spec.n_ops, k=k, body=textwrap.indent("\n".join(lines), "    "),
+                    size=len(spec.tensors) + 1, roots=roots, forced=forced)
 
     def graph_table(self) -> str:
         rows = []
