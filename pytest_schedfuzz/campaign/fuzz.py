@@ -46,7 +46,7 @@ from ..strategies.llama import FAMILIES, llama_workloads
 from . import observed
 from .captures import captured_pool
 from .causes import causes_told_apart, switches_told_apart
-from .engines import Engines, Meanwhile
+from .engines import Deferred, Engines
 from .known import KnownBugs
 from .profiles import FuzzConfig, load_spec, new_seed
 from .stats import Stats
@@ -195,7 +195,7 @@ class Fuzzer:
                 found = extra + [v for v in found if v.property != "llama-no-same-size-realloc"]
         # llama-matches-reference judges the captured graphs while llama.cpp runs the workload
         # again on the CPU alone (llama-same-logits), where it does
-        reference = Meanwhile(lambda: self.against_reference(workload, trace)) if capture else None
+        reference = Deferred(lambda: self.against_reference(workload, trace)) if capture else None
         if logits and trace.abort is None:
             cpu_w = cpu_only(workload, trace)
             cpu = self.engines.cpu_run(cpu_w, meanwhile=reference)
@@ -248,10 +248,10 @@ class Fuzzer:
             return p.judge(scenario, props.Observed())
         values = props.VALUES in p.needs  # every run of this check alike: the values only where judged
 
-        def run(sc: Scenario, meanwhile: Meanwhile | None = None) -> Trace:
+        def run(sc: Scenario, meanwhile: Deferred | None = None) -> Trace:
             return self.engines.run(sc, meanwhile, values)
 
-        reference = Meanwhile(lambda: self.predict(scenario)) if props.REFERENCE in p.needs else None
+        reference = Deferred(lambda: self.predict(scenario)) if props.REFERENCE in p.needs else None
         trace = self.engines.confirmed(scenario, run(scenario, reference), run)
         prediction = reference.result() if reference is not None else Trace(())
         found = props.no_abort(scenario, trace, prediction)
@@ -441,12 +441,12 @@ class Fuzzer:
         def run(case: Workload | Scenario | LlamaWorkload) -> None:
             try:
                 with gc_paused():
-                    one(case)
+                    check_example(case)
             except KeyboardInterrupt:
                 self.interrupted = True
                 raise
 
-        def one(case: Workload | Scenario | LlamaWorkload) -> None:
+        def check_example(case: Workload | Scenario | LlamaWorkload) -> None:
             # out of time, skip; but never once a failure is being confirmed and shrunk (a skip
             # would make Hypothesis's replay of it pass: a FlakyFailure)
             if not target and (self.out_of_budget() or (deadline is not None and time.monotonic() > deadline)):
@@ -522,7 +522,7 @@ class Fuzzer:
             return Driver(self.policy, bool(case.options["rereserve"])).scenario(case.workload)
         return self.scenario_of(case.workload if case.workload is not None else case.scenario)
 
-    def screen(self, case: Case) -> list[str] | None:
+    def reference_signatures(self, case: Case) -> list[str] | None:
         """The signatures the reference alone predicts for a case (the engine replaced by its
         prediction), where that says anything: a cheap filter before replaying on the engine."""
         if case.property != "no-same-size-realloc" or case.scenario is None:
@@ -549,9 +549,9 @@ class Fuzzer:
                 return found
             except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
                 return []
-        return self.check_shown(case, self.scenario_for(case))
+        return self.check_until_shown(case, self.scenario_for(case))
 
-    def check_shown(self, case: Case, scenario: Scenario) -> list[props.Violation]:
+    def check_until_shown(self, case: Case, scenario: Scenario) -> list[props.Violation]:
         """``check`` of ``case``'s property on ``scenario``; a race case's up to ``RACE_TRIES``
         times, until its signature shows."""
         for _ in range(RACE_TRIES if RACE in case.signature else 1):

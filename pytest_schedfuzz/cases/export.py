@@ -283,7 +283,7 @@ def gpu_config(b: BackendSpec) -> str:
 
 
 @dataclass(frozen=True)
-class Seen:
+class StepRecords:
     """What the harness's runs of a case give its reproducer to compare with: at the case's
     step, the engine's record, the reference's prediction (matches-reference) and the record of
     the run with fresh schedulers (reuse-equivalent)."""
@@ -302,7 +302,7 @@ def _what(case: Case) -> str:
     return "abort" if m and m.group(1) == "abort" else m.group(2) if m else ""
 
 
-def _judge(case: Case, scenario: Scenario, seen: Seen) -> tuple[str, str]:
+def _judge(case: Case, scenario: Scenario, seen: StepRecords) -> tuple[str, str]:
     """The C that decides whether the finding reproduces (``bool reproduced``), printing the
     difference in the case's terms, and the declarations it needs (the prediction's figures)."""
     step, what = case.step, _what(case)
@@ -391,7 +391,7 @@ def _words(case: Case, scenario: Scenario) -> str:
 
 
 def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "", dot: str = "",
-                seen: Seen = Seen()) -> list[Path]:
+                seen: StepRecords = StepRecords()) -> list[Path]:
     """Write the reproducer of graph case ``case`` (its scenario: ``scenario``) into ``out``,
     found on ggml ``version``; its CMakeLists builds against ``lib`` (``--schedfuzz-lib``'s
     values) by default. ``report``: what ``REPORT.md`` says of the engine's run of the step (its

@@ -178,7 +178,7 @@ def minimize(args: argparse.Namespace) -> int:
             if not any(v.signature() == case.signature for v in fuzzer.replay(case)):
                 print(f"{case.path}: does not replay to {case.signature}; left as it is")
                 continue
-            small, tries = minimize_case(case, lambda c: [v.signature() for v in fuzzer.replay(c)], fuzzer.driver.scenario, fuzzer.screen)
+            small, tries = minimize_case(case, lambda c: [v.signature() for v in fuzzer.replay(c)], fuzzer.driver.scenario, fuzzer.reference_signatures)
             # the smaller case's own step and message, as its replay states them
             found = next((v for v in fuzzer.replay(small) if v.signature() == case.signature), None)
             if found is None:
@@ -311,7 +311,7 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
     """One case's reproducer, with what the harness's own run of it says in REPORT.md: a llama.cpp
     case's replay, a graph case's splits and buffers at its step (and the ``show`` drawing)."""
     from ..cases.draw import buffers_text, splits_text, to_dot
-    from ..cases.export import Seen, export_case
+    from ..cases.export import StepRecords, export_case
     from ..cases.export_llama import export_llama_case
     from ..llama.target import resolve_lib_dir
     from ..properties import fresh_variant
@@ -325,7 +325,7 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
     scenario = fuzzer.scenario_for(case)
     trace, record, source = _step_record(fuzzer, case, scenario)
     at = {r.index: r for r in trace.records}
-    seen = Seen(at.get(case.step), next((r for r in fuzzer.predict(scenario).records if r.index == case.step), None),
+    seen = StepRecords(at.get(case.step), next((r for r in fuzzer.predict(scenario).records if r.index == case.step), None),
                 next((r for r in fuzzer.engines.run(fresh_variant(scenario)).records if r.index == case.step), None)
                 if case.property == "reuse-equivalent" else None)
     if record is None:

@@ -31,7 +31,7 @@ class _Unreachable(Exception):
 
 class GgmlTarget(WorkerTarget):
     """The real ggml engine: ``lib`` is what ``--schedfuzz-lib`` takes (``ggml-0.25.3``,
-    ``ggml-0.15.3`` or a build's folder, see ``ggml_lib.resolve_lib``); it defaults to
+    ``ggml-0.15.3`` or a build's folder, see ``lib.resolve_lib``); it defaults to
     ``$SCHEDFUZZ_GGML_LIB``, then to the newest built-in ggml. ``step_timeout`` bounds each step (and the
     setup of a scenario's backends); ``start_timeout`` bounds the worker's startup probe.
     ``engine`` describes the loaded ggml once the worker has started. ``debug_realloc`` runs

@@ -205,7 +205,7 @@ def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_th
     before its records are read, once even when the scenario is sent twice (an RPC server that
     did not answer); what it raises comes after the reply is read, and the worker, still in
     step, runs the next scenario."""
-    from pytest_schedfuzz.campaign.engines import Meanwhile
+    from pytest_schedfuzz.campaign.engines import Deferred
 
     sc = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A"))
     target.run(sc)
@@ -216,7 +216,7 @@ def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_th
         calls.append(target.worker_pid)
         raise ValueError("the reference failed")
 
-    later = Meanwhile(predict)
+    later = Deferred(predict)
     trace = target.run(sc, later)
     assert trace.abort is None and trace.records[-1].ok and calls == [pid]
     with pytest.raises(ValueError, match="the reference failed"):
@@ -231,7 +231,7 @@ def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_th
 
     monkeypatch.setattr(target.servers, "ensure", first_one_dead)
     counted: list[int] = []
-    later = Meanwhile(lambda: counted.append(1))
+    later = Deferred(lambda: counted.append(1))
     assert target.run(sc, later).records[-1].ok and len(given) == 2 and counted == [1]
 
 
