@@ -99,7 +99,7 @@ def prebuilt_lib_dir(folder: Path) -> Path:
     ``libggml-rpc.so`` as links to their ``.so.0`` files, copies of ``folder``'s, patched to load
     on this machine's glibc where they need a newer one; the binding's declarations beside them
     (``llama.cdef``) where ``folder`` has a binding. The folder's name is keyed by the libraries'
-    bytes, this module's source (the shim and the patching) and the glibc it was made for. It is
+    bytes, this module's source (the patching), the shim's and the glibc it was made for. It is
     made in a temporary folder and renamed into place, so that of concurrent processes (pytest-xdist
     workers) the first to finish puts its folder there, and the others use it and discard theirs."""
     sources = {stem: next((p for p in (folder / f"{stem}.so.0", folder / f"{stem}.so") if p.is_file()), folder / f"{stem}.so.0")
@@ -109,7 +109,7 @@ def prebuilt_lib_dir(folder: Path) -> Path:
         raise TargetError(f"prebuilt llama.cpp libraries in {folder}: no {', '.join(missing)} there")
     glibc = _glibc_version()
     binding = folder / BINDING_CDEF[0]
-    digest = hashlib.sha1(Path(__file__).read_bytes())
+    digest = hashlib.sha1(Path(__file__).read_bytes() + SHIM_SOURCE.read_bytes())
     digest.update(f"glibc {glibc}".encode() + (binding.read_bytes() if binding.is_file() else b""))
     for path in sources.values():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
