@@ -452,55 +452,27 @@ def build_and_run(out: Path, ggml_dir: Path | None = None, source_dir: Path | No
     return Built(r.returncode, r.stdout + r.stderr)
 
 
+# what shows each property's finding, as REPORT.md says it
+SHOWN_BY = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
+                                    "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
+            "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
+            "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone",
+            "matches-reference": "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
+                                 "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
+                                 "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
+            "reuse-equivalent": "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
+                                "(the same steps with every kept scheduler made anew, a second run)"}
+
+
 def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawing: str) -> str:
-    expect = case.expected_failure or ""
     steps = "\n".join(f"{i:3d}. {s.describe()}" + ("   <- the finding" if i == case.step else "") for i, s in enumerate(scenario.steps))
     layout = ", ".join(f"{scenario.layout.name(i)} ({b.kind})" for i, b in enumerate(scenario.layout.backends))
     bounds = {k: v for k, v in case.expect.items() if k in ("since", "fixed_in")} if isinstance(case.expect, dict) else {}
-    how = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
-                                   "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
-           "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
-           "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone",
-           "matches-reference": "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
-                                "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
-                                "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
-           "reuse-equivalent": "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
-                               "(the same steps with every kept scheduler made anew, a second run)"}[case.property]
-    return f"""# {case.signature}
-
-{case.message}
-
-## What happened, in ggml's terms
-{expect or "(the case holds no explanation yet)"}
-
-- Found on ggml {version} ({case.engine.get("lib", lib or "the built-in")}){"; expected within " + json.dumps(bounds) if bounds else ""}.
-- Backends, in the scheduler's order: {layout}.
-- The steps (the finding is at step {case.step}):
-
-```
-{steps}
-```
-
-## Reproduce
-In this folder:
-```
-cmake -S . -B build && cmake --build build && build/repro; echo "exit $?"   # the ggml it was found on
-cmake -S . -B mine -DGGML_DIR=/path/to/your/ggml/build [-DGGML_SOURCE_DIR=/path/to/ggml]
-cmake --build mine && mine/repro
-```
-`repro` exits 1 exactly when the finding reproduces at step {case.step} ({how}), 0 when it does not
-(a build where it is fixed), 77 when it could not run. `REPRO_VERBOSE=1` adds ggml's debug log.
-`GGML_SCHED_DEBUG=2` prints ggml's splits. It needs a ggml built as shared libraries with RPC
-(`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`); the GPU-like device (`fake_gpu.c`, beside it) is
-built from ggml's `src/ggml-backend-impl.h`. The schedfuzz case is `case.json`
-(`schedfuzz replay case.json`, `schedfuzz show case.json`).
-
-## The step, as the graph engine scheduled it
-```
-{drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)"}
-```
-{"The drawing of its graph, with each node's backend: `graph.dot` (`dot -Tsvg graph.dot -o graph.svg`)." if drawing else ""}
-"""
+    return fill("repro_report.md.in", signature=case.signature, message=case.message, expect=case.expected_failure or "(the case holds no explanation yet)",
+                version=version, lib=case.engine.get("lib", lib or "the built-in"), bounds="; expected within " + json.dumps(bounds) if bounds else "",
+                layout=layout, step=case.step, steps=steps, how=SHOWN_BY[case.property],
+                drawing=drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)",
+                dot="The drawing of its graph, with each node's backend: `graph.dot` (`dot -Tsvg graph.dot -o graph.svg`)." if drawing else "")
 
 
 def gpu_declarations() -> str:
