@@ -88,7 +88,7 @@ def _c_float(x: object) -> str:
 
 def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
     """The ggml call that builds op ``t.op`` over ``a`` (C expressions of its args, in call
-    order): as ``ggml/graph.c`` calls it (``ggml.engine.Ggml.program`` encodes it), on ``version``."""
+    order): as ``ggml/graph.c`` calls it (``ggml.program.encode`` encodes it), on ``version``."""
     op, P = t.op, t.param
     x = ", ".join(["ctx", *a])
     if op == "fill":

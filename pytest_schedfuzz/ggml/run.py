@@ -15,7 +15,8 @@ from ..model.trace import ReallocEvent, SizeCounts, Split, StepRecord
 from . import values
 from .backends import init_backends
 from .cpu_only import CpuOnly, tensor_key
-from .engine import OBSERVE_SPLITS, Built, Ggml, GraphProgram, Ptr
+from .engine import OBSERVE_SPLITS, Built, Ggml, Ptr
+from .program import GraphProgram, encode
 
 
 UNKNOWN_BACKEND = -2  # observe.c's index for a backend pointer not among the scenario's
@@ -128,7 +129,7 @@ class ScenarioRun:
         g, eng = self.g, self.eng
         program = self.programs.get(id(spec))  # the scenario holds its specs: ids are stable
         if program is None:
-            program = self.programs[id(spec)] = eng.program(spec, lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
+            program = self.programs[id(spec)] = encode(spec, lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents), eng.types, eng.ggml_version)
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         built = Built(ctx, None, [], program.index, [], [])
         self.built.append(built)

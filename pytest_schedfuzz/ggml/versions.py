@@ -7,7 +7,7 @@ reference reads and the harness never does).
 * ``source``: where the built-in's source comes from (``build.source_tree``): the distribution
   whose sdist vendors it, its version, and the ggml folder inside the sdist;
 * ``has_top_k``, ``ssm_scan_takes_k``: the API the graph engine (``graph.c``'s encoding,
-  ``engine.Ggml.program``) and the exporter's builders (``cases.export``) write calls for.
+  ``program.encode``) and the exporter's builders (``cases.export``) write calls for.
 
 A library's version (``ggml_version()``) is looked up by its series (``0.15.`` of ``0.15.3``):
 one the harness has no entry for is taken as the newest (``version_of``).
