@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.campaign.fuzz import RACE_TRIES, Fuzzer
+from pytest_schedfuzz.campaign.checks import RACE_TRIES
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
 from pytest_schedfuzz.sim.driver import Driver
