@@ -194,7 +194,7 @@ def test_a_ggml_version_is_told_only_by_the_versions_table() -> None:
 MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 300
 # what was larger when the limits came (issue 48): each may shrink, none may grow; split it instead
 LARGER_MODULES = {"model/scenario.py": 698, "properties/llama.py": 635}
-LARGER_CLASSES = {"ggml/run.py:ScenarioRun": 363}
+LARGER_CLASSES: dict[str, int] = {}
 
 
 def _too_large(source: str, where: str, module_limit: int, class_limits: dict[str, int]) -> list[str]:
