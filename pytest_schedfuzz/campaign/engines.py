@@ -32,7 +32,7 @@ CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times
 CPU_RUNS_KEPT = 128
 
 
-class Meanwhile:
+class Deferred:
     """A computation run at most once, while an engine works: what it returns or raises is kept
     for ``result`` (an error of the reference must not leave the engine's worker unread)."""
 
@@ -133,7 +133,7 @@ class Engines:
             return "available"
         return self.info().get("gpu_device", "available")
 
-    def run(self, scenario: Scenario, meanwhile: Meanwhile | None = None, values: bool = True) -> Trace:
+    def run(self, scenario: Scenario, meanwhile: Deferred | None = None, values: bool = True) -> Trace:
         """The graph engine's trace, with the figures ggml does not tell derived. ``meanwhile``
         (the reference's prediction) runs while the built-in engine's worker, another process,
         runs the scenario; after the run on any other target. ``values=False``: no property
@@ -149,14 +149,14 @@ class Engines:
         self.stats.add_trace(trace)
         return trace
 
-    def run_llama(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Meanwhile | None = None,
+    def run_llama(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Deferred | None = None,
                   on_graph: Callable[[dict[str, Any]], None] | None = None) -> LlamaTrace:
         """llama.cpp's trace of ``workload``, its graph sizes derived (with ``capture``, its graphs
         too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload, and
         ``on_graph`` with each graph captured as it comes (``LlamaTarget.run``)."""
         return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile, on_graph))
 
-    def cpu_run(self, workload: LlamaWorkload, meanwhile: Meanwhile | None = None) -> LlamaTrace:
+    def cpu_run(self, workload: LlamaWorkload, meanwhile: Deferred | None = None) -> LlamaTrace:
         """The run of a CPU-only workload (``properties.llama.cpu_only``) with its logits, the
         oracle of llama-same-logits. ggml's CPU backend computes it alike every time (one thread,
         the same model file), so a run that ended without an abort is kept for the next workload

@@ -39,10 +39,12 @@ from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
 from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
+from ..ggml.versions import version_of
 from ..model.scenario import BackendSpec, GraphSpec, Scenario, TensorSpec
 from ..model.trace import StepRecord
 from ..properties.base import EXPORTED_IDS, is_llama
 from .corpus import Case
+from .templates import fill, text
 
 EXPORTED = tuple(p for p in EXPORTED_IDS if not is_llama(p))  # the graph properties a C program shows
 REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = 1, 0, 77
@@ -86,7 +88,7 @@ def _c_float(x: object) -> str:
 
 def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
     """The ggml call that builds op ``t.op`` over ``a`` (C expressions of its args, in call
-    order): as ``ggml/graph.c`` calls it (``ggml.engine.Ggml.program`` encodes it), on ``version``."""
+    order): as ``ggml/graph.c`` calls it (``ggml.program.encode`` encodes it), on ``version``."""
     op, P = t.op, t.param
     x = ", ".join(["ctx", *a])
     if op == "fill":
@@ -102,11 +104,11 @@ def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
     if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "cumsum", "mul_mat_id", "set_rows"):
         return f"ggml_{op}({x})"
     if op == "top_k":
-        if version.startswith("0.15."):
+        if not version_of(version).has_top_k:
             raise ExportError(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
         return f"ggml_top_k(ctx, {a[0]}, {int(P('k'))})"
     if op == "ssm_scan":
-        return f"ggml_ssm_scan({x})" if version.startswith("0.15.") else f"ggml_ssm_scan({x}, {int(P('k', 1))})"
+        return f"ggml_ssm_scan({x}, {int(P('k', 1))})" if version_of(version).ssm_scan_takes_k else f"ggml_ssm_scan({x})"
     if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
         return f"ggml_{op}(ctx, {a[0]}, {a[1]})"
     if op in ("silu", "transpose", "view_tensor", "sum_rows", "dup"):
@@ -199,11 +201,8 @@ class _Program:
                 lines.append(f"ggml_set_output({ref});")
         roots = " ".join(f"ggml_build_forward_expand(gf, T[{index[r]}]);" for r in spec.roots)
         forced = " ".join(f"ggml_backend_sched_set_tensor_backend(sched, T[{index[n]}], backends[{b}]);" for n, b in spec.forced)
-        body = textwrap.indent("\n".join(lines), "    ")
-        return (f"/* {spec.label or 'graph ' + str(k)}: {spec.n_ops} ops */\n"
-                f"static struct ggml_cgraph * build_g{k}(struct ggml_context * ctx, struct ggml_tensor ** T, bool solo) {{\n{body}\n"
-                f"    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, {len(spec.tensors) + 1}, false);\n    {roots}\n    return gf;\n}}\n"
-                f"static void force_g{k}(struct ggml_tensor ** T) {{ (void) T; {forced} }}\n")
+        return fill("repro_graph.c.in", label=spec.label or f"graph {k}", n_ops=spec.n_ops, k=k, body=textwrap.indent("\n".join(lines), "    "),
+                    size=len(spec.tensors) + 1, roots=roots, forced=forced)
 
     def graph_table(self) -> str:
         rows = []
@@ -284,7 +283,7 @@ def gpu_config(b: BackendSpec) -> str:
 
 
 @dataclass(frozen=True)
-class Seen:
+class StepRecords:
     """What the harness's runs of a case give its reproducer to compare with: at the case's
     step, the engine's record, the reference's prediction (matches-reference) and the record of
     the run with fresh schedulers (reuse-equivalent)."""
@@ -303,7 +302,7 @@ def _what(case: Case) -> str:
     return "abort" if m and m.group(1) == "abort" else m.group(2) if m else ""
 
 
-def _judge(case: Case, scenario: Scenario, seen: Seen) -> tuple[str, str]:
+def _judge(case: Case, scenario: Scenario, seen: StepRecords) -> tuple[str, str]:
     """The C that decides whether the finding reproduces (``bool reproduced``), printing the
     difference in the case's terms, and the declarations it needs (the prediction's figures)."""
     step, what = case.step, _what(case)
@@ -392,7 +391,7 @@ def _words(case: Case, scenario: Scenario) -> str:
 
 
 def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, version: str, report: str = "", dot: str = "",
-                seen: Seen = Seen()) -> list[Path]:
+                seen: StepRecords = StepRecords()) -> list[Path]:
     """Write the reproducer of graph case ``case`` (its scenario: ``scenario``) into ``out``,
     found on ggml ``version``; its CMakeLists builds against ``lib`` (``--schedfuzz-lib``'s
     values) by default. ``report``: what ``REPORT.md`` says of the engine's run of the step (its
@@ -412,11 +411,12 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     prog = _Program(scenario, version)
     gpus = any(b.kind == "gpu" for b in scenario.layout.backends)
     graphs = "\n".join(prog.graph_function(k, g) for k, (_, g) in enumerate(scenario.graphs))
-    source = _TEMPLATE.format(
+    source = fill(
+        "repro.c.in",
         signature=case.signature, words=c_string(_words(case, scenario)), n_backends=scenario.layout.n, n_rpc=scenario.layout.n_rpc,
         cpu_threads=CPU_THREADS, graphs=graphs, graph_table=prog.graph_table(), persistent=prog.persistent_table(),
         backends=prog.backends(), steps=prog.steps(case), judge=judge, judged=judged, step=case.step,
-        process=PROCESS_C, gpu=gpu_declarations() if gpus else "", new_gpu=_NEW_GPU if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
+        process=text("repro_process.c.in"), gpu=gpu_declarations() if gpus else "", new_gpu=text("repro_new_gpu.c.in") if gpus else "", max_tensors=max(len(g.tensors) for _, g in scenario.graphs),
         header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
     )
     folder = library_folder(lib)
@@ -427,7 +427,7 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
     written[1].write_bytes(bytes(prog.data))
     (out / "rpc_server.c").write_text(RPC_SERVER_SOURCE.read_text())
     written.append(out / "rpc_server.c")
-    written[2].write_text(_CMAKE.format(lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
+    written[2].write_text(fill("repro.cmake.in", lib_dir=folder.resolve(), src_dir=src.resolve(), sources="repro.c fake_gpu.c" if gpus else "repro.c"))
     if gpus:
         shutil.copyfile(FAKE_GPU_SOURCE, out / "fake_gpu.c")
         written.append(out / "fake_gpu.c")
@@ -452,55 +452,27 @@ def build_and_run(out: Path, ggml_dir: Path | None = None, source_dir: Path | No
     return Built(r.returncode, r.stdout + r.stderr)
 
 
+# what shows each property's finding, as REPORT.md says it
+SHOWN_BY = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
+                                    "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
+            "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
+            "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone",
+            "matches-reference": "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
+                                 "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
+                                 "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
+            "reuse-equivalent": "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
+                                "(the same steps with every kept scheduler made anew, a second run)"}
+
+
 def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawing: str) -> str:
-    expect = case.expected_failure or ""
     steps = "\n".join(f"{i:3d}. {s.describe()}" + ("   <- the finding" if i == case.step else "") for i, s in enumerate(scenario.steps))
     layout = ", ".join(f"{scenario.layout.name(i)} ({b.kind})" for i, b in enumerate(scenario.layout.backends))
     bounds = {k: v for k, v in case.expect.items() if k in ("since", "fixed_in")} if isinstance(case.expect, dict) else {}
-    how = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
-                                   "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
-           "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
-           "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone",
-           "matches-reference": "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
-                                "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
-                                "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
-           "reuse-equivalent": "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
-                               "(the same steps with every kept scheduler made anew, a second run)"}[case.property]
-    return f"""# {case.signature}
-
-{case.message}
-
-## What happened, in ggml's terms
-{expect or "(the case holds no explanation yet)"}
-
-- Found on ggml {version} ({case.engine.get("lib", lib or "the built-in")}){"; expected within " + json.dumps(bounds) if bounds else ""}.
-- Backends, in the scheduler's order: {layout}.
-- The steps (the finding is at step {case.step}):
-
-```
-{steps}
-```
-
-## Reproduce
-In this folder:
-```
-cmake -S . -B build && cmake --build build && build/repro; echo "exit $?"   # the ggml it was found on
-cmake -S . -B mine -DGGML_DIR=/path/to/your/ggml/build [-DGGML_SOURCE_DIR=/path/to/ggml]
-cmake --build mine && mine/repro
-```
-`repro` exits 1 exactly when the finding reproduces at step {case.step} ({how}), 0 when it does not
-(a build where it is fixed), 77 when it could not run. `REPRO_VERBOSE=1` adds ggml's debug log.
-`GGML_SCHED_DEBUG=2` prints ggml's splits. It needs a ggml built as shared libraries with RPC
-(`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`); the GPU-like device (`fake_gpu.c`, beside it) is
-built from ggml's `src/ggml-backend-impl.h`. The schedfuzz case is `case.json`
-(`schedfuzz replay case.json`, `schedfuzz show case.json`).
-
-## The step, as the graph engine scheduled it
-```
-{drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)"}
-```
-{"The drawing of its graph, with each node's backend: `graph.dot` (`dot -Tsvg graph.dot -o graph.svg`)." if drawing else ""}
-"""
+    return fill("repro_report.md.in", signature=case.signature, message=case.message, expect=case.expected_failure or "(the case holds no explanation yet)",
+                version=version, lib=case.engine.get("lib", lib or "the built-in"), bounds="; expected within " + json.dumps(bounds) if bounds else "",
+                layout=layout, step=case.step, steps=steps, how=SHOWN_BY[case.property],
+                drawing=drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)",
+                dot="The drawing of its graph, with each node's backend: `graph.dot` (`dot -Tsvg graph.dot -o graph.svg`)." if drawing else "")
 
 
 def gpu_declarations() -> str:
@@ -511,541 +483,3 @@ def gpu_declarations() -> str:
         raise ExportError(f"{FAKE_GPU_SOURCE}: no struct fake_gpu_config")
     return ("/* the GPU-like device: schedfuzz's ggml backend (fake_gpu.c, built beside this file) */\n" + m.group(0)
             + "\nggml_backend_t schedfuzz_fake_gpu_init(const char * name, ggml_backend_t cpu, const struct fake_gpu_config * cfg);\n")
-
-
-_NEW_GPU = """static ggml_backend_t new_gpu(const char * name, struct fake_gpu_config cfg) {
-    static struct fake_gpu_config kept[N_BACKENDS];  /* the device keeps a pointer to its settings */
-    static int n;
-    kept[n] = cfg;
-    return schedfuzz_fake_gpu_init(name, new_cpu(), &kept[n++]);
-}
-"""
-
-_CMAKE = """# a schedfuzz reproducer: cmake -S . -B build && cmake --build build && build/repro
-cmake_minimum_required(VERSION 3.18)
-project(schedfuzz_repro C)
-set(GGML_DIR "{lib_dir}" CACHE PATH "a ggml build: the folder holding libggml-base.so, or with it in bin/, lib/ or build/bin/")
-set(GGML_SOURCE_DIR "" CACHE PATH "that ggml's source (include/ggml.h, src/ggml-backend-impl.h); found above GGML_DIR if empty")
-if(NOT GGML_SOURCE_DIR)
-  if(GGML_DIR STREQUAL "{lib_dir}")
-    set(GGML_SOURCE_DIR "{src_dir}")
-  else()
-    find_path(GGML_INCLUDE ggml.h PATHS ${{GGML_DIR}} ${{GGML_DIR}}/.. ${{GGML_DIR}}/../.. ${{GGML_DIR}}/../../..
-              PATH_SUFFIXES include ggml/include NO_DEFAULT_PATH)
-    if(NOT GGML_INCLUDE)
-      message(FATAL_ERROR "GGML_DIR=${{GGML_DIR}}: no include/ggml.h above it; give -DGGML_SOURCE_DIR=<ggml's source>")
-    endif()
-    get_filename_component(GGML_SOURCE_DIR ${{GGML_INCLUDE}} DIRECTORY)
-  endif()
-endif()
-set(LIBS "")
-foreach(name ggml ggml-cpu ggml-rpc ggml-base)
-  string(REPLACE "-" "_" var "LIB_${{name}}")
-  find_library(${{var}} NAMES ${{name}} PATHS ${{GGML_DIR}} PATH_SUFFIXES . bin lib build/bin NO_DEFAULT_PATH NO_CACHE)
-  if(NOT ${{var}})
-    message(FATAL_ERROR "GGML_DIR=${{GGML_DIR}}: no lib${{name}}.so there (build ggml with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON)")
-  endif()
-  list(APPEND LIBS ${{${{var}}}})
-  get_filename_component(LIB_FOLDER ${{${{var}}}} DIRECTORY)
-endforeach()
-add_executable(repro-rpc-server rpc_server.c)
-target_include_directories(repro-rpc-server PRIVATE ${{GGML_SOURCE_DIR}}/include)
-target_link_libraries(repro-rpc-server PRIVATE ${{LIBS}})
-set_target_properties(repro-rpc-server PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
-add_executable(repro {sources})
-target_include_directories(repro PRIVATE ${{GGML_SOURCE_DIR}}/include ${{GGML_SOURCE_DIR}}/src)
-target_compile_definitions(repro PRIVATE _GNU_SOURCE REPRO_DATA="${{CMAKE_CURRENT_SOURCE_DIR}}/data.bin"
-                           REPRO_RPC_SERVER="$<TARGET_FILE:repro-rpc-server>")
-set_property(TARGET repro PROPERTY C_STANDARD 11)
-target_link_libraries(repro PRIVATE ${{LIBS}} pthread m)
-set_target_properties(repro PROPERTIES BUILD_RPATH "${{LIB_FOLDER}}")
-"""
-
-PROCESS_C = r"""/* ------------------------------------------------------------------------ the processes */
-
-static int rpc_ports[N_RPC > 0 ? N_RPC : 1];
-static pid_t rpc_servers[N_RPC > 0 ? N_RPC : 1];
-static int report_fd = -1;  /* the run's pipe to the parent: what it came to */
-static bool verbose;
-
-static void report(const char * fmt, int at, const char * text) {
-    char line[2048];
-    int n = snprintf(line, sizeof line, fmt, at, text ? text : "");
-    if (n > 0 && write(report_fd, line, (size_t) (n < (int) sizeof line ? n : (int) sizeof line - 1)) < 0) { /* the parent is gone */ }
-}
-
-static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0 };
-    socklen_t n = sizeof a;
-    bind(s, (struct sockaddr *) &a, sizeof a);
-    getsockname(s, (struct sockaddr *) &a, &n);
-    close(s);
-    return ntohs(a.sin_port);
-}
-
-static bool accepts(int port) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons((uint16_t) port) };
-    bool ok = connect(s, (struct sockaddr *) &a, sizeof a) == 0;
-    close(s);
-    return ok;
-}
-
-/* the RPC servers, each serving the CPU device (repro-rpc-server, built beside: a process of its
-   own, whose addresses are not this one's) on loopback until stop_servers */
-static bool start_servers(void) {
-    for (int i = 0; i < N_RPC; i++) {
-        rpc_ports[i] = free_port();
-        rpc_servers[i] = fork();
-        if (rpc_servers[i] == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            if (!verbose) { int null = open("/dev/null", O_WRONLY); dup2(null, 1); dup2(null, 2); }
-            char endpoint[64];
-            snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[i]);
-            execl(REPRO_RPC_SERVER, REPRO_RPC_SERVER, endpoint, RPC_THREADS, (char *) NULL);
-            _exit(3);
-        }
-        for (int k = 0; k < 300 && !accepts(rpc_ports[i]); k++) usleep(100000);
-        if (!accepts(rpc_ports[i])) {
-            fprintf(stderr, "the RPC server on port %d did not start\n", rpc_ports[i]);
-            return false;
-        }
-        printf("RPC server %d: 127.0.0.1:%d (pid %d)\n", i, rpc_ports[i], (int) rpc_servers[i]);
-    }
-    return true;
-}
-
-/* fn in a child process, which ignores SIGPIPE as the harness's Python does (a closed RPC
-   connection is then an error ggml sees); its reports, in a static buffer, and its wait status */
-static char * in_child(void (*fn)(void), int * status) {
-    int pipefd[2];
-    if (pipe(pipefd) != 0) exit(77);
-    fflush(stdout);
-    pid_t child = fork();
-    if (child == 0) {
-        close(pipefd[0]);
-        report_fd = pipefd[1];
-        signal(SIGPIPE, SIG_IGN);
-        fn();
-        _exit(0);
-    }
-    close(pipefd[1]);
-    static char buf[1 << 22];
-    size_t len = 0;
-    ssize_t got;
-    while ((got = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t) got;
-    buf[len] = 0;
-    close(pipefd[0]);
-    waitpid(child, status, 0);
-    return buf;
-}
-
-static void stop_servers(void) {
-    for (int i = 0; i < N_RPC; i++) {
-        int st;
-        if (waitpid(rpc_servers[i], &st, WNOHANG) == rpc_servers[i]) printf("RPC server %d died: %s\n", i, WIFSIGNALED(st) ? strsignal(WTERMSIG(st)) : "exited");
-        else kill(rpc_servers[i], SIGKILL);
-    }
-}
-"""
-
-_TEMPLATE = r"""/* schedfuzz reproducer: {signature}
- *
-{header}
- *
- * Written by `schedfuzz export` from the case beside it (case.json); see REPORT.md. It runs the
- * case's steps on ggml's scheduler in a child process and exits 1 exactly when the finding
- * reproduces at step {step}, 0 when it does not, 77 when it could not run.
- */
-#include "ggml.h"
-#include "ggml-alloc.h"
-#include "ggml-backend.h"
-#include "ggml-cpu.h"
-#include "ggml-rpc.h"
-
-#include <arpa/inet.h>
-#include <math.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#include <fcntl.h>
-
-{gpu}
-enum {{ N_BACKENDS = {n_backends}, N_RPC = {n_rpc}, CPU_THREADS = {cpu_threads}, MAX_BUILT = 3 }};
-#define RPC_THREADS "{cpu_threads}"  /* as the harness's RPC servers */
-enum step_kind {{ STEP_RESERVE, STEP_ALLOC, STEP_COMPUTE, STEP_SPLIT, STEP_RESERVE_SIZE }};
-static const char * KIND_NAMES[] = {{ "reserve", "alloc", "compute", "split", "reserve_size" }};
-
-struct blob {{ size_t offset, size; }};  /* bytes in data.bin */
-struct graph {{
-    const char * name; int n_tensors;
-    struct ggml_cgraph * (*build)(struct ggml_context *, struct ggml_tensor **, bool);
-    void (*force)(struct ggml_tensor **);
-    const int * compared; int n_compared;  /* roots no node reads, outputs, caches: what a compute must get right */
-    const int * inputs; int n_inputs;
-    const int * caches; int n_caches;      /* pairs: tensor, persistent */
-    const int * weights; int n_weights;    /* pairs: tensor, persistent */
-}};
-struct persistent {{ const char * name; enum ggml_type type; int n_dims; int64_t ne[4]; int cache; int device; struct blob data; }};
-
-static ggml_backend_t backends[N_BACKENDS];
-static int host_buffer_of = -1;
-static ggml_backend_sched_t sched;
-static unsigned char * data_bytes;
-static unsigned char ** shadow;  /* what every weight and cache holds in the CPU-only computation */
-static int cur_step = -1;
-static int replans;              /* ggml's re-plans in the current step, from its log */
-static bool fresh_run;           /* every kept scheduler a new one (reuse-equivalent's fresh run) */
-{process}
-static char needs_realloc[512];  /* ggml-alloc's last reason to re-plan */
-
-static void on_log(enum ggml_log_level level, const char * text, void * user) {{
-    (void) user;
-    const char * reason = strstr(text, "ggml_gallocr_needs_realloc: ");
-    if (reason) {{
-        snprintf(needs_realloc, sizeof needs_realloc, "%s", reason + strlen("ggml_gallocr_needs_realloc: "));
-        needs_realloc[strcspn(needs_realloc, "\n")] = 0;
-    }}
-    /* ggml-alloc re-planning a single buffer by itself: no scheduler decision, which GGML_SCHED_DEBUG_REALLOC sees */
-    if (strstr(text, "reallocating buffers automatically")) report("AUTO %d %s\n", cur_step, needs_realloc);
-    if (strstr(text, "reallocating buffers automatically") || strstr(text, "failed to allocate graph, reserving")) replans++;
-    /* ggml's reallocation lines (a build without NDEBUG), errors and warnings; all with REPRO_VERBOSE */
-    if (verbose || level >= GGML_LOG_LEVEL_WARN || strstr(text, "realloc") || strstr(text, "reserving") || strstr(text, "is not valid")
-            || strstr(text, "different number")) {{
-        printf("    ggml: %s", text);
-        fflush(stdout);
-    }}
-}}
-
-static void on_abort(const char * message) {{
-    printf("    ggml aborted in step %d: %s\n", cur_step, message);
-    fflush(stdout);
-    report("ABORT %d %s\n", cur_step, message);
-}}
-
-static void set_op_params(struct ggml_tensor * t, const int32_t * words, int n) {{
-    memset(t->op_params, 0, sizeof t->op_params);
-    memcpy(t->op_params, words, (size_t) n * sizeof(int32_t));
-}}
-
-/* ------------------------------------------------------------------------ the graphs */
-
-{persistent}
-static struct ggml_tensor * P[N_PERSISTENT + 1];  /* the weights and caches, in backend buffers */
-
-{graphs}
-{graph_table}
-/* what decides the finding */
-{judged}
-/* --------------------------------------------------------------------- the backends */
-
-static ggml_backend_t new_cpu(void) {{
-    ggml_backend_t b = ggml_backend_cpu_init();
-    ggml_backend_cpu_set_n_threads(b, CPU_THREADS);
-    return b;
-}}
-
-static int rpc_index;
-static ggml_backend_t new_rpc(int i) {{
-    char endpoint[64];
-    (void) i;
-    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[rpc_index++]);
-    return ggml_backend_rpc_init(endpoint, 0);
-}}
-
-{new_gpu}
-{backends}
-/* weights (buffer usage WEIGHTS) and caches (ANY): one context and buffer per device and role */
-static void alloc_persistent(void) {{
-    for (int device = 0; device < N_BACKENDS; device++) {{
-        for (int cache = 0; cache <= 1; cache++) {{
-            int n = 0;
-            for (int k = 0; k < N_PERSISTENT; k++) n += PERSISTENT[k].device == device && PERSISTENT[k].cache == cache;
-            if (n == 0) continue;
-            struct ggml_init_params ip = {{ (size_t) (n + 1) * ggml_tensor_overhead(), NULL, true }};
-            struct ggml_context * ctx = ggml_init(ip);
-            for (int k = 0; k < N_PERSISTENT; k++) {{
-                const struct persistent * p = &PERSISTENT[k];
-                if (p->device != device || p->cache != cache) continue;
-                P[k] = ggml_new_tensor(ctx, p->type, p->n_dims, p->ne);
-                ggml_set_name(P[k], p->name);
-            }}
-            ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backends[device]);
-            if (!buf) {{ fprintf(stderr, "could not allocate the %s buffer of backend %d\n", cache ? "cache" : "weight", device); exit(77); }}
-            ggml_backend_buffer_set_usage(buf, cache ? GGML_BACKEND_BUFFER_USAGE_ANY : GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        }}
-    }}
-    shadow = calloc(N_PERSISTENT + 1, sizeof *shadow);
-    for (int k = 0; k < N_PERSISTENT; k++) {{
-        const struct persistent * p = &PERSISTENT[k];
-        ggml_backend_tensor_set(P[k], data_bytes + p->data.offset, 0, p->data.size);
-        shadow[k] = malloc(p->data.size);
-        memcpy(shadow[k], data_bytes + p->data.offset, p->data.size);
-    }}
-}}
-
-/* -------------------------------------------------------------------------- the steps */
-
-struct built {{ struct ggml_context * ctx; struct ggml_cgraph * gf; struct ggml_tensor * T[{max_tensors}]; }};
-static struct built * built[MAX_BUILT];
-
-static struct built * materialize(int g) {{
-    /* the previous graphs stay alive: while their tensors exist no new tensor takes an address
-       the scheduler's hash table may still hold (as the graph engine keeps them) */
-    if (built[0]) {{ ggml_free(built[0]->ctx); free(built[0]); }}
-    memmove(built, built + 1, (MAX_BUILT - 1) * sizeof *built);
-    struct built * b = calloc(1, sizeof *b);
-    size_t size = (size_t) GRAPHS[g].n_tensors + 1;
-    struct ggml_init_params ip = {{ size * ggml_tensor_overhead() + ggml_graph_overhead_custom(size, false), NULL, true }};
-    b->ctx = ggml_init(ip);
-    b->gf = GRAPHS[g].build(b->ctx, b->T, false);
-    built[MAX_BUILT - 1] = b;
-    return b;
-}}
-
-static void print_step(bool ok, struct built * b) {{
-    printf("    %s%d splits, buffers", ok ? "" : "FAILED; ", ggml_backend_sched_get_n_splits(sched));
-    for (int i = 0; i < N_BACKENDS; i++) printf(" %s %zu", ggml_backend_name(backends[i]), ggml_backend_sched_get_buffer_size(sched, backends[i]));
-    printf("\n    nodes by backend:");
-    int n = ggml_graph_n_nodes(b->gf), start = 0;
-    for (int i = 1; i <= n; i++) {{
-        ggml_backend_t a = ggml_backend_sched_get_tensor_backend(sched, ggml_graph_node(b->gf, start));
-        if (i < n && ggml_backend_sched_get_tensor_backend(sched, ggml_graph_node(b->gf, i)) == a) continue;
-        printf(" [%d-%d] %s", start, i - 1, a ? ggml_backend_name(a) : "-");
-        start = i;
-    }}
-    printf("\n");
-    fflush(stdout);
-}}
-
-/* what the case's step did, for the parent: splits, allocated, re-planned, each node's backend, buffers */
-static void record_step(bool ok, struct built * b) {{
-    int n = ggml_graph_n_nodes(b->gf);
-    char * line = malloc((size_t) n * 4 + 64 + N_BACKENDS * 24);
-    int at = sprintf(line, "REC %d %d %d ", ggml_backend_sched_get_n_splits(sched), ok, replans);
-    for (int i = 0; i < n; i++) {{
-        ggml_backend_t a = ggml_backend_sched_get_tensor_backend(sched, ggml_graph_node(b->gf, i));
-        int k = -1;
-        for (int j = 0; j < N_BACKENDS; j++) if (backends[j] == a) k = j;
-        at += sprintf(line + at, i ? ",%d" : "%d", k);
-    }}
-    if (n == 0) at += sprintf(line + at, "-");
-    at += sprintf(line + at, " buffers");
-    for (int i = 0; i < N_BACKENDS; i++) at += sprintf(line + at, " %zu", ggml_backend_sched_get_buffer_size(sched, backends[i]));
-    line[at++] = '\n';
-    if (write(report_fd, line, (size_t) at) < 0) {{ /* the parent is gone */ }}
-    free(line);
-}}
-
-/* the same graph computed by the CPU backend alone, every tensor in one buffer of its own, from
-   the same leafs; the first compared tensor that differs is reported */
-static void compare_values(int index, int g, struct built * b, const struct blob * inputs) {{
-    size_t size = (size_t) GRAPHS[g].n_tensors + 1;
-    struct ggml_init_params ip = {{ size * ggml_tensor_overhead() + ggml_graph_overhead_custom(size, false), NULL, true }};
-    struct ggml_context * ctx = ggml_init(ip);
-    struct ggml_tensor ** T = calloc(size, sizeof *T);
-    struct ggml_cgraph * gf = GRAPHS[g].build(ctx, T, true);
-    ggml_backend_t cpu = backends[N_BACKENDS - 1];
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
-    for (int k = 0; k < GRAPHS[g].n_weights; k++) ggml_backend_tensor_set(T[GRAPHS[g].weights[2 * k]], shadow[GRAPHS[g].weights[2 * k + 1]], 0, ggml_nbytes(T[GRAPHS[g].weights[2 * k]]));
-    for (int k = 0; k < GRAPHS[g].n_caches; k++) ggml_backend_tensor_set(T[GRAPHS[g].caches[2 * k]], shadow[GRAPHS[g].caches[2 * k + 1]], 0, ggml_nbytes(T[GRAPHS[g].caches[2 * k]]));
-    for (int k = 0; k < GRAPHS[g].n_inputs; k++) ggml_backend_tensor_set(T[GRAPHS[g].inputs[k]], data_bytes + inputs[k].offset, 0, inputs[k].size);
-    ggml_backend_graph_compute(cpu, gf);
-    for (int k = 0; k < GRAPHS[g].n_caches; k++) ggml_backend_tensor_get(T[GRAPHS[g].caches[2 * k]], shadow[GRAPHS[g].caches[2 * k + 1]], 0, ggml_nbytes(T[GRAPHS[g].caches[2 * k]]));
-    for (int k = 0; k < GRAPHS[g].n_compared; k++) {{
-        struct ggml_tensor * got = b->T[GRAPHS[g].compared[k]], * want = T[GRAPHS[g].compared[k]];
-        size_t n = ggml_nbytes(want);
-        unsigned char * x = malloc(n), * y = malloc(n);
-        ggml_backend_tensor_get(got, x, 0, n);
-        ggml_backend_tensor_get(want, y, 0, n);
-        if (memcmp(x, y, n) != 0) {{
-            size_t at = 0;
-            while (x[at] == y[at]) at++;
-            printf("    values: %s (%s) differs from the CPU-only computation from byte %zu on", ggml_get_name(want), ggml_op_desc(want), at);
-            if (want->type == GGML_TYPE_F32) printf(": element %zu is %g, the CPU alone gives %g", at / 4, ((float *) x)[at / 4], ((float *) y)[at / 4]);
-            printf("\n");
-            report("DIFF %d %s\n", index, ggml_get_name(want));
-            free(x); free(y);
-            break;
-        }}
-        free(x); free(y);
-    }}
-    ggml_backend_buffer_free(buf);
-    free(T);
-    ggml_free(ctx);
-}}
-
-static void step_sched_new(int index, int max_nodes, bool parallel, bool op_offload, bool reuse, bool debug_realloc) {{
-    cur_step = index;
-    report("STEP %d %s\n", index, "");
-    if (reuse && !fresh_run) {{
-        printf("step %d: sched_new kept (the scheduler is reused)\n", index);
-        return;
-    }}
-    if (sched) ggml_backend_sched_free(sched);
-    ggml_backend_buffer_type_t bufts[N_BACKENDS];
-    for (int i = 0; i < N_BACKENDS; i++) bufts[i] = ggml_backend_get_default_buffer_type(backends[i]);
-    if (host_buffer_of >= 0) bufts[N_BACKENDS - 1] = ggml_backend_dev_host_buffer_type(ggml_backend_get_device(backends[host_buffer_of]));
-    /* ggml reads GGML_SCHED_DEBUG_REALLOC when the scheduler is made: =1 aborts on a same-size reallocation */
-    if (debug_realloc) setenv("GGML_SCHED_DEBUG_REALLOC", "1", 1); else unsetenv("GGML_SCHED_DEBUG_REALLOC");
-    sched = ggml_backend_sched_new(backends, host_buffer_of >= 0 ? bufts : NULL, N_BACKENDS, (size_t) max_nodes, parallel, op_offload);
-    unsetenv("GGML_SCHED_DEBUG_REALLOC");
-    printf("step %d: ggml_backend_sched_new(max_nodes = %d, parallel = %d, op_offload = %d)%s: %d copies\n", index, max_nodes, parallel, op_offload,
-           debug_realloc ? " with GGML_SCHED_DEBUG_REALLOC=1" : "", ggml_backend_sched_get_n_copies(sched));
-}}
-
-/* the eval callback: asked, it wants every MUL_MAT and MUL_MAT_ID result (as llama.cpp's imatrix
-   tool does), so that compute_splits computes each split up to each of them; given one, it goes on */
-static bool eval_cb(struct ggml_tensor * t, bool ask, void * user_data) {{
-    (void) user_data;
-    return ask ? t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_MUL_MAT_ID : true;
-}}
-
-static void step_eval_callback(int index) {{
-    cur_step = index;
-    report("STEP %d %s\n", index, "");
-    ggml_backend_sched_set_eval_callback(sched, eval_cb, NULL);
-    printf("step %d: ggml_backend_sched_set_eval_callback (MUL_MAT, MUL_MAT_ID)\n", index);
-}}
-
-static void step_reset(int index) {{
-    cur_step = index;
-    report("STEP %d %s\n", index, "");
-    ggml_backend_sched_reset(sched);
-    printf("step %d: reset\n", index);
-}}
-
-static void step_graph(int index, enum step_kind kind, int g, const struct blob * inputs, bool compare) {{
-    cur_step = index;
-    replans = 0;
-    report("STEP %d %s\n", index, "");
-    printf("step %d: %s(%s)\n", index, KIND_NAMES[kind], GRAPHS[g].name);
-    struct built * b = materialize(g);
-    /* as llama_context does: reset, the graph's own assignments, then reserve or alloc */
-    ggml_backend_sched_reset(sched);
-    GRAPHS[g].force(b->T);
-    bool ok = true;
-    if (kind == STEP_RESERVE) ok = ggml_backend_sched_reserve(sched, b->gf);
-    else if (kind == STEP_SPLIT) ggml_backend_sched_split_graph(sched, b->gf);
-    else if (kind == STEP_RESERVE_SIZE) {{
-        /* llama.cpp's memory estimate: the sizes a reservation would need, no buffer allocated */
-        size_t sizes[N_BACKENDS];
-        ggml_backend_sched_reserve_size(sched, b->gf, sizes);
-        for (int i = 0; i < N_BACKENDS; i++) printf("    %s: reserve_size measured %zu bytes\n", BACKEND_NAMES[i], sizes[i]);
-    }}
-    else ok = ggml_backend_sched_alloc_graph(sched, b->gf);
-    if (ok && kind == STEP_COMPUTE) {{
-        for (int k = 0; k < GRAPHS[g].n_inputs; k++) {{
-            struct ggml_tensor * t = b->T[GRAPHS[g].inputs[k]];
-            if (t->buffer)  /* only the inputs the scheduler's graph holds: it allocated them */
-                ggml_backend_tensor_set(t, data_bytes + inputs[k].offset, 0, inputs[k].size);
-        }}
-        ok = ggml_backend_sched_graph_compute(sched, b->gf) == GGML_STATUS_SUCCESS;
-        /* one request with a reply to every RPC server: a server that crashed computing shows here */
-        for (int i = 0; i < N_RPC; i++) {{
-            char endpoint[64];
-            size_t free_mem, total;
-            snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", rpc_ports[i]);
-            ggml_backend_rpc_get_device_memory(endpoint, 0, &free_mem, &total);
-        }}
-    }}
-    print_step(ok, b);
-    if (index == CASE_STEP) record_step(ok, b);
-    if (ok && kind == STEP_COMPUTE && compare) compare_values(index, g, b, inputs);
-}}
-
-{steps}
-struct outcome {{
-    int died_at, signal, differs_at, replanned_at;
-    bool aborted, recorded;
-    char message[1024], replanned[512];
-    /* what the case's step did (its REC line) */
-    char nodes[1 << 16];
-    int splits, ok, replans;
-    size_t buffers[N_BACKENDS];
-}};
-
-static void runner(void) {{
-    ggml_log_set(on_log, NULL);
-    ggml_set_abort_callback(on_abort);
-    make_backends();
-    alloc_persistent();
-    run_steps();
-    report("DONE %d %s\n", cur_step, "");
-}}
-
-/* the steps in a child process, on the running RPC servers; with fresh, every kept scheduler is a new one */
-static struct outcome run(bool fresh) {{
-    struct outcome out;
-    memset(&out, 0, sizeof out);
-    out.died_at = out.differs_at = out.replanned_at = -1;
-    int status = 0, last = -1;
-    bool done = false;
-    fresh_run = fresh;
-    char * buf = in_child(runner, &status);
-    for (char * line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {{
-        int step;
-        if (sscanf(line, "STEP %d", &step) == 1) last = step;
-        else if (sscanf(line, "DIFF %d", &step) == 1 && out.differs_at < 0) out.differs_at = step;
-        else if (sscanf(line, "ABORT %d", &step) == 1) {{ out.aborted = true; snprintf(out.message, sizeof out.message, "%s", strchr(line + 6, ' ') + 1); }}
-        else if (sscanf(line, "AUTO %d", &step) == 1 && step == {step}) {{ out.replanned_at = step; snprintf(out.replanned, sizeof out.replanned, "%s", strchr(line + 5, ' ') + 1); }}
-        else if (strncmp(line, "REC ", 4) == 0) {{
-            char * rest = line + 4;
-            out.recorded = sscanf(rest, "%d %d %d %65535s", &out.splits, &out.ok, &out.replans, out.nodes) == 4;
-            char * b = strstr(rest, " buffers ");
-            for (int i = 0; b && i < N_BACKENDS; i++) out.buffers[i] = strtoull(i ? b : b + 9, &b, 10);
-        }}
-        else if (strncmp(line, "DONE", 4) == 0) done = true;
-    }}
-    if (!done) {{
-        out.died_at = last;
-        out.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-        printf("the run died in step %d: %s\n", last, out.aborted ? out.message : WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "it exited");
-    }}
-    return out;
-}}
-
-/* where two runs' (or a run's and the prediction's) node assignments first differ */
-static void first_difference(const char * what, const char * a, const char * b, const char * a_is, const char * b_is) {{
-    int k = 0;
-    while (*a && *b) {{
-        int x = (int) strtol(a, (char **) &a, 10), y = (int) strtol(b, (char **) &b, 10);
-        if (x != y) {{
-            printf("    %s: node #%d %s: %s %s, %s %s\n", what, k, k < N_STEP_NODES ? STEP_NODE_NAMES[k] : "?", a_is, x >= 0 ? BACKEND_NAMES[x] : "none",
-                   b_is, y >= 0 ? BACKEND_NAMES[y] : "none");
-            return;
-        }}
-        k++;
-        a += *a == ','; b += *b == ',';
-    }}
-}}
-
-int main(void) {{
-    verbose = getenv("REPRO_VERBOSE") != NULL;
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    printf("schedfuzz reproducer: %s\n", {words});
-    FILE * f = fopen(REPRO_DATA, "rb");
-    if (!f) {{ fprintf(stderr, "cannot read %s\n", REPRO_DATA); return 77; }}
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    data_bytes = malloc((size_t) n + 1);
-    if (fread(data_bytes, 1, (size_t) n, f) != (size_t) n) {{ fprintf(stderr, "cannot read %s\n", REPRO_DATA); return 77; }}
-    fclose(f);
-    if (!start_servers()) return 77;
-    struct outcome out = run(false);
-{judge}
-    stop_servers();
-    printf("%s: %s\n", reproduced ? "REPRODUCED" : "not reproduced", {words});
-    return reproduced ? 1 : 0;
-}}
-"""

@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class Tries:
+class MinimizationCost:
     """What a minimization spent: smaller candidates tried, how many of them the reference
     ruled out without running the engine, and the engine replays."""
 
@@ -269,7 +269,7 @@ class _Shrinker:
 
     def __init__(self, case: Case, replay: Replay, screen: Callable[[Case], list[str] | None] | None, progress: bool) -> None:
         self.case, self.replay, self.screen = case, replay, screen
-        self.tries = Tries()
+        self.tries = MinimizationCost()
         original = screen(case) if screen else None
         self.use_screen = screen is not None and original is not None and case.signature in original
         # disable=None: tqdm draws only on a terminal, so CI logs get no bar
@@ -335,7 +335,7 @@ def minimize_case(
     driver_scenario: Callable[[Workload], Scenario],
     screen: Callable[[Case], list[str] | None] | None = None,
     progress: bool = True,
-) -> tuple[Case, Tries]:
+) -> tuple[Case, MinimizationCost]:
     """The smallest case found that replays to ``case.signature``, and what finding it cost.
 
     ``screen`` (the reference's prediction of a candidate's signatures) rejects most candidates

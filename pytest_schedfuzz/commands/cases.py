@@ -21,6 +21,7 @@ from ..cases.corpus import STARTER_CORPUS, Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
 from ..engine import Unsupported
 from ..files import atomic_write
+from ..ggml.versions import version_of
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord, Trace
@@ -191,7 +192,7 @@ def minimize(args: argparse.Namespace) -> int:
             if not any(v.signature() == case.signature for v in fuzzer.replay(case)):
                 print(f"{case.path}: does not replay to {case.signature}; left as it is")
                 continue
-            small, tries = minimize_case(case, signatures, fuzzer.driver.scenario, fuzzer.screen)
+            small, tries = minimize_case(case, signatures, fuzzer.driver.scenario, fuzzer.reference_signatures)
             stopped = " (stopped by --time-limit)" if late() else ""
             if small.size_text() == case.size_text():
                 print(f"{case.path}: no smaller case found ({tries.replays} replays of {tries.candidates} candidates){stopped}; left as it is")
@@ -304,7 +305,7 @@ def export(args: argparse.Namespace) -> int:
         assert case.path is not None
         out = Path(args.output) if single else Path(args.output) / case.path.stem
         version = str(case.engine.get("ggml_version", "0.25.3"))
-        lib = args.lib or ("ggml-0.15.3" if version.startswith("0.15.") else "ggml-0.25.3")
+        lib = args.lib or version_of(version).built_in
         fuzzer = fuzzer_for(argparse.Namespace(**{**vars(args), "lib": lib}))
         try:
             _export_one(fuzzer, case, out, lib, version, args.llama_lib)
@@ -336,7 +337,7 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
     """One case's reproducer, with what the harness's own run of it says in REPORT.md: a llama.cpp
     case's replay, a graph case's splits and buffers at its step (and the ``show`` drawing)."""
     from ..cases.draw import buffers_text, splits_text, to_dot
-    from ..cases.export import Seen, export_case
+    from ..cases.export import StepRecords, export_case
     from ..cases.export_llama import export_llama_case
     from ..llama.target import resolve_lib_dir
     from ..properties import fresh_variant
@@ -350,7 +351,7 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
     scenario = fuzzer.scenario_for(case)
     trace, record, source = _step_record(fuzzer, case, scenario)
     at = {r.index: r for r in trace.records}
-    seen = Seen(at.get(case.step), next((r for r in fuzzer.predict(scenario).records if r.index == case.step), None),
+    seen = StepRecords(at.get(case.step), next((r for r in fuzzer.predict(scenario).records if r.index == case.step), None),
                 next((r for r in fuzzer.engines.run(fresh_variant(scenario)).records if r.index == case.step), None)
                 if case.property == "reuse-equivalent" else None)
     if record is None:

@@ -14,7 +14,8 @@ from typing import Any
 from ..engine import TargetError
 from ..model.scenario import GraphSpec, Scenario, TensorSpec
 from . import values
-from .engine import Built, Ggml, GraphProgram
+from .engine import Built, Ggml
+from .program import GraphProgram, encode
 
 
 def tensor_key(t: TensorSpec) -> tuple[Any, ...]:
@@ -72,7 +73,7 @@ class CpuOnly:
         g, eng = self.eng.g, self.eng
         program = self.programs.get(id(spec))
         if program is None:
-            program = self.programs[id(spec)] = eng.program(spec, None)
+            program = self.programs[id(spec)] = encode(spec, None, eng.types, eng.ggml_version)
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         buf = None
         try:

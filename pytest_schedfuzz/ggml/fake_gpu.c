@@ -26,7 +26,7 @@
  *     (corrupt_op).
  *
  * Built against the ggml under test (its public headers and src/ggml-backend-impl.h, ggml-impl.h),
- * by pytest_schedfuzz.build.build_fake_gpu. The interface structs are the same in ggml 0.15.3 and
+ * by pytest_schedfuzz.ggml.build.build_fake_gpu. The interface structs are the same in ggml 0.15.3 and
  * 0.25.3 except graph_optimize, which gained a parameter: SCHEDFUZZ_OPTIMIZE_PARAMS selects it. */
 #include "ggml.h"
 #include "ggml-backend.h"

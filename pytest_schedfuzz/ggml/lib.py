@@ -13,21 +13,24 @@ Only the child processes (the worker and the RPC servers) import ggml; the paren
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import importlib.util
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
 from ..files import cache_dir
+from ..llama.seed import SEED_GGML, build_llama_seed
+from ..process.children import PARENT_ENV
+from .build import BuildError
+# LibError, base_library and BUILT_IN (the newest first: the default engine): also what the plugin
+# and the CLI import from here
+from .installed import LibError, base_library, ggml_python_dir, has_ggml, installed_folder
+from .versions import BUILT_IN
 
 LIB_ENV = "SCHEDFUZZ_GGML_LIB"
-PARENT_ENV = "SCHEDFUZZ_PARENT_PID"
 
 
 def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
@@ -48,21 +51,12 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
-BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")  # the newest first: the default engine
 DEFAULT_LIB = BUILT_IN[0]
-# ggml 0.25.3 with the seeds' patch set (build.build_llama_seed: the libraries of llama.cpp-0.3.36-seed),
+# ggml 0.25.3 with the seeds' patch set (llama.seed.build_llama_seed: the libraries of llama.cpp-0.3.36-seed),
 # compiled on first use, so not one of BUILT_IN (which the CLI and tests walk through)
-SEED_LIB = "ggml-0.25.3-seed"
+SEED_LIB = SEED_GGML
 # where a build keeps its shared libraries, below the folder a user names
 _LIB_SUBDIRS = ("", "bin", "lib", "src", "ggml/src", "build/bin", "build/lib", "build/src", "build/ggml/src")
-
-
-class LibError(ValueError):
-    """A ``--schedfuzz-lib`` value that names no usable ggml build; the message says why."""
-
-
-def _has_ggml(folder: Path) -> bool:
-    return (folder / "libggml-base.so").exists() or any(folder.glob("libggml-base.so.*"))
 
 
 def resolve_lib(value: str | None) -> str | None:
@@ -77,25 +71,17 @@ def resolve_lib(value: str | None) -> str | None:
     if value == "ggml-0.15.3":
         return None
     if value == SEED_LIB:
-        from .build import BuildError, build_llama_seed  # build imports this module
-
         try:
             return str(build_llama_seed())
         except BuildError as e:
             raise LibError(f"--schedfuzz-lib {SEED_LIB}: building llama.cpp 0.3.36 with the seeds' patches failed: {e}") from None
     if value == "ggml-0.25.3":
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.submodule_search_locations:
-            raise LibError("--schedfuzz-lib ggml-0.25.3: llama-cpp-python (whose build holds ggml 0.25.3) is not installed; run the README's install command")
-        folder = Path(list(spec.submodule_search_locations)[0]) / "lib"
-        if not _has_ggml(folder):
-            raise LibError(f"--schedfuzz-lib ggml-0.25.3: no libggml-base.so in {folder} (llama-cpp-python built without shared ggml libraries?)")
-        return str(folder)
+        return str(installed_folder(value))
     base = Path(value).expanduser()
     if not base.is_dir():
         raise LibError(f"--schedfuzz-lib {value}: not a folder, nor one of {', '.join((*BUILT_IN, SEED_LIB))}")
     for sub in _LIB_SUBDIRS:
-        if _has_ggml(base / sub):
+        if has_ggml(base / sub):
             return str((base / sub).resolve())
     raise LibError(
         f"--schedfuzz-lib {value}: no libggml-base.so there, nor in {', '.join(s for s in _LIB_SUBDIRS if s)} below it "
@@ -105,27 +91,7 @@ def resolve_lib(value: str | None) -> str | None:
 
 def library_folder(value: str | None) -> Path:
     """The folder holding the libraries of ``--schedfuzz-lib value``, ggml-python's own included."""
-    return Path(resolve_lib(value) or _installed_package_dir() / "lib")
-
-
-def base_library(folder: Path) -> Path:
-    """``folder``'s ``libggml-base`` by its shortest name (``libggml-base.so``: what links against it)."""
-    return shared_library(folder, "libggml-base")
-
-
-def shared_library(folder: Path, stem: str) -> Path:
-    """``folder``'s library ``stem`` by its shortest name (``libggml.so`` before ``libggml.so.0``)."""
-    found = sorted(folder.glob(f"{stem}.so*"), key=lambda p: len(p.name))
-    if not found:
-        raise LibError(f"{folder}: no {stem}.so there")
-    return found[0]
-
-
-def _installed_package_dir() -> Path:
-    spec = importlib.util.find_spec("ggml")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("ggml-python is not installed in this environment")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(resolve_lib(value) or ggml_python_dir() / "lib")
 
 
 def _soname_file(lib: Path) -> Path:
@@ -165,7 +131,7 @@ def _overlay(lib_dir: Path) -> Path:
     The folder name is derived from both paths, so concurrent processes share one overlay.
     """
     libs = lib_overlay(lib_dir)
-    pkg = _installed_package_dir()
+    pkg = ggml_python_dir()
     key = hashlib.sha1(f"v2\0{pkg}\0{lib_dir}".encode()).hexdigest()[:16]
     root = Path(tempfile.gettempdir()) / f"schedfuzz-ggml-overlay-{key}"
     if (root / "ggml" / "lib").exists():
@@ -200,16 +166,3 @@ def loaded_library_path(stem: str = "libggml-base") -> str:
         if len(fields) == 6 and Path(fields[5]).name.startswith(stem + "."):
             return os.path.realpath(fields[5])
     raise RuntimeError(f"{stem} is not mapped into this process")
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
-
-    The parent passes its pid in ``SCHEDFUZZ_PARENT_PID``; if it is already gone, exit now.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    parent = os.environ.get(PARENT_ENV)
-    if parent is not None and os.getppid() != int(parent):
-        os._exit(1)

@@ -28,7 +28,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s HOST:PORT [THREADS]\n", argv[0]);
         return 2;
     }
-    // die with the process that started it (lib.die_with_parent): the harness passes its pid, so
+    // die with the process that started it (process/children.py: die_with_parent): the harness passes its pid, so
     // that a parent already gone is seen too
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     const char * parent = getenv("SCHEDFUZZ_PARENT_PID");

@@ -1,6 +1,6 @@
 """The process that runs scenarios on the real ggml: ``python -m pytest_schedfuzz.ggml.worker``.
 
-Protocol: messages pickled after their length (``engine.Channel``, ``target.Worker.recv``; JSON
+Protocol: messages pickled after their length (``process.channel.Channel``, ``process.worker.Worker.recv``; JSON
 cost several ms each way). The worker reads requests on stdin and writes replies on the file
 descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever ggml or Python
 print cannot corrupt the protocol.
@@ -43,8 +43,9 @@ from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams,
 from ..model.trace import StepRecord
 from .backends import RpcUnreachable
 from .build import OPTIMIZE
-from .engine import OBSERVE_SPLITS, Channel, Ggml, coverage_build, gcov_dump
-from .lib import die_with_parent
+from ..process.channel import Channel
+from ..process.children import die_with_parent
+from .engine import OBSERVE_SPLITS, Ggml, coverage_build, gcov_dump
 from .run import ScenarioRun
 
 

@@ -19,22 +19,24 @@ from typing import Any
 
 from ..engine import TargetError, Unsupported
 from ..files import cache_dir
-from ..ggml.crash import build_preload, with_preload
+from ..ggml.build import BuildError
 from ..ggml.lib import child_env, lib_overlay
-from ..ggml.rpc import RpcServers
-from ..ggml.target import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
+from ..process.crash import build_preload, with_preload
+from ..process.rpc import RpcServers
+from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from . import declarations
 from .gguf_models import write_lora, write_model
+from .seed import SEED_LLAMA, build_llama_seed
 from .upstream import UPSTREAM, is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
 from .graph_records import RecentGraphs
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
 # built-in llama.cpp libraries by name: llama-cpp-python's own, the same llama.cpp with the seeds'
-# patch set (build.build_llama_seed, compiled on first use), and upstream b11739 as published
+# patch set (seed.build_llama_seed, compiled on first use), and upstream b11739 as published
 # (upstream.upstream_lib_dir: a Release build with ggml's realloc callback)
-BUILT_IN = ("llama.cpp-0.3.36", "llama.cpp-0.3.36-seed", UPSTREAM)
+BUILT_IN = ("llama.cpp-0.3.36", SEED_LLAMA, UPSTREAM)
 HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
 
 
@@ -56,8 +58,6 @@ def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
     if lib_dir == UPSTREAM:
         return upstream_lib_dir()
     if lib_dir == BUILT_IN[1]:
-        from ..ggml.build import BuildError, build_llama_seed  # build imports the ggml package
-
         try:
             return build_llama_seed()
         except BuildError as e:

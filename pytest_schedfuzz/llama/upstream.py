@@ -12,7 +12,7 @@ keeps to its workers).
 
 The wheel is built for glibc >= 2.38, and on an older glibc its libraries do not load: they need
 four C23 functions (``__isoc23_strtol``, ``strtoul``, ``strtoull``, ``sscanf``) at version
-``GLIBC_2.38``. On such a machine the copies are patched: a shim (``SHIM_SOURCE``, compiled with
+``GLIBC_2.38``. On such a machine the copies are patched: a shim (``isoc23_shim.c``, compiled with
 the system's C compiler) defines the four; ``patchelf`` unbinds them from their glibc version and
 makes each library need the shim; and the version need itself is unlinked from
 ``.gnu.version_r`` (``_unlink_version_need``: patchelf leaves it, and ld.so refuses a library
@@ -48,81 +48,7 @@ LIBRARIES = ("libllama", "libggml-base", "libggml", "libggml-cpu", "libggml-rpc"
 NEEDED_GLIBC = (2, 38)
 C23_SYMBOLS = ("__isoc23_strtol", "__isoc23_strtoul", "__isoc23_strtoull", "__isoc23_sscanf")
 SHIM = "libschedfuzz-isoc23.so"
-SHIM_SOURCE = r"""
-/* glibc 2.38's C23 entry points for llama.cpp b11739's libraries on an older glibc (upstream.py).
-   Compiled as C11, so the strtol & co. and vsscanf called here are glibc's C99 ones. */
-#include <ctype.h>
-#include <errno.h>
-#include <limits.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-
-/* C23's strto* read a 0b/0B prefix when base is 0 or 2, where C99's read "0" and stop at the b:
-   the binary digits after such a prefix (and the sign, into *negative), NULL without one. */
-static const char *binary_digits(const char *s, int base, int *negative) {
-    if (base != 0 && base != 2) return NULL;
-    while (isspace((unsigned char) *s)) s++;
-    *negative = *s == '-';
-    if (*s == '+' || *s == '-') s++;
-    return s[0] == '0' && (s[1] == 'b' || s[1] == 'B') && (s[2] == '0' || s[2] == '1') ? s + 2 : NULL;
-}
-
-/* The magnitude of binary digits; *overflow when it exceeds ULLONG_MAX. errno as it was. */
-static unsigned long long magnitude(const char *digits, char **end, int *overflow) {
-    int saved = errno;
-    errno = 0;
-    unsigned long long m = strtoull(digits, end, 2);
-    *overflow = errno == ERANGE;
-    errno = saved;
-    return m;
-}
-
-long __isoc23_strtol(const char *s, char **end, int base) {
-    int negative, overflow;
-    const char *digits = binary_digits(s, base, &negative);
-    if (digits == NULL) return strtol(s, end, base);
-    unsigned long long m = magnitude(digits, end, &overflow);
-    if (overflow || m > (negative ? (unsigned long long) LONG_MAX + 1 : (unsigned long long) LONG_MAX)) {
-        errno = ERANGE;
-        return negative ? LONG_MIN : LONG_MAX;
-    }
-    return negative ? (long) (0 - m) : (long) m;
-}
-
-unsigned long __isoc23_strtoul(const char *s, char **end, int base) {
-    int negative, overflow;
-    const char *digits = binary_digits(s, base, &negative);
-    if (digits == NULL) return strtoul(s, end, base);
-    unsigned long long m = magnitude(digits, end, &overflow);
-    if (overflow || m > ULONG_MAX) {
-        errno = ERANGE;
-        return ULONG_MAX;
-    }
-    return negative ? 0 - (unsigned long) m : (unsigned long) m;  /* C's unsigned negation */
-}
-
-unsigned long long __isoc23_strtoull(const char *s, char **end, int base) {
-    int negative, overflow;
-    const char *digits = binary_digits(s, base, &negative);
-    if (digits == NULL) return strtoull(s, end, base);
-    unsigned long long m = magnitude(digits, end, &overflow);
-    if (overflow) {
-        errno = ERANGE;
-        return ULLONG_MAX;
-    }
-    return negative ? 0 - m : m;
-}
-
-/* C99's sscanf: it differs from C23's in %i (no 0b prefix) and %b (no binary conversion). */
-int __isoc23_sscanf(const char *s, const char *format, ...) {
-    va_list ap;
-    va_start(ap, format);
-    int n = vsscanf(s, format, ap);
-    va_end(ap);
-    return n;
-}
-"""
+SHIM_SOURCE = Path(__file__).with_name("isoc23_shim.c")
 
 # ELF section types (elf.h): the dynamic symbols, the versions they need, and each one's version
 _SHT_DYNSYM, _SHT_GNU_VERNEED, _SHT_GNU_VERSYM = 11, 0x6FFFFFFE, 0x6FFFFFFF
@@ -173,7 +99,7 @@ def prebuilt_lib_dir(folder: Path) -> Path:
     ``libggml-rpc.so`` as links to their ``.so.0`` files, copies of ``folder``'s, patched to load
     on this machine's glibc where they need a newer one; the binding's declarations beside them
     (``llama.cdef``) where ``folder`` has a binding. The folder's name is keyed by the libraries'
-    bytes, this module's source (the shim and the patching) and the glibc it was made for. It is
+    bytes, this module's source (the patching), the shim's and the glibc it was made for. It is
     made in a temporary folder and renamed into place, so that of concurrent processes (pytest-xdist
     workers) the first to finish puts its folder there, and the others use it and discard theirs."""
     sources = {stem: next((p for p in (folder / f"{stem}.so.0", folder / f"{stem}.so") if p.is_file()), folder / f"{stem}.so.0")
@@ -183,7 +109,7 @@ def prebuilt_lib_dir(folder: Path) -> Path:
         raise TargetError(f"prebuilt llama.cpp libraries in {folder}: no {', '.join(missing)} there")
     glibc = _glibc_version()
     binding = folder / BINDING_CDEF[0]
-    digest = hashlib.sha1(Path(__file__).read_bytes())
+    digest = hashlib.sha1(Path(__file__).read_bytes() + SHIM_SOURCE.read_bytes())
     digest.update(f"glibc {glibc}".encode() + (binding.read_bytes() if binding.is_file() else b""))
     for path in sources.values():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -202,7 +128,7 @@ def prebuilt_lib_dir(folder: Path) -> Path:
                 if not patchelf:
                     cc, patchelf = _compiler(), _patchelf()
                     shim = ["-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-Wl,-soname,{SHIM}", "-o", str(staging / SHIM)]
-                    _run([cc, *shim, "-x", "c", "-"], SHIM_SOURCE)
+                    _run([cc, *shim, "-x", "c", "-"], SHIM_SOURCE.read_text())
                 _patch_for_old_glibc(copy, glibc, patchelf)
             (staging / f"{stem}.so").symlink_to(copy.name)
         if binding.is_file():  # its declarations, beside its libraries (declarations.py)

@@ -15,7 +15,7 @@ from .sites import check_site, site_key
 
 def with_c_stack(cause: str, message: str, depth: int = 3) -> str:
     """A signal's cause with the top ``depth`` functions of the C stack the worker printed
-    (``ggml/crash.py``): two segfaults in different functions are two findings. A function's
+    (``process/crash.py``): two segfaults in different functions are two findings. A function's
     type- or implementation-specialized variants are one function (ggml 0.15.3's
     ``ggml_compute_forward_set_rows_f32`` is 0.25.3's ``..._set_rows_impl``), so one bug keeps
     one signature across ggml versions.

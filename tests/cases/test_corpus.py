@@ -388,7 +388,7 @@ def test_show_draws_a_driver_case_at_the_step_that_failed(tmp_path: Path):
 
 def _children_of(pid: int) -> list[int]:
     """Processes the harness started for ``pid`` (workers, RPC servers): they carry its pid."""
-    from pytest_schedfuzz.ggml.lib import PARENT_ENV
+    from pytest_schedfuzz.process.children import PARENT_ENV
 
     mine = []
     for proc in Path("/proc").iterdir():

@@ -300,3 +300,28 @@ def test_what_neither_the_binding_nor_the_libraries_give_is_refused_by_name(monk
     monkeypatch.setattr(export_llama, "_exported", lambda _: {})
     with pytest.raises(ExportError, match="its libraries export no ggml_backend_dev_by_type"):
         export_llama.declared_header(folder, decl, "ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);")
+
+
+def test_every_template_field_is_filled_and_the_templates_are_package_data(tmp_path: Path) -> None:
+    """The exporters' C and CMake come from template files beside them (``cases/*.in``): the
+    export of a graph case, a llama.cpp case with a draft model of its own, the same-logits
+    guard (two runs) and an RPC-only case on the headerless b11739 (``llama_declared.h``) leaves
+    no ``@{field}`` unfilled; and pyproject ships the templates with the package."""
+    import tomllib
+
+    from pytest_schedfuzz.cases import templates
+
+    graph = _case("06a0cc7a62")
+    export_case(graph, graph.scenario, tmp_path / "graph", None, "0.25.3")  # type: ignore[arg-type]
+    export_llama_case(_case("ca3710d217"), tmp_path / "draft", None)
+    export_llama_case(load_case(next(CORPUS.glob("llama-same-logits-*.json"))), tmp_path / "logits", None)
+    export_llama_case(_case("02cc370507"), tmp_path / "declared", "llama.cpp-b11739")
+    written = [p for p in tmp_path.rglob("*") if p.suffix in (".c", ".h", ".txt")]
+    assert {p.name for p in written} >= {"repro.c", "CMakeLists.txt", "llama_declared.h"}
+    for path in written:
+        assert "@{" not in path.read_text(), path
+    folder = Path(templates.__file__).parent
+    shipped = tomllib.loads((CORPUS.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["pytest_schedfuzz.cases"]
+    assert sorted(p.name for p in folder.glob("*.in")) == sorted(p.name for pattern in shipped for p in folder.glob(pattern))
+    with pytest.raises(ValueError, match="has no field nonesuch"):
+        templates.fill("repro_new_gpu.c.in", nonesuch=1)

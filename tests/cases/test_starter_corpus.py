@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.campaign.fuzz import RACE_TRIES, Fuzzer
+from pytest_schedfuzz.campaign.checks import RACE_TRIES
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
 from pytest_schedfuzz.sim.driver import Driver
@@ -46,7 +47,7 @@ def test_message_step_and_graphs_agree_with_the_scenario(path: Path, fuzzers: di
     # a workload case keeps the scenario its driver produced when it failed (re-reservation off)
     if case.workload is not None:
         assert Driver(fuzzer.policy, rereserve=False).scenario(case.workload).dumps() == case.scenario.dumps()
-    found = [v for v in fuzzer.check_shown(case, case.scenario) if v.signature() == case.signature]
+    found = [v for v in fuzzer.check_until_shown(case, case.scenario) if v.signature() == case.signature]
     if not found and "[race=" in case.signature:
         # a race shows only when the threads interleave so: on a loaded machine (this suite
         # under -n 2) 0.15.3's abort symptom showed in 3 of 20 replays, in 10 of 20 on an idle one

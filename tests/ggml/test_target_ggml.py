@@ -13,14 +13,16 @@ import pytest
 
 from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
 from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
-from pytest_schedfuzz.ggml.rpc import RpcServerError, RpcServers, free_port, port_accepts
 from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
-from pytest_schedfuzz.ggml.children import exiting
-from pytest_schedfuzz.ggml.forkserver import ForkServer
-from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib, shared_library
-from pytest_schedfuzz.ggml.target import GgmlTarget, worker_env
+from pytest_schedfuzz.ggml.installed import shared_library
+from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib
+from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
+from pytest_schedfuzz.process.children import exiting
+from pytest_schedfuzz.process.forkserver import ForkServer
+from pytest_schedfuzz.process.rpc import RpcServerError, RpcServers, free_port, port_accepts
+from pytest_schedfuzz.process.worker import worker_env
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from reference.versions import rules_for
@@ -203,7 +205,7 @@ def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_th
     before its records are read, once even when the scenario is sent twice (an RPC server that
     did not answer); what it raises comes after the reply is read, and the worker, still in
     step, runs the next scenario."""
-    from pytest_schedfuzz.campaign.engines import Meanwhile
+    from pytest_schedfuzz.campaign.engines import Deferred
 
     sc = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A"))
     target.run(sc)
@@ -214,7 +216,7 @@ def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_th
         calls.append(target.worker_pid)
         raise ValueError("the reference failed")
 
-    later = Meanwhile(predict)
+    later = Deferred(predict)
     trace = target.run(sc, later)
     assert trace.abort is None and trace.records[-1].ok and calls == [pid]
     with pytest.raises(ValueError, match="the reference failed"):
@@ -229,7 +231,7 @@ def test_the_reference_predicts_while_the_worker_runs_and_its_error_waits_for_th
 
     monkeypatch.setattr(target.servers, "ensure", first_one_dead)
     counted: list[int] = []
-    later = Meanwhile(lambda: counted.append(1))
+    later = Deferred(lambda: counted.append(1))
     assert target.run(sc, later).records[-1].ok and len(given) == 2 and counted == [1]
 
 
@@ -638,7 +640,7 @@ def test_workers_after_aborts_are_forked_from_one_server_and_end_as_processes_of
         assert t._forker is not None and t._forker.server is not None and len(set(workers)) == 3
         server = t._forker.server.proc.pid
         parent, command = _parent_and_command(workers[-1])
-        assert parent == server and "-m pytest_schedfuzz.ggml.forkserver" in command and "pytest_schedfuzz.ggml.worker" in command
+        assert parent == server and "-m pytest_schedfuzz.process.forkserver" in command and "pytest_schedfuzz.ggml.worker" in command
         # not the RPC servers (``rpc``: forked, they would share their address layout)
         assert all(_parent_and_command(pid)[0] == os.getpid() for pid in t.servers.pids)
         # a crash: the signal it died of, as from a process of its own

@@ -151,7 +151,7 @@ def test_the_graph_head_is_checked_against_ggmls_own_graph_calls() -> None:
     """``struct ggml_cgraph`` is private to ggml (no header declares it): the worker's reading of
     its head is checked with a graph ggml makes; a head that lost a field is refused, naming it."""
     from pytest_schedfuzz.ggml.lib import import_ggml
-    from pytest_schedfuzz.llama.worker import CGraphHead, graph_head_wrong
+    from pytest_schedfuzz.llama.structs import CGraphHead, graph_head_wrong
 
     class NoGrads(ctypes.Structure):  # as if ggml had dropped ``grads`` before ``leafs``
         _fields_ = [f for f in CGraphHead._fields_ if f[0] != "grads"]

@@ -189,7 +189,7 @@ def test_an_abort_is_a_finding_and_the_next_workload_runs(target) -> None:
     target.start()
     spare = target._spare
     assert spare is not None
-    # forked by the target's fork server, which has libllama loaded (``ggml.forkserver``)
+    # forked by the target's fork server, which has libllama loaded (``process.forkserver``)
     assert target._forker is not None and target._forker.server is not None
     assert int(open(f"/proc/{spare.proc.pid}/stat").read().rsplit(")", 1)[1].split()[1]) == target._forker.server.proc.pid
     trace = llama_trace(target.run(bad))
@@ -451,7 +451,7 @@ def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None
     import subprocess
     import sys
 
-    from pytest_schedfuzz.ggml.crash import CRASH_HOOK, build_preload, stack_line, with_preload
+    from pytest_schedfuzz.process.crash import CRASH_HOOK, build_preload, stack_line, with_preload
     from pytest_schedfuzz.ggml.lib import resolve_lib
     from pytest_schedfuzz.model.scenario import Scenario
     from pytest_schedfuzz.model.trace import Abort, Trace

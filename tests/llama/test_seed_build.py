@@ -17,18 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.ggml.build import (
-    PATCHES,
-    SEED_GGML,
-    SEED_LLAMA,
-    BuildError,
-    Patch,
-    build_llama_seed,
-    kept_source,
-    patch_command,
-    seed_patch_files,
-    source_tree,
-)
+from pytest_schedfuzz.ggml.build import BuildError, Patch, source_tree
+from pytest_schedfuzz.llama.seed import PATCHES, SEED_GGML, SEED_LLAMA, build_llama_seed, kept_source, patch_command, seed_patch_files
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 from pytest_schedfuzz.properties.sites import check_site
 

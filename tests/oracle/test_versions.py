@@ -257,3 +257,17 @@ def test_ggml_s_own_figures_show_a_graph_copy_that_the_shared_rule_hides() -> No
             f.close()
     assert found["ggml-0.25.3"] == []
     assert found[planted] == ["matches-reference[what=ggml-graph-size]", "matches-reference[what=derived-graph-size]", "matches-reference[what=buffers]"]
+
+
+def test_each_built_in_ggml_is_one_entry_of_the_versions_table_and_has_the_references_rules() -> None:
+    """A ggml version is one entry of ``ggml/versions.py`` (its built-in's name and source, the API
+    the engine and the exporter write calls for) and its ``Rules`` here, under the same version;
+    the built-in names and sources are derived from the table."""
+    from pytest_schedfuzz.ggml.build import SOURCES
+    from pytest_schedfuzz.ggml.lib import BUILT_IN
+    from pytest_schedfuzz.ggml.versions import VERSIONS, version_of
+
+    assert all(v.version in RULES for v in VERSIONS)
+    assert BUILT_IN == ("ggml-0.25.3", "ggml-0.15.3") and all(SOURCES[v.built_in] == v.source for v in VERSIONS)
+    assert [version_of(v).built_in for v in ("0.15.3", "0.25.3", "0.26.0", "unknown (the library has no ggml_version())")] == [
+        "ggml-0.15.3", "ggml-0.25.3", "ggml-0.25.3", "ggml-0.25.3"]

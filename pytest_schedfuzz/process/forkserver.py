@@ -1,4 +1,4 @@
-"""A fork server for the engine workers: ``python -m pytest_schedfuzz.ggml.forkserver FD MODULE [PRELOAD...]``.
+"""A fork server for the engine workers: ``python -m pytest_schedfuzz.process.forkserver FD MODULE [PRELOAD...]``.
 
 A worker dies with every ggml abort and crash, and a known bug can abort every few examples; a
 fresh Python process then spends about 0.25 s of CPU importing this package, numpy and
@@ -35,8 +35,8 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from .children import kill_group, spawn
-from .lib import PARENT_ENV, die_with_parent, import_ggml
+from ..ggml.lib import import_ggml
+from .children import PARENT_ENV, die_with_parent, kill_group, spawn
 
 _FDS = 3
 

@@ -25,10 +25,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO
 
-from .build import BuildError, build_rpc_server
+from ..ggml.build import BuildError, build_rpc_server
+from ..ggml.engine import CPU_THREADS
+from ..ggml.lib import child_env
 from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
-from .engine import CPU_THREADS
-from .lib import child_env
 
 
 def free_port() -> int:

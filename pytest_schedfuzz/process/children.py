@@ -1,10 +1,11 @@
 """Child processes: each started in a session of its own (so killed as a process group), none
 left alive after us (``close()``, interpreter exit, SIGTERM; and they die with their parent,
-``lib.die_with_parent``)."""
+``die_with_parent``)."""
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from types import FrameType
 from typing import Protocol
 
 # how a child killed from outside ends: an infrastructure fault, not ggml
+PARENT_ENV = "SCHEDFUZZ_PARENT_PID"  # a child's parent, which it dies with (``die_with_parent``)
 KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
@@ -101,3 +103,16 @@ def exiting(pid: int) -> bool:
 def describe_exit(code: int) -> str:
     """``Popen.returncode`` in words."""
     return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
+
+    The parent passes its pid in ``SCHEDFUZZ_PARENT_PID``; if it is already gone, exit now.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    parent = os.environ.get(PARENT_ENV)
+    if parent is not None and os.getppid() != int(parent):
+        os._exit(1)

@@ -1,0 +1,152 @@
+"""A graph spec encoded for ``graph.c`` (``GraphProgram``, ``encode``), which builds it in one call
+with ggml's own constructors (``Ggml.build_graph``): per tensor a record of its op, type, shape,
+arguments, parameters and the geometry ggml must give it."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..engine import Unsupported
+from ..model.scenario import GraphSpec, TensorSpec
+from .versions import version_of
+
+# the ops whose record fields ``_op_record`` fills (a shape, integer or real parameters);
+# every other op's are zeros
+OP_RECORDS = frozenset({"fill", "cast", "scale", "pad", "top_k", "ssm_scan", "cont", "argsort", "clamp", "glu", "rms_norm", "rope",
+                        "soft_max_ext", "flash_attn_ext", "concat", "permute", "reshape", "view"})
+
+
+@dataclass(frozen=True)
+class GraphProgram:
+    """A graph spec encoded for ``graph.c``: per tensor, in spec order, a record of ``WORDS``
+    int64 words (op, type, shape, arguments as record indices, flags, integer parameters, the
+    persistent tensor or the name's offset, op_params words, then the geometry ggml must give
+    it) and four doubles; the names, NUL-ended; the op_params words; the roots as indices."""
+
+    OPS: ClassVar[tuple[str, ...]] = (
+        "leaf", "persistent", "fill", "cast", "pad", "argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "cumsum", "top_k",
+        "ssm_scan", "get_rows", "mul_mat", "add", "mul", "div", "cpy", "silu", "transpose", "view_tensor", "sum_rows", "dup",
+        "cont", "argsort", "clamp", "glu", "mul_mat_id", "set_rows", "scale", "rms_norm", "rope", "soft_max_ext", "flash_attn_ext",
+        "concat", "permute", "reshape", "view")
+    CODES: ClassVar[dict[str, int]] = {name: i for i, name in enumerate(OPS)}
+    WORDS: ClassVar[int] = 38
+    GEO: ClassVar[int] = 27  # where the geometry starts in a record
+    INPUT, OUTPUT, INPLACE, NEW_K, NAME = 1, 2, 4, 8, 16  # flags
+    OK, NULL, MISSING, BAD_OP = -1, -2, -3, -4  # graph.c's results besides a record index
+
+    records: array[int]
+    reals: array[float]
+    names: bytes
+    words: array[int]
+    roots: array[int]
+    n: int
+    index: dict[str, int]
+
+    @staticmethod
+    def address(a: array[Any]) -> int:
+        return a.buffer_info()[0]
+
+
+def encode(spec: GraphSpec, persistent: Callable[[TensorSpec], int] | None, types: dict[str, int], ggml_version: str) -> GraphProgram:
+    """``spec`` encoded for ``graph.c``, each tensor to be checked against ``spec.geometry``
+    (the parent's inference: it comes with the pickled spec). ``persistent`` gives the
+    scenario's tensor of a weight or a cache; without it (the values check's CPU-only graph)
+    every leaf is a new tensor, neither named an input nor flagged. ``types``: the loaded ggml's
+    type codes by name; ``ggml_version``: its version, whose API the records follow (``versions``)."""
+    GP = GraphProgram
+    index = {t.name: i for i, t in enumerate(spec.tensors)}
+    codes, geometry = GP.CODES, spec.geometry
+    new_k = version_of(ggml_version).ssm_scan_takes_k  # with it, top_k and clamp as 0.25.3 has them
+    program: list[int] = []
+    reals: list[float] = []
+    words: list[int] = []
+    names = bytearray()
+    no_ints, no_reals, no_args, ones = [0] * 8, [0.0] * 4, [-1] * 8, (1, 1, 1, 1)
+    leaf_flags = GP.NAME | (GP.INPUT if persistent is not None else 0)
+    for t in spec.tensors:
+        ne, ints, real, args, w = t.ne, no_ints, no_reals, no_args, None
+        flags = GP.OUTPUT if t.output and persistent is not None else 0
+        ptr = len(names)
+        if t.op == "none":
+            if persistent is not None and t.role in ("weight", "cache"):
+                op, ptr = codes["persistent"], persistent(t)
+            else:
+                op = codes["leaf"]
+                flags |= leaf_flags
+        else:
+            op = codes.get(t.op, -1)
+            flags |= GP.NAME | (GP.NEW_K if new_k and t.op == "ssm_scan" else 0)
+            if t.params:
+                flags |= GP.INPLACE if t.param("inplace") else 0
+                w = t.param("op_params")
+            ne = ()
+            if t.op in OP_RECORDS:
+                ne, ints, real = _op_record(t, new_k, types)
+            args = [index[a] if a is not None else -1 for a in t.args] + no_args[len(t.args):]
+        if flags & GP.NAME:
+            names += t.name.encode() + b"\0"
+        geo = geometry[t.name]
+        program += [op, types[t.type], max(len(ne), 1), *ne, *ones[len(ne):], *args, flags, *ints, ptr,
+                    len(words) if w is not None else -1, len(w) if w is not None else 0,
+                    types[geo.type], *geo.ne, *geo.nb, index[geo.view_src] if geo.view_src is not None else -1, geo.view_offs]
+        if w is not None:
+            words += [int(x) for x in w]
+        reals += real
+    n = len(spec.tensors)
+    return GraphProgram(array("q", program), array("d", reals), bytes(names), array("i", words or [0]),
+                        array("i", [index[r] for r in spec.roots]), n, index)
+
+
+def _op_record(t: TensorSpec, new_k: bool, types: dict[str, int]) -> tuple[tuple[int, ...], list[int], list[float]]:
+    """An op's record fields: the shape its constructor takes (views and reshapes), its eight
+    integer and four real parameters, as ``graph.c``'s ``construct`` reads them."""
+    op, P = t.op, t.param
+    ne: tuple[int, ...] = ()
+    ints, real = [0] * 8, [0.0] * 4
+    if op == "fill":
+        real[0] = float(P("value", 0.0))
+    elif op == "cast":
+        ints[0] = types[str(P("type"))]
+    elif op == "scale":
+        real[0] = float(P("scale", 1.0))
+    elif op == "pad":
+        ints[:8] = [int(x) for x in P("pad")]
+    elif op == "top_k":
+        if not new_k:  # there ggml_top_k is an argsort and a view: not this op
+            raise Unsupported(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
+        ints[0] = int(P("k"))
+    elif op == "ssm_scan":
+        ints[0] = int(P("k", 1))  # 0.25.3 added K, the states kept
+    elif op == "cont" and P("ne") is not None:
+        cne = [int(x) for x in P("ne")]
+        ints[:5] = [*cne, *[1] * (4 - len(cne)), 1]
+    elif op == "argsort":
+        ints[0] = int(P("order", 0))
+    elif op == "clamp":
+        if not new_k:  # there ggml_clamp returns a view of its source: not the op the spec describes
+            raise Unsupported(f"tensor {t.name!r}: ggml 0.15.3's ggml_clamp works in place")
+        real[:2] = [float(P("min", 0.0)), float(P("max", 1.0))]
+    elif op == "glu":
+        ints[:2] = [int(P("glu", 2)), int(bool(P("swapped", False)))]
+    elif op == "rms_norm":
+        real[0] = float(P("eps", 1e-6))
+    elif op == "rope":
+        ints[:2] = [int(P("n_dims")), int(P("mode", 0))]
+    elif op == "soft_max_ext":
+        real[:2] = [float(P("scale", 1.0)), float(P("max_bias", 0.0))]
+    elif op == "flash_attn_ext":
+        real[:3] = [float(P("scale", 1.0)), float(P("max_bias", 0.0)), float(P("logit_softcap", 0.0))]
+    elif op == "concat":
+        ints[0] = int(P("dim", 0))
+    elif op == "permute":
+        ints[:4] = [int(x) for x in P("axes")]
+    elif op == "reshape":
+        ne = tuple(int(x) for x in P("ne"))
+    elif op == "view":
+        ne = tuple(int(x) for x in P("ne"))
+        nb = [int(x) for x in P("nb", ())]
+        ints[:4] = [*nb, *[0] * (3 - len(nb)), int(P("offset", 0))]
+    return ne, ints, real

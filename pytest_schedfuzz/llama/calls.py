@@ -1,0 +1,256 @@
+"""The llama.cpp calls of a workload as the worker makes them (``CALLS[kind].make`` names the
+method, ``Calls``, a part of ``worker.Llama``): ``llama_decode`` of the same batches every run,
+the memory calls (on the draft context too, llama-server's ``common_memory``), checkpoints,
+speculative decoding, sampler chains, LoRA adapters and the context's flags; and each call's
+record, sent when it is made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..ggml.schedlog import SchedLog
+from ..model.llama import Call, Part
+from ..model.llama_calls import CALLS
+from ..process.channel import Channel
+from .observe import HarnessError
+from .speculative import MtpDraft
+
+STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
+
+
+class Calls:
+    """How each call is made, and its record. A part of ``worker.Llama``, which sets up its state
+    (``run``: per workload)."""
+
+    L: Any  # libllama (declarations.Bindings)
+    chan: Channel
+    log: SchedLog
+    absent_calls: tuple[str, ...]
+    mtp: MtpDraft | None
+    call: int
+    sched_events: list[dict[str, Any]]
+    sched_context: dict[int, int]
+    errors: list[str]
+    placement: list[str]
+    n_model_lines: int
+    want_logits: bool
+    logits: list[list[float]]
+    # per workload (``Llama.run``)
+    n_vocab: int
+    embeddings: bool
+    backend_samplers: bool
+    recurrent: bool
+    checkpoints: dict[int, tuple[Any, int]]
+    model_for_loras: Any
+    lora_paths: list[str]
+    adapters: dict[int, Any]
+    in_context: Callable[[int], AbstractContextManager[None]]
+    chain: Callable[[str], Any]
+
+    def begin(self, i: int) -> None:
+        self.call = i
+        self.sched_events = []
+        self.chan.send({"begin": i})
+
+    def end(self, i: int, kind: str, rc: int | str, error: list[str] | None = None) -> None:
+        errors = self.errors + self.log.errors
+        if errors:  # run()'s finally forgets them for the next workload
+            raise HarnessError("\n".join(errors))
+        for e in self.sched_events:  # the draft context's schedulers' calls say so (a log line's, when it came)
+            if "context" not in e and self.sched_context.get(e["sched"], 0):
+                e["context"] = self.sched_context[e["sched"]]
+        rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
+        if error:
+            rec["error"] = error
+        if kind == "init":
+            rec["log"], self.placement = self.placement, self.placement[: self.n_model_lines]
+        if self.logits:
+            rec["logits"], self.logits = self.logits, []
+        self.chan.send({"call": rec})
+
+    def make_call(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        """One call (``CALLS[kind].make``); its return code (``llama_decode``'s, or 0/1 for the bool memory calls)."""
+        kind = CALLS[call.kind]
+        if call.kind in self.absent_calls:  # a corpus case's call this build cannot make (drawn workloads have none)
+            return f"this build lacks {', '.join(f for f in kind.functions if not self.L.has(f))}"
+        rc = getattr(self, kind.make)(ctx, mem, call)
+        if self.mtp is not None and rc == 0 and kind.draft:
+            getattr(self, f"_draft_{kind.draft}")(mem, call)  # llama-server's common_memory: on the draft context too
+        return rc
+
+    def token(self, seq: int, pos: int) -> int:
+        """The token at ``pos`` of ``seq``: every run of a workload decodes the same ones."""
+        return 3 + (seq * 31 + pos * 7) % max(1, self.n_vocab - 3)
+
+    def _make_decode(self, ctx: Any, mem: Any, call: Call) -> int:
+        return self._decode(ctx, mem, call.parts)
+
+    def _decode(self, ctx: Any, mem: Any, parts: Sequence[Part]) -> int:
+        """``llama_decode`` of ``parts`` (each sequence's next tokens); with a draft context, its
+        catch-up on them (``MtpDraft.catch_up``)."""
+        L = self.L
+        n = sum(p.n_tokens for p in parts)
+        batch = L.llama_batch_init(n, 0, 1)
+        decoded: list[tuple[int, int, int]] = []  # token, position, sequence
+        try:
+            j = 0
+            for part in parts:
+                pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
+                for t in range(part.n_tokens):
+                    batch.token[j] = self.token(part.seq, pos0 + t)
+                    decoded.append((batch.token[j], pos0 + t, part.seq))
+                    batch.pos[j] = pos0 + t
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = part.seq
+                    batch.logits[j] = part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1)
+                    j += 1
+            batch.n_tokens = n
+            rc = int(L.llama_decode(ctx, batch))
+            L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
+            outputs = [i for i in range(n) if batch.logits[i]]
+            if rc == 0 and self.want_logits and outputs and not self.embeddings and not self.backend_samplers:
+                for i in dict.fromkeys((outputs[0], outputs[-1])):
+                    row = L.llama_get_logits_ith(ctx, i)
+                    self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
+        finally:
+            L.llama_batch_free(batch)
+        if rc == 0 and self.mtp is not None:
+            with self.in_context(1):
+                rc = self.mtp.catch_up(decoded)
+        return rc
+
+    def _make_spec(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        """One speculative step of ``call.seq`` (``speculative.py``): draft, verify, accept, roll back."""
+        L, seq = self.L, call.seq
+        pos0 = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
+        if self.mtp is not None:
+            with self.in_context(1):
+                rc = self.mtp.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n)])
+            if rc:
+                return rc
+        # a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL)
+        saved = self._checkpoint(ctx, mem, seq) if self.recurrent and call.accept < call.n else None
+        rc = self._decode(ctx, mem, (Part(seq, 1 + call.n, "all"),))
+        if rc or call.accept == call.n:
+            return rc
+        keep = pos0 + call.accept + 1
+        if self.mtp is not None:
+            self.mtp.accept(seq, call.accept)
+            L.llama_memory_seq_rm(self.mtp.mem, seq, keep, -1)
+        if L.llama_memory_seq_rm(mem, seq, keep, -1):
+            return 0
+        if saved is None or not self._restore(ctx, mem, seq, *saved):
+            return f"the rollback of the rejected drafts failed (llama_memory_seq_rm{', then the checkpoint' if saved else ''})"
+        return self._decode(ctx, mem, (Part(seq, call.accept + 1, "none"),))  # the accepted tokens again
+
+    def _checkpoint(self, ctx: Any, mem: Any, seq: int) -> tuple[Any, int]:
+        """``seq``'s state as llama-server checkpoints it (``PARTIAL_ONLY``), and its last position."""
+        L = self.L
+        size = L.llama_state_seq_get_size_ext(ctx, seq, STATE_PARTIAL_ONLY)
+        buf = (ctypes.c_uint8 * size)()
+        got = L.llama_state_seq_get_data_ext(ctx, buf, size, seq, STATE_PARTIAL_ONLY)
+        return (buf if got == size else None), int(L.llama_memory_seq_pos_max(mem, seq))
+
+    def _restore(self, ctx: Any, mem: Any, seq: int, buf: Any, pos: int) -> bool:
+        """A checkpoint set back, and what the attention cache holds after it dropped."""
+        L = self.L
+        return buf is not None and bool(L.llama_state_seq_set_data_ext(ctx, buf, len(buf), seq, STATE_PARTIAL_ONLY)) \
+            and bool(L.llama_memory_seq_rm(mem, seq, pos + 1, -1))
+
+    # the draft context's side of a memory call the target made (``DRAFT_ACTIONS``, llama-server's common_memory)
+
+    def _draft_drop_after(self, mem: Any, call: Call) -> None:
+        """The target's positions after the call decide what the draft context drops."""
+        assert self.mtp is not None
+        self.L.llama_memory_seq_rm(self.mtp.mem, call.seq, int(self.L.llama_memory_seq_pos_max(mem, call.seq)) + 1, -1)
+
+    def _draft_shift(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_seq_rm(self.mtp.mem, call.seq, call.n_keep, call.n_keep + call.n)
+        self.L.llama_memory_seq_add(self.mtp.mem, call.seq, call.n_keep + call.n, -1, -call.n)
+
+    def _draft_copy(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_seq_cp(self.mtp.mem, call.seq, call.dst, -1, -1)
+        self.mtp.copy(call.seq, call.dst)
+
+    def _draft_keep(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_seq_keep(self.mtp.mem, call.seq)
+
+    def _draft_clear(self, mem: Any, call: Call) -> None:
+        assert self.mtp is not None
+        self.L.llama_memory_clear(self.mtp.mem, True)
+        self.mtp.pending.clear()
+
+    # every call but a decode and a speculative step, on the target (``CALLS[kind].make``)
+
+    def _make_checkpoint(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.checkpoints[call.seq] = self._checkpoint(ctx, mem, call.seq)
+        return int(self.checkpoints[call.seq][0] is None)
+
+    def _make_restore(self, ctx: Any, mem: Any, call: Call) -> int:
+        return int(not self._restore(ctx, mem, call.seq, *self.checkpoints[call.seq]))
+
+    def _make_seq_rm(self, ctx: Any, mem: Any, call: Call) -> int:
+        end = self.L.llama_memory_seq_pos_max(mem, call.seq) + 1
+        p0 = 0 if call.n < 0 else max(0, end - call.n)
+        return int(not self.L.llama_memory_seq_rm(mem, call.seq, p0, -1))
+
+    def _make_seq_cp(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.L.llama_memory_seq_cp(mem, call.seq, call.dst, -1, -1)
+        return 0
+
+    def _make_seq_keep(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.L.llama_memory_seq_keep(mem, call.seq)
+        return 0
+
+    def _make_shift(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        L = self.L
+        if not L.llama_memory_can_shift(mem):
+            return "cannot shift"
+        a, b = call.n_keep, call.n_keep + call.n
+        if not L.llama_memory_seq_rm(mem, call.seq, a, b):
+            return 1
+        L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n)
+        return 0
+
+    def _make_clear(self, ctx: Any, mem: Any, call: Call) -> int:
+        self.L.llama_memory_clear(mem, True)
+        return 0
+
+    def _make_set_sampler(self, ctx: Any, mem: Any, call: Call) -> int:
+        # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
+        smpl = self.chain(call.chain or "greedy") if call.flag else None
+        return int(not self.L.llama_set_sampler(ctx, call.seq, smpl))
+
+    def _make_lora_load(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        adapter = self.L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.n].encode())
+        if not adapter:
+            return "llama_adapter_lora_init failed: " + " / ".join(list(self.log.tail)[-2:])
+        self.adapters[call.n] = adapter
+        return 0
+
+    def _make_lora_free(self, ctx: Any, mem: Any, call: Call) -> int | str:
+        adapter = self.adapters.pop(call.n, None)
+        if adapter is None:  # its lora_load failed, and that call says why
+            return f"adapter {call.n} is not loaded: its lora_load failed"
+        self.L.llama_adapter_lora_free(adapter)
+        return 0
+
+    def _make_lora_set(self, ctx: Any, mem: Any, call: Call) -> int:
+        chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
+        arr = (ctypes.c_void_p * max(1, len(chosen)))(*chosen)
+        scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
+        return int(self.L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
+
+    def _make_flag(self, ctx: Any, mem: Any, call: Call) -> int:
+        """set_embeddings, set_causal_attn, set_warmup."""
+        if call.kind == "set_embeddings":
+            self.embeddings = call.flag
+        getattr(self.L, f"llama_{call.kind}")(ctx, call.flag)
+        return 0
