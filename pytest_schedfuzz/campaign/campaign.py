@@ -191,11 +191,14 @@ class Campaign:
     def save(self, finding: Finding) -> tuple[str, summary.Found]:
         """Write a finding to the corpus: its report in full with where it went (a finding that
         cannot be written is still reported), and its line in the summary."""
-        from ..cases.corpus import component_of
+        from ..cases.corpus import component_of, save_case
 
         signature = finding.violation.signature()
         try:
-            path: Path | None = self.fuzzer.save_finding(self.corpus, finding)
+            case = finding.to_case(self.fuzzer)
+            path: Path | None = save_case(self.corpus, case)
+            if self.fuzzer.shared is not None:  # a shared campaign: published to the other hosts
+                self.fuzzer.shared.publish(case, path)  # type: ignore[arg-type]
         except OSError as e:
             path, where = None, f"NOT SAVED: cannot write to {self.corpus}: {e.strerror or e}"
         else:

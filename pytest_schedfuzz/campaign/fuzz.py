@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -27,7 +26,7 @@ from hypothesis.errors import FlakyFailure, HypothesisWarning
 from reference.versions import Rules
 
 from .. import properties as props
-from ..cases.corpus import Case, component_of, save_case
+from ..cases.corpus import Case, component_of
 from ..engine import TargetError, Unsupported, gc_paused
 from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
@@ -136,15 +135,6 @@ class Fuzzer(Checks):
             if shared is not None:
                 for line in shared.close(self.stats.examples):
                     shared.say(line)
-
-    def save_finding(self, directory: Path | str, finding: Finding) -> Path:
-        """Save a finding's case in the corpus ``directory`` (an ``OSError`` where it cannot be
-        written) and, in a shared campaign, publish it to the other hosts."""
-        case = finding.to_case(self)
-        path = save_case(directory, case)
-        if self.shared is not None:
-            self.shared.publish(case, path)
-        return path
 
     def out_of_budget(self) -> bool:
         budget = self.config.budget if self.config.budget is not None else self.profile.budget

@@ -110,10 +110,8 @@ def _replan_reason(x: SchedCall, r: SchedCall) -> str:
         return "reserve_size"
     reason = _invalid(x)
     if x.backend_ids_changed and x.moved:
-        # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the
-        # device) only in a ubatch small enough for the cache, so its graphs differ by ubatch size;
-        # the cause whichever node sits first where the two graphs differ (none at a common position
-        # where the lookup comes first)
+        # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the device)
+        # only in a ubatch small enough for the cache: the cause whichever node the graphs first differ at
         if any(o.startswith("moe_cache.") for o in set(x.offloaded) ^ set(r.offloaded)):
             return f"{reason} (MoE cache lookup)"
         if x.moved.startswith("no node"):

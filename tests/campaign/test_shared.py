@@ -22,8 +22,8 @@ import pytest
 
 from pytest_schedfuzz.campaign.shared import RedisUrl, SharedError
 from pytest_schedfuzz.cases.corpus import case_files, load_case
-from pytest_schedfuzz.ggml.children import kill_group, spawn
-from pytest_schedfuzz.ggml.rpc import free_port, port_accepts
+from pytest_schedfuzz.process.children import kill_group, spawn
+from pytest_schedfuzz.process.rpc import free_port, port_accepts
 
 pytest_plugins = ["pytester"]
 

@@ -269,7 +269,7 @@ def test_a_context_that_does_not_fit_is_judged_on_the_scheduler_calls_made_befor
     """Devices too full for the context: llama.cpp built schedulers and reserved (and failed) before
     it gave up; those calls are judged (a planted check that flags a failed reserve sees them), and
     the summary counts the context as judged, not as skipped."""
-    from pytest_schedfuzz.campaign import fuzz
+    from pytest_schedfuzz.campaign import checks
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
@@ -284,7 +284,7 @@ def test_a_context_that_does_not_fit_is_judged_on_the_scheduler_calls_made_befor
             return [Violation("llama-no-abort", max(c, 0), "a reserve failed", {"planted": "reserve"}) for c, s in trace.sched_calls()
                     if s.kind == "reserve" and not s.ok][:1]
 
-        monkeypatch.setitem(fuzz.LLAMA_CHECKS, "llama-no-abort", planted)
+        monkeypatch.setitem(checks.LLAMA_CHECKS, "llama-no-abort", planted)
         (v,) = fuzzer.check_llama(LLAMA_GROUP, full)
         assert v.facts == {"planted": "reserve"}
     finally:
