@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,18 +32,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def option(config: pytest.Config, name: str) -> Any:
     value = config.getoption(name)
     return value if value is not None else config.getini(name)
-
-
-def base_dir(config: pytest.Config) -> Path:
-    """Where the corpus and the example database live: the ini file's folder when pytest was
-    started inside it, else the folder pytest was started in. Never ``config.rootpath``: pytest
-    derives it from path-like arguments, so ``--schedfuzz-llama-lib DIR`` would move it above DIR."""
-    here = Path(config.invocation_params.dir).resolve()
-    if config.inipath is not None:
-        project = config.inipath.parent.resolve()
-        if here == project or project in here.parents:
-            return project
-    return here
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,6 +5,7 @@ every process found and print the summary. Registered by ``plugin.pytest_configu
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,18 @@ from .campaign.campaign import Campaign, ConfigError, shards_for
 from .campaign.summary import Found, short_path
 from .items import FOUND_KEY, STATS_KEY, SchedfuzzSuite
 from .options import from_pytest
-from .plugin import base_dir
+
+
+def base_dir(config: pytest.Config) -> Path:
+    """Where the corpus and the example database live: the ini file's folder when pytest was
+    started inside it, else the folder pytest was started in. Never ``config.rootpath``: pytest
+    derives it from path-like arguments, so ``--schedfuzz-llama-lib DIR`` would move it above DIR."""
+    here = Path(config.invocation_params.dir).resolve()
+    if config.inipath is not None:
+        project = config.inipath.parent.resolve()
+        if here == project or project in here.parents:
+            return project
+    return here
 
 
 class SchedfuzzSession:
