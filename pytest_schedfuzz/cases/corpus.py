@@ -279,9 +279,23 @@ def component_of(prop: str, signature: str) -> str:
 
 def save_case(directory: Path | str, case: Case) -> Path:
     """Write ``case`` under ``directory`` atomically (a temporary file, then a rename), so that
-    concurrent writers (pytest-xdist workers) never leave a partial file or lose one."""
+    concurrent writers (pytest-xdist workers) never leave a partial file or lose one. The same
+    case found again replaces its file; another case under the same name (the same workload, a
+    signature that differs only past the name's first 60 characters: a check site, another
+    build's) is kept, and this one is written beside it."""
     text = json.dumps(case.to_json(), indent=1, sort_keys=True) + "\n"
-    return atomic_write(Path(directory) / case.file_name(), lambda tmp: tmp.write_text(text))
+    target = Path(directory) / case.file_name()
+    if target.exists() and _signature_in(target) != case.signature:
+        target = target.with_name(f"{target.stem}-{hashlib.sha1(case.signature.encode()).hexdigest()[:6]}.json")
+    return atomic_write(target, lambda tmp: tmp.write_text(text))
+
+
+def _signature_in(path: Path) -> str | None:
+    """The signature a case file holds; None where it cannot be read (then it is not replaced)."""
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["signature"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def case_files(directory: Path | str) -> Iterator[Path]:
