@@ -314,7 +314,7 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
 def test_the_reference_judges_the_captured_graphs_while_llama_cpp_runs_the_cpu_only_workload() -> None:
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
-    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     w = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
@@ -345,7 +345,7 @@ def test_a_cpu_only_run_is_kept_for_the_next_workload_with_the_same_model_contex
     difference is still found; a CPU-only run that aborted is not kept."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
-    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     one = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.model.layout import BackendSpec
 from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
-from pytest_schedfuzz.model.scenario import BackendSpec
 from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.cases.corpus import load_case
