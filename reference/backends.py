@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from pytest_schedfuzz.model.scenario import BackendLayout
+from pytest_schedfuzz.model.layout import BackendLayout
 
 from .alloc import SIZE_MAX, BufferType
 from .graph import CGraph

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from pytest_schedfuzz.model.scenario import GraphSpec
+from pytest_schedfuzz.model.graph_spec import GraphSpec
 from pytest_schedfuzz.model.shapes import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS, is_contiguous, nbytes
 
 
@@ -22,7 +22,7 @@ def tensor_graph(spec: GraphSpec) -> nx.DiGraph:
     """The spec's tensors and their ``src`` edges: each vertex carries its op and its ``src[]``
     (what ``ggml_visit_parents_graph`` walks), each edge the slot of ``src`` in ``dst->src[]``.
 
-    >>> from pytest_schedfuzz.model.scenario import GraphBuilder
+    >>> from pytest_schedfuzz.model.graph_spec import GraphBuilder
     >>> b = GraphBuilder(); w = b.weight("w", (4, 4), device=0); x = b.input("x", (4, 2))
     >>> g = tensor_graph(b.build(b.op("mul_mat", w, x, name="y")))
     >>> sorted(g.edges(data="slot"))

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from mypy_extensions import mypyc_attr
 
-from pytest_schedfuzz.model.scenario import BackendLayout
+from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.trace import ReallocEvent, Split
 
 from .alloc import AllocAbort, Gallocr, NullBufferCrash

@@ -193,7 +193,7 @@ def test_a_ggml_version_is_told_only_by_the_versions_table() -> None:
 
 MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 300
 # what was larger when the limits came (issue 48): each may shrink, none may grow; split it instead
-LARGER_MODULES = {"model/scenario.py": 698, "properties/llama.py": 635}
+LARGER_MODULES: dict[str, int] = {}
 LARGER_CLASSES: dict[str, int] = {}
 
 

@@ -23,7 +23,8 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..properties.captured import llama_matches_reference
-from ..properties.llama import LLAMA_CHECKS, compares_logits, cpu_only, cpu_run_violations, llama_same_logits, logit_pairs, out_of_memory, unmade_calls
+from ..properties.llama import LLAMA_CHECKS, cpu_run_violations, llama_same_logits, out_of_memory, unmade_calls
+from ..properties.llama_logits import compares_logits, cpu_only, logit_pairs
 from ..sim.driver import Driver, Workload
 from . import observed
 from .causes import causes_told_apart, switches_told_apart

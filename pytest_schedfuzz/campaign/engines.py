@@ -157,7 +157,7 @@ class Engines:
         return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile, on_graph))
 
     def cpu_run(self, workload: LlamaWorkload, meanwhile: Deferred | None = None) -> LlamaTrace:
-        """The run of a CPU-only workload (``properties.llama.cpu_only``) with its logits, the
+        """The run of a CPU-only workload (``properties.llama_logits.cpu_only``) with its logits, the
         oracle of llama-same-logits. ggml's CPU backend computes it alike every time (one thread,
         the same model file), so a run that ended without an abort is kept for the next workload
         that needs it (the last ``CPU_RUNS_KEPT``; counted in ``llama_cpu_runs_kept``)."""

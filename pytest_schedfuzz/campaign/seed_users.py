@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..engine import TargetError, Unsupported
+from ..model.layout import BackendSpec
 from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, DraftModel, LlamaWorkload, Part
 from ..model.llama_model import ModelSpec
 from ..model.llama_trace import LlamaTrace
-from ..model.scenario import BackendSpec
 from ..properties.base import Violation
 
 # the tiny model with an MTP layer (the users' dense model with its MTP head is Qwen3.5-style,

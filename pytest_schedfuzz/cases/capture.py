@@ -29,9 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.layout import BackendLayout, BackendSpec
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
-from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step, TensorSpec
+from ..model.scenario import Scenario, SchedParams, Step
 from ..model.shapes import ARITY, INPLACE, TYPES, VIEW_OPS, SpecError
 
 TENSOR_FLAG_INPUT, TENSOR_FLAG_OUTPUT = 1, 2

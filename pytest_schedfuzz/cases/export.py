@@ -40,7 +40,9 @@ from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..ggml.versions import version_of
-from ..model.scenario import BackendSpec, GraphSpec, Scenario, TensorSpec
+from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.layout import BackendSpec
+from ..model.scenario import Scenario
 from ..model.trace import StepRecord
 from ..properties.base import EXPORTED_IDS, is_llama
 from .corpus import Case

@@ -43,7 +43,7 @@ from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
 from ..properties.base import EXPORTED_IDS, is_llama
-from ..properties.llama import LOGITS_TOLERANCE, cpu_only
+from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
 from .templates import fill, text
 from .export import ExportError, c_string, death_condition, gpu_config, gpu_declarations

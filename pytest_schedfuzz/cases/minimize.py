@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
+from ..model.graph_spec import GraphSpec, reshaped
+from ..model.layout import BackendLayout, BackendSpec
 from ..model.llama import LlamaWorkload
-from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, reshaped
+from ..model.scenario import Scenario
 from ..model.shapes import SpecError
 from ..sim.driver import Ubatch, Workload
 from .corpus import Case

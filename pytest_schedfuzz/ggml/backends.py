@@ -1,4 +1,4 @@
-"""The graph engine's backends: one constructor per device kind (``model.scenario.BACKEND_KINDS``).
+"""The graph engine's backends: one constructor per device kind (``model.layout.BACKEND_KINDS``).
 
 Adding a device kind is one constructor here (``new_<kind>``), one entry in the reference
 (``reference.backends.Backends``) and one strategy (``strategies.layouts``, e.g. ``gpus``).
@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from ..engine import TargetError, Unsupported
-from ..model.scenario import BackendLayout, BackendSpec
+from ..model.layout import BackendLayout, BackendSpec
 from .engine import CPU_THREADS, Ggml
 
 

@@ -12,7 +12,8 @@ from functools import cached_property
 from typing import Any
 
 from ..engine import TargetError
-from ..model.scenario import GraphSpec, Scenario, TensorSpec
+from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.scenario import Scenario
 from . import values
 from .engine import Built, Ggml
 from .program import GraphProgram, encode

@@ -12,7 +12,8 @@ from types import ModuleType
 from typing import Any
 
 from ..engine import TargetError, Unsupported
-from ..model.scenario import BackendSpec, TensorSpec
+from ..model.graph_spec import TensorSpec
+from ..model.layout import BackendSpec
 from ..model.shapes import Geometry
 from ..process.channel import Channel
 from .build import BuildError, build_fake_gpu, build_helpers, ggml_source_location

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..engine import Unsupported
-from ..model.scenario import GraphSpec, TensorSpec
+from ..model.graph_spec import GraphSpec, TensorSpec
 from .versions import version_of
 
 # the ops whose record fields ``_op_record`` fills (a shape, integer or real parameters);

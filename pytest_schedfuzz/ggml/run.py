@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engine import TargetError
-from ..model.scenario import EVAL_CALLBACK_OPS, GraphSpec, Scenario, SchedParams, Step, TensorSpec
+from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.scenario import EVAL_CALLBACK_OPS, Scenario, SchedParams, Step
 from ..model.trace import SizeCounts, StepRecord
 from . import values
 from .backends import init_backends

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.random import default_rng  # numpy imports it lazily: once in the fork server, not in every worker
 
-from ..model.scenario import GraphSpec, Scenario, TensorSpec
+from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.scenario import Scenario
 from ..model.shapes import VIEW_OPS, Geometry, nbytes, nelements
 
 BLAS_RTOL, BLAS_ATOL = 1e-3, 1e-4

@@ -39,7 +39,9 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from ..engine import TargetError, Unsupported, gc_paused
-from ..model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from ..model.graph_spec import GraphBuilder
+from ..model.layout import BackendLayout
+from ..model.scenario import Scenario, SchedParams, Step
 from ..model.trace import StepRecord
 from .backends import RpcUnreachable
 from .build import OPTIMIZE

@@ -12,8 +12,8 @@ from typing import Any
 
 from ..ggml.engine import FakeGpuConfig, load_fake_gpu
 from ..ggml.schedlog import SchedLog
+from ..model.layout import BackendSpec
 from ..model.llama import CPU_DEVICE, Devices, LlamaWorkload
-from ..model.scenario import BackendSpec
 
 SPLIT_MODE = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory

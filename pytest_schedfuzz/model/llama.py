@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .layout import BackendSpec
 # the calls (one entry per kind) and what the workload's modules name from here
 from .llama_calls import CALL_KINDS, MAX_DRAFT, MAX_LORAS, OUTPUTS, SAMPLER_CHAINS, Call, Checking, Part, check_calls  # noqa: F401
 from .llama_model import RECURRENT_KINDS, LoraSpec, ModelSpec
-from .scenario import BackendSpec, SpecError
+from .shapes import SpecError
 
 FLASH_ATTN = ("off", "on", "auto")
 KV_TYPES = ("f16", "f32", "q8_0")

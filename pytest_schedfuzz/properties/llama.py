@@ -24,154 +24,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from reference.params import can_reuse
 
-from ..model.llama import Devices, LlamaWorkload
-from ..model.llama_calls import CHANGES, SWITCHES, signed_kind
-from ..model.llama_trace import CallRecord, LlamaTrace, SchedCall
+from ..model.llama import LlamaWorkload
+from ..model.llama_calls import CHANGES
+from ..model.llama_trace import LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
 from .aborts import at_site, with_c_stack
 from .sites import RPC_FAILED, site_key
-from .base import LLAMA_PROPERTY_IDS, Violation, reason_kind, role
-
-
-def _call_kind(w: LlamaWorkload, index: int) -> str:
-    """The kind of call ``index`` as a signature names it (``init``: the context's constructor,
-    ``free``: after the last). A speculative step is a ``decode``: llama.cpp sees only the batches
-    it decodes (its message still names the step), and a known cause stays one signature."""
-    if index < 0:
-        return "init"
-    return signed_kind(w.calls[index].kind) if index < len(w.calls) else "free"
-
-
-def _call_name(w: LlamaWorkload, index: int) -> str:
-    if index < 0:
-        return "llama_init_from_model"
-    if index >= len(w.calls):
-        return "llama_free"
-    return f"call {index} {w.calls[index].describe()}"
-
-
-def _what_grew(plan: SchedCall, now: SchedCall) -> str:
-    grew = [f"{k} {list(plan.inputs[k])} -> {list(v)}" for k, v in sorted(now.inputs.items()) if k in plan.inputs and tuple(v) != tuple(plan.inputs[k])]
-    return "; ".join(grew) or "no input shape changed"
-
-
-_ENDPOINT = re.compile(r"\[[^\]]*\]")
-_META_DEVICES = re.compile(r"Meta\([^)]*\)")
-
-
-def _trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:
-    """The call that re-planned, with the last switch made since ``after`` (the reservation),
-    and that switch's index."""
-    if call < 0 or call >= len(w.calls):
-        return _call_name(w, call).split(" ")[0], None
-    kind = _call_kind(w, call)
-    switches = [i for i in range(max(after + 1, 0), call) if w.calls[i].kind in SWITCHES]
-    if not switches:
-        return kind, None
-    last = w.calls[switches[-1]]
-    return f"{kind} after {last.kind}({str(last.flag).lower()})", switches[-1]
-
-
-def _invalid(s: SchedCall) -> str:
-    """ggml's reason for re-plan ``s`` (``reason_kind``), with the op and role (its sources, by
-    role) of the node it names where llama.cpp left that node unnamed: ``node_N`` alone would be
-    any node of any graph.
-
-    >>> _invalid(SchedCall("alloc", 0, realloc_reason="node node_7 is not valid", invalid_node="GET_ROWS(cache_r_l0 (reshaped), out_ids)"))
-    'node node_N (GET_ROWS(cache_r_lN (reshaped), out_ids))'
-    """
-    reason = reason_kind(s.realloc_reason)
-    if not (s.invalid_node and "node_N" in reason):
-        return reason
-    op, _, srcs = s.invalid_node.partition("(")
-    return f"{reason} ({op}({', '.join(role(x) for x in srcs[:-1].split(', ') if x)}))"
-
-
-# re-plan causes that depend on the batch alone (``_replan_reason``)
-BY_BATCH = ("(op offload)", "(MoE cache lookup)")
-
-
-def _replan_reason(x: SchedCall, r: SchedCall) -> str:
-    """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
-    the invalid tensor, or for a backend change the node that moved and between which kinds of
-    backends, or that op offload moved it (the two graphs copy different host-resident weights,
-    or to different devices: which device's offload_op wants an op depends on the batch). Between
-    graphs of different topologies ggml compares backend ids by position, so the "node that moved"
-    is whichever node now sits where the two graphs first differ: not a cause, and left to the
-    message (the topology's class signs it instead)."""
-    if x.kind == "reserve_size":
-        return "reserve_size"
-    reason = _invalid(x)
-    if x.backend_ids_changed and x.moved:
-        # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the device)
-        # only in a ubatch small enough for the cache: the cause whichever node the graphs first differ at
-        if any(o.startswith("moe_cache.") for o in set(x.offloaded) ^ set(r.offloaded)):
-            return f"{reason} (MoE cache lookup)"
-        if x.moved.startswith("no node"):
-            return f"{reason} (no tensor at a common position)"
-        # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU): the
-        # moved node reads a weight in host memory (only op offload puts it on a device), or the
-        # same graph copies other host-resident weights
-        if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
-            return f"{reason} (op offload)"
-        if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs):
-            return reason
-        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
-        # positions in the scheduler or device numbers (which move with the number of devices), and
-        # split mode tensor's meta device without its members (``Meta(RPC0,GPU1)``: drawn, not the cause)
-        name, _, move = x.moved.partition(": ")
-        return f"{reason} ({role(name)}: {_META_DEVICES.sub('Meta', re.sub(r'#[0-9]+ |(?<=GPU|RPC)[0-9]+', '', _ENDPOINT.sub('', move)))})"
-    return reason
-
-
-# llama.cpp's pooling inputs (``build_inp_mean``, ``build_inp_cls``, which CLS, LAST and RANK
-# pooling share): which pooling a context has is not another cause
-_POOLING_INPUTS = frozenset({"mean", "cls"})
-
-
-def _graph_kind(r: SchedCall, x: SchedCall) -> str:
-    """Input leafs the re-planned graph has and the reservation's has not (``+``), or the other
-    way round (``-``): another kind of graph (embeddings, pooling, samplers), not another size.
-
-    >>> _graph_kind(SchedCall("reserve", 0, inputs={"inp_tokens": (8,), "mean": (8, 8)}), SchedCall("alloc", 0, inputs={"inp_tokens": (1,)}))
-    '-pooling'
-    """
-    def kind(n: str) -> str:
-        return "pooling" if n in _POOLING_INPUTS else role(n)
-
-    added = sorted({kind(n) for n in set(x.inputs) - set(r.inputs)})
-    gone = sorted({kind(n) for n in set(r.inputs) - set(x.inputs)})
-    return " ".join([f"+{n}" for n in added] + [f"-{n}" for n in gone])
-
-
-def _batch_class(s: SchedCall) -> tuple[str, str]:
-    """The classes of batch llama.cpp builds another graph topology for: its outputs (``out_ids``:
-    none, some, or all of the ubatch's tokens, where the output rows are not gathered) and its
-    tokens (one or many)."""
-    n = (s.inputs.get("inp_tokens") or s.inputs.get("inp_pos") or (0,))[0]
-    out = s.inputs.get("out_ids")
-    outputs = "-" if out is None else "none" if out[0] == 0 else "all" if out[0] == n else "some"
-    return outputs, "one" if n == 1 else "many"
-
-
-def _topology_cause(r: SchedCall, x: SchedCall) -> str:
-    """What changed the topology between reservation ``r`` and re-plan ``x`` when no switch call
-    and no other kind of graph did: the batch's outputs class, else its tokens class
-    (``_batch_class``), else "sizes" (the sizes alone changed it). Which class it went from and
-    to is in the message: a signature per pair split one cause a dozen ways.
-
-    >>> _topology_cause(SchedCall("reserve", 0, inputs={"inp_tokens": (8,), "out_ids": (8,)}), SchedCall("alloc", 0, inputs={"inp_tokens": (8,), "out_ids": (0,)}))
-    'outputs'
-    """
-    was, now = _batch_class(r), _batch_class(x)
-    return next((what for what, a, b in zip(("outputs", "tokens"), was, now) if a != b), "sizes")
+from .base import LLAMA_PROPERTY_IDS, Violation
+from .llama_logits import LOGITS_TOLERANCE, decode_pairs, logit_pairs, logits_difference
+from .llama_replan import (BY_BATCH, META_DEVICES, batch_class, call_kind, call_name, graph_kind, invalid_reason, replan_reason,
+                           replan_trigger, topology_cause, what_grew)
 
 
 def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
@@ -194,45 +61,45 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
         if s.same_size and s.sched in reserved:
             p_call, p = plan.get(s.sched, reserved[s.sched])
             r_call, r = reserved[s.sched]
-            invalid = _invalid(s)
+            invalid = invalid_reason(s)
             whose = " (the draft context's scheduler: its catch-up or draft in llama.speculative)" if s.context else ""
-            head = (f"same-size graph reallocation in {_call_name(w, call)}{whose}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
+            head = (f"same-size graph reallocation in {call_name(w, call)}{whose}: nodes = {s.n_nodes}, splits = {s.n_splits}, "
                     f"graph_size = {s.graph_size} (prev {s.prev_graph_size}), backend_ids_changed = 0; "
                     f"ggml_gallocr_needs_realloc: {s.realloc_reason or '?'}")
             if s.sched in replaced:
                 x_call, x = replaced[s.sched]
                 how = "lost"
                 switched = (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs)
-                classes = ", ".join(f"{what} {a} -> {b}" for what, a, b in zip(("outputs", "tokens"), _batch_class(r), _batch_class(x)))
+                classes = ", ".join(f"{what} {a} -> {b}" for what, a, b in zip(("outputs", "tokens"), batch_class(r), batch_class(x)))
                 switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}; {classes}"
-                          if switched else f"same topology, {_what_grew(r, x)}")
-                why = (f"the worst-case reservation ({r.shape()}) had been replaced in {_call_name(w, x_call)}, which re-planned because "
+                          if switched else f"same topology, {what_grew(r, x)}")
+                why = (f"the worst-case reservation ({r.shape()}) had been replaced in {call_name(w, x_call)}, which re-planned because "
                        f"{x.realloc_reason or ('it made a plan for sizes only' if x.kind == 'reserve_size' else '?')}"
                        f"{' (' + x.moved + ')' if x.moved else ''} ({switch}); "
-                       f"the plan in force was made in {_call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {_what_grew(p, s)}")
+                       f"the plan in force was made in {call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {what_grew(p, s)}")
                 # the root cause is the re-plan that lost the reservation: which call made it
                 # (after which switch), for which kind of graph, why, and whether the topology switched;
                 # which tensor then shows invalid depends on the model (it is in the message)
-                replan = _replan_reason(x, r)
+                replan = replan_reason(x, r)
                 # op offload and the MoE cache's lookup depend on the batch only: a switch made before the call is beside the point
-                trigger, switch = _trigger(w, x_call if replan.endswith(BY_BATCH) else r_call, x_call)
+                trigger, switch = replan_trigger(w, x_call if replan.endswith(BY_BATCH) else r_call, x_call)
                 facts = {"explained": how, "lost_by": f"{trigger}: {replan}"}
                 # which op offload wants depends on the batch alone: whether the graphs also differ
                 # in topology or inputs (the sampler's, the outputs') does not make another cause
                 if not replan.endswith(BY_BATCH):
                     facts["topology"] = "switch" if switched else "same"
-                    graph = _graph_kind(r, x)
+                    graph = graph_kind(r, x)
                     if graph:
                         facts["graph"] = graph
                     elif switched and switch is None:  # no switch call, no other kind of graph: the batch did it
-                        facts["topology"] = f"switch by {_topology_cause(r, x)}"
+                        facts["topology"] = f"switch by {topology_cause(r, x)}"
             else:
                 how = "not-dominating"
                 switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]
-                changed = (f"; the graph was changed without a new reservation by {', '.join(_call_name(w, i) for i in switches)}"
+                changed = (f"; the graph was changed without a new reservation by {', '.join(call_name(w, i) for i in switches)}"
                            if switches else "")
-                why = (f"the worst-case reservation of {_call_name(w, r_call)} ({r.shape()}) does not cover this graph "
-                       f"({_what_grew(r, s)}){changed}")
+                why = (f"the worst-case reservation of {call_name(w, r_call)} ({r.shape()}) does not cover this graph "
+                       f"({what_grew(r, s)}){changed}")
                 facts, switch = {"explained": how, "invalid": invalid, "lost_by": "-"}, None
             if s.context:  # the draft context's graphs are another cause than the target's
                 facts = {"context": "draft"} | facts
@@ -335,12 +202,12 @@ def llama_reuse_sound(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         if r.logged is not None and r.logged != r.kept:
             used = f"the scheduler it had (#{r.current.sched})" if r.kept else "a new scheduler"
             out.append(Violation("llama-reuse-sound", max(r.call, 0),
-                                 f"{_call_name(w, r.call)}: llama.cpp {'logged' if r.logged else 'did not log'} that it reused its scheduler, "
+                                 f"{call_name(w, r.call)}: llama.cpp {'logged' if r.logged else 'did not log'} that it reused its scheduler, "
                                  f"but the next reserve used {used}", {"why": "log"}))
         if r.kept and not can_reuse(new, cur):
             why = [f for f in ("max_nodes", "parallel", "op_offload") if getattr(new, f) != getattr(cur, f) and (f != "max_nodes" or new.max_nodes > cur.max_nodes)]
             out.append(Violation("llama-reuse-sound", max(r.call, 0),
-                                 f"{_call_name(w, r.call)} kept scheduler #{r.current.sched} (max_nodes {cur.max_nodes}, parallel {cur.parallel}, "
+                                 f"{call_name(w, r.call)} kept scheduler #{r.current.sched} (max_nodes {cur.max_nodes}, parallel {cur.parallel}, "
                                  f"op_offload {cur.op_offload}) for max_nodes {new.max_nodes}, parallel {new.parallel}, op_offload {new.op_offload}: "
                                  f"can_reuse is false ({', '.join(why)})", {"why": ",".join(why) or "params"}))
     return out
@@ -357,7 +224,7 @@ def llama_reuse_complete(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
             continue
         new, cur = r.asked, r.current_params
         return [Violation("llama-reuse-complete", max(r.call, 0),
-                          f"{_call_name(w, r.call)} built a new scheduler (#{r.built.sched if r.built else '?'}) although can_reuse held: asked for "
+                          f"{call_name(w, r.call)} built a new scheduler (#{r.built.sched if r.built else '?'}) although can_reuse held: asked for "
                           f"max_nodes {new.max_nodes}, parallel {new.parallel}, op_offload {new.op_offload}; the current scheduler "
                           f"#{r.current.sched} had max_nodes {cur.max_nodes}, parallel {cur.parallel}, op_offload {cur.op_offload}; its "
                           f"compute buffers were freed and reserved again", {"rebuilt": "can_reuse held"})]
@@ -382,7 +249,7 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
             continue
         if s.observed and s.derived_same_size != s.same_size:
             out.append(Violation("llama-counters-agree", max(call, 0),
-                                 f"{_call_name(w, call)}: ggml's realloc callback says graph_size_changed = {int(bool(s.ggml_size_changed))}, "
+                                 f"{call_name(w, call)}: ggml's realloc callback says graph_size_changed = {int(bool(s.ggml_size_changed))}, "
                                  f"backend_ids_changed = {int(bool(s.ggml_ids_changed))}; the harness derives graph_size {s.graph_size} "
                                  f"(prev {s.prev_graph_size}) from ggml's formula for this graph", {"what": "graph-size"}))
             return out
@@ -393,7 +260,7 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
         if (s.llama_n_same, s.llama_n_diff) != (same, diff):
             said = "traced nothing" if s.llama_n_same is None else f"counts n_same = {s.llama_n_same}, n_diff = {s.llama_n_diff}"
             out.append(Violation("llama-counters-agree", max(call, 0),
-                                 f"{_call_name(w, call)}: after this reallocation ({'same' if s.same_size else 'changed'} size, ggml says) "
+                                 f"{call_name(w, call)}: after this reallocation ({'same' if s.same_size else 'changed'} size, ggml says) "
                                  f"llama.cpp {said}; the harness counts n_same = {same}, n_diff = {diff}", {"what": "counters"}))
             return out
     for context, prefix in enumerate(("", "draft.")):
@@ -446,11 +313,11 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             cause = with_c_stack(cause, a.message)
         # split mode tensor's meta device names its per-device tensors after its devices
         # (``Meta(RPC0,RPC1,GPU0)#kqv_out-0#0``): the devices drawn are not the cause
-        kind = re.sub(r"\d+", "N", _META_DEVICES.sub("Meta(...)", (head + ": " if head else "") + cause))[:160]
+        kind = re.sub(r"\d+", "N", META_DEVICES.sub("Meta(...)", (head + ": " if head else "") + cause))[:160]
         text = f"{head}: {cause}" if head else cause
         # what separates root causes beside the message: the check site (one assert text has many),
         # the call kind and where in it ggml stopped (the context's reservation, a decode's alloc...)
-        facts: dict[str, object] = {"kind": a.kind, "message": kind, "call": _call_kind(w, a.call)}
+        facts: dict[str, object] = {"kind": a.kind, "message": kind, "call": call_kind(w, a.call)}
         if a.phase:
             facts["phase"] = a.phase
         site = site_key(a.message)
@@ -462,7 +329,7 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             # changed what the model's devices hold before the failing call separates causes
             died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)
             facts["server"] = died.group(1) if died else f"refused after {_last_change(w, a.call)}"
-        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {_call_name(w, a.call)}: {text}{at_site(a.message)}", facts)]
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {call_name(w, a.call)}: {text}{at_site(a.message)}", facts)]
     for c in trace.calls:
         if c.kind == "init" and c.rc != 0 and not out_of_memory(w, trace):
             said = " / ".join(c.error) or "nothing"
@@ -478,81 +345,9 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             facts = {"kind": "decode", "rc": c.rc, "replanned": "yes" if replanned else "no", "gpu_free": "drawn" if w.devices.gpu_free else "unlimited"}
             during = f" during a re-plan ({replanned})" if replanned else ""
             free = f"; the GPU-like devices were left {', '.join(f'{n:,}' for n in w.devices.gpu_free)} bytes free" if w.devices.gpu_free else ""
-            return [Violation("llama-no-abort", c.index, f"{_call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed){during}{free}", facts)]
+            return [Violation("llama-no-abort", c.index, f"{call_name(w, c.index)} returned {c.rc} (the graph could not be allocated or computed){during}{free}", facts)]
     return []
 
-
-# the GPU-like device computes with the CPU backend's kernels: the same workload gives the same
-# logits to the last bit on every layout measured (RPC, GPU-like, overrides, pipeline parallelism,
-# ops a device refuses); the CPU-only run resolves flash attention as the devices' run did
-# (``cpu_only``): its kernels and the plain attention's differ by up to ~1.4e-3
-LOGITS_TOLERANCE = 1e-3
-
-
-def compares_logits(w: LlamaWorkload) -> bool:
-    """Whether llama-same-logits judges ``w``: a device computes otherwise than the CPU (GPU-like
-    devices, or split mode tensor's meta device, which splits each op between its members even when
-    they are RPC servers computing with ggml's CPU backend), and it has logits to compare."""
-    computes = bool(w.devices.gpus) or w.devices.split_mode == "tensor"
-    return computes and not w.ctx.backend_samplers and any(c.kind == "decode" for c in w.calls)
-
-
-def cpu_only(w: LlamaWorkload, trace: LlamaTrace | None) -> LlamaWorkload:
-    """``w`` with every weight, cache and op on the CPU (no device at all, so no MoE cache, which
-    needs one), and flash attention as llama.cpp resolved "auto" in ``w``'s run (``trace``): a
-    device that refuses ``FLASH_ATTN_EXT`` turns it off there, where the CPU alone would keep it on."""
-    resolved = trace.flash_attn() if trace is not None and w.ctx.flash_attn == "auto" else None
-    ctx = replace(w.ctx, flash_attn=resolved, moe_cache_size=0) if resolved else replace(w.ctx, moe_cache_size=0)
-    return LlamaWorkload(w.model, Devices(n_rpc=0, n_gpu_layers=0), ctx, w.calls, w.loras)
-
-
-def _decodes(trace: LlamaTrace, cpu: LlamaTrace) -> Iterator[tuple[CallRecord, CallRecord]]:
-    """Each decode of the devices' run with the same call of the CPU-only run."""
-    on = {c.index: c for c in cpu.calls if c.kind == "decode"}
-    for c in trace.calls:
-        if c.kind == "decode" and c.index in on:
-            yield c, on[c.index]
-
-
-def logit_pairs(trace: LlamaTrace, cpu: LlamaTrace) -> Iterator[tuple[int, int, tuple[float, ...], tuple[float, ...]]]:
-    """(call, output, logits on the devices, on the CPU alone) for each output row both runs
-    recorded in a decode that returned 0 in both: what llama-same-logits compares."""
-    if trace.abort is not None or cpu.abort is not None:
-        return
-    for c, ref in _decodes(trace, cpu):
-        if c.rc == 0 and ref.rc == 0:
-            for k, (got, want) in enumerate(zip(c.logits, ref.logits)):
-                yield c.index, k, got, want
-
-
-def logits_difference(got: Sequence[float], want: Sequence[float]) -> tuple[int, str] | None:
-    """The first token whose logit on the devices is not the CPU alone's, and what is wrong with
-    it: a NaN or an infinity where the other has a number or another infinity (a NaN never
-    compares greater than a tolerance, so non-finite values are judged first), then a finite
-    difference beyond ``LOGITS_TOLERANCE`` (relative to values above 1); None if they agree.
-
-    >>> logits_difference([float("nan"), 0.0], [1.0, 0.0])
-    (0, 'nan')
-    >>> logits_difference([1.0, float("inf")], [1.0, 2.0])
-    (1, 'inf')
-    >>> logits_difference([float("nan")], [float("nan")]) is None
-    True
-    """
-    a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if a.shape != b.shape:
-        return 0, "count"
-    a_nan, b_nan = np.isnan(a), np.isnan(b)
-    bad = np.flatnonzero(a_nan != b_nan)
-    if bad.size:
-        return int(bad[0]), "nan"
-    ok = ~a_nan
-    inf = np.flatnonzero(ok & (np.isinf(a) | np.isinf(b)) & (a != b))
-    if inf.size:
-        return int(inf[0]), "inf"
-    finite = ok & np.isfinite(a) & np.isfinite(b)
-    diff = np.where(finite, np.abs(a - b) - LOGITS_TOLERANCE * np.maximum(1.0, np.abs(b)), 0.0)
-    worst = int(np.argmax(diff)) if diff.size else 0
-    return (worst, "finite") if diff.size and diff[worst] > 0 else None
 
 
 def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> list[Violation]:
@@ -570,7 +365,7 @@ def llama_same_logits(w: LlamaWorkload, trace: LlamaTrace, cpu: LlamaTrace) -> l
         facts: dict[str, object] = {"on": devices}
         if not w.ctx.offload_kqv:  # a KV cache left in host memory computes attention elsewhere
             facts["kv"] = "host"
-        what = f"{_call_name(w, call)}: the logits of its {'first' if k == 0 else 'last'} output differ from the CPU-only run's: "
+        what = f"{call_name(w, call)}: the logits of its {'first' if k == 0 else 'last'} output differ from the CPU-only run's: "
         if kind == "count":
             what += f"{len(got)} logits, on the CPU alone {len(want)}"
             facts["value"] = "count"
@@ -596,9 +391,9 @@ def cpu_run_violations(w: LlamaWorkload, trace: LlamaTrace, cpu_w: LlamaWorkload
              for v in llama_no_abort(cpu_w, cpu)]
     if found or trace.abort is not None:
         return found
-    for c, ref in _decodes(trace, cpu):
+    for c, ref in decode_pairs(trace, cpu):
         if (c.rc == 0) != (ref.rc == 0):
-            return [Violation("llama-same-logits", c.index, f"{_call_name(w, c.index)} returned {c.rc} on the devices and {ref.rc} on the CPU alone; "
+            return [Violation("llama-same-logits", c.index, f"{call_name(w, c.index)} returned {c.rc} on the devices and {ref.rc} on the CPU alone; "
                                                             f"{w.devices.describe()}", {"on": "devices", "value": "rc"})]
     return []
 
@@ -611,7 +406,7 @@ def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
         return []
     out = []
     for c in trace.calls:
-        name = _call_name(w, c.index)
+        name = call_name(w, c.index)
         if c.kind == "init":
             if c.rc == 0 and not any(s.kind == "reserve" for s in c.sched):
                 out.append("llama_init_from_model reserved nothing the scheduler hook saw: the observation is broken")

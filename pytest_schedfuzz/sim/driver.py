@@ -22,7 +22,9 @@ from typing import Any
 
 from reference.params import can_reuse
 
-from ..model.scenario import BackendLayout, GraphSpec, Scenario, SchedParams, Step
+from ..model.graph_spec import GraphSpec
+from ..model.layout import BackendLayout
+from ..model.scenario import Scenario, SchedParams, Step
 from .models import ModelShape, llama_graph
 
 Policy = Callable[[SchedParams, SchedParams], bool]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..model.scenario import GraphBuilder, GraphSpec
+from ..model.graph_spec import GraphBuilder, GraphSpec
 
 
 @dataclass(frozen=True)

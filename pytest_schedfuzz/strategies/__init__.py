@@ -15,19 +15,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..model.scenario import (
-    BackendLayout,
-    BackendSpec,
-    GraphBuilder,
-    GraphSpec,
-    Scenario,
-    SchedParams,
-    Step,
-    TensorSpec,
-    leaf_merged,
-    leaf_split,
-    reshaped,
-)
+from ..model.graph_spec import GraphBuilder, GraphSpec, TensorSpec, leaf_merged, leaf_split, reshaped
+from ..model.layout import BackendLayout, BackendSpec
+from ..model.scenario import Scenario, SchedParams, Step
 from ..model.shapes import VIEW_OPS, nbytes
 from ..sim.driver import Reconfigure, Ubatch, Workload
 from ..sim.models import ModelShape, llama_graph

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from ..model.scenario import BackendLayout, BackendSpec, GraphSpec, Scenario, SchedParams, Step
+from ..model.graph_spec import GraphSpec
+from ..model.layout import BackendLayout, BackendSpec
+from ..model.scenario import Scenario, SchedParams, Step
 from ..model.shapes import VIEW_OPS
 from ..sim.driver import Policy, can_reuse
 from . import fit_max_size, gpus, sampled, written_device

@@ -30,8 +30,8 @@ from ..model.llama import (
     all_experts_bytes,
     expert_bytes,
 )
+from ..model.layout import BackendSpec
 from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, LoraSpec, ModelSpec
-from ..model.scenario import BackendSpec
 from . import gpus, sampled
 
 FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid, mtp

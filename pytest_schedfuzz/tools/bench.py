@@ -36,7 +36,9 @@ from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
 from ..engine import gc_paused
 from ..ggml.target import GgmlTarget
-from ..model.scenario import BackendLayout, GraphSpec, Scenario, SchedParams, Step
+from ..model.graph_spec import GraphSpec
+from ..model.layout import BackendLayout
+from ..model.scenario import Scenario, SchedParams, Step
 from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from ..sim.models import ModelShape, llama_graph
 

@@ -9,7 +9,9 @@ from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import Case
 from pytest_schedfuzz.cases.verdict import judge_replay
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
+from pytest_schedfuzz.model.layout import BackendLayout
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Abort, StepRecord, Trace
 from pytest_schedfuzz.properties import POLICY_PROPERTY_IDS, PROPERTIES, Violation, fuzz_units, matches_reference, no_abort
 from reference.alloc import KEPT_PLAN

@@ -15,7 +15,9 @@ from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder
+from pytest_schedfuzz.model.layout import BackendLayout
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.cases.corpus import Case, CaseError, case_files, load_case, save_case
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder
+from pytest_schedfuzz.model.layout import BackendLayout
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 
 pytest_plugins = ["pytester"]
@@ -480,9 +482,9 @@ def test_minimize_drops_the_gpu_like_devices_and_placement_a_llama_finding_does_
     """Judged by a stand-in replay (the finding needs one device with offload_op): minimize removes
     the second GPU-like device, the overrides, the memory limit and the device's other settings."""
     from pytest_schedfuzz.cases.minimize import minimize_case
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
     from pytest_schedfuzz.model.llama_model import ModelSpec
-    from pytest_schedfuzz.model.scenario import BackendSpec
 
     busy = BackendSpec("gpu", offload_min_batch=8, asynchronous=True, host_buffer=True, unsupported=("ROPE",), graph_optimize=True)
     dv = Devices(n_rpc=1, gpus=(busy, BackendSpec("gpu")), gpu_free=(1 << 20, 0), tensor_split=(1.0, 2.0, 1.0), overrides=(("token_embd", CPU_DEVICE),))

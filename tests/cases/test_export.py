@@ -160,7 +160,9 @@ def test_a_reuse_equivalent_reproducer_runs_the_steps_again_with_fresh_scheduler
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.cases.corpus import save_case
-    from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+    from pytest_schedfuzz.model.graph_spec import GraphBuilder
+    from pytest_schedfuzz.model.layout import BackendLayout
+    from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 
     b = GraphBuilder()
     y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 8)), name="y")

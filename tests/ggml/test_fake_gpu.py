@@ -22,7 +22,9 @@ from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.ggml.build import build_fake_gpu, build_ggml_base
 from pytest_schedfuzz.ggml.lib import base_library, library_folder
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
+from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import (
     forced_views,

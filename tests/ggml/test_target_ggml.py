@@ -17,7 +17,9 @@ from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
 from pytest_schedfuzz.ggml.installed import shared_library
 from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
+from pytest_schedfuzz.model.layout import BackendLayout
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import Geometry, new_tensor
 from pytest_schedfuzz.process.children import exiting
 from pytest_schedfuzz.process.forkserver import ForkServer

@@ -21,9 +21,11 @@ from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.campaign.stats import features
 from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, covered_ops, graph_spec, layout_of, llama_names
 from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.model.graph_spec import GraphBuilder
+from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.llama_model import ModelSpec
-from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import PROPERTIES
 from pytest_schedfuzz.properties.base import reason_kind
 from pytest_schedfuzz.properties.captured import llama_matches_reference

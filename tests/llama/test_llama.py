@@ -314,7 +314,7 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
 def test_the_reference_judges_the_captured_graphs_while_llama_cpp_runs_the_cpu_only_workload() -> None:
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
-    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     w = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
@@ -345,7 +345,7 @@ def test_a_cpu_only_run_is_kept_for_the_next_workload_with_the_same_model_contex
     difference is still found; a CPU-only run that aborted is not kept."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
-    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     one = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
@@ -775,10 +775,10 @@ def test_speculative_servers_draft_verify_and_roll_back_in_both_contexts(target)
 def test_a_speculative_step_is_signed_as_the_decode_it_makes() -> None:
     """A lost reservation or an abort in a speculative step is signed ``decode`` (llama.cpp sees
     the batches it decodes: a known cause stays one signature); its message names the step."""
-    from pytest_schedfuzz.properties.llama import _call_kind, _trigger
+    from pytest_schedfuzz.properties.llama_replan import call_kind, replan_trigger
 
     w = LlamaWorkload(ModelSpec(), Devices(n_rpc=1), ContextParams(n_batch=32, n_outputs_max=8, n_outputs_max_per_seq=4),
                       (Call("decode", (Part(0, 8, "last"),)), Call("spec", seq=0, n=2, accept=1)))
     w.validate()
-    assert _call_kind(w, 1) == "decode" and _trigger(w, 0, 1) == ("decode", None)
+    assert call_kind(w, 1) == "decode" and replan_trigger(w, 0, 1) == ("decode", None)
     assert "speculative step(seq 0: draft 2, verify 3, accept 1)" in w.calls[1].describe()

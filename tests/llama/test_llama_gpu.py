@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.model.layout import BackendSpec
 from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
-from pytest_schedfuzz.model.scenario import BackendSpec
 from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama_trace import LlamaAbort
-from pytest_schedfuzz.properties.llama import (LLAMA_CHECKS, cpu_only, cpu_run_violations, llama_no_abort, llama_same_logits, logit_pairs,
-                                               out_of_memory)
+from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_run_violations, llama_no_abort, llama_same_logits, out_of_memory
+from pytest_schedfuzz.properties.llama_logits import cpu_only, logit_pairs
 
 GPU = BackendSpec("gpu")
 ASYNC = BackendSpec("gpu", asynchronous=True)

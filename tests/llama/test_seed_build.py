@@ -297,9 +297,9 @@ def test_the_fallback_without_pipeline_parallelism_gets_a_new_scheduler_on_the_s
     """Two asynchronous GPU-like devices with room for one copy of the compute buffers, not four:
     the seed's sched_new is asked for parallel = 0 after the failed reservation, and can_reuse
     (parallel differs) must not keep the pipelined scheduler; every property holds."""
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
-    from pytest_schedfuzz.model.scenario import BackendSpec
     from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, scheduler_reuses
 
     gpu = BackendSpec("gpu", asynchronous=True)

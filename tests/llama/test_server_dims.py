@@ -37,7 +37,8 @@ from pytest_schedfuzz.model.llama import (
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
 from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_only, unmade_calls
+from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, unmade_calls
+from pytest_schedfuzz.properties.llama_logits import cpu_only
 from pytest_schedfuzz.strategies.llama import DEFAULT_ABSENT, llama_workloads
 
 MOE = ModelSpec(kind="moe", n_layer=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, n_expert=4, n_expert_used=2)

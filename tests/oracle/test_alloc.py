@@ -14,7 +14,9 @@ import pytest
 
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder
+from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
 from reference import alloc, sched, versions

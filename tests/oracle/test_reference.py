@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
+from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import StepRecord
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from reference.backends import Backends

@@ -14,7 +14,9 @@ from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.ggml.build import build_ggml_base
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, GraphSpec, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
+from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.properties.derived import graph_trace

@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.model.scenario import BackendLayout, GraphBuilder, Scenario, SchedParams, Step
+from pytest_schedfuzz.model.graph_spec import GraphBuilder
+from pytest_schedfuzz.model.layout import BackendLayout
+from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import Driver
@@ -121,7 +123,8 @@ BLAS_LIB = os.environ.get("SCHEDFUZZ_BLAS_LIB") or str(Path(__file__).resolve().
 def test_engine_and_reference_agree_with_a_blas_backend():
     """BLAS takes large contiguous matmuls and shares the CPU's buffer type: pass 3 upgrades
     CPU nodes to it, and positions moving between BLAS and CPU are not a backend change."""
-    from pytest_schedfuzz.model.scenario import BackendLayout, SchedParams, Step
+    from pytest_schedfuzz.model.layout import BackendLayout
+    from pytest_schedfuzz.model.scenario import SchedParams, Step
     from pytest_schedfuzz.sim.models import llama_graph
     from pytest_schedfuzz.strategies import models
 
@@ -157,7 +160,7 @@ def test_the_schedulers_buffer_types_are_read_from_ggml_and_judged(engine: GgmlT
     otherwise; a reference that forgets the host buffer type is caught as what=buffer-types."""
     from dataclasses import replace
 
-    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 
     m = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=3)
@@ -180,7 +183,7 @@ def test_reserve_size_measures_what_the_reference_predicts(engine: GgmlTarget):
     reference that measures what the buffers hold instead is caught (what=buffers)."""
     from dataclasses import replace
 
-    from pytest_schedfuzz.model.scenario import BackendSpec
+    from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 
     from pytest_schedfuzz.strategies import fit_max_size

@@ -21,7 +21,8 @@ from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrac
 from pytest_schedfuzz.model.shapes import Geometry
 from pytest_schedfuzz.model.trace import Abort, Trace
 from pytest_schedfuzz.properties.aborts import no_abort
-from pytest_schedfuzz.properties.llama import llama_no_abort, llama_reuse_complete, llama_reuse_sound, logits_difference, scheduler_reuses
+from pytest_schedfuzz.properties.llama import llama_no_abort, llama_reuse_complete, llama_reuse_sound, scheduler_reuses
+from pytest_schedfuzz.properties.llama_logits import logits_difference
 from pytest_schedfuzz.properties.realloc import no_same_size_realloc
 from pytest_schedfuzz.sim.driver import Driver, can_reuse
 from reference.predict import predict

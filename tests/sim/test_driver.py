@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_schedfuzz.model.scenario import BackendLayout, SchedParams
+from pytest_schedfuzz.model.layout import BackendLayout
+from pytest_schedfuzz.model.scenario import SchedParams
 from pytest_schedfuzz.model.trace import Trace
 from pytest_schedfuzz.properties import reuse_sound
 from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload, topology
@@ -73,7 +74,7 @@ def test_a_built_spec_carries_the_geometry_a_fresh_inference_gives():
     from hypothesis import HealthCheck, Phase, given, seed, settings
     from hypothesis import strategies as st
 
-    from pytest_schedfuzz.model.scenario import GraphSpec
+    from pytest_schedfuzz.model.graph_spec import GraphSpec
     from pytest_schedfuzz.strategies import scenarios, workloads
 
     @seed(5)

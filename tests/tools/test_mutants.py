@@ -52,7 +52,9 @@ def test_pass3_ignoring_unreadable_srcs_is_caught_where_the_graph_has_it() -> No
     the device, which cannot read it."""
     from pytest_schedfuzz.ggml.build import build_ggml_base
     from pytest_schedfuzz.ggml.target import GgmlTarget
-    from pytest_schedfuzz.model.scenario import BackendLayout, BackendSpec, GraphBuilder, Scenario, SchedParams, Step
+    from pytest_schedfuzz.model.graph_spec import GraphBuilder
+    from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
+    from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
     from pytest_schedfuzz.properties import matches_reference
     from pytest_schedfuzz.tools.mutants import mutant
     from reference.predict import predict
