@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # what a property item sends its controller (pytest-xdist) in its report: the statistics it added, each new finding
 STATS_KEY = "schedfuzz_stats"
 FOUND_KEY = "schedfuzz_found"
+ENGINES_KEY = "schedfuzz_engines"  # what the process that ran an item had started (``Campaign.engines_started``)
 
 
 def xdist_workers(config: pytest.Config) -> int:
@@ -56,7 +57,9 @@ class CaseItem(pytest.Item):
         self.add_marker("schedfuzz")
 
     def runtest(self) -> None:
-        replayed = _session(self.config).campaign.replay(self.case_path)
+        campaign = _session(self.config).campaign
+        replayed = campaign.replay(self.case_path)
+        self.user_properties.append((ENGINES_KEY, campaign.engines_started()))
         if replayed.property is not None:
             self.user_properties += [("schedfuzz_property", replayed.property), ("schedfuzz_case", str(self.case_path))]
         if replayed.outcome == "known":
@@ -97,7 +100,7 @@ class PropertyItem(pytest.Item):
             if found.case is not None:
                 self.user_properties.append(("schedfuzz_case", found.case))
             self.user_properties.append((FOUND_KEY, asdict(found)))
-        self.user_properties.append((STATS_KEY, fuzzed.stats))
+        self.user_properties += [(STATS_KEY, fuzzed.stats), (ENGINES_KEY, campaign.engines_started())]
         if campaign.fuzzer.interrupted:  # Ctrl-C: what was found is saved; the session stops here
             print("\n" + "\n\n".join(fuzzed.reports), flush=True)
             raise KeyboardInterrupt

@@ -12,7 +12,7 @@ import pytest
 
 from .campaign.campaign import Campaign, ConfigError, shards_for
 from .campaign.summary import Found, short_path
-from .items import FOUND_KEY, STATS_KEY, SchedfuzzSuite
+from .items import ENGINES_KEY, FOUND_KEY, STATS_KEY, SchedfuzzSuite
 from .options import from_pytest
 
 
@@ -68,6 +68,8 @@ class SchedfuzzSession:
                 self.campaign.record(stats=value)  # type: ignore[arg-type]
             elif key == FOUND_KEY:
                 self.campaign.record(found=(Found(**value),))  # type: ignore[arg-type]
+            elif key == ENGINES_KEY:
+                self.campaign.record(engines=value)  # type: ignore[arg-type]
         if report.nodeid.startswith("schedfuzz::corpus/"):
             outcome = "known" if hasattr(report, "wasxfail") else {"passed": "pass", "failed": "fail"}.get(report.outcome, "skip")
             self.campaign.record(case=(str(report.location[0]), outcome))

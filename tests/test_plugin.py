@@ -492,6 +492,15 @@ def test_the_default_summary_is_a_verdict_in_at_most_12_lines_and_the_report_has
     assert "== schedfuzz ==" not in fuzz(*args, "--co").stdout.str()
 
 
+def test_the_summary_says_what_ran_where_only_xdist_workers_started_the_engines(fuzz):
+    """Under ``-q -n 2`` the controller prints no header and starts no engine: the workers tell it
+    which engines they started, with each item, and the summary names them (the CI jobs' form)."""
+    result = fuzz("--schedfuzz-properties", "reuse-sound,llama-no-abort", "--schedfuzz-examples", "4", "-q", "-n", "2")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["ran: ggml 0.25.3 (ggml-0.25.3); *", "ran: llama.cpp-0.3.36 (Debug, ggml 0.25.3); *"])
+    assert "never started" not in result.stdout.str()
+
+
 def test_schedfuzz_run_and_the_plugin_find_and_save_the_same_cases(fuzz, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """One campaign behind both front ends: the same seed and options find the same finding,
     shrunk alike, saved under the same name with the same content, and report it alike."""

@@ -263,12 +263,28 @@ class Campaign:
 
     # ------------------------------------------------------------------ what it found
 
-    def record(self, stats: Mapping[str, Any] | None = None, found: tuple[summary.Found, ...] = (), case: tuple[str, str] | None = None) -> None:
-        """Add what one unit (or corpus case: ``(path, outcome)``) found, in whichever process ran it."""
+    def record(self, stats: Mapping[str, Any] | None = None, found: tuple[summary.Found, ...] = (), case: tuple[str, str] | None = None,
+               engines: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        """Add what one unit (or corpus case: ``(path, outcome)``) found, in whichever process ran it,
+        and the engines that process started (``engines_started``: the first description of each)."""
         self.stats.merge(dict(stats or {}))
         self.found += found
         if case is not None:
             self.corpus_outcomes.setdefault(case[1], []).append(case[0])
+        if engines:
+            self.engine_info = self.engine_info or dict(engines.get("engine", {}))
+            if self.llama_info is None and "llama" in engines:
+                self.llama_info = dict(engines["llama"])
+
+    def engines_started(self) -> dict[str, dict[str, str]]:
+        """The engines this process has started, described: the summary's "ran" lines. Under
+        pytest-xdist the workers start them, and tell the controller with each item they run."""
+        engines, seen = self.fuzzer.engines, {}
+        if engines.started() and not self.config.target:
+            seen["engine"] = engines.info()
+        if engines.llama_started():
+            seen["llama"] = dict(engines.llama_target.start())
+        return seen
 
     def flag(self, name: str) -> str:
         """How the user names an option in this front end (``--schedfuzz-seed``, ``--seed``)."""
@@ -284,6 +300,7 @@ class Campaign:
 
         importlib.import_module("reference")  # its status is set when it is imported
         fuzzer, config = self.fuzzer, self.config
+        self.record(engines=self.engines_started())  # a run without workers: this process's own
         engine = {"name": config.target} if config.target else self.engine_info
         self.stats.components.update(fuzzer.stats.components)
         return summary.Facts(

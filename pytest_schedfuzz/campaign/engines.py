@@ -110,6 +110,10 @@ class Engines:
             self._llama_oracle = LlamaTarget(lib_dir=self.config.llama_lib, debug_realloc=1)
         return self._llama_oracle
 
+    def llama_started(self) -> bool:
+        """Whether the llama.cpp target's worker has started (and described its build)."""
+        return self._llama is not None and bool(getattr(self._llama, "engine", None))
+
     def started(self) -> bool:
         """Whether the graph engine runs (a user's target counts as started)."""
         return self._target is not None or bool(self.config.target)
