@@ -222,15 +222,17 @@ class Checks:
         """Check one saved case (no Hypothesis). A case with a workload is played again by
         this run's driver, so that it judges the current policy, not the recorded decisions.
         A race (its signature says ``race=``) shows only when the threads interleave so: it is
-        played up to ``RACE_TRIES`` times before it counts as not reproduced; a llama.cpp crash is
-        played again on a fresh worker, as the campaign confirmed it, before it does."""
+        played up to ``RACE_TRIES`` times before it counts as not reproduced; a llama.cpp crash, or
+        an abort signed by an RPC server's fate (``server=``), is played again on a fresh worker and
+        fresh servers, as the campaign confirmed it, before it does."""
         if case.llama is not None:
             try:
                 found = self.check_llama(case.property, case.llama)
-                if "kind=crash" in case.signature and all(v.signature() != case.signature for v in found):
-                    # a crash the campaign confirmed on a fresh worker may need one: what earlier
-                    # workloads left in the worker's memory can hide it (a kernel reading a slice
-                    # nothing wrote)
+                if ("kind=crash" in case.signature or "server=" in case.signature) and all(v.signature() != case.signature for v in found):
+                    # confirmed on a fresh worker (and servers), it may need one: what earlier
+                    # workloads left in the worker's memory can hide a crash (a kernel reading a
+                    # slice nothing wrote), and a server they left busy moves the phase in which
+                    # the client notices a refusal
                     self.engines.llama_target.fresh()
                     found = self.check_llama(case.property, case.llama)
                 return found
