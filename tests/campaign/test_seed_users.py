@@ -11,7 +11,7 @@ import pytest
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
-from pytest_schedfuzz.campaign.seed_users import USERS, counts, lines, replay
+from pytest_schedfuzz.campaign.seed_users import USERS, Replayed, counts, lines, replay
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaTrace, SchedCall
 from pytest_schedfuzz.properties.base import LLAMA_GROUP
 
@@ -38,16 +38,21 @@ def test_each_user_says_what_they_ran_and_what_could_not_be_kept() -> None:
     assert gpus.for_build(gpu_like=True, has_moe_cache=False).ctx.moe_cache_size == 0
 
 
+def _replayed(user: int, build: str, gpu_like: bool, has_moe_cache: bool) -> Replayed:
+    """User ``user``'s server on ``build``, judged by every llama.cpp property (as ``schedfuzz seeds``)."""
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=build))
+    try:
+        return replay(USERS[user], build, lambda w: (f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)), gpu_like, has_moe_cache)
+    finally:
+        f.close()
+
+
 @pytest.mark.engine
 def test_the_first_users_server_climbs_n_same_on_0336_and_the_finding_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """... and its reproducer, exported as ``schedfuzz seeds --export DIR --check`` does, reproduces."""
     from pytest_schedfuzz.commands.tools import _export_seed_findings
 
-    f = Fuzzer(FuzzConfig(database=None))
-    try:
-        row = replay(USERS[0], "llama.cpp-0.3.36", lambda w: (f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)), True, False)
-    finally:
-        f.close()
+    row = _replayed(0, "llama.cpp-0.3.36", gpu_like=True, has_moe_cache=False)
     target = re.search(r"target: n_same = (\d+), n_diff = (\d+)", row.counts)
     assert target is not None and int(target[1]) > 0, row.counts
     lost = [v for v in row.findings if v.signature().startswith("llama-no-same-size-realloc[explained=lost")]
@@ -68,11 +73,7 @@ def test_the_second_users_server_climbs_llama_cpps_own_n_same_on_b11739_by_the_m
     signature of its own; its reproducer, built against b11739, reproduces."""
     from pytest_schedfuzz.commands.tools import _export_seed_findings
 
-    f = Fuzzer(FuzzConfig(database=None, llama_lib="llama.cpp-b11739"))
-    try:
-        row = replay(USERS[1], "llama.cpp-b11739", lambda w: (f.engines.run_llama(w), f.check_llama(LLAMA_GROUP, w)), False, True)
-    finally:
-        f.close()
+    row = _replayed(1, "llama.cpp-b11739", gpu_like=False, has_moe_cache=True)
     target = re.search(r"target: n_same = (\d+), n_diff = (\d+) \(llama.cpp's perf data\)", row.counts)
     assert target is not None and int(target[1]) > 1, row.counts
     assert {v.signature() for v in row.findings} == {
