@@ -78,8 +78,7 @@ class Llama(Observation, Placement, Calls):
 
     def __init__(self, chan: Channel, logs_reallocs: bool = True) -> None:
         # libllama through the build's own declarations (declarations.py), checked against it
-        decl = declarations.Declarations(os.environ[declarations.SOURCE_ENV], Path(os.environ[declarations.CDEF_ENV]).read_text())
-        L = declarations.Bindings(declarations.parse(decl), os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libllama.so"))
+        decl, L = bindings()
         wrong = declarations.check_bindings(L, CORE)
         if wrong:
             raise declarations.DeclarationsError(f"the declarations of {decl.source} do not match {os.path.realpath(L.lib_path)}:\n  " + "\n  ".join(wrong))
@@ -312,6 +311,32 @@ class Llama(Observation, Placement, Calls):
             return f"GPU-like devices: {why}"
         return (f"{', '.join(wrong)}: this build's llama_context_params has no such field ({self.declarations}, "
                 f"{loaded_library_path('libllama')}): the workload needs a build that has it") if wrong else ""
+
+
+_BOUND: tuple[declarations.Declarations, declarations.Bindings] | None = None
+
+
+def bindings() -> tuple[declarations.Declarations, declarations.Bindings]:
+    """The build's declarations (the target names them in the environment), parsed by CFFI, and
+    libllama bound through them: made once per fork server (``prefork``), inherited by each worker."""
+    global _BOUND
+    if _BOUND is None:
+        decl = declarations.Declarations(os.environ[declarations.SOURCE_ENV], Path(os.environ[declarations.CDEF_ENV]).read_text())
+        _BOUND = decl, declarations.Bindings(declarations.parse(decl), os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libllama.so"))
+    return _BOUND
+
+
+def prefork() -> None:
+    """What the fork server does once for all the workers it forks (``forkserver.serve``): CFFI's
+    parse of llama.h, and of each type a worker names, cost every worker about 0.25 s of CPU at
+    its start (a known abort restarts it every few workloads). Every declared function and the
+    structs they pass are bound here, by name too (``Bindings.__getattr__``); nothing of ggml or
+    llama.cpp is initialized. A failure is left for the worker's own start to report."""
+    _, L = bindings()
+    for name in dir(L.clib):
+        L.has(name)
+    for cname in list(L.types):
+        L.has(cname.split()[-1])
 
 
 def main() -> None:

@@ -10,7 +10,8 @@ worker's order, and forks each new worker from itself; the worker then runs ``MO
 ``python -m MODULE`` would, in a new session, with the stdin, stdout and stderr its parent passed
 (``SCM_RIGHTS``). Nothing of ggml is initialized before the fork (no backend, no thread), so each
 worker starts from what a fresh process would have, at the server's addresses (not the RPC
-servers: ``rpc`` says why).
+servers: ``rpc`` says why). A MODULE's ``prefork()``, where it has one, runs once before any fork:
+what every worker would otherwise do first (the llama.cpp worker's parse of llama.h).
 
 Protocol on the ``SOCK_SEQPACKET`` socket ``FD``, one message each way per request, fields
 separated by NUL:
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -71,6 +73,12 @@ def serve(sock: socket.socket, name: str, preload: list[str]) -> None:
     import_ggml()  # the bindings and ggml's libraries, mapped once for every worker
     for other in preload:
         importlib.import_module(other)
+    prefork = getattr(module, "prefork", None)  # what every worker would do first, done once here
+    if prefork is not None:
+        try:
+            prefork()
+        except Exception:  # noqa: BLE001 -- each worker does it again, and its own start says what is wrong
+            pass
     os.environ[PARENT_ENV] = str(os.getpid())  # the workers' parent (``die_with_parent``)
     sock.send(b"ready")
     while True:
@@ -98,18 +106,30 @@ class ForkedProc:
     def __init__(self, server: ForkServer, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
         self.server, self.pid, self.stdin, self.stdout = server, pid, stdin, stdout
         self.returncode: int | None = None
+        try:  # the pid stays ours until the server reaps it, which it does only when asked (``wait``)
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:
+            self._pidfd = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.server.wait(self.pid, 0.0)
+        # the pidfd says whether it exited without a round trip to the server (asked before each
+        # run); the server, which reaps it, is asked for its status once it has
+        if self.returncode is None and (self._pidfd is None or select.select([self._pidfd], [], [], 0)[0]):
+            self._ended(self.server.wait(self.pid, 0.0))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.returncode = self.server.wait(self.pid, 1e9 if timeout is None else timeout)
+            self._ended(self.server.wait(self.pid, 1e9 if timeout is None else timeout))
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
         return self.returncode
+
+    def _ended(self, code: int | None) -> None:
+        self.returncode = code
+        if code is not None and self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class ForkServer:

@@ -9,7 +9,12 @@
 4. time to the first failure of each planted fault of the plugin's tests (median of seeds);
 5. examples per second with pytest-xdist ``-n 1`` against ``-n 2`` (500 examples per property
    by default: each worker starts its own engine and RPC servers, which short runs do not
-   amortize).
+   amortize);
+6. ``ci`` (only when named): the ci job as ``.ci/run`` runs it, in a folder of its own with a
+   copy of the starter corpus, and its examples per CPU-second: the CPU time of pytest and of
+   every process under it (xdist workers, ggml and llama.cpp workers, RPC servers), as the
+   kernel accounts it when they are reaped. Run it on two checkouts one after the other to
+   compare them (docs/benchmarks.md).
 
 The engine is timed inside its worker (``StepRecord.seconds``: the ggml calls alone), with
 ``GGML_SCHED_DEBUG`` off. Flash attention stays off the RPC devices: each FA node there costs
@@ -19,6 +24,8 @@ an RPC round trip per allocation-size query, which has nothing to do with schedu
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -287,13 +294,39 @@ def xdist(examples: int) -> dict[str, Any]:
     return out
 
 
-SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama")
+def ci_rate(budget: float, lib: str | None) -> dict[str, Any]:
+    """The ci job (seed 0, ``-n 2``) for ``budget`` seconds: examples, llama.cpp workloads, CPU
+    seconds of the whole process tree, and what it found (new signatures, known ones seen again)."""
+    corpus = Path(__file__).resolve().parents[2] / "corpus"
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copytree(corpus, Path(d) / "corpus")
+        cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-budget={budget:g}", "--schedfuzz-seed=0",
+               "-m", "schedfuzz", "-n", "2", "-q", "-p", "no:cacheprovider", "--schedfuzz-corpus", "corpus", "--schedfuzz-report", "report.json",
+               *([f"--schedfuzz-lib={lib}"] if lib else [])]
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        report = Path(d) / "report.json"
+        if not report.is_file():
+            raise RuntimeError(f"the ci run ({' '.join(cmd)}) wrote no report (exit status {os.waitstatus_to_exitcode(status)})")
+        r = json.loads(report.read_text())
+    cpu = usage.ru_utime + usage.ru_stime
+    stats = r["stats"]
+    return {"budget_s": budget, "wall_s": wall, "cpu_s": cpu, "examples": stats["examples"], "llama_workloads": stats["llama_workloads"],
+            "examples_per_cpu_s": stats["examples"] / cpu, "new": sorted(f["signature"] for f in r["new_findings"]),
+            "known": sorted(k["signature"] for k in r["known_seen_again"])}
+
+
+SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama", "ci")
+ALL = SECTIONS[:-1]  # "all": ci only when named, it runs for its budget
 
 
 def run(
-    repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500
+    repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500,
+    ci_budget: float = 240.0, lib: str | None = None,
 ) -> dict[str, Any]:
-    chosen = set(sections.split(",")) if sections != "all" else set(SECTIONS)
+    chosen = set(sections.split(",")) if sections != "all" else set(ALL)
     unknown = chosen - set(SECTIONS)
     if unknown:
         raise ValueError(f"--sections: unknown {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
@@ -310,6 +343,8 @@ def run(
         results["time_to_first_failure"] = time_to_failure(seeds)
     if "xdist" in chosen:
         results["xdist"] = xdist(xdist_examples)
+    if "ci" in chosen:
+        results["ci"] = ci_rate(ci_budget, lib)
     return results
 
 
@@ -348,6 +383,12 @@ def report(r: dict[str, Any]) -> str:
     if "xdist" in r:
         x = r["xdist"]
         lines.append(f"xdist: -n 1 {x['n1']['examples_per_s']:.1f} ex/s, -n 2 {x['n2']['examples_per_s']:.1f} ex/s: {x['speedup']:.2f}x")
+    if "ci" in r:
+        c = r["ci"]
+        lines.append(f"ci job ({c['budget_s']:g} s budget, -n 2, seed 0): {c['examples']} examples ({c['llama_workloads']} llama.cpp workloads) "
+                     f"in {c['cpu_s']:.0f} CPU-s ({c['wall_s']:.0f} s wall): {c['examples_per_cpu_s']:.2f} examples per CPU-second")
+        lines.append(f"  new: {len(c['new'])} " + " ".join(c["new"]))
+        lines.append(f"  known seen again: {len(c['known'])} signatures")
     return "\n".join(lines)
 
 
@@ -356,7 +397,7 @@ def main(args: Any) -> int:
     if args.build_release:
         release = str(build_release(Path(args.build_release)))
     try:
-        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples)
+        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples, args.ci_budget, args.lib)
     except ValueError as e:
         print(f"schedfuzz bench: {e}", file=sys.stderr)
         return 2
