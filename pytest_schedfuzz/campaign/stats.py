@@ -11,6 +11,7 @@ from .. import properties as props
 from ..cases.capture import CAPTURED_LABEL
 from ..model.llama import LlamaWorkload, all_experts_bytes
 from ..model.llama_trace import LlamaTrace
+from ..model.graph_spec import GraphSpec
 from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
@@ -263,14 +264,14 @@ def features(scenario: Scenario) -> list[str]:
     """What a scenario exercises, for the "explored" statistics line: step kinds and scheduler
     parameters, tensor types, batch sizes, devices, forced assignments."""
     steps = scenario.steps
-    tensors = [t for _, g in scenario.graphs for t in g.tensors]
+    kinds = set().union(*(_tensor_features(g) for _, g in scenario.graphs))
     checks = {
         "compute steps": any(s.kind == "compute" for s in steps),
         "parallel": any(s.params is not None and s.params.parallel for s in steps),
         "scheduler reuse": any(s.reuse for s in steps),
-        "f16 weights": any(t.role == "weight" and t.type == "f16" for t in tensors),
-        "q8_0 weights": any(t.role == "weight" and t.type == "q8_0" for t in tensors),
-        ">= 32 tokens": any(t.role == "input" and len(t.ne) > 1 and t.ne[1] >= 32 for t in tensors),
+        "f16 weights": "f16 weights" in kinds,
+        "q8_0 weights": "q8_0 weights" in kinds,
+        ">= 32 tokens": ">= 32 tokens" in kinds,
         "2+ RPC devices": scenario.layout.n_rpc >= 2,
         "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
         "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
@@ -278,7 +279,7 @@ def features(scenario: Scenario) -> list[str]:
         "gpu offload_op by ggml-cuda's batch (routed experts)": any(b.cuda_batch for b in scenario.layout.backends),
         "2+ GPU-like devices (peer copies)": sum(b.kind == "gpu" for b in scenario.layout.backends) >= 2,
         # one op reading many tensors in a chain: more than GGML_SCHED_MAX_SPLIT_INPUTS may be copied into one split
-        "more than 30 caches and inputs": any(sum(t.role in ("cache", "input") for t in g.tensors) > 30 for _, g in scenario.graphs),
+        "more than 30 caches and inputs": "more than 30 caches and inputs" in kinds,
         "gpu host buffer": scenario.layout.host_buffer_of is not None,
         "gpu shared buffer type": any(b.shared_buft for b in scenario.layout.backends),
         "gpu max_size (chunks)": any(b.max_size for b in scenario.layout.backends),
@@ -290,7 +291,7 @@ def features(scenario: Scenario) -> list[str]:
         "eval callback (computed with)": "compute" in [s.kind for s in scenario.steps][_first(scenario, "eval_callback"):],
         # ggml_backend_sched_reserve_size (llama.cpp's memory estimate), then a graph scheduled after it
         "reserve_size (then another step)": _first(scenario, "reserve_size") < len(scenario.steps) - 1,
-        "flash attention": any(t.op == "flash_attn_ext" for t in tensors),
+        "flash attention": "flash attention" in kinds,
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
         # llama.cpp's own order (``strategies.captured_workloads``): its reservation before every ubatch
@@ -300,6 +301,26 @@ def features(scenario: Scenario) -> list[str]:
             g.label.startswith(CAPTURED_LABEL) and f", n_ubatch {CONTEXTS[1].n_ubatch}, " in g.label for _, g in scenario.graphs),
     }
     return [k for k, v in checks.items() if v]
+
+
+def _tensor_features(g: GraphSpec) -> frozenset[str]:
+    """What one graph's tensors exercise (``features``), once per spec (a spec recurs: Hypothesis's
+    mutations, the captured pool), kept with what judges derive from it."""
+    made: frozenset[str] | None = g.derived.get("features")
+    if made is None:
+        found, n_read = set(), 0
+        for t in g.tensors:
+            if t.role == "weight" and t.type in ("f16", "q8_0"):
+                found.add(f"{t.type} weights")
+            elif t.role == "input" and len(t.ne) > 1 and t.ne[1] >= 32:
+                found.add(">= 32 tokens")
+            elif t.op == "flash_attn_ext":
+                found.add("flash attention")
+            n_read += t.role in ("cache", "input")
+        if n_read > 30:
+            found.add("more than 30 caches and inputs")
+        made = g.derived["features"] = frozenset(found)
+    return made
 
 
 def _first(scenario: Scenario, kind: str) -> int:

@@ -16,7 +16,7 @@ from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.scenario import Scenario
 from . import values
 from .engine import Built, Ggml
-from .program import GraphProgram, encode
+from .program import GraphProgram, encode, made_of
 
 
 def tensor_key(t: TensorSpec) -> tuple[Any, ...]:
@@ -35,7 +35,6 @@ class CpuOnly:
         self.shadow: dict[tuple[Any, ...], bytes] = {}
         # why values are no longer compared (``values.undetermined``)
         self.off: str | None = None if compared else "not compared in this run"
-        self.programs: dict[int, GraphProgram] = {}  # per spec: its CPU-only graph for graph.c
 
     @cached_property
     def seed(self) -> int | None:
@@ -72,9 +71,10 @@ class CpuOnly:
         """``spec`` computed on ``cpu`` alone, every tensor in one buffer of its own, from the same
         leaf contents; the compared tensors' bytes. The caches it leaves are the next compute's."""
         g, eng = self.eng.g, self.eng
-        program = self.programs.get(id(spec))
-        if program is None:
-            program = self.programs[id(spec)] = encode(spec, None, eng.types, eng.ggml_version)
+        made = made_of(spec, eng.ggml_version)
+        if "cpu program" not in made:
+            made["cpu program"] = encode(spec, False, eng.types, eng.ggml_version)
+        program: GraphProgram = made["cpu program"]
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         buf = None
         try:

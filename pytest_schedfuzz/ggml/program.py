@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..engine import Unsupported
@@ -33,6 +33,7 @@ class GraphProgram:
         "concat", "permute", "reshape", "view")
     CODES: ClassVar[dict[str, int]] = {name: i for i, name in enumerate(OPS)}
     WORDS: ClassVar[int] = 38
+    PTR: ClassVar[int] = 24  # a persistent tensor's address in its record (graph.c's R_PTR)
     GEO: ClassVar[int] = 27  # where the geometry starts in a record
     INPUT, OUTPUT, INPLACE, NEW_K, NAME = 1, 2, 4, 8, 16  # flags
     OK, NULL, MISSING, BAD_OP = -1, -2, -3, -4  # graph.c's results besides a record index
@@ -44,18 +45,40 @@ class GraphProgram:
     roots: array[int]
     n: int
     index: dict[str, int]
+    # the weights and caches, each with its record's index: their addresses, a scenario's own,
+    # are written in by ``bound``, so that one encoding serves every scenario of the spec
+    persistent: tuple[tuple[int, TensorSpec], ...] = ()
+
+    def bound(self, address: Callable[[TensorSpec], int]) -> GraphProgram:
+        """This program with each persistent tensor's address (``address``) in its record."""
+        if not self.persistent:
+            return self
+        records = array("q", self.records)
+        for i, t in self.persistent:
+            records[i * self.WORDS + self.PTR] = address(t)
+        return replace(self, records=records)
 
     @staticmethod
     def address(a: array[Any]) -> int:
         return a.buffer_info()[0]
 
 
-def encode(spec: GraphSpec, persistent: Callable[[TensorSpec], int] | None, types: dict[str, int], ggml_version: str) -> GraphProgram:
+def made_of(spec: GraphSpec, ggml_version: str) -> dict[str, Any]:
+    """What the worker made of ``spec`` for the ggml it loaded, kept with the spec (never pickled):
+    its programs for graph.c (unbound: ``GraphProgram.bound``), its node and leaf names as ggml
+    gave them the first time (ggml builds a program alike each time). A spec the worker keeps
+    (``kept``) serves many scenarios."""
+    made: dict[str, dict[str, Any]] = spec.__dict__.setdefault("_made_by_worker", {})
+    return made.setdefault(ggml_version, {})
+
+
+def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:
     """``spec`` encoded for ``graph.c``, each tensor to be checked against ``spec.geometry``
-    (the parent's inference: it comes with the pickled spec). ``persistent`` gives the
-    scenario's tensor of a weight or a cache; without it (the values check's CPU-only graph)
-    every leaf is a new tensor, neither named an input nor flagged. ``types``: the loaded ggml's
-    type codes by name; ``ggml_version``: its version, whose API the records follow (``versions``)."""
+    (the parent's inference: it comes with the pickled spec). ``persistent``: a weight or a cache
+    is the scenario's tensor (``GraphProgram.bound`` writes its address in); without (the values
+    check's CPU-only graph) every leaf is a new tensor, neither named an input nor flagged.
+    ``types``: the loaded ggml's type codes by name; ``ggml_version``: its version, whose API the
+    records follow (``versions``)."""
     GP = GraphProgram
     index = {t.name: i for i, t in enumerate(spec.tensors)}
     codes, geometry = GP.CODES, spec.geometry
@@ -65,14 +88,16 @@ def encode(spec: GraphSpec, persistent: Callable[[TensorSpec], int] | None, type
     words: list[int] = []
     names = bytearray()
     no_ints, no_reals, no_args, ones = [0] * 8, [0.0] * 4, [-1] * 8, (1, 1, 1, 1)
-    leaf_flags = GP.NAME | (GP.INPUT if persistent is not None else 0)
-    for t in spec.tensors:
+    leaf_flags = GP.NAME | (GP.INPUT if persistent else 0)
+    kept: list[tuple[int, TensorSpec]] = []
+    for i, t in enumerate(spec.tensors):
         ne, ints, real, args, w = t.ne, no_ints, no_reals, no_args, None
-        flags = GP.OUTPUT if t.output and persistent is not None else 0
+        flags = GP.OUTPUT if t.output and persistent else 0
         ptr = len(names)
         if t.op == "none":
-            if persistent is not None and t.role in ("weight", "cache"):
-                op, ptr = codes["persistent"], persistent(t)
+            if persistent and t.role in ("weight", "cache"):
+                op, ptr = codes["persistent"], 0
+                kept.append((i, t))
             else:
                 op = codes["leaf"]
                 flags |= leaf_flags
@@ -97,7 +122,7 @@ def encode(spec: GraphSpec, persistent: Callable[[TensorSpec], int] | None, type
         reals += real
     n = len(spec.tensors)
     return GraphProgram(array("q", program), array("d", reals), bytes(names), array("i", words or [0]),
-                        array("i", [index[r] for r in spec.roots]), n, index)
+                        array("i", [index[r] for r in spec.roots]), n, index, tuple(kept))
 
 
 def _op_record(t: TensorSpec, new_k: bool, types: dict[str, int]) -> tuple[tuple[int, ...], list[int], list[float]]:

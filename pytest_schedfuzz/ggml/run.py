@@ -17,7 +17,7 @@ from . import values
 from .backends import init_backends
 from .cpu_only import CpuOnly, tensor_key
 from .engine import Built, Ggml, Ptr
-from .program import GraphProgram, encode
+from .program import GraphProgram, encode, made_of
 from .record import Snapshot, StepRecording
 
 
@@ -51,10 +51,7 @@ class ScenarioRun(StepRecording):
         self.sched: int | None = None
         self.counts: SizeCounts | None = None  # of the last ggml_backend_sched_split_graph on this scheduler
         self.built: list[Built] = []
-        # per spec (``materialize``): its program for graph.c, and its node and leaf names as ggml
-        # gave them the first time (ggml builds a program alike each time)
-        self.programs: dict[int, GraphProgram] = {}
-        self.tensor_names: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self.programs: dict[int, GraphProgram] = {}  # per spec (``materialize``): its program, bound to this scenario's tensors
         self.persistent = _Persistent()
         self.cpu_only = CpuOnly(eng, scenario, compare_values)  # the values check of compute steps
         self._eval_cb = self.g.ggml_backend_sched_eval_callback(self._on_eval)  # kept alive while a scheduler may call it
@@ -119,7 +116,12 @@ class ScenarioRun(StepRecording):
         g, eng = self.g, self.eng
         program = self.programs.get(id(spec))  # the scenario holds its specs: ids are stable
         if program is None:
-            program = self.programs[id(spec)] = encode(spec, lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents), eng.types, eng.ggml_version)
+            # encoded once per spec and worker (a kept spec serves many scenarios: ``kept``), bound
+            # to this scenario's weights and caches once per scenario
+            made = made_of(spec, eng.ggml_version)
+            if "program" not in made:
+                made["program"] = encode(spec, True, eng.types, eng.ggml_version)
+            program = self.programs[id(spec)] = made["program"].bound(lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         built = Built(ctx, None, [], program.index, [], [])
         self.built.append(built)
@@ -130,9 +132,10 @@ class ScenarioRun(StepRecording):
         built.nodes = ctypes.cast(cg.nodes, ctypes.POINTER(ctypes.c_void_p))[: cg.n_nodes]
         built.leafs = ctypes.cast(cg.leafs, ctypes.POINTER(ctypes.c_void_p))[: cg.n_leafs]
         built.observed = (ctypes.c_void_p * (len(built.nodes) + len(built.leafs)))(*built.nodes, *built.leafs)
-        if id(spec) not in self.tensor_names:
-            self.tensor_names[id(spec)] = (eng.names_at(built.nodes), eng.names_at(built.leafs))
-        built.names = self.tensor_names[id(spec)]
+        made = made_of(spec, eng.ggml_version)
+        if "names" not in made:
+            made["names"] = (eng.names_at(built.nodes), eng.names_at(built.leafs))
+        built.names = made["names"]
         # the previous graph stays alive: while its tensors exist, no new tensor can take the
         # address of one the scheduler's hash table may still hold (a reserve does not reset first)
         while len(self.built) > 2:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..model.trace import Abort, Trace
 from ..process.children import KILLED_FROM_OUTSIDE
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
+from .kept import SentSpecs
 from .lib import LIB_ENV, child_env, resolve_lib
 
 WORKER = "pytest_schedfuzz.ggml.worker"
@@ -56,6 +58,7 @@ class GgmlTarget(WorkerTarget):
         self.start_timeout = start_timeout
         self.servers = RpcServers(self.lib_dir)
         self.engine: dict[str, str] = {}
+        self._sent: weakref.WeakKeyDictionary[Worker, SentSpecs] = weakref.WeakKeyDictionary()  # what each worker keeps (``kept``)
 
     @property
     def worker_pid(self) -> int | None:
@@ -91,7 +94,7 @@ class GgmlTarget(WorkerTarget):
             worker = self._live_worker()
             records: list[dict[str, Any]] = []
             try:
-                worker.send_pickled({"scenario": scenario, "endpoints": endpoints, "values": values})
+                worker.send_pickled(self._sent.setdefault(worker, SentSpecs()).request(scenario, endpoints, values))
                 if meanwhile is not None:
                     meanwhile()
                 abort = self._collect(worker, records)

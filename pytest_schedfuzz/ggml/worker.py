@@ -6,11 +6,14 @@ descriptor that was its stdout; its fd 1 is then pointed at stderr, so whatever 
 print cannot corrupt the protocol.
 
 * startup: ``{"hello": {engine info}}``, or ``{"fatal": message}`` and exit;
-* request (``Worker.send_pickled``) ``{"scenario": Scenario, "endpoints": ["127.0.0.1:P", ...],
-  "values": bool}`` (whether a property compares the values of its compute steps; the
-  scenario comes validated, with its graphs' geometry inferred, by the parent, which is this
-  worker's only writer; the values oracle's seed, ``values.scenario_seed``, is made here, where a
-  step computes, while the parent's reference predicts), answered with one
+* request (``Worker.send_pickled``, made by ``kept.SentSpecs``) ``{"layout", "graphs": ((name,
+  token), ...), "steps", "specs": {token: GraphSpec}, "forget": [token, ...], "endpoints":
+  ["127.0.0.1:P", ...], "values": bool}``: the scenario, its graphs as tokens of specs sent now
+  or kept from an earlier request (``kept.KeptSpecs``); ``values``: whether a property compares
+  the values of its compute steps. The scenario comes validated, with its graphs' geometry
+  inferred, by the parent, which is this worker's only writer; the values oracle's seed
+  (``values.scenario_seed``) is made here, where a step computes, while the parent's reference
+  predicts. It is answered with one
   ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
   and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
@@ -31,6 +34,7 @@ What is observed, and how:
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import sys
@@ -48,6 +52,7 @@ from .build import OPTIMIZE
 from ..process.channel import Channel
 from ..process.children import die_with_parent
 from .engine import OBSERVE_SPLITS, Ggml, coverage_build, gcov_dump
+from .kept import KeptSpecs
 from .run import ScenarioRun
 
 
@@ -133,26 +138,33 @@ def main() -> None:
         raise SystemExit(2)
     chan.send({"hello": eng.info()})
     coverage = coverage_build()
+    kept = KeptSpecs()
     while True:
         with gc_paused():  # the request's unpickling too: its scenario is thousands of objects
             req = read_request(sys.stdin.buffer)
             if req is None:
                 break
-            reply = serve(eng, chan, req)
+            reply = serve(eng, chan, req, kept)
             # freed now, by its reference counts: alive when the collector restarts, the
             # scenario's thousands of objects would be its next collection's work
             del req
+            # the specs it keeps (``kept``) live on: out of the collector's sight, or its full
+            # collections would walk their thousands of tensors again and again (what they leave
+            # behind is freed by reference counts all the same)
+            gc.collect(0)
+            gc.freeze()
         if coverage:
             gcov_dump(reset=True)  # before the reply: a later crash of this worker must not take this scenario's counts
         chan.send(reply)
 
 
-def serve(eng: Ggml, chan: Channel, req: dict[str, Any]) -> dict[str, object]:
+def serve(eng: Ggml, chan: Channel, req: dict[str, Any], kept: KeptSpecs) -> dict[str, object]:
     """Run one request's scenario; the reply that ends it."""
     eng.step = -1
     reply: dict[str, object]
+    scenario = kept.scenario(req)  # first: the parent counts on the specs it sent being kept
     try:
-        run_scenario(eng, req["scenario"], req["endpoints"], chan, req["values"])
+        run_scenario(eng, scenario, req["endpoints"], chan, req["values"])
         reply = {"done": True}
     except Unsupported as e:
         reply = {"unsupported": str(e)}

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
-from .shapes import CAST_SELF, OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nelements, new_tensor
+from .shapes import CAST_SELF, OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nbytes, nelements, new_tensor
 
 ROLES = ("weight", "cache", "input", "")
 # explicit limits on what a graph may ask of the engine (case files are checked against them)
 MAX_ELEMENTS = 2**26  # per tensor: 256 MiB of f32
 MAX_TENSORS = 100_000  # per graph
+_ONES = {k: (1,) * (4 - k) for k in range(5)}  # a stored shape of k dimensions, padded as ggml pads it
 
 
 def _freeze(value: Any) -> Any:
@@ -122,6 +123,12 @@ class GraphSpec:
             geo[t.name] = infer(t.op, args, t.args, dict(t.params))
         return geo
 
+    @cached_property
+    def largest_nbytes(self) -> int:
+        """``ggml_nbytes`` of its largest tensor (0 for none)."""
+        geo = self.geometry
+        return max((nbytes(geo[t.name]) for t in self.tensors), default=0)
+
     def validate(self, n_backends: int | None = None) -> None:
         """Raise ``SpecError`` naming the first problem: names, ops, order, shapes, devices. A
         spec is immutable: once valid for ``n_backends``, it is not checked again (a captured
@@ -155,7 +162,7 @@ class GraphSpec:
                     raise SpecError(f"tensor {name!r}: device {t.device} is not in the layout ({n_backends} backends)")
             if leaf and t.role == "":
                 raise SpecError(f"leaf {name!r} needs a role (weight, cache or input)")
-            if leaf and any(n < 0 for n in t.ne):
+            if leaf and t.ne and min(t.ne) < 0:
                 raise SpecError(f"tensor {name!r}: shape {list(t.ne)} has a negative dimension")
             seen.add(name)
         for r in self.roots:
@@ -170,7 +177,7 @@ class GraphSpec:
         for t in self.tensors:
             g = geo[t.name]
             ne, k = g.ne, len(t.ne)
-            if k and ne[:k] != tuple(t.ne) or any(n != 1 for n in ne[k:]):
+            if k and ne[:k] != tuple(t.ne) or ne[k:] != _ONES[k]:
                 raise SpecError(f"tensor {t.name!r}: stored shape {list(t.ne)} but ops give {list(ne)}")
             if ne[0] * ne[1] * ne[2] * ne[3] > MAX_ELEMENTS:
                 raise SpecError(f"tensor {t.name!r}: {nelements(g):,} elements, over the limit of {MAX_ELEMENTS:,} (2**26) per tensor")
@@ -285,14 +292,16 @@ class GraphBuilder:
     _geo: dict[str, Geometry] = field(default_factory=dict)
 
     def _add(self, t: TensorSpec, geo: Geometry) -> str:
+        """``t``, made with the shape ``geo`` gives it (``geo.ne``), added."""
         if t.name in self._geo:
             raise SpecError(f"tensor {t.name!r} is defined twice")
         self._geo[t.name] = geo
-        self.tensors.append(replace(t, ne=tuple(geo.ne)))
+        self.tensors.append(t)
         return t.name
 
     def leaf(self, name: str, ne: Sequence[int], type: str = "f32", role: str = "input", device: int | None = None) -> str:
-        return self._add(TensorSpec(name, type=type, role=role, device=device), new_tensor(type, ne))
+        geo = new_tensor(type, ne)
+        return self._add(TensorSpec(name, type=type, ne=geo.ne, role=role, device=device), geo)
 
     def weight(self, name: str, ne: Sequence[int], device: int, type: str = "f32") -> str:
         return self.leaf(name, ne, type, "weight", device)
@@ -305,8 +314,8 @@ class GraphBuilder:
 
     def op(self, op: str, *args: str | None, name: str, output: bool = False, **params: Any) -> str:
         geo = infer(op, [self._geo[a] if a is not None else None for a in args], args, params)
-        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
-        return self._add(TensorSpec(name, op, geo.type, (), tuple(args), frozen, output=output), geo)
+        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items())) if params else ()
+        return self._add(TensorSpec(name, op, geo.type, geo.ne, tuple(args), frozen, output=output), geo)
 
     def by_name(self, name: str) -> str | None:
         """``name`` if a tensor of that name was already added."""

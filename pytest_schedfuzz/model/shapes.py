@@ -62,12 +62,19 @@ def contiguous_nb(type_: str, ne: Sequence[int]) -> Shape:
 
 
 def pad4(ne: Sequence[int]) -> Shape:
-    if not 1 <= len(ne) <= 4:
+    # a loop, not any() over a generator: every tensor of every drawn graph comes through here
+    n = len(ne)
+    if not 1 <= n <= 4:
         raise SpecError(f"shape {list(ne)} must have 1 to 4 dims")
-    if any(not isinstance(n, int) or n < 0 for n in ne):
-        raise SpecError(f"shape {list(ne)} must hold integers of at least 0 (ggml allows empty tensors)")
-    full = list(ne) + [1] * (4 - len(ne))
-    return (full[0], full[1], full[2], full[3])
+    for x in ne:
+        if not isinstance(x, int) or x < 0:
+            raise SpecError(f"shape {list(ne)} must hold integers of at least 0 (ggml allows empty tensors)")
+    if n == 4:
+        return (ne[0], ne[1], ne[2], ne[3])
+    return (*ne, *_ONES[n])
+
+
+_ONES = {1: (1, 1, 1), 2: (1, 1), 3: (1,)}
 
 
 def new_tensor(type_: str, ne: Sequence[int]) -> Geometry:

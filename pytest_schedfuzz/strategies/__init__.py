@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ..model.graph_spec import GraphBuilder, GraphSpec, TensorSpec, leaf_merged, leaf_split, reshaped
 from ..model.layout import BackendLayout, BackendSpec
 from ..model.scenario import Scenario, SchedParams, Step
-from ..model.shapes import VIEW_OPS, nbytes
+from ..model.shapes import VIEW_OPS
 from ..sim.driver import Reconfigure, Ubatch, Workload
 from ..sim.models import ModelShape, llama_graph
 
@@ -75,7 +75,7 @@ def fit_max_size(layout: BackendLayout, specs: list[GraphSpec]) -> BackendLayout
     """``layout`` with each gpu's ``max_size`` at least the largest tensor of ``specs``: a device
     cannot hold a tensor over its maximum buffer size (ggml refuses the weights, and a compute
     chunk that size fails to allocate), which is a property of the test, not a scheduler bug."""
-    biggest = max((nbytes(g.geometry[t.name]) for g in specs for t in g.tensors), default=0)
+    biggest = max((g.largest_nbytes for g in specs), default=0)
     return BackendLayout(tuple(replace(b, max_size=max(b.max_size, biggest)) if b.max_size else b for b in layout.backends))
 
 
