@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import properties as props
 from ..cases.capture import CAPTURED_LABEL
+from ..model.devices import DEVICE_KINDS
 from ..model.llama import LlamaWorkload, all_experts_bytes
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
@@ -271,12 +272,10 @@ def features(scenario: Scenario) -> list[str]:
         "f16 weights": any(t.role == "weight" and t.type == "f16" for t in tensors),
         "q8_0 weights": any(t.role == "weight" and t.type == "q8_0" for t in tensors),
         ">= 32 tokens": any(t.role == "input" and len(t.ne) > 1 and t.ne[1] >= 32 for t in tensors),
-        "2+ RPC devices": scenario.layout.n_rpc >= 2,
-        "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
-        "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
+        # each device kind's own (``DeviceKind.explored``): at least so many of the kind
+        **{name: sum(b.kind == kind.name for b in scenario.layout.backends) >= n for kind in DEVICE_KINDS.values() for n, name in kind.explored},
         "gpu offload_op": any(b.offload_min_batch for b in scenario.layout.backends),
         "gpu offload_op by ggml-cuda's batch (routed experts)": any(b.cuda_batch for b in scenario.layout.backends),
-        "2+ GPU-like devices (peer copies)": sum(b.kind == "gpu" for b in scenario.layout.backends) >= 2,
         # one op reading many tensors in a chain: more than GGML_SCHED_MAX_SPLIT_INPUTS may be copied into one split
         "more than 30 caches and inputs": any(sum(t.role in ("cache", "input") for t in g.tensors) > 30 for _, g in scenario.graphs),
         "gpu host buffer": scenario.layout.host_buffer_of is not None,
