@@ -343,3 +343,32 @@ def test_every_exported_device_kind_has_its_c_constructor() -> None:
         if kind.exported is not None:
             called = re.match(r"(\w+)\(", kind.exported)
             assert called and re.search(rf"^static ggml_backend_t {called.group(1)}\(", templates, re.M), kind
+
+
+def _built_ins_named(text: str) -> dict[str, set[str]]:
+    """The names ``text`` gives ``--schedfuzz-lib`` and ``--schedfuzz-llama-lib`` (``=NAME``,
+    `` NAME``, or a table's ``NAME\\|NAME\\|DIR``) that read as a built-in's (``ggml-…``, ``llama.cpp-…``)."""
+    import re
+
+    out: dict[str, set[str]] = {"lib": set(), "llama-lib": set()}
+    for option, value in re.findall(r"--schedfuzz-(lib|llama-lib)[= ]([^\s`]+)", text):
+        out[option] |= {v for v in value.replace("\\|", "|").split("|") if v.startswith(("ggml-", "llama.cpp-"))}
+    return out
+
+
+def test_the_built_ins_named_by_ci_and_docs_are_the_tables() -> None:
+    """``.ci/run``, the README and the docs write built-ins' names by hand: each must be one of
+    ``ggml.versions.BUILT_IN`` (or the seeds' ggml) and ``llama.builds.BUILT_IN``, so none goes
+    stale when a version changes; a planted stale name is caught."""
+    from pytest_schedfuzz.ggml.versions import BUILT_IN
+    from pytest_schedfuzz.llama.builds import BUILT_IN as LLAMA_BUILT_IN
+    from pytest_schedfuzz.llama.builds import SEED_GGML
+
+    known = {"lib": {*BUILT_IN, SEED_GGML}, "llama-lib": set(LLAMA_BUILT_IN)}
+    planted = _built_ins_named("pytest --schedfuzz-lib=ggml-0.14.0 -q\n| `--schedfuzz-llama-lib llama.cpp-0.3.36\\|llama.cpp-b1\\|DIR` |")
+    assert planted == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-0.3.36", "llama.cpp-b1"}}
+    assert {k: v - known[k] for k, v in planted.items()} == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-b1"}}
+    named = [(path.name, _built_ins_named(path.read_text())) for path in [ROOT / ".ci" / "run", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    assert {k for _, n in named for k, v in n.items() if v} == {"lib", "llama-lib"}  # the scan reads .ci/run's and the docs' names
+    stale = [(name, k, sorted(v - known[k])) for name, n in named for k, v in n.items() if v - known[k]]
+    assert stale == []
