@@ -12,6 +12,8 @@ from typing import NoReturn
 from .campaign.profiles import PROFILES
 from .commands import UsageError
 from .engine import TargetError
+from .ggml.versions import BUILT_IN
+from .llama.builds import SEED_LLAMA, UPSTREAM
 from .options import add_to_argparse, did_you_mean
 
 
@@ -79,7 +81,7 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     _engine_args(ex)
     ex.set_defaults(func="cases:export")
     gt = sub.add_parser("gate", help="pre-merge: the corpus and the same fuzzing on a base and a head build; exit 1 only for failures new on head")
-    gt.add_argument("--base", required=True, help="the base build: ggml-0.25.3, ggml-0.15.3 or a library folder")
+    gt.add_argument("--base", required=True, help=f"the base build: {', '.join(BUILT_IN)} or a library folder")
     gt.add_argument("--head", required=True, help="the head build, likewise")
     gt.add_argument("--profile", default="ci", help="how much to fuzz on each build: " + ", ".join(PROFILES) + " (default: ci)")
     gt.add_argument("--examples", type=int, help="examples per property (default: the profile's)")
@@ -97,14 +99,14 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     mu.add_argument("--size-oracle", action="store_true", help="run the ci profile with --schedfuzz-size-oracle")
     mu.set_defaults(func="tools:mutate")
     cv = sub.add_parser("coverage", help="line and branch coverage of ggml's scheduler and allocator reached by a profile's run")
-    cv.add_argument("--lib", default="ggml-0.25.3", choices=("ggml-0.25.3", "ggml-0.15.3"), help="the built-in ggml to instrument (default: ggml-0.25.3)")
+    cv.add_argument("--lib", default=BUILT_IN[0], choices=BUILT_IN, help=f"the built-in ggml to instrument (default: {BUILT_IN[0]})")
     cv.add_argument("--profile", default="ci", help="the profile of the run: " + ", ".join(PROFILES) + " (default: ci)")
     cv.add_argument("--budget", type=float, help="seconds of the run (default: the profile's)")
     cv.add_argument("--corpus", help="the corpus the run replays (a copy; default: ./corpus, else the built-in one)")
     cv.add_argument("--json", help="write each function's reach and unreached branches to this file")
     cv.set_defaults(func="tools:coverage")
     dv = sub.add_parser("device", help="build the GPU-like device (fake_gpu.c) against each ggml (default: both built-ins); compile the reference with mypyc")
-    dv.add_argument("--lib", action="append", help="a built-in (ggml-0.25.3, ggml-0.15.3) or a build's library folder; repeatable")
+    dv.add_argument("--lib", action="append", help=f"a built-in ({', '.join(BUILT_IN)}) or a build's library folder; repeatable")
     dv.set_defaults(func="tools:device")
     bn = sub.add_parser("bench", help="speed figures, measured side by side, as ratios")
     bn.add_argument("--json", help="also write the figures to this JSON file")
@@ -119,8 +121,8 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     bn.add_argument("--lib", default=None, help="the ci section's --schedfuzz-lib (default: the plugin's default ggml)")
     bn.set_defaults(func="tools:bench")
     cm = sub.add_parser("compare", help="the same llama.cpp workloads on two builds (a port against upstream): each difference and its cause")
-    cm.add_argument("--a", default="llama.cpp-0.3.36-seed", help="build A: a built-in name or a library folder (default: the seeds' port)")
-    cm.add_argument("--b", default="llama.cpp-b11739", help="build B (default: upstream b11739)")
+    cm.add_argument("--a", default=SEED_LLAMA, help="build A: a built-in name or a library folder (default: the seeds' port)")
+    cm.add_argument("--b", default=UPSTREAM, help=f"build B (default: upstream, {UPSTREAM})")
     cm.add_argument("--workloads", type=int, default=50, help="how many generated workloads (default 50)")
     cm.add_argument("--seed", type=int, default=0, help="seed of the generated workloads (default 0)")
     cm.set_defaults(func="tools:compare_builds")

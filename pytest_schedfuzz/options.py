@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .campaign.profiles import PROFILES
+from .ggml.versions import BUILT_IN
+from .llama.builds import ABOUT as LLAMA_BUILT_IN
+from .llama.builds import SEED_GGML
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,15 @@ class Option:
         return self.help + (f" (env {self.env})" if self.env else "")
 
 
+# the built-ins of --schedfuzz-lib and --schedfuzz-llama-lib, from their tables (the first of each is the default)
+def _ggml_built_ins() -> str:
+    return ", ".join([f"{BUILT_IN[0]} (default)", *BUILT_IN[1:], f"{SEED_GGML} (the seeds' ggml, built on first use)"])
+
+
+def _llama_built_ins() -> str:
+    return ", ".join(f"{name} ({'default: ' if k == 0 else ''}{about})" for k, (name, about) in enumerate(LLAMA_BUILT_IN.items()))
+
+
 def _profiles_help() -> str:
     return "how much to fuzz: " + "; ".join(f"{name}: {p.about}" for name, p in PROFILES.items()) + " (default: dev)"
 
@@ -66,11 +78,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", "seed of the run, 0 .. 2**32-1 (printed by every run; default: random, 0 under ci)", int, "N"),
     Option("budget", "seconds for the whole run (overrides the profile's); the properties share what is left", float, "SECONDS"),
     Option("properties", "comma-separated property ids to fuzz (default: all)", metavar="IDS"),
-    Option("lib", "the ggml under test: ggml-0.25.3 (default), ggml-0.15.3, ggml-0.25.3-seed (the seeds' ggml, built on "
-           "first use), or your build's library folder", metavar="NAME|DIR", env="SCHEDFUZZ_GGML_LIB"),
-    Option("llama-lib", "the llama.cpp under test: llama.cpp-0.3.36 (default: llama-cpp-python's), llama.cpp-0.3.36-seed "
-           "(the seeds' system, built on first use), llama.cpp-b11739 (upstream, Release, prebuilt), or your build's library "
-           "folder, e.g. build/bin", metavar="NAME|DIR", env="SCHEDFUZZ_LLAMA_LIB"),
+    Option("lib", f"the ggml under test: {_ggml_built_ins()}, or your build's library folder", metavar="NAME|DIR",
+           env="SCHEDFUZZ_GGML_LIB"),
+    Option("llama-lib", f"the llama.cpp under test: {_llama_built_ins()}, or your build's library folder, e.g. build/bin",
+           metavar="NAME|DIR", env="SCHEDFUZZ_LLAMA_LIB"),
     Option("target", "your implementation under test as MODULE:FACTORY (default: the real ggml)", metavar="MODULE:FACTORY"),
     Option("policy", "the scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)", metavar="MODULE:CALLABLE"),
     Option("reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace", metavar="MODULE:CALLABLE"),

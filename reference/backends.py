@@ -45,21 +45,21 @@ class Backends:
         self.bufts = [layout.buft(i) for i in range(layout.n)]
         # ...and that of the backend's own buffers (its weights and caches)
         self.buffer_bufts = [layout.buffer_buft(i) for i in range(layout.n)]
-        self.kinds = [b.kind for b in layout.backends]
+        # what each backend's kind tells (``model.devices``): ggml-blas's supports_op, and which
+        # buffer types are a gpu's (its alignment and max_size); the ops a gpu is told to refuse
+        self.matmul_only = [b.device.matmul_only for b in layout.backends]
+        self.refused = [b.unsupported for b in layout.backends]
+        self.fake_gpu = [b.device.fake_gpu for b in layout.backends]
         self._supports_buft: dict[tuple[int, str], bool] = {}
 
     def supports_op(self, b: int, g: CGraph, t: int) -> bool:
         """``ggml_backend_supports_op(backends[b], t)``."""
-        kind = self.kinds[b]
-        if kind == "rpc":
-            return True
-        op = g.op[t]
-        if kind == "gpu":
-            return g.ggml_op[t] not in self.layout.backends[b].unsupported
-        if kind == "cpu":
-            # every op built here is supported on the CPU (mul_mat's src1 is always f32)
-            return True
+        if not self.matmul_only[b]:
+            # RPC and the CPU support every op built here (mul_mat's src1 is always f32); a gpu
+            # all but those it is told to refuse (no other kind's spec refuses any)
+            return g.ggml_op[t] not in self.refused[b]
         # blas: contiguous matmuls with f32 src1 whose ne0, ne1 and ne10 reach min_batch
+        op = g.op[t]
         if op != "mul_mat":
             return op in ("none", "view", "reshape", "permute", "transpose")
         a, bb = g.srcs[t][0], g.srcs[t][1]
@@ -95,7 +95,7 @@ class Backends:
         host buffer types align to its ``alignment``, and its own refuses over ``max_size``
         (``buft_alloc_buffer`` in ``fake_gpu.c``)."""
         name = self.bufts[b]
-        gpu = next((i for i in range(self.n) if self.kinds[i] == "gpu" and name in (self.buffer_bufts[i], f"{self.layout.name(i)}_Host")), None)
+        gpu = next((i for i in range(self.n) if self.fake_gpu[i] and name in (self.buffer_bufts[i], f"{self.layout.name(i)}_Host")), None)
         if gpu is None or name == "CPU":
             return BufferType(name)
         spec = self.layout.backends[gpu]

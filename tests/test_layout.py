@@ -286,3 +286,89 @@ def test_no_import_cycles_at_module_or_function_level() -> None:
         package = parts[-1] == "__init__"
         modules[".".join(parts[:-1] if package else parts)] = (path.read_text(), package)
     assert _import_cycles(modules) == KNOWN_CYCLES
+
+
+DEVICES_TABLE = PACKAGE / "model" / "devices.py"
+
+
+def _device_kind_tests(source: str, where: str) -> list[str]:
+    """Places in ``source`` that compare something with a device kind's name (``b.kind == "gpu"``,
+    ``kind in ("rpc", "gpu")``) or key a dict literal by two or more of them, instead of asking the
+    kind's entry (``BackendSpec.device``: ``model.devices.DEVICE_KINDS``). Naming a kind to make a
+    backend (``BackendSpec("rpc")``) is no test."""
+    from pytest_schedfuzz.model.devices import BACKEND_KINDS
+
+    def names(node: ast.AST) -> set[str]:
+        items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return {e.value for e in items if isinstance(e, ast.Constant) and e.value in BACKEND_KINDS}
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
+            found = set().union(*(names(x) for x in (node.left, *node.comparators)))
+            if found:
+                out.append(f"{where}:{node.lineno}: compares with the device kind(s) {sorted(found)}")
+        elif isinstance(node, ast.Dict) and len({k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in BACKEND_KINDS}) >= 2:
+            out.append(f"{where}:{node.lineno}: a dict keyed by device kinds")
+    return out
+
+
+def test_device_kinds_are_told_only_by_their_table() -> None:
+    """A device kind is one entry of ``model.devices.DEVICE_KINDS``: no module compares a kind with
+    its name or keys a table by the names, but the engine's constructors (its half of each entry,
+    which the data package cannot import), checked here to cover the table exactly; a planted
+    comparison, membership test and table are caught, a backend made by its kind's name is not."""
+    assert _device_kind_tests('if b.kind == "gpu":\n    pass\n', "planted") == ["planted:1: compares with the device kind(s) ['gpu']"]
+    assert len(_device_kind_tests('own = spec.kind in ("rpc", "gpu")\n', "planted")) == 1
+    assert len(_device_kind_tests('X = {"rpc": 1, "cpu": 2}\n', "planted")) == 1
+    assert _device_kind_tests('layout = BackendLayout.of("rpc", "cpu")\nspec = BackendSpec("gpu")\n', "planted") == []
+    from pytest_schedfuzz.ggml.backends import CONSTRUCTORS
+    from pytest_schedfuzz.model.devices import DEVICE_KINDS
+
+    assert list(CONSTRUCTORS) == list(DEVICE_KINDS)
+    constructors = PACKAGE / "ggml" / "backends.py"
+    found = [x for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]) if path != DEVICES_TABLE
+             for x in _device_kind_tests(path.read_text(), str(path.relative_to(ROOT)))]
+    assert [x for x in found if not (x.startswith(str(constructors.relative_to(ROOT))) and "dict keyed" in x)] == []
+
+
+def test_every_exported_device_kind_has_its_c_constructor() -> None:
+    """Each kind's ``exported`` C calls a constructor the reproducer's templates define."""
+    import re
+
+    from pytest_schedfuzz.model.devices import DEVICE_KINDS
+
+    templates = "".join(p.read_text() for p in (PACKAGE / "cases").glob("repro*.c.in"))
+    for kind in DEVICE_KINDS.values():
+        if kind.exported is not None:
+            called = re.match(r"(\w+)\(", kind.exported)
+            assert called and re.search(rf"^static ggml_backend_t {called.group(1)}\(", templates, re.M), kind
+
+
+def _built_ins_named(text: str) -> dict[str, set[str]]:
+    """The names ``text`` gives ``--schedfuzz-lib`` and ``--schedfuzz-llama-lib`` (``=NAME``,
+    `` NAME``, or a table's ``NAME\\|NAME\\|DIR``) that read as a built-in's (``ggml-…``, ``llama.cpp-…``)."""
+    import re
+
+    out: dict[str, set[str]] = {"lib": set(), "llama-lib": set()}
+    for option, value in re.findall(r"--schedfuzz-(lib|llama-lib)[= ]([^\s`]+)", text):
+        out[option] |= {v for v in value.replace("\\|", "|").split("|") if v.startswith(("ggml-", "llama.cpp-"))}
+    return out
+
+
+def test_the_built_ins_named_by_ci_and_docs_are_the_tables() -> None:
+    """``.ci/run``, the README and the docs write built-ins' names by hand: each must be one of
+    ``ggml.versions.BUILT_IN`` (or the seeds' ggml) and ``llama.builds.BUILT_IN``, so none goes
+    stale when a version changes; a planted stale name is caught."""
+    from pytest_schedfuzz.ggml.versions import BUILT_IN
+    from pytest_schedfuzz.llama.builds import BUILT_IN as LLAMA_BUILT_IN
+    from pytest_schedfuzz.llama.builds import SEED_GGML
+
+    known = {"lib": {*BUILT_IN, SEED_GGML}, "llama-lib": set(LLAMA_BUILT_IN)}
+    planted = _built_ins_named("pytest --schedfuzz-lib=ggml-0.14.0 -q\n| `--schedfuzz-llama-lib llama.cpp-0.3.36\\|llama.cpp-b1\\|DIR` |")
+    assert planted == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-0.3.36", "llama.cpp-b1"}}
+    assert {k: v - known[k] for k, v in planted.items()} == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-b1"}}
+    named = [(path.name, _built_ins_named(path.read_text())) for path in [ROOT / ".ci" / "run", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    assert {k for _, n in named for k, v in n.items() if v} == {"lib", "llama-lib"}  # the scan reads .ci/run's and the docs' names
+    stale = [(name, k, sorted(v - known[k])) for name, n in named for k, v in n.items() if v - known[k]]
+    assert stale == []

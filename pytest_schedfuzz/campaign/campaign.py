@@ -296,7 +296,7 @@ class Campaign:
         """What ran, as the summary and the report say it (the engines already started)."""
         from .. import compiled
         from ..ggml.lib import DEFAULT_LIB
-        from ..llama.target import BUILT_IN as LLAMA_BUILT_IN
+        from ..llama.builds import BUILT_IN as LLAMA_BUILT_IN
 
         importlib.import_module("reference")  # its status is set when it is imported
         fuzzer, config = self.fuzzer, self.config

@@ -9,9 +9,10 @@ from typing import Any
 
 from .. import properties as props
 from ..cases.capture import CAPTURED_LABEL
+from ..model.devices import DEVICE_KINDS
+from ..model.graph_spec import GraphSpec
 from ..model.llama import LlamaWorkload, all_experts_bytes
 from ..model.llama_trace import LlamaTrace
-from ..model.graph_spec import GraphSpec
 from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
@@ -272,12 +273,10 @@ def features(scenario: Scenario) -> list[str]:
         "f16 weights": "f16 weights" in kinds,
         "q8_0 weights": "q8_0 weights" in kinds,
         ">= 32 tokens": ">= 32 tokens" in kinds,
-        "2+ RPC devices": scenario.layout.n_rpc >= 2,
-        "BLAS": any(b.kind == "blas" for b in scenario.layout.backends),
-        "GPU-like device": any(b.kind == "gpu" for b in scenario.layout.backends),
+        # each device kind's own (``DeviceKind.explored``): at least so many of the kind
+        **{name: sum(b.kind == kind.name for b in scenario.layout.backends) >= n for kind in DEVICE_KINDS.values() for n, name in kind.explored},
         "gpu offload_op": any(b.offload_min_batch for b in scenario.layout.backends),
         "gpu offload_op by ggml-cuda's batch (routed experts)": any(b.cuda_batch for b in scenario.layout.backends),
-        "2+ GPU-like devices (peer copies)": sum(b.kind == "gpu" for b in scenario.layout.backends) >= 2,
         # one op reading many tensors in a chain: more than GGML_SCHED_MAX_SPLIT_INPUTS may be copied into one split
         "more than 30 caches and inputs": "more than 30 caches and inputs" in kinds,
         "gpu host buffer": scenario.layout.host_buffer_of is not None,

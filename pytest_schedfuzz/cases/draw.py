@@ -51,7 +51,7 @@ def buffers_text(scenario: Scenario, record: StepRecord) -> str:
     for i, b in enumerate(scenario.layout.backends):
         size = record.buffer_sizes[i] if i < len(record.buffer_sizes) else None
         limits = [f"max_size {_bytes(b.max_size)}"] if b.max_size else []
-        if b.kind == "gpu":
+        if b.device.fake_gpu:  # the only kind with settings
             limits.append(f"alignment {b.alignment}")
             limits += [name for name, on in (("host buffer", b.host_buffer), ("CPU's buffer type", b.shared_buft),
                                               ("asynchronous", b.asynchronous)) if on]

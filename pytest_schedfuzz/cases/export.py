@@ -40,6 +40,7 @@ from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..ggml.versions import version_of
+from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendSpec
 from ..model.scenario import Scenario
@@ -253,15 +254,12 @@ class _Program:
     def backends(self) -> str:
         out = []
         for i, b in enumerate(self.sc.layout.backends):
-            name = self.sc.layout.name(i)
-            if b.kind == "rpc":
-                out.append(f"    backends[{i}] = new_rpc({i});  /* {name} */")
-            elif b.kind == "gpu":
-                out.append(f"    backends[{i}] = new_gpu({c_string(name)}, {gpu_config(b)});")
-            elif b.kind == "cpu":
-                out.append(f"    backends[{i}] = new_cpu();")
-            else:
-                raise ExportError(f"backend {i} ({b.kind}): the exporter makes RPC, GPU-like and CPU backends only")
+            name, made = self.sc.layout.name(i), b.device.exported
+            if made is None:
+                can = ", ".join(k.label for k in DEVICE_KINDS.values() if k.exported is not None)
+                raise ExportError(f"backend {i} ({b.kind}): the exporter makes {can} backends only")
+            config = gpu_config(b) if b.device.fake_gpu else ""
+            out.append(f"    backends[{i}] = " + made.format(i=i, name=name, c_name=c_string(name), config=config))
         host = self.sc.layout.host_buffer_of
         host_line = f"    host_buffer_of = {host if host is not None else -1};"
         return "static void make_backends(void) {\n" + "\n".join(out) + f"\n{host_line}\n}}\n"
@@ -411,7 +409,7 @@ def export_case(case: Case, scenario: Scenario, out: Path, lib: str | None, vers
                f"static const char * STEP_NODE_NAMES[] = {{{', '.join(c_string(n) for n in names) or '0'}}};\n"
                f"static const char * BACKEND_NAMES[] = {{{', '.join(c_string(scenario.layout.name(i)) for i in range(scenario.layout.n))}}};\n")
     prog = _Program(scenario, version)
-    gpus = any(b.kind == "gpu" for b in scenario.layout.backends)
+    gpus = any(b.device.fake_gpu for b in scenario.layout.backends)
     graphs = "\n".join(prog.graph_function(k, g) for k, (_, g) in enumerate(scenario.graphs))
     source = fill(
         "repro.c.in",

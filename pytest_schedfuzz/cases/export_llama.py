@@ -35,7 +35,8 @@ from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
-from ..llama.target import BUILT_IN, resolve_lib_dir
+from ..llama.builds import BUILT_IN
+from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..llama.calls import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorkload

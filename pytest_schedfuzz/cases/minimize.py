@@ -125,11 +125,12 @@ def _drop_device(layout: BackendLayout, spec: GraphSpec, dev: int) -> GraphSpec:
 
 
 def _structural_candidates(sc: Scenario) -> Iterator[Scenario]:
-    """Drop a step (last first), an RPC device, a forced assignment or a root."""
+    """Drop a step (last first), a plain device (an RPC one: ``DeviceKind.droppable``), a forced
+    assignment or a root."""
     for i in range(len(sc.steps) - 1, 0, -1):
         yield replace(sc, steps=sc.steps[:i] + sc.steps[i + 1 :])
     for dev, b in enumerate(sc.layout.backends):
-        if b.kind == "rpc":
+        if b.device.droppable:
             layout = BackendLayout(sc.layout.backends[:dev] + sc.layout.backends[dev + 1 :])
             yield Scenario(layout, tuple((n, _drop_device(sc.layout, g, dev)) for n, g in sc.graphs), sc.steps)
     for gi, (_, g) in enumerate(sc.graphs):

@@ -133,7 +133,7 @@ def seed_users(args: argparse.Namespace) -> int:
     every llama.cpp property; exit 0 (a report: the findings are in it, and in the corpus's run)."""
     from ..campaign.fuzz import Fuzzer
     from ..campaign.seed_users import USERS, lines, replay
-    from ..llama.target import BUILT_IN
+    from ..llama.builds import BUILT_IN
     from ..properties.base import LLAMA_GROUP
 
     rows = []

@@ -1,7 +1,6 @@
-"""The graph engine's backends: one constructor per device kind (``model.layout.BACKEND_KINDS``).
-
-Adding a device kind is one constructor here (``new_<kind>``), one entry in the reference
-(``reference.backends.Backends``) and one strategy (``strategies.layouts``, e.g. ``gpus``).
+"""The graph engine's backends: one constructor per device kind (``model.devices.DEVICE_KINDS``,
+whose entry says all else the harness knows of the kind; ``tests/test_layout.py`` checks that
+each has its constructor here).
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ def new_cpu(eng: Ggml, name: str, b: BackendSpec, endpoint: str) -> int:
     return int(backend)
 
 
+# the engine's half of each entry of model.devices.DEVICE_KINDS (which cannot import the engine)
 CONSTRUCTORS: dict[str, Callable[[Ggml, str, BackendSpec, str], int]] = {"rpc": new_rpc, "gpu": new_gpu, "blas": new_blas, "cpu": new_cpu}
 
 
@@ -77,8 +77,9 @@ def init_backends(eng: Ggml, layout: BackendLayout, endpoints: Sequence[str]) ->
     backends: list[int] = []
     rpc_endpoints: list[str] = []
     for i, b in enumerate(layout.backends):
-        key = (b.kind, next(rpc) if b.kind == "rpc" else json.dumps([layout.name(i), b.to_json()]) if b.kind == "gpu" else "")
-        if b.kind == "rpc":
+        # one backend per endpoint, per gpu's name and settings, per other kind
+        key = (b.kind, next(rpc) if b.device.endpoint else json.dumps([layout.name(i), b.to_json()]) if b.device.fake_gpu else "")
+        if b.device.endpoint:
             rpc_endpoints.append(key[1])
         if key not in eng.backends:
             backend = CONSTRUCTORS[b.kind](eng, layout.name(i), b, key[1])

@@ -60,7 +60,7 @@ class CpuOnly:
         graph computed on the CPU backend ``cpu`` alone (``solo``); "" if none."""
         want = self.solo(index, spec, inputs, cpu)
         geo = spec.geometry
-        tolerant = any(b.kind == "blas" for b in self.scenario.layout.backends)
+        tolerant = any(b.device.inexact for b in self.scenario.layout.backends)
         for name in values.compared(spec):
             diff = values.difference(name, geo[name], self.eng.read(built.tensor(self.eng, name)), want[name], tolerant)
             if diff:

@@ -22,7 +22,8 @@ from pathlib import Path
 from types import ModuleType
 
 from ..files import cache_dir
-from ..llama.seed import SEED_GGML, build_llama_seed
+from ..llama.builds import SEED_GGML
+from ..llama.seed import build_llama_seed
 from ..process.children import PARENT_ENV
 from .build import BuildError
 # LibError, base_library and BUILT_IN (the newest first: the default engine): also what the plugin

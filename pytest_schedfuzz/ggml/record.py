@@ -78,7 +78,7 @@ class StepRecording:
     def _dep_nodes(self) -> int:
         """The dependency nodes ggml made for the GPU-like devices' fusions (``add_alloc_dep``)
         since the last call, as the devices count them."""
-        gpus = [b for b, spec in zip(self.backends, self.scenario.layout.backends) if spec.kind == "gpu"]
+        gpus = [b for b, spec in zip(self.backends, self.scenario.layout.backends) if spec.device.fake_gpu]
         return sum(self.eng.fake_gpu().schedfuzz_fake_gpu_take_dep_nodes(b) for b in gpus) if gpus else 0
 
     def _record(self, index: int, kind: str, built: Built, snap: Snapshot, ok: bool, n_dep_nodes: int) -> StepRecord:

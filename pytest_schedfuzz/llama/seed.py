@@ -20,10 +20,10 @@ from pathlib import Path
 
 from ..files import cache_dir
 from ..ggml.build import OPTIMIZE, BuildError, Patch, replace_texts, run_tool, source_tree
+from .builds import SEED_GGML, SEED_LLAMA
 
-# the seeds' system: llama.cpp 0.3.36 with the patch set of patches/<SEED_LLAMA>/, and its ggml
-SEED_LLAMA = "llama.cpp-0.3.36-seed"
-SEED_GGML = "ggml-0.25.3-seed"
+# the seeds' system (builds.SEED_LLAMA): llama.cpp 0.3.36 with the patch set of patches/<SEED_LLAMA>/,
+# and its ggml (builds.SEED_GGML)
 SEED_BASE = "llama.cpp-0.3.36"  # the source it patches
 PATCHES = Path(__file__).with_name("patches")
 # llama-cpp-python's configuration (its CMakeLists.txt and requirements.txt's config settings:

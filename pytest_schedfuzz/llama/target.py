@@ -27,16 +27,13 @@ from ..process.crash import build_preload, with_preload
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from . import declarations
+from .builds import BUILT_IN, SEED_LLAMA, UPSTREAM
 from .gguf_models import write_lora, write_model
-from .seed import SEED_LLAMA, build_llama_seed
-from .upstream import UPSTREAM, is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
+from .seed import build_llama_seed
+from .upstream import is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
 from .graph_records import RecentGraphs
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
-# built-in llama.cpp libraries by name: llama-cpp-python's own, the same llama.cpp with the seeds'
-# patch set (seed.build_llama_seed, compiled on first use), and upstream b11739 as published
-# (upstream.upstream_lib_dir: a Release build with ggml's realloc callback)
-BUILT_IN = ("llama.cpp-0.3.36", SEED_LLAMA, UPSTREAM)
 HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")
 
 

@@ -37,9 +37,9 @@ from ..engine import TargetError
 from ..files import cache_dir
 from ..ggml.build import BuildError
 from ..ggml.build import run_tool
+from .builds import UPSTREAM
 from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
-UPSTREAM = "llama.cpp-b11739"
 PACKAGE, DISTRIBUTION, VERSION = "llama_cpp_py_sync", "llama-cpp-py-sync", "0.11739"
 INSTALL_HINT = "the README's install command (pip install -r requirements.txt -e .) installs it"
 # the libraries the harness loads, by the stem of their names (the wheel's libmtmd is not one)

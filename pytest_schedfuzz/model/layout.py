@@ -8,9 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .devices import BACKEND_KINDS, DEVICE_KINDS, DeviceKind
 from .shapes import SpecError
-
-BACKEND_KINDS = ("rpc", "gpu", "blas", "cpu")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class BackendSpec:
     def __post_init__(self) -> None:
         if self.kind not in BACKEND_KINDS:
             raise SpecError(f"unknown backend kind {self.kind!r} (one of {', '.join(BACKEND_KINDS)})")
-        if self.kind != "gpu" and any(getattr(self, f.name) != f.default for f in fields(self)[1:]):
+        if not self.device.fake_gpu and any(getattr(self, f.name) != f.default for f in fields(self)[1:]):
             raise SpecError(f"backend {self.kind!r}: only a gpu backend takes device settings ({self.to_json()})")
         if self.offload_min_batch is not None and self.offload_min_batch < 1:
             raise SpecError(f"offload_min_batch {self.offload_min_batch}: must be at least 1")
@@ -81,6 +80,11 @@ class BackendSpec:
             raise SpecError(f"memory {self.memory}: at least 1 MiB")
         if len(self.corrupt_op) >= 32 or self.corrupt_op.partition("=")[1:] not in (("", ""), ("=", "nan"), ("=", "inf")):
             raise SpecError(f"corrupt_op {self.corrupt_op!r}: not an op name, or OP=nan, OP=inf")
+
+    @property
+    def device(self) -> DeviceKind:
+        """The entry of its kind (``model.devices``)."""
+        return DEVICE_KINDS[self.kind]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
@@ -109,9 +113,9 @@ class BackendLayout:
     backends: tuple[BackendSpec, ...]
 
     def __post_init__(self) -> None:
-        if not self.backends or self.backends[-1].kind != "cpu":
+        if not self.backends or not self.backends[-1].device.host:
             raise SpecError("a layout must end with the CPU backend")
-        if sum(b.kind == "cpu" for b in self.backends) != 1:
+        if sum(b.device.host for b in self.backends) != 1:
             raise SpecError("a layout has exactly one CPU backend")
 
     @staticmethod
@@ -124,7 +128,7 @@ class BackendLayout:
 
     @property
     def n_rpc(self) -> int:
-        return sum(b.kind == "rpc" for b in self.backends)
+        return sum(b.device.endpoint for b in self.backends)
 
     @property
     def host_buffer_of(self) -> int | None:
@@ -135,7 +139,7 @@ class BackendLayout:
         """The buffer type of backend ``i``'s own buffers (its weights): each RPC device and each
         gpu its own, host memory (``CPU``) for BLAS, the CPU and a gpu with ``shared_buft``."""
         b = self.backends[i]
-        if b.kind in ("rpc", "gpu") and not b.shared_buft:
+        if b.device.own_buft and not b.shared_buft:
             return self.name(i)
         return "CPU"
 
@@ -144,7 +148,7 @@ class BackendLayout:
         ``bufts`` given to ``ggml_backend_sched_new``): the CPU's is a gpu's host buffer type
         when one has it, every other backend's its own."""
         host = self.host_buffer_of
-        if self.backends[i].kind == "cpu" and host is not None:
+        if self.backends[i].device.host and host is not None:
             return f"{self.name(host)}_Host"
         return self.buffer_buft(i)
 
@@ -155,9 +159,8 @@ class BackendLayout:
 
     def name(self, i: int) -> str:
         kind = self.backends[i].kind
-        if kind in ("rpc", "gpu"):
-            return f"{kind.upper()}{sum(b.kind == kind for b in self.backends[:i])}"
-        return kind.upper()
+        label = DEVICE_KINDS[kind].label
+        return f"{label}{sum(b.kind == kind for b in self.backends[:i])}" if DEVICE_KINDS[kind].numbered else label
 
     def is_host(self, i: int) -> bool:
         """Whether backend ``i``'s own buffers are host memory."""

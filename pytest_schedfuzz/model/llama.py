@@ -130,7 +130,7 @@ class Devices:
         need(len(self.gpus) <= MAX_GPU, f"devices.gpus: {len(self.gpus)} GPU-like devices, at most {MAX_GPU}")
         for k, g in enumerate(self.gpus):
             # llama.cpp makes every registered ACCEL device a backend of every context: a shared-buffer one would outlive its workload
-            need(g.kind == "gpu" and not g.shared_buft, f"devices.gpus[{k}]: a GPU-like device (kind gpu, no shared_buft), not {g.to_json()}")
+            need(g.device.fake_gpu and not g.shared_buft, f"devices.gpus[{k}]: a GPU-like device (kind gpu, no shared_buft), not {g.to_json()}")
         need(0 <= self.n_gpu_layers <= 999, f"devices.n_gpu_layers {self.n_gpu_layers}: must be 0..999")
         need(not self.tensor_split or (len(self.tensor_split) == self.n_devices and all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0),
              f"devices.tensor_split {list(self.tensor_split)}: one non-negative share per device ({self.n_devices}), not all zero")

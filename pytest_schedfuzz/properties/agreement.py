@@ -11,11 +11,11 @@ from .aborts import unlike_prediction
 from .base import Violation, normalize_reason
 
 
-def _event_key(e: ReallocEvent) -> tuple:
+def _event_key(e: ReallocEvent) -> tuple[object, ...]:
     return (e.step, e.via, e.backend_ids_changed, e.same_size, normalize_reason(e.reason))
 
 
-def _first_diff(a: tuple, b: tuple) -> int:
+def _first_diff(a: tuple[object, ...], b: tuple[object, ...]) -> int:
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
@@ -68,10 +68,9 @@ def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> li
         step = (ta or pa).step  # type: ignore[union-attr]
         msg = f"engine {'aborted: ' + ta.message if ta else 'did not abort'}; reference {'predicts abort: ' + pa.message if pa else 'predicts no abort'}"
         return [Violation("matches-reference", step, msg, {"what": "abort"})]
-    unlike = unlike_prediction(ta, pa) if ta and pa else ""
-    if unlike:
-        what = "abort" if ta.step != pa.step else "abort-message"  # type: ignore[union-attr]
-        return [Violation("matches-reference", ta.step, f"engine aborted with {ta.message.strip().splitlines()[0][:200]}: {unlike}; "  # type: ignore[union-attr]
+    if ta is not None and pa is not None and (unlike := unlike_prediction(ta, pa)):
+        what = "abort" if ta.step != pa.step else "abort-message"
+        return [Violation("matches-reference", ta.step, f"engine aborted with {ta.message.strip().splitlines()[0][:200]}: {unlike}; "
                           f"reference predicts {pa.message}", {"what": what})]
     if ta is None and len(trace.records) != len(prediction.records):
         return [Violation("matches-reference", min(len(trace.records), len(prediction.records)), "engine and reference ran a different number of steps", {"what": "steps"})]

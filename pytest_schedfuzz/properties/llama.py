@@ -71,11 +71,11 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 how = "lost"
                 switched = (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs)
                 classes = ", ".join(f"{what} {a} -> {b}" for what, a, b in zip(("outputs", "tokens"), batch_class(r), batch_class(x)))
-                switch = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}; {classes}"
+                change = (f"a topology switch: nodes {r.n_nodes} -> {x.n_nodes}, leafs {r.n_leafs} -> {x.n_leafs}; {classes}"
                           if switched else f"same topology, {what_grew(r, x)}")
                 why = (f"the worst-case reservation ({r.shape()}) had been replaced in {call_name(w, x_call)}, which re-planned because "
                        f"{x.realloc_reason or ('it made a plan for sizes only' if x.kind == 'reserve_size' else '?')}"
-                       f"{' (' + x.moved + ')' if x.moved else ''} ({switch}); "
+                       f"{' (' + x.moved + ')' if x.moved else ''} ({change}); "
                        f"the plan in force was made in {call_name(w, p_call)} for [{p.shape()}], and this graph needs more: {what_grew(p, s)}")
                 # the root cause is the re-plan that lost the reservation: which call made it
                 # (after which switch), for which kind of graph, why, and whether the topology switched;

@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from reference.params import can_reuse
 
-from ..model.scenario import Scenario, SchedParams
+from ..model.scenario import Scenario, SchedParams, Step
 from ..model.trace import Trace
 from .base import Violation
 
 
-def _schedulers(scenario: Scenario):
+def _schedulers(scenario: Scenario) -> Iterator[tuple[int, Step, SchedParams | None]]:
     """Yield (index, step, params the current scheduler was built with) for sched_new steps."""
     cur: SchedParams | None = None
     for i, s in enumerate(scenario.steps):

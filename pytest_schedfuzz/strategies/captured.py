@@ -107,7 +107,7 @@ def _layouts(draw: st.DrawFn, base: BackendLayout, max_gpu: int) -> BackendLayou
     """As many backends as ``base`` (the weights name them by index), each device drawn again."""
     specs: list[BackendSpec] = []
     for b in base.backends[:-1]:
-        n_gpu = sum(s.kind == "gpu" for s in specs)
+        n_gpu = sum(s.device.fake_gpu for s in specs)
         specs.append(draw(gpus()) if n_gpu < max_gpu and draw(st.booleans()) else BackendSpec("rpc"))
     return BackendLayout((*specs, BackendSpec("cpu")))
 

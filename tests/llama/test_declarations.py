@@ -19,7 +19,8 @@ from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.llama import declarations, upstream
 from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
-from pytest_schedfuzz.llama.upstream import UPSTREAM, upstream_lib_dir
+from pytest_schedfuzz.llama.builds import UPSTREAM
+from pytest_schedfuzz.llama.upstream import upstream_lib_dir
 from pytest_schedfuzz.model.llama import LlamaWorkload
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 

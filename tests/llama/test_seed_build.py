@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.ggml.build import BuildError, Patch, source_tree
-from pytest_schedfuzz.llama.seed import PATCHES, SEED_GGML, SEED_LLAMA, build_llama_seed, kept_source, patch_command, seed_patch_files
+from pytest_schedfuzz.llama.builds import SEED_GGML, SEED_LLAMA
+from pytest_schedfuzz.llama.seed import PATCHES, build_llama_seed, kept_source, patch_command, seed_patch_files
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 from pytest_schedfuzz.properties.sites import check_site
 

@@ -21,7 +21,7 @@ from pytest_schedfuzz.cases.corpus import Case, load_case, save_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run
 from pytest_schedfuzz.cases.export_llama import export_llama_case
 from pytest_schedfuzz.engine import Unsupported
-from pytest_schedfuzz.llama.upstream import UPSTREAM
+from pytest_schedfuzz.llama.builds import UPSTREAM
 from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.model.llama import (
     CPU_DEVICE,
