@@ -113,8 +113,9 @@ class ForkedProc:
 
     def poll(self) -> int | None:
         # the pidfd says whether it exited without a round trip to the server (asked before each
-        # run); the server, which reaps it, is asked for its status once it has
-        if self.returncode is None and (self._pidfd is None or select.select([self._pidfd], [], [], 0)[0]):
+        # run); the server, which reaps it, is asked for its status once it has, or is gone
+        # (its children die with it, a moment later)
+        if self.returncode is None and (self._pidfd is None or not self.server.alive() or select.select([self._pidfd], [], [], 0)[0]):
             self._ended(self.server.wait(self.pid, 0.0))
         return self.returncode
 

@@ -184,8 +184,14 @@ class WorkerTarget(ABC):
         if spare is not None and spare.proc.poll() is not None:
             spare.close()
             spare = None
+        if spare is not None:
+            try:
+                self.engine = spare.hello(self.start_timeout, self.what)
+            except TargetError:  # it died idle since its poll (its fork server killed): a new one says why, if it fails too
+                spare = None
         worker = spare or self._new_worker(env)
-        self.engine = worker.hello(self.start_timeout, self.what)
+        if spare is None:
+            self.engine = worker.hello(self.start_timeout, self.what)
         self._spare = self._new_worker(env)
         return worker
 

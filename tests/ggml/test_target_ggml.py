@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -470,13 +471,21 @@ def test_a_worker_killed_from_outside_is_restarted_and_the_scenario_run_again(mo
         assert trace.abort is None and trace.records[-1].ok and not kills
 
 
+SYS_TGKILL = 234  # x86-64's syscall number (asm/unistd_64.h)
+
+
 def _signal_the_worker_first(t: GgmlTarget, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals) -> list[signal.Signals]:
     """Have the next run send ``sig`` to its worker once it has the scenario; the signals not sent yet."""
     real, signals = t._collect, [sig]
 
     def signal_first(worker, records):  # type: ignore[no-untyped-def]
         if signals:
-            os.kill(worker.proc.pid, signals.pop())
+            # to its main thread (tgkill), which runs the scenario: a signal to the process may go
+            # to one of ggml's threads, whose handler (``crash_hook.c``) then prints its stack while
+            # the main thread finishes the scenario and says so
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.syscall(SYS_TGKILL, worker.proc.pid, worker.proc.pid, signals.pop()) != 0:
+                raise OSError(ctypes.get_errno(), "tgkill")
         return real(worker, records)
 
     monkeypatch.setattr(t, "_collect", signal_first)
