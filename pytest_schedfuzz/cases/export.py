@@ -45,7 +45,7 @@ from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendSpec
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord
-from ..properties.base import EXPORTED_IDS, is_llama
+from ..properties.registry import EXPORTED_IDS, is_llama
 from .corpus import Case
 from .templates import fill, text
 

@@ -43,7 +43,7 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorklo
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
-from ..properties.base import EXPORTED_IDS, is_llama
+from ..properties.registry import EXPORTED_IDS, is_llama
 from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
 from .templates import fill, text
