@@ -372,3 +372,61 @@ def test_the_built_ins_named_by_ci_and_docs_are_the_tables() -> None:
     assert {k for _, n in named for k, v in n.items() if v} == {"lib", "llama-lib"}  # the scan reads .ci/run's and the docs' names
     stale = [(name, k, sorted(v - known[k])) for name, n in named for k, v in n.items() if v - known[k]]
     assert stale == []
+
+
+def _property_id_tables(source: str, where: str, ids: set[str]) -> list[str]:
+    """Places in ``source`` that list property ids: a dict literal keyed by one (a table of its
+    own per property), or a tuple, list or set literal of two or more (a list of ids written by
+    hand). Each property is one entry of ``properties.registry.REGISTRY``, declared in its own
+    module, and every list of ids is a view of it; one id compared or named alone is no list."""
+    def named(items: list[ast.expr | None]) -> list[str]:
+        return [e.value for e in items if isinstance(e, ast.Constant) and e.value in ids]
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict) and named(node.keys):
+            out.append(f"{where}:{node.lineno}: a dict keyed by the property ids {named(node.keys)}")
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set) and len(named(node.elts)) >= 2:
+            out.append(f"{where}:{node.lineno}: a list of the property ids {named(node.elts)}")
+    return out
+
+
+def _entries_declared(source: str, where: str, ids: set[str]) -> dict[str, list[str]]:
+    """id -> where ``source`` declares a property's entry (``PropertyEntry("id", ...)``)."""
+    out: dict[str, list[str]] = {}
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "PropertyEntry" and n.args:
+            first = n.args[0]
+            if isinstance(first, ast.Constant) and first.value in ids:
+                out.setdefault(first.value, []).append(f"{where}:{n.lineno}")
+    return out
+
+
+def test_a_property_is_one_entry_in_its_module() -> None:
+    """A property is one ``PropertyEntry`` (id, docs text, needs, draws, judge, export), declared
+    in the module that holds its judge; ``REGISTRY`` collects them, and no module lists ids by
+    hand (``PROPERTIES``, ``LLAMA_CHECKS``, the id lists, what the exporters show are views of the
+    registry); a planted table, list and second declaration are caught."""
+    from pytest_schedfuzz.properties.registry import REGISTRY
+
+    ids = {p.id for p in REGISTRY}
+    assert len(_property_id_tables('SHOWN = {"no-abort": "ggml aborts"}\n', "planted", ids)) == 1
+    assert len(_property_id_tables('if p in ("same-values", "no-abort"):\n    pass\n', "planted", ids)) == 1
+    assert _property_id_tables('if p == "no-abort":\n    pass\nV = Violation("no-abort", 0, "x")\n', "planted", ids) == []
+    found = [x for path in sorted(PACKAGE.rglob("*.py")) for x in _property_id_tables(path.read_text(), str(path.relative_to(PACKAGE)), ids)]
+    assert found == []
+
+    declared: dict[str, list[str]] = {}
+    planted = 'NO_ABORT = PropertyEntry("no-abort", "valid scenarios never abort")\n'
+    for path in [*sorted(PACKAGE.rglob("*.py")), None]:
+        where = str(path.relative_to(PACKAGE)) if path is not None else "planted"
+        for k, v in _entries_declared(path.read_text() if path is not None else planted, where, ids).items():
+            declared.setdefault(k, []).extend(v)
+    assert {k for k, v in declared.items() if len(v) > 1} == {"no-abort"}  # the planted second declaration
+    del declared["no-abort"][-1]
+    assert set(declared) == ids and all(len(v) == 1 for v in declared.values()), declared
+    # its own module: the one that holds its judge (the fuzzer judges those without one)
+    for p in REGISTRY:
+        if p.judge is not None:
+            module = p.judge.__module__.removeprefix("pytest_schedfuzz.").replace(".", "/") + ".py"
+            assert declared[p.id][0].startswith(module + ":"), (p.id, declared[p.id], module)

@@ -13,7 +13,9 @@ from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..model.llama_calls import SWITCHES
+from ..properties.aborts import NO_ABORT
 from ..properties.llama import llama_no_same_size_realloc
+from ..properties.values import SAME_VALUES
 
 Run = Callable[[Scenario], Trace]
 LlamaRun = Callable[[LlamaWorkload], LlamaTrace]
@@ -33,11 +35,13 @@ def causes_told_apart(scenario: Scenario, prediction: Trace, found: list[props.V
         explained = "race" in v.facts or "forced" in v.facts
         return v.property in kinds and not explained and scenario.steps[min(v.step, len(scenario.steps) - 1)].kind == "compute"
 
+    # the properties the reruns judge again (their judges, below): their findings are re-signed
+    rejudged = (SAME_VALUES.id, NO_ABORT.id)
     causes = []
     if any(b.asynchronous for b in scenario.layout.backends):
-        causes.append((("same-values", "no-abort"), props.synchronous_variant, props.as_race))
+        causes.append((rejudged, props.synchronous_variant, props.as_race))
     if props.forced_views(scenario):
-        causes.append((("same-values", "no-abort"), props.unforced_views_variant, props.as_forced_view))
+        causes.append((rejudged, props.unforced_views_variant, props.as_forced_view))
     for kinds, variant_of, resign in causes:
         if not any(unexplained(v, kinds) for v in found):
             continue

@@ -73,8 +73,9 @@ class Checks:
         search for reallocations. A call the harness could not make is a ``TargetError``, never
         a pass (``unmade_calls``)."""
         judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
-        logits = "llama-same-logits" in judged and compares_logits(workload)
-        capture = "llama-matches-reference" in judged
+        needs = frozenset().union(*(props.ENTRIES[p].needs for p in judged if p in props.ENTRIES))
+        logits = props.CPU_ONLY in needs and compares_logits(workload)
+        capture = props.CAPTURED in needs
         # the captured graphs are made into specs and the reference's graphs as they come, while
         # llama.cpp goes on with the workload
         prepare = preparer(workload, CGraph.of if not self.config.reference else lambda spec: None) if capture else None

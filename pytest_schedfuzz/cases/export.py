@@ -45,7 +45,8 @@ from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendSpec
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord
-from ..properties.base import EXPORTED_IDS, is_llama
+from ..properties.base import Export
+from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama
 from .corpus import Case
 from .templates import fill, text
 
@@ -232,7 +233,7 @@ class _Program:
                 assert st.params is not None
                 p = st.params
                 flags = f"{p.max_nodes}, {str(p.parallel).lower()}, {str(p.op_offload).lower()}, {str(st.reuse).lower()}"
-                watch = "true" if case.property == "no-same-size-realloc" and i == watched else "false"
+                watch = "true" if _export(case).verdict == "realloc" and i == watched else "false"
                 lines.append(f"    step_sched_new({i}, {flags}, /* GGML_SCHED_DEBUG_REALLOC */ {watch});")
             elif st.kind == "reset":
                 lines.append(f"    step_reset({i});")
@@ -293,8 +294,12 @@ class StepRecords:
     fresh: StepRecord | None = None
 
 
-_OBSERVABLE = {"matches-reference": ("assignment", "splits", "allocation", "events", "buffers", "abort"),
-               "reuse-equivalent": ("assignment", "splits", "buffers", "abort")}
+def _export(case: Case) -> Export:
+    """How a program shows the case's property's findings: its registry entry's ``export``,
+    whose ``verdict`` names which of the C verdicts below decides the case."""
+    export = ENTRIES[case.property].export
+    assert export is not None, case.property
+    return export
 
 
 def _what(case: Case) -> str:
@@ -306,17 +311,18 @@ def _judge(case: Case, scenario: Scenario, seen: StepRecords) -> tuple[str, str]
     """The C that decides whether the finding reproduces (``bool reproduced``), printing the
     difference in the case's terms, and the declarations it needs (the prediction's figures)."""
     step, what = case.step, _what(case)
-    if case.property not in _OBSERVABLE:
+    export = _export(case)
+    if not export.observable:  # a verdict on the run alone: no second run, no prediction to compare with
         return f"    bool reproduced = {_verdict(case)};", ""
     if what == "buffer-types":
         raise ExportError(f"{case.path}: a {case.property}[what={what}] finding is not exported yet: its reproducer would compare "
                           "ggml_backend_sched_get_buffer_type of each backend after ggml_backend_sched_new with the reference's; "
                           "replay it with `schedfuzz replay`")
-    if what not in _OBSERVABLE[case.property]:
+    if what not in export.observable:
         raise ExportError(f"{case.path}: a {case.property}[what={what}] finding: ggml's public API does not tell a program "
                           f"{'the split inputs or the graph copy' if what in ('graph_size', 'graph-copy') else what} (schedfuzz reads them from its debug log)")
     rec = "out.recorded"
-    if case.property == "matches-reference":
+    if export.verdict == "reference":
         p = seen.predicted
         if p is None:
             raise ExportError(f"{case.path}: the reference predicts no record of step {step}")
@@ -342,6 +348,7 @@ def _judge(case: Case, scenario: Scenario, seen: StepRecords) -> tuple[str, str]
             "abort": "",
         }[what]
         return f"    bool reproduced = {cond};\n{said}", decl
+    assert export.verdict == "fresh", export
     f = seen.fresh
     if what == "splits" and seen.engine is not None and f is not None and seen.engine.n_splits == f.n_splits:
         raise ExportError(f"{case.path}: the splits differ in their boundaries, not their number, which ggml's public API does not tell")
@@ -373,15 +380,17 @@ def _verdict(case: Case) -> str:
     """The C condition on the run's outcome under which the finding reproduces."""
     if "race=" in case.signature:  # a race: its symptom (an abort, a crash, wrong values) depends on the timing
         return f"out.died_at == {case.step} || out.differs_at == {case.step}"
-    if case.property == "no-same-size-realloc":
+    verdict = _export(case).verdict
+    if verdict == "realloc":
         # ggml's own check on the scheduler's decision; or ggml-alloc re-planning a single buffer by
         # itself (no scheduler decision: no check of ggml's sees it) for the case's reason
         m = re.search(r"; reason: (.*?) — ", case.message)
         reason = c_string(m.group(1) if m else "?")
         return (f'(out.died_at == {case.step} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL)'
                 f" || (out.replanned_at == {case.step} && strcmp(out.replanned, {reason}) == 0)")
-    if case.property == "no-abort":
+    if verdict == "death":
         return death_condition(case, f"out.died_at == {case.step}")
+    assert verdict == "values", verdict
     return f"out.differs_at == {case.step}"
 
 
@@ -452,16 +461,12 @@ def build_and_run(out: Path, ggml_dir: Path | None = None, source_dir: Path | No
     return Built(r.returncode, r.stdout + r.stderr)
 
 
-# what shows each property's finding, as REPORT.md says it
-SHOWN_BY = {"no-same-size-realloc": "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
-                                    "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")",
-            "no-abort": "ggml aborts (its abort callback) or the process dies of a signal at the step",
-            "same-values": "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone",
-            "matches-reference": "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
-                                 "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
-                                 "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
-            "reuse-equivalent": "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
-                                "(the same steps with every kept scheduler made anew, a second run)"}
+def shown_by(prop: str) -> str:
+    """What shows a finding of exported graph property ``prop``, as REPORT.md says it (its
+    entry's ``Export.shown_by``)."""
+    export = ENTRIES[prop].export
+    assert export is not None and not is_llama(prop), prop
+    return export.shown_by
 
 
 def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawing: str) -> str:
@@ -470,7 +475,7 @@ def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawi
     bounds = {k: v for k, v in case.expect.items() if k in ("since", "fixed_in")} if isinstance(case.expect, dict) else {}
     return fill("repro_report.md.in", signature=case.signature, message=case.message, expect=case.expected_failure or "(the case holds no explanation yet)",
                 version=version, lib=case.engine.get("lib", lib or "the built-in"), bounds="; expected within " + json.dumps(bounds) if bounds else "",
-                layout=layout, step=case.step, steps=steps, how=SHOWN_BY[case.property],
+                layout=layout, step=case.step, steps=steps, how=shown_by(case.property),
                 drawing=drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)",
                 dot="The drawing of its graph, with each node's backend: `graph.dot` (`dot -Tsvg graph.dot -o graph.svg`)." if drawing else "")
 

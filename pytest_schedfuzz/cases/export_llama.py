@@ -43,7 +43,7 @@ from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorklo
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
-from ..properties.base import EXPORTED_IDS, is_llama
+from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama
 from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
 from .corpus import Case
 from .templates import fill, text
@@ -272,9 +272,11 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
                           f"private headers (fake_gpu.c needs src/ggml-backend-impl.h); {folder} ships no headers and its "
                           "source is not published, so on it a reproducer can have RPC devices only. Export it against a "
                           "llama.cpp built inside its checkout (--llama-lib)")
+    export = ENTRIES[case.property].export
+    assert export is not None
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
     variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w, trace))]
-                                                          if case.property == "llama-same-logits" else [])
+                                                          if export.verdict == "logits" else [])
     lacking = _lacking_params(folder, w)
     if lacking:
         raise ExportError(f"{case.path}: the workload sets {', '.join(lacking)}, which the llama_context_params of {folder} has no "
@@ -283,25 +285,22 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     died = f"(out.died_at < 0 ? 0 : out.died_at) == {case.step}"
     earlier = [c.index for c in (trace.calls if trace else ()) for s in c.sched
                if s.kind == "alloc" and s.same_size and 0 <= c.index < case.step]
-    watch = "true" if case.property == "llama-no-same-size-realloc" and not earlier else "false"
-    if case.property == "llama-same-logits":
+    watch = "true" if export.verdict == "realloc" and not earlier else "false"
+    if export.verdict == "logits":
         verdict = "logits_differ(&out)"
-    elif case.property != "llama-no-same-size-realloc":
+    elif export.verdict == "death":
         verdict = death_condition(case, died)
     elif not earlier:
         verdict = f'{died} && out.aborted && strstr(out.message, "unexpected graph reallocation") != NULL'
     else:
         m = re.search(r"ggml_gallocr_needs_realloc: (.*?) — ", case.message)
         verdict = f"out.replanned_at == {case.step} && strcmp(out.replanned, {c_string(_unbracketed(m.group(1) if m else '?'))}) == 0"
-    how = ("ggml's own check: every scheduler of the context is made with `GGML_SCHED_DEBUG_REALLOC=1`, so ggml aborts on a reallocation "
-           "with unchanged backend ids and graph size (\"unexpected graph reallocation\")" if watch == "true" else
+    # what shows the finding: the entry's words; a same-size reallocation that ggml's own check cannot show, ggml's log
+    how = (export.shown_by.format(step=case.step, tolerance=LOGITS_TOLERANCE) if export.verdict != "realloc" or watch == "true" else
            f"ggml's log, in a build without NDEBUG: in call {case.step} the scheduler re-plans with unchanged backend ids "
            f"(`failed to allocate graph, reserving (backend_ids_changed = 0)`) for the case's reason. ggml's own check "
            f"(`GGML_SCHED_DEBUG_REALLOC=1`) cannot show it: the same-size reallocation of call {earlier[0]} before it, another "
-           "finding, would abort first" if case.property == "llama-no-same-size-realloc" else
-           f"the logits of the first or last output of call {case.step} differ from the same calls' on the CPU alone (a second run) by more "
-           f"than {LOGITS_TOLERANCE} (relative)" if case.property == "llama-same-logits" else
-           "ggml aborts (its abort callback) or the process dies of a signal in the call")
+           "finding, would abort first")
     words = f"[{case.property}] call {case.step}: {case.message.splitlines()[0] if case.message else case.signature}"
     source = fill(
         "llama_repro.c.in",
@@ -309,7 +308,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         signature=case.signature, header=textwrap.indent(textwrap.fill((case.message.splitlines()[0] if case.message else "").replace("*/", "* /"), 96), " * "),
         gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
         chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
-        record_logits=int(case.property == "llama-same-logits"), judge=_judge(case.property, verdict), cpu_threads=CPU_THREADS,
+        record_logits=int(export.verdict == "logits"), judge=_judge(export.verdict, verdict), cpu_threads=CPU_THREADS,
         draft_mtp=int(w.draft == "mtp"), recurrent=int(w.model.kind in RECURRENT_KINDS),
         run_calls="\n".join(fill(
             "llama_run_calls.c.in",
@@ -344,9 +343,10 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     return sorted(out.iterdir())
 
 
-def _judge(prop: str, verdict: str) -> str:
-    """The C that decides whether the finding reproduces (``bool reproduced``)."""
-    if prop != "llama-same-logits":
+def _judge(kind: str, verdict: str) -> str:
+    """The C that decides whether the finding reproduces (``bool reproduced``), for a property
+    whose ``Export.verdict`` is ``kind``."""
+    if kind != "logits":
         return f"    bool reproduced = {verdict};"
     return fill("llama_same_logits.c.in", tolerance=LOGITS_TOLERANCE).rstrip("\n")
 

@@ -25,7 +25,9 @@ from ..ggml.versions import version_of
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord, Trace
+from ..properties.agreement import MATCHES_REFERENCE
 from ..properties.captured import llama_matches_reference
+from ..properties.registry import ENTRIES
 from . import UsageError, bad_case, fuzzer_for, load_all
 
 
@@ -89,10 +91,6 @@ def replay(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-# the graph property a llama.cpp finding is seen by at the ggml level (any other: matches-reference)
-GRAPH_PROPERTY_OF = {"llama-no-same-size-realloc": "no-same-size-realloc", "llama-no-abort": "no-abort"}
-
-
 def _print_captured(fuzzer: Fuzzer, case: Case, trace: LlamaTrace) -> Captured | None:
     """The captured graphs of a llama case's run, step by step: what ggml did inside llama.cpp
     and what the reference predicts (llama-matches-reference); None, saying why, if no graph
@@ -135,7 +133,8 @@ def capture_case(args: argparse.Namespace) -> int:
         captured = _print_captured(fuzzer, case, print_llama_run(fuzzer, case, capture=True))
         if captured is None:
             return 1
-        prop = GRAPH_PROPERTY_OF.get(case.property, "matches-reference")
+        # the graph property a llama.cpp finding is seen by at the ggml level (its entry's seen_as; else matches-reference)
+        prop = ENTRIES[case.property].seen_as or MATCHES_REFERENCE.id
         found = [v for v in fuzzer.check(prop, captured.scenario) if v.property == prop]
         version = fuzzer.engines.ggml_version(False)
     finally:

@@ -9,7 +9,7 @@ from reference.alloc import KEPT_PLAN, MEASURED_PLAN
 
 from ..model.scenario import Scenario, Step
 from ..model.trace import Abort, Trace
-from .base import Violation
+from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation
 from .sites import check_site, site_key
 
 
@@ -126,3 +126,13 @@ def at_site(message: str) -> str:
     """`` (check: file:line, in function)`` for an abort whose site ggml printed, else ""."""
     site = check_site(message)
     return f" (check: {site})" if site else ""
+
+
+# every engine property reports aborts; no-abort's own examples are what none of them draws:
+# workloads with many reconfigurations, and raw scenarios
+NO_ABORT = PropertyEntry(
+    "no-abort", "valid scenarios never abort, crash or hang ggml",
+    needs=frozenset({ENGINE, REFERENCE}), draws=Draws("both", max_ubatches=6, min_reconfigures=2),
+    judge=lambda sc, o: no_abort(sc, o.trace, o.prediction),
+    export=Export("death", "ggml aborts (its abort callback) or the process dies of a signal at the step"))
+ENTRIES = (NO_ABORT,)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ..model.scenario import GRAPH_STEP_KINDS, Scenario
 from ..model.trace import ReallocEvent, StepRecord, Trace
 from .aborts import unlike_prediction
-from .base import Violation, normalize_reason
+from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation, normalize_reason
 
 
 def _event_key(e: ReallocEvent) -> tuple[object, ...]:
@@ -75,3 +75,17 @@ def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> li
     if ta is None and len(trace.records) != len(prediction.records):
         return [Violation("matches-reference", min(len(trace.records), len(prediction.records)), "engine and reference ran a different number of steps", {"what": "steps"})]
     return []
+
+
+# driver workloads too: same-topology growth and re-plans within a reservation happen there;
+# and llama.cpp's captured graphs in drawn step sequences (reuse-equivalent and same-values
+# too: the values oracle fills a capture's inputs as any graph's)
+MATCHES_REFERENCE = PropertyEntry(
+    "matches-reference", "ggml's assignment, splits, sizes, events and buffers are the reference's",
+    needs=frozenset({ENGINE, REFERENCE}), draws=Draws("both", max_ubatches=8, min_reconfigures=0, captured="scenarios"),
+    judge=lambda sc, o: matches_reference(sc, o.trace, o.prediction),
+    export=Export("reference", "what ggml does at the step (each node's backend, the number of splits, whether it allocated or re-planned, "
+                               "the buffer sizes, as ggml's API tells them) differs from what schedfuzz's reference, a model of ggml's "
+                               "passes, predicts (`PRED_*` in repro.c); where it is ggml that is right, the reference is fixed, not ggml",
+                  observable=("assignment", "splits", "allocation", "events", "buffers", "abort")))
+ENTRIES = (MATCHES_REFERENCE,)

@@ -1,80 +1,23 @@
-"""What every property is made of: its entry in ``REGISTRY`` (the ids and every list of them
-derive from it), ``Violation`` (a finding and its signature), what a
-graph property needs observed (``Observed``) and which strategy draws its examples (``Draws``),
-and the helpers that name tensors and reasons by role in signatures."""
+"""What every property is made of: its entry (``PropertyEntry``: id, docs text, needs, draws,
+judge, export), declared in its family's module and collected by ``registry.REGISTRY``, from
+which every list of ids derives; ``Violation`` (a finding and its signature), what a graph
+property needs observed (``Observed``) and which strategy draws its examples (``Draws``), how a
+reproducer shows it (``Export``), and the helpers that name tensors and reasons by role in
+signatures."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..model.scenario import Scenario
+
 from ..model.trace import Trace
-
-
-@dataclass(frozen=True)
-class PropertyEntry:
-    """One property as the rest of the harness knows it: its id, what it checks (one line, for
-    help and the docs), its family (``llama``: a property of the real llama.cpp, fuzzed as one
-    unit, ``LLAMA_GROUP``), whether it judges the driver's reuse policy alone (``policy``: with
-    the built-in policy, the very ``can_reuse`` it judges by, it cannot fail, so it takes a share
-    of the time budget only with a user's ``--schedfuzz-policy`` and runs as a few cheap rule
-    checks otherwise), and whether a C reproducer shows its findings (``exported``). How a graph
-    property is judged and drawn is ``properties.PROPERTIES``; a llama property's judgement
-    ``properties.llama.LLAMA_CHECKS`` (or, for the two that need a second run or the captured
-    graphs, the fuzzer's)."""
-
-    id: str
-    doc: str
-    llama: bool = False
-    policy: bool = False
-    exported: bool = False
-
-
-REGISTRY: tuple[PropertyEntry, ...] = (
-    PropertyEntry("reuse-sound", "the driver reuses a scheduler only where can_reuse(new, current) holds", policy=True),
-    PropertyEntry("reuse-complete", "the driver rebuilds no scheduler where can_reuse held", policy=True),
-    PropertyEntry("reuse-equivalent", "a reused scheduler behaves like a fresh one with the new parameters", exported=True),
-    PropertyEntry("no-same-size-realloc", "no alloc re-plans at an unchanged graph size and backend ids after a sufficient reservation",
-                  exported=True),
-    PropertyEntry("matches-reference", "ggml's assignment, splits, sizes, events and buffers are the reference's", exported=True),
-    PropertyEntry("same-values", "every compute step's values are the CPU backend's alone", exported=True),
-    PropertyEntry("no-abort", "valid scenarios never abort, crash or hang ggml", exported=True),
-    PropertyEntry("llama-no-same-size-realloc", "no llama.cpp call re-plans at the same size after the context's reservation",
-                  llama=True, exported=True),
-    PropertyEntry("llama-reuse-sound", "llama.cpp keeps its scheduler only where can_reuse held", llama=True),
-    PropertyEntry("llama-reuse-complete", "llama.cpp rebuilds no scheduler where can_reuse held", llama=True),
-    PropertyEntry("llama-no-abort", "the context initializes; no abort, crash, hang or decode failure below -1", llama=True, exported=True),
-    PropertyEntry("llama-counters-agree", "llama.cpp's n_same/n_diff and ggml's realloc callback agree with the harness", llama=True),
-    PropertyEntry("llama-same-logits", "the devices decode the logits the CPU alone decodes", llama=True, exported=True),
-    PropertyEntry("llama-matches-reference", "the scheduler inside llama.cpp does what the reference predicts for its captured graphs",
-                  llama=True),
-)
-ENTRIES = {p.id: p for p in REGISTRY}
-GRAPH_PROPERTY_IDS = tuple(p.id for p in REGISTRY if not p.llama)
-# properties of the real llama.cpp (``llama_properties``): server-like workloads on a llama_context
-LLAMA_PROPERTY_IDS = tuple(p.id for p in REGISTRY if p.llama)
-PROPERTY_IDS = GRAPH_PROPERTY_IDS + LLAMA_PROPERTY_IDS
-POLICY_PROPERTY_IDS = tuple(p.id for p in REGISTRY if p.policy)
-EXPORTED_IDS = tuple(p.id for p in REGISTRY if p.exported)
 
 
 # the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
 LLAMA_GROUP = "llama.cpp"
-
-
-def is_llama(prop: str) -> bool:
-    return prop == LLAMA_GROUP or prop in LLAMA_PROPERTY_IDS
-
-
-def fuzz_units(properties: Sequence[str], policy: bool = False) -> list[tuple[str, int]]:
-    """What to fuzz for ``properties``, each with its weight in a shared time budget: every graph
-    property alone (a policy property only with a user's ``policy``, else weight 0), and the
-    llama.cpp properties as one ``LLAMA_GROUP`` worth as many shares as it judges properties."""
-    graph = [(p, 0 if p in POLICY_PROPERTY_IDS and not policy else 1) for p in properties if not is_llama(p)]
-    n_llama = sum(1 for p in properties if p in LLAMA_PROPERTY_IDS)
-    return graph + ([(LLAMA_GROUP, n_llama)] if n_llama else [])
 
 
 @dataclass(frozen=True)
@@ -99,6 +42,9 @@ class Violation:
 # what a property needs observed; VALUES: its compute steps' values compared with the CPU alone's
 # (``ggml.values``: a run without it computes on zeros, with no seed and no CPU-only computation)
 ENGINE, REFERENCE, FRESH, VALUES = "engine", "reference", "fresh", "values"
+# what a llama.cpp property needs beside the workload's run: the same workload's run on the CPU
+# alone (``llama_logits.cpu_only``), the run's graphs captured (``cases.capture``)
+CPU_ONLY, CAPTURED = "cpu-only", "captured"
 
 
 @dataclass(frozen=True)
@@ -127,9 +73,61 @@ class Draws:
 
 
 @dataclass(frozen=True)
+class Export:
+    """How a C reproducer (``schedfuzz export``) shows a property's finding: which of the
+    exporter's C verdicts decides that it reproduces (``verdict``: for a graph property
+    ``realloc``, ggml's own ``GGML_SCHED_DEBUG_REALLOC`` check; ``death``, an abort or a signal;
+    ``values``, bytes that differ from the CPU alone's; ``reference``, what ggml did against the
+    reference's prediction; ``fresh``, a reused scheduler against a fresh one; for a llama.cpp
+    property ``realloc``, ``death`` or ``logits``, the logits against the CPU-only run's), what
+    ``REPORT.md`` says shows it (``shown_by``: for a llama.cpp property a format string of the
+    case's ``step`` and the logits' ``tolerance``), and, for a comparing verdict, which of the
+    findings' ``what`` ggml's public API lets a program observe (``observable``)."""
+
+    verdict: str
+    shown_by: str
+    observable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PropertyEntry:
+    """One property, whole: its id, what it checks (``doc``: one line, for help and the docs),
+    what it needs observed (``needs``: of ``ENGINE``, ``REFERENCE``, ``FRESH``, ``VALUES`` for a
+    graph property; ``CPU_ONLY``, ``CAPTURED`` for a llama.cpp one), which strategy draws its
+    examples (``draws``: a graph property's), its judgement (``judge``: a graph property's
+    ``judge(scenario, observed)``, a llama.cpp property's ``judge(workload, trace)``; None where
+    the fuzzer judges it, with a second run or the captured graphs), its family (``llama``: a
+    property of the real llama.cpp, fuzzed as one unit, ``LLAMA_GROUP``), whether it judges the
+    driver's reuse policy alone (``policy``: with the built-in policy, the very ``can_reuse`` it
+    judges by, it cannot fail, so it takes a share of the time budget only with a user's
+    ``--schedfuzz-policy`` and runs as a few cheap rule checks otherwise), how a C reproducer
+    shows its findings (``export``; None: none does), and, for a llama.cpp property, the graph
+    property its findings are seen by at the ggml level, on its captured graphs (``seen_as``;
+    "": matches-reference).
+
+    Each family module declares its entries beside its judges (``ENTRIES``); ``registry.REGISTRY``
+    collects them in a fixed order, and every list of ids is a view of it."""
+
+    id: str
+    doc: str
+    needs: frozenset[str] = frozenset()
+    draws: Draws | None = None
+    judge: Callable[..., list[Violation]] | None = None
+    llama: bool = False
+    policy: bool = False
+    export: Export | None = None
+    seen_as: str = ""
+
+    @property
+    def exported(self) -> bool:
+        return self.export is not None
+
+
+@dataclass(frozen=True)
 class Property:
-    """A graph property: its id, what it needs observed, the strategy that draws its examples,
-    and its judgement."""
+    """A graph property as the fuzzer runs it (``properties.PROPERTIES``, a view of the graph
+    entries of the registry): its id, what it needs observed, the strategy that draws its
+    examples, and its judgement, none of them missing."""
 
     id: str
     needs: frozenset[str]

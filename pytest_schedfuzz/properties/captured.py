@@ -13,10 +13,15 @@ from __future__ import annotations
 from ..cases.capture import Captured
 from ..model.llama import LlamaWorkload
 from ..model.trace import Trace
-from .base import Violation
+from .base import CAPTURED, PropertyEntry, Violation
 from .sites import RPC_FAILED
 
-PROPERTY = "llama-matches-reference"
+# judged by the fuzzer (``campaign.checks``): it needs the workload's graphs captured and predicted
+LLAMA_MATCHES_REFERENCE = PropertyEntry(
+    "llama-matches-reference", "the scheduler inside llama.cpp does what the reference predicts for its captured graphs",
+    needs=frozenset({CAPTURED}), llama=True)
+ENTRIES = (LLAMA_MATCHES_REFERENCE,)
+PROPERTY = LLAMA_MATCHES_REFERENCE.id
 
 
 def _call(w: LlamaWorkload, call: int) -> str:

@@ -33,10 +33,11 @@ from ..model.llama import LlamaWorkload
 from ..model.llama_calls import CHANGES
 from ..model.llama_trace import LlamaTrace, SchedCall
 from ..model.scenario import SchedParams
-from .aborts import at_site, with_c_stack
-from .sites import RPC_FAILED, site_key
-from .base import LLAMA_PROPERTY_IDS, Violation
+from .aborts import NO_ABORT, at_site, with_c_stack
+from .base import CPU_ONLY, Export, PropertyEntry, Violation
 from .llama_logits import LOGITS_TOLERANCE, decode_pairs, logit_pairs, logits_difference
+from .realloc import NO_SAME_SIZE_REALLOC
+from .sites import RPC_FAILED, site_key
 from .llama_replan import (BY_BATCH, META_DEVICES, batch_class, call_kind, call_name, graph_kind, invalid_reason, replan_reason,
                            replan_trigger, topology_cause, what_grew)
 
@@ -418,13 +419,23 @@ def unmade_calls(w: LlamaWorkload, trace: LlamaTrace) -> list[str]:
     return out
 
 
-# the llama.cpp properties judged on one run of a workload; llama-same-logits also needs the CPU-only run
-LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {
-    "llama-no-same-size-realloc": llama_no_same_size_realloc,
-    "llama-reuse-sound": llama_reuse_sound,
-    "llama-reuse-complete": llama_reuse_complete,
-    "llama-no-abort": llama_no_abort,
-    "llama-counters-agree": llama_counters_agree,
-}
-# llama-same-logits needs a second run (on the CPU alone), llama-matches-reference the captured graphs (``captured``)
-assert {*LLAMA_CHECKS, "llama-same-logits", "llama-matches-reference"} == set(LLAMA_PROPERTY_IDS)
+# in the registry's order; llama-same-logits needs a second run (on the CPU alone), so the fuzzer
+# judges it (``cpu_run_violations``, ``llama_same_logits``)
+ENTRIES = (
+    PropertyEntry("llama-no-same-size-realloc", "no llama.cpp call re-plans at the same size after the context's reservation",
+                  judge=llama_no_same_size_realloc, llama=True, seen_as=NO_SAME_SIZE_REALLOC.id,
+                  export=Export("realloc", "ggml's own check: every scheduler of the context is made with `GGML_SCHED_DEBUG_REALLOC=1`, so "
+                                           "ggml aborts on a reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")")),
+    PropertyEntry("llama-reuse-sound", "llama.cpp keeps its scheduler only where can_reuse held", judge=llama_reuse_sound, llama=True),
+    PropertyEntry("llama-reuse-complete", "llama.cpp rebuilds no scheduler where can_reuse held", judge=llama_reuse_complete, llama=True),
+    PropertyEntry("llama-no-abort", "the context initializes; no abort, crash, hang or decode failure below -1",
+                  judge=llama_no_abort, llama=True, seen_as=NO_ABORT.id,
+                  export=Export("death", "ggml aborts (its abort callback) or the process dies of a signal in the call")),
+    PropertyEntry("llama-counters-agree", "llama.cpp's n_same/n_diff and ggml's realloc callback agree with the harness",
+                  judge=llama_counters_agree, llama=True),
+    PropertyEntry("llama-same-logits", "the devices decode the logits the CPU alone decodes", needs=frozenset({CPU_ONLY}), llama=True,
+                  export=Export("logits", "the logits of the first or last output of call {step} differ from the same calls' on the CPU "
+                                          "alone (a second run) by more than {tolerance} (relative)")),
+)
+# the llama.cpp properties judged on one run of a workload
+LLAMA_CHECKS: dict[str, Callable[[LlamaWorkload, LlamaTrace], list[Violation]]] = {e.id: e.judge for e in ENTRIES if e.judge is not None}

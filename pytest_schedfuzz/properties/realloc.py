@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..sim.driver import topology
-from .base import Violation, normalize_reason, reason_kind
+from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation, normalize_reason, reason_kind
 
 
 def _last_claim(scenario: Scenario, step: int) -> int | None:
@@ -75,3 +75,14 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
             del facts["invalid"]
         out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}", facts))
     return out
+
+
+# many ubatches of one shape, no reconfiguration: the server's steady state, where same-size reallocs hide;
+# and llama.cpp's captured graphs in its own order: its reservation, then its ubatches
+NO_SAME_SIZE_REALLOC = PropertyEntry(
+    "no-same-size-realloc", "no alloc re-plans at an unchanged graph size and backend ids after a sufficient reservation",
+    needs=frozenset({ENGINE, REFERENCE}), draws=Draws("workloads", max_ubatches=8, min_reconfigures=0, captured="workloads"),
+    judge=lambda sc, o: no_same_size_realloc(sc, o.trace, o.prediction),
+    export=Export("realloc", "ggml's own check: the scheduler is made with `GGML_SCHED_DEBUG_REALLOC=1`, which aborts on a "
+                             "reallocation with unchanged backend ids and graph size (\"unexpected graph reallocation\")"))
+ENTRIES = (NO_SAME_SIZE_REALLOC,)

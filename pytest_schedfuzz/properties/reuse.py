@@ -10,7 +10,7 @@ from reference.params import can_reuse
 
 from ..model.scenario import Scenario, SchedParams, Step
 from ..model.trace import Trace
-from .base import Violation
+from .base import ENGINE, FRESH, REFERENCE, Draws, Export, PropertyEntry, Violation
 
 
 def _schedulers(scenario: Scenario) -> Iterator[tuple[int, Step, SchedParams | None]]:
@@ -93,3 +93,22 @@ def reuse_equivalent(scenario: Scenario, reused: Trace, fresh: Trace) -> list[Vi
         elif r.buffer_sizes and f.buffer_sizes and any(a < b for a, b in zip(r.buffer_sizes, f.buffer_sizes)):
             out.append(Violation("reuse-equivalent", r.index, f"reused buffers {list(r.buffer_sizes)} smaller than fresh {list(f.buffer_sizes)}", {"what": "buffers"}))
     return out
+
+
+# decisions of the driver's reuse policy, read from the scenario: no engine needed; more
+# reconfigurations than reuse-equivalent draws, so that no two properties draw the same examples
+REUSE_SOUND = PropertyEntry(
+    "reuse-sound", "the driver reuses a scheduler only where can_reuse(new, current) holds",
+    draws=Draws("workloads", min_reconfigures=2), judge=lambda sc, o: reuse_sound(sc, o.trace, o.prediction), policy=True)
+REUSE_COMPLETE = PropertyEntry(
+    "reuse-complete", "the driver rebuilds no scheduler where can_reuse held",
+    draws=Draws("workloads", min_reconfigures=3), judge=lambda sc, o: reuse_complete(sc, o.trace, o.prediction), policy=True)
+# the reference explains its aborts (no-abort signs them), as for every property that runs the engine
+REUSE_EQUIVALENT = PropertyEntry(
+    "reuse-equivalent", "a reused scheduler behaves like a fresh one with the new parameters",
+    needs=frozenset({ENGINE, REFERENCE, FRESH}), draws=Draws("workloads", captured="scenarios"),
+    judge=lambda sc, o: reuse_equivalent(sc, o.trace, o.fresh),
+    export=Export("fresh", "a scheduler kept across `sched_new` (the steps as given) does differently at the step from a fresh one "
+                           "(the same steps with every kept scheduler made anew, a second run)",
+                  observable=("assignment", "splits", "buffers", "abort")))
+ENTRIES = (REUSE_SOUND, REUSE_COMPLETE, REUSE_EQUIVALENT)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..model.scenario import Scenario
 from ..model.shapes import VIEW_OPS
 from ..model.trace import Trace
-from .base import Violation
+from .base import ENGINE, REFERENCE, VALUES, Draws, Export, PropertyEntry, Violation
 
 
 def synchronous_variant(scenario: Scenario) -> Scenario:
@@ -67,3 +67,11 @@ def same_values(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Vio
             op = t.op if t is not None and not t.is_leaf else "none"
             return [Violation("same-values", r.index, f"after {scenario.steps[r.index].describe()}: {r.values}", {"what": what, "op": op})]
     return []
+
+
+SAME_VALUES = PropertyEntry(
+    "same-values", "every compute step's values are the CPU backend's alone",
+    needs=frozenset({ENGINE, REFERENCE, VALUES}), draws=Draws("scenarios", captured="scenarios"),
+    judge=lambda sc, o: same_values(sc, o.trace, o.prediction),
+    export=Export("values", "a tensor the step must get right differs, byte for byte, from the same graph computed by the CPU backend alone"))
+ENTRIES = (SAME_VALUES,)
