@@ -38,7 +38,7 @@ from .base import CPU_ONLY, Export, PropertyEntry, Violation
 from .llama_logits import LOGITS_TOLERANCE, decode_pairs, logit_pairs, logits_difference
 from .realloc import NO_SAME_SIZE_REALLOC
 from .sites import RPC_FAILED, site_key
-from .llama_replan import (BY_BATCH, META_DEVICES, batch_class, call_kind, call_name, graph_kind, invalid_reason, replan_reason,
+from .llama_replan import (BY_BATCH, META_DEVICES, META_TENSORS, batch_class, call_kind, call_name, graph_kind, invalid_reason, replan_reason,
                            replan_trigger, topology_cause, what_grew)
 
 
@@ -314,7 +314,7 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
             cause = with_c_stack(cause, a.message)
         # split mode tensor's meta device names its per-device tensors after its devices
         # (``Meta(RPC0,RPC1,GPU0)#kqv_out-0#0``): the devices drawn are not the cause
-        kind = re.sub(r"\d+", "N", META_DEVICES.sub("Meta(...)", (head + ": " if head else "") + cause))[:160]
+        kind = re.sub(r"\d+", "N", META_TENSORS.sub(r"\1=(tensor)", META_DEVICES.sub("Meta(...)", (head + ": " if head else "") + cause)))[:160]
         text = f"{head}: {cause}" if head else cause
         # what separates root causes beside the message: the check site (one assert text has many),
         # the call kind and where in it ggml stopped (the context's reservation, a decode's alloc...)

@@ -38,6 +38,11 @@ def what_grew(plan: SchedCall, now: SchedCall) -> str:
 
 _ENDPOINT = re.compile(r"\[[^\]]*\]")
 META_DEVICES = re.compile(r"Meta\([^)]*\)")
+# the meta device's "unsupported mul_mat split states: node=%s src0=%s axis=%d ..." names the
+# node and its sources as the model named them (``attn_out-0``, or ggml's ``node_7`` where the MTP
+# model leaves it unnamed; a per-device copy ``Meta(...)#kqv_out-0#0``): one check in one place
+# (its site) is one cause whatever the names
+META_TENSORS = re.compile(r"\b(node|src\d+)=\S+")
 
 
 def replan_trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | None]:

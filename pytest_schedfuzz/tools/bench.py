@@ -294,23 +294,28 @@ def xdist(examples: int) -> dict[str, Any]:
     return out
 
 
+CI_FOLDER = ".schedfuzz/bench-ci"  # the ci section's run: its corpus (new findings saved there) and report
+
+
 def ci_rate(budget: float, lib: str | None) -> dict[str, Any]:
     """The ci job (seed 0, ``-n 2``) for ``budget`` seconds: examples, llama.cpp workloads, CPU
     seconds of the whole process tree, and what it found (new signatures, known ones seen again)."""
     corpus = Path(__file__).resolve().parents[2] / "corpus"
-    with tempfile.TemporaryDirectory() as d:
-        shutil.copytree(corpus, Path(d) / "corpus")
-        cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-budget={budget:g}", "--schedfuzz-seed=0",
-               "-m", "schedfuzz", "-n", "2", "-q", "-p", "no:cacheprovider", "--schedfuzz-corpus", "corpus", "--schedfuzz-report", "report.json",
-               *([f"--schedfuzz-lib={lib}"] if lib else [])]
-        t = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t
-        report = Path(d) / "report.json"
-        if not report.is_file():
-            raise RuntimeError(f"the ci run ({' '.join(cmd)}) wrote no report (exit status {os.waitstatus_to_exitcode(status)})")
-        r = json.loads(report.read_text())
+    d = Path(CI_FOLDER)  # kept: a new finding's case is in its corpus/ (and the run's report)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    shutil.copytree(corpus, d / "corpus")
+    cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-budget={budget:g}", "--schedfuzz-seed=0",
+           "-m", "schedfuzz", "-n", "2", "-q", "-p", "no:cacheprovider", "--schedfuzz-corpus", "corpus", "--schedfuzz-report", "report.json",
+           *([f"--schedfuzz-lib={lib}"] if lib else [])]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    report = d / "report.json"
+    if not report.is_file():
+        raise RuntimeError(f"the ci run ({' '.join(cmd)}) wrote no report (exit status {os.waitstatus_to_exitcode(status)})")
+    r = json.loads(report.read_text())
     cpu = usage.ru_utime + usage.ru_stime
     stats = r["stats"]
     return {"budget_s": budget, "wall_s": wall, "cpu_s": cpu, "examples": stats["examples"], "llama_workloads": stats["llama_workloads"],
@@ -387,7 +392,7 @@ def report(r: dict[str, Any]) -> str:
         c = r["ci"]
         lines.append(f"ci job ({c['budget_s']:g} s budget, -n 2, seed 0): {c['examples']} examples ({c['llama_workloads']} llama.cpp workloads) "
                      f"in {c['cpu_s']:.0f} CPU-s ({c['wall_s']:.0f} s wall): {c['examples_per_cpu_s']:.2f} examples per CPU-second")
-        lines.append(f"  new: {len(c['new'])} " + " ".join(c["new"]))
+        lines.append(f"  new: {len(c['new'])} " + " ".join(c["new"]) + (f" (saved in {CI_FOLDER}/corpus)" if c["new"] else ""))
         lines.append(f"  known seen again: {len(c['known'])} signatures")
     return "\n".join(lines)
 
