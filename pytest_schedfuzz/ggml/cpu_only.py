@@ -16,7 +16,7 @@ from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.scenario import Scenario
 from . import values
 from .engine import Built, Ggml
-from .program import GraphProgram, encode, made_of
+from .program import encoded
 
 
 def tensor_key(t: TensorSpec) -> tuple[Any, ...]:
@@ -71,10 +71,7 @@ class CpuOnly:
         """``spec`` computed on ``cpu`` alone, every tensor in one buffer of its own, from the same
         leaf contents; the compared tensors' bytes. The caches it leaves are the next compute's."""
         g, eng = self.eng.g, self.eng
-        made = made_of(spec, eng.ggml_version)
-        if "cpu program" not in made:
-            made["cpu program"] = encode(spec, False, eng.types, eng.ggml_version)
-        program: GraphProgram = made["cpu program"]
+        program = encoded(spec, False, eng.types, eng.ggml_version)
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         buf = None
         try:

@@ -65,11 +65,22 @@ class GraphProgram:
 
 def made_of(spec: GraphSpec, ggml_version: str) -> dict[str, Any]:
     """What the worker made of ``spec`` for the ggml it loaded, kept with the spec (never pickled):
-    its programs for graph.c (unbound: ``GraphProgram.bound``), its node and leaf names as ggml
-    gave them the first time (ggml builds a program alike each time). A spec the worker keeps
-    (``kept``) serves many scenarios."""
+    its programs for graph.c (``encoded``), its node and leaf names as ggml gave them the first
+    time (ggml builds a program alike each time). A spec the worker keeps (``kept``) serves many
+    scenarios."""
     made: dict[str, dict[str, Any]] = spec.__dict__.setdefault("_made_by_worker", {})
     return made.setdefault(ggml_version, {})
+
+
+def encoded(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:
+    """``encode``'s program of ``spec``, made once per spec and ggml (``made_of``); a persistent
+    one is unbound (``GraphProgram.bound``)."""
+    made = made_of(spec, ggml_version)
+    key = "program" if persistent else "cpu program"
+    if key not in made:
+        made[key] = encode(spec, persistent, types, ggml_version)
+    program: GraphProgram = made[key]
+    return program
 
 
 def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:

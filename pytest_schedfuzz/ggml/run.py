@@ -17,7 +17,7 @@ from . import values
 from .backends import init_backends
 from .cpu_only import CpuOnly, tensor_key
 from .engine import Built, Ggml, Ptr
-from .program import GraphProgram, encode, made_of
+from .program import GraphProgram, encoded, made_of
 from .record import Snapshot, StepRecording
 
 
@@ -118,10 +118,8 @@ class ScenarioRun(StepRecording):
         if program is None:
             # encoded once per spec and worker (a kept spec serves many scenarios: ``kept``), bound
             # to this scenario's weights and caches once per scenario
-            made = made_of(spec, eng.ggml_version)
-            if "program" not in made:
-                made["program"] = encode(spec, True, eng.types, eng.ggml_version)
-            program = self.programs[id(spec)] = made["program"].bound(lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
+            program = self.programs[id(spec)] = encoded(spec, True, eng.types, eng.ggml_version).bound(
+                lambda t: ctypes.addressof(self.persistent.tensors[tensor_key(t)].contents))
         ctx = eng.new_context(program.n, g.ggml_graph_overhead_custom(program.n + 1, False))
         built = Built(ctx, None, [], program.index, [], [])
         self.built.append(built)

@@ -34,7 +34,6 @@ What is observed, and how:
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import sys
@@ -148,11 +147,6 @@ def main() -> None:
             # freed now, by its reference counts: alive when the collector restarts, the
             # scenario's thousands of objects would be its next collection's work
             del req
-            # the specs it keeps (``kept``) live on: out of the collector's sight, or its full
-            # collections would walk their thousands of tensors again and again (what they leave
-            # behind is freed by reference counts all the same)
-            gc.collect(0)
-            gc.freeze()
         if coverage:
             gcov_dump(reset=True)  # before the reply: a later crash of this worker must not take this scenario's counts
         chan.send(reply)
@@ -162,8 +156,8 @@ def serve(eng: Ggml, chan: Channel, req: dict[str, Any], kept: KeptSpecs) -> dic
     """Run one request's scenario; the reply that ends it."""
     eng.step = -1
     reply: dict[str, object]
-    scenario = kept.scenario(req)  # first: the parent counts on the specs it sent being kept
     try:
+        scenario = kept.scenario(req)  # first: the parent counts on the specs it sent being kept
         run_scenario(eng, scenario, req["endpoints"], chan, req["values"])
         reply = {"done": True}
     except Unsupported as e:
