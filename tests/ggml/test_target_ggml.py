@@ -674,6 +674,34 @@ def test_a_fork_server_that_cannot_import_its_module_leaves_workers_to_start_as_
     assert not server.alive()
 
 
+def test_a_modules_prefork_runs_once_in_the_fork_server_and_its_workers_inherit_it(tmp_path: Path) -> None:
+    """What a worker module's ``prefork()`` makes (the llama.cpp worker: llama.h parsed and bound)
+    is made once, before any fork: each worker has it without making it."""
+    (tmp_path / "prefork_probe.py").write_text(
+        "import os, sys\nMADE = []\n"
+        "def prefork():\n    MADE.append(os.getpid())\n"
+        "def main():\n    os.write(1, f'{MADE} {os.getpid()}'.encode())\n")
+    env = worker_env(child_env(None))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    server = ForkServer.start("prefork_probe", (), env, 60.0)
+    assert server is not None
+    try:
+        said = []
+        for _ in range(2):
+            with open(tmp_path / "stderr", "wb") as err:
+                worker = server.spawn(err)
+            assert worker is not None
+            worker.stdin.close()
+            said.append(worker.stdout.read().decode())
+            worker.wait(10)
+            worker.stdout.close()
+    finally:
+        server.close()
+    made = {s.split("] ")[0] + "]" for s in said}
+    assert made == {f"[{server.proc.pid}]"}, said  # made once, by the server; both workers have it
+    assert len({s.split("] ")[1] for s in said}) == 2  # two workers of their own
+
+
 def test_a_new_environment_gets_a_new_fork_server_and_the_old_one_retires_once_its_workers_have_exited(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker handed out before the environment changed lives on (a test's ``setenv``, then
     the running worker's next scenario); its server exits once it is seen to exit."""
