@@ -176,10 +176,13 @@ class Bindings:
         self.clib = ffi.dlopen(lib_path)  # CFFI's view: function types and enum values
         self.dll = ctypes.CDLL(lib_path)
         self.types: dict[str, Any] = {}
+        self.undeclared: set[str] = set()  # names asked for and not declared: asked again, no parse
 
     def __getattr__(self, name: str) -> Any:
         import cffi
 
+        if name in self.__dict__.get("undeclared", ()):  # (before __init__ too)
+            raise AttributeError(f"{name} is not declared in this build's declarations")
         ffi = self.ffi
         try:
             value = getattr(self.clib, name)
@@ -188,6 +191,7 @@ class Bindings:
         except Exception as e:  # declared, not in the library
             raise AttributeError(f"{name}: {e}") from None
         if isinstance(value, int):
+            self.__dict__[name] = value
             return value
         if value is not None:
             ftype = ffi.typeof(value)
@@ -201,11 +205,13 @@ class Bindings:
                 t = ffi.typeof(cname)
             except (cffi.CDefError, cffi.FFIError, KeyError):
                 continue
-            if t.kind == "pointer" and t.item.kind == "function":  # a callback typedef: the type of the Python callback
-                return self.ctype(t.item)
             if t.kind == "struct" and t.fields is None:  # CFFI makes any unknown "struct X" an opaque one
                 break
-            return self.ctype(t)
+            # kept: CFFI caches the types it parsed, not a name it failed to parse, and a struct
+            # without a typedef fails as ``name`` before ``struct name`` (a pycparser run each time)
+            found = self.__dict__[name] = self.ctype(t.item if t.kind == "pointer" and t.item.kind == "function" else t)
+            return found
+        self.undeclared.add(name)
         raise AttributeError(f"{name} is not declared in this build's declarations")
 
     def has(self, name: str) -> bool:

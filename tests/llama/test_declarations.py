@@ -71,6 +71,27 @@ def test_a_field_the_build_does_not_have_is_an_error_not_a_python_attribute() ->
     assert ctypes.sizeof(b.llama_context_params) == 160
 
 
+def test_a_name_is_parsed_once_per_bindings() -> None:
+    """CFFI caches the types it parsed, not the names it failed to: a struct without a typedef
+    (``struct llama_model_params``) failed as a typedef name first, a pycparser run at every use
+    (a quarter of an MTP workload's worker time). Each name, found or not, costs one parse."""
+    ffi = declarations.parse(declarations.find(default_lib_dir()))
+    b = declarations.Bindings(ffi, str(default_lib_dir() / "libllama.so"))
+    parsed: list[str] = []
+    parse_type = ffi._parser.parse_type
+
+    def counting(cdecl: str) -> object:
+        parsed.append(cdecl)
+        return parse_type(cdecl)
+
+    ffi._parser.parse_type = counting
+    first = [b.llama_model_params, b.has("llama_no_such_function"), b.LLAMA_SPLIT_MODE_TENSOR]
+    n = len(parsed)
+    assert n >= 2  # the typedef name failed, then "struct llama_model_params"
+    assert [b.llama_model_params, b.has("llama_no_such_function"), b.LLAMA_SPLIT_MODE_TENSOR] == first
+    assert len(parsed) == n, parsed[n:]
+
+
 def test_a_worker_given_another_versions_header_refuses_to_run() -> None:
     target = LlamaTarget(UPSTREAM)
     target.declarations = declarations.find(default_lib_dir())  # 0.3.36's llama.h on b11739's libllama
