@@ -29,8 +29,9 @@ class KnownBugs:
         """Remember the corpus's expect-fail cases (unreadable files are reported by their own
         corpus items). A folder learnt twice (the starter corpus is also the run's corpus)
         counts once."""
+        learnt = {c.path.resolve() for c in self.cases if c.path is not None}
         for path in case_files(directory):
-            if any(c.path is not None and c.path.resolve() == path.resolve() for c in self.cases):
+            if path.resolve() in learnt:
                 continue
             try:
                 case = load_case(path)
