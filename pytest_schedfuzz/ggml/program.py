@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..engine import Unsupported
-from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.graph_spec import GraphSpec, TensorSpec, tensor_from_row
 from .versions import version_of
 
 # the ops whose record fields ``_op_record`` fills (a shape, integer or real parameters);
@@ -89,57 +89,69 @@ def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_versio
     is the scenario's tensor (``GraphProgram.bound`` writes its address in); without (the values
     check's CPU-only graph) every leaf is a new tensor, neither named an input nor flagged.
     ``types``: the loaded ggml's type codes by name; ``ggml_version``: its version, whose API the
-    records follow (``versions``)."""
+    records follow (``versions``). Read from the spec's rows (``GraphSpec.rows``,
+    ``geometry_rows``): a spec the worker was sent has no tensor or geometry objects unless
+    something else needs them."""
     GP = GraphProgram
-    index = {t.name: i for i, t in enumerate(spec.tensors)}
-    codes, geometry = GP.CODES, spec.geometry
+    rows = spec.rows
+    index = {row[0]: i for i, row in enumerate(rows)}
+    codes = GP.CODES
     new_k = version_of(ggml_version).ssm_scan_takes_k  # with it, top_k and clamp as 0.25.3 has them
     program: list[int] = []
     reals: list[float] = []
     words: list[int] = []
     names = bytearray()
-    no_ints, no_reals, no_args, ones = [0] * 8, [0.0] * 4, [-1] * 8, (1, 1, 1, 1)
+    no_ints, no_reals, no_args, no_params = [0] * 8, [0.0] * 4, [-1] * 8, {}.get
+    padded = {k: (1,) * (4 - k) for k in range(5)}  # a shape of k dimensions, as the record holds it
     leaf_flags = GP.NAME | (GP.INPUT if persistent else 0)
+    op_flags = {name: GP.NAME | (GP.NEW_K if new_k and name == "ssm_scan" else 0) for name in GP.OPS}
     kept: list[tuple[int, TensorSpec]] = []
-    for i, t in enumerate(spec.tensors):
-        ne, ints, real, args, w = t.ne, no_ints, no_reals, no_args, None
-        flags = GP.OUTPUT if t.output and persistent else 0
+    extend, add_reals = program.extend, reals.extend
+    for i, (row, geo) in enumerate(zip(rows, spec.geometry_rows, strict=True)):
+        name, op_name, type_name, ne, args, params, role, _, output = row
+        geo_name, geo_type, geo_ne, geo_nb, view_src, view_offs = geo
+        if geo_name != name:
+            raise ValueError(f"tensor {name!r}: its geometry row is {geo_name!r}'s (GraphSpec.geometry_rows out of order)")
+        ints, real, w = no_ints, no_reals, None
+        flags = GP.OUTPUT if output and persistent else 0
         ptr = len(names)
-        if t.op == "none":
-            if persistent and t.role in ("weight", "cache"):
+        if op_name == "none":
+            arg_ids = no_args
+            if persistent and (role == "weight" or role == "cache"):
                 op, ptr = codes["persistent"], 0
-                kept.append((i, t))
+                kept.append((i, tensor_from_row(row)))
             else:
                 op = codes["leaf"]
                 flags |= leaf_flags
         else:
-            op = codes.get(t.op, -1)
-            flags |= GP.NAME | (GP.NEW_K if new_k and t.op == "ssm_scan" else 0)
-            if t.params:
-                flags |= GP.INPLACE if t.param("inplace") else 0
-                w = t.param("op_params")
+            op = codes.get(op_name, -1)
+            flags |= op_flags.get(op_name, GP.NAME)
+            P = dict(params).get if params else no_params
+            if params:
+                flags |= GP.INPLACE if P("inplace") else 0
+                w = P("op_params")
             ne = ()
-            if t.op in OP_RECORDS:
-                ne, ints, real = _op_record(t, new_k, types)
-            args = [index[a] if a is not None else -1 for a in t.args] + no_args[len(t.args):]
+            if op_name in OP_RECORDS:
+                ne, ints, real = _op_record(op_name, name, P, new_k, types)
+            arg_ids = [index[a] if a is not None else -1 for a in args]
+            if len(arg_ids) < 8:
+                arg_ids += no_args[len(arg_ids):]
         if flags & GP.NAME:
-            names += t.name.encode() + b"\0"
-        geo = geometry[t.name]
-        program += [op, types[t.type], max(len(ne), 1), *ne, *ones[len(ne):], *args, flags, *ints, ptr,
-                    len(words) if w is not None else -1, len(w) if w is not None else 0,
-                    types[geo.type], *geo.ne, *geo.nb, index[geo.view_src] if geo.view_src is not None else -1, geo.view_offs]
+            names += name.encode() + b"\0"
+        extend((op, types[type_name], len(ne) or 1, *ne, *padded[len(ne)], *arg_ids, flags, *ints, ptr,
+                len(words) if w is not None else -1, len(w) if w is not None else 0,
+                types[geo_type], *geo_ne, *geo_nb, index[view_src] if view_src is not None else -1, view_offs))
         if w is not None:
             words += [int(x) for x in w]
-        reals += real
-    n = len(spec.tensors)
+        add_reals(real)
     return GraphProgram(array("q", program), array("d", reals), bytes(names), array("i", words or [0]),
-                        array("i", [index[r] for r in spec.roots]), n, index, tuple(kept))
+                        array("i", [index[r] for r in spec.roots]), len(rows), index, tuple(kept))
 
 
-def _op_record(t: TensorSpec, new_k: bool, types: dict[str, int]) -> tuple[tuple[int, ...], list[int], list[float]]:
+def _op_record(op: str, name: str, P: Callable[..., Any], new_k: bool, types: dict[str, int]) -> tuple[tuple[int, ...], list[int], list[float]]:
     """An op's record fields: the shape its constructor takes (views and reshapes), its eight
-    integer and four real parameters, as ``graph.c``'s ``construct`` reads them."""
-    op, P = t.op, t.param
+    integer and four real parameters, as ``graph.c``'s ``construct`` reads them; ``P`` reads the
+    tensor's parameters."""
     ne: tuple[int, ...] = ()
     ints, real = [0] * 8, [0.0] * 4
     if op == "fill":
@@ -152,7 +164,7 @@ def _op_record(t: TensorSpec, new_k: bool, types: dict[str, int]) -> tuple[tuple
         ints[:8] = [int(x) for x in P("pad")]
     elif op == "top_k":
         if not new_k:  # there ggml_top_k is an argsort and a view: not this op
-            raise Unsupported(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
+            raise Unsupported(f"tensor {name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
         ints[0] = int(P("k"))
     elif op == "ssm_scan":
         ints[0] = int(P("k", 1))  # 0.25.3 added K, the states kept
@@ -163,7 +175,7 @@ def _op_record(t: TensorSpec, new_k: bool, types: dict[str, int]) -> tuple[tuple
         ints[0] = int(P("order", 0))
     elif op == "clamp":
         if not new_k:  # there ggml_clamp returns a view of its source: not the op the spec describes
-            raise Unsupported(f"tensor {t.name!r}: ggml 0.15.3's ggml_clamp works in place")
+            raise Unsupported(f"tensor {name!r}: ggml 0.15.3's ggml_clamp works in place")
         real[:2] = [float(P("min", 0.0)), float(P("max", 1.0))]
     elif op == "glu":
         ints[:2] = [int(P("glu", 2)), int(bool(P("swapped", False)))]

@@ -71,12 +71,12 @@ class ScenarioRun(StepRecording):
         role, one context allocated with ``ggml_backend_alloc_ctx_tensors``, and filled with the
         values oracle's contents where a step computes (nothing else reads them: an RPC device
         would take a round trip per tensor)."""
-        g = self.g
+        g, eng = self.g, self.eng
         unique: dict[tuple[Any, ...], TensorSpec] = {}
         for _, spec in self.scenario.graphs:
-            for t in spec.tensors:
-                if t.role in ("weight", "cache"):
-                    unique.setdefault(tensor_key(t), t)
+            # the program's weights and caches: the spec's tensors are not made for them (``encode``)
+            for _, t in encoded(spec, True, eng.types, eng.ggml_version).persistent:
+                unique.setdefault(tensor_key(t), t)
         groups: dict[tuple[int, str], list[TensorSpec]] = {}
         for t in unique.values():
             assert t.device is not None  # Scenario.validate

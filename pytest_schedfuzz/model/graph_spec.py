@@ -113,8 +113,15 @@ class GraphSpec:
 
     @cached_property
     def geometry(self) -> dict[str, Geometry]:
-        """Every tensor's type, ne, nb and view source, from ``shapes.infer``."""
+        """Every tensor's type, ne, nb and view source, from ``shapes.infer`` (in the engine's
+        worker, as the parent inferred it: ``geometry_rows``)."""
         geo: dict[str, Geometry] = {}
+        rows = self.__dict__.get("_geometry_rows")
+        if rows is not None:
+            for row in rows:
+                g = geo[row[0]] = object.__new__(Geometry)
+                g.__dict__.update(zip(_GEOMETRY_FIELDS, row[1:]))
+            return geo
         for t in self.tensors:
             if t.is_leaf:
                 geo[t.name] = new_tensor(t.type, t.ne)
@@ -194,15 +201,41 @@ class GraphSpec:
         pickled for the engine's worker, and shared with its ``relabeled`` copies."""
         return self.__dict__.setdefault("_derived", {})  # type: ignore[no-any-return]
 
+    @property
+    def rows(self) -> tuple[tuple[Any, ...], ...]:
+        """Its tensors as rows of their fields, in ``TensorSpec``'s order: what is pickled, and
+        what the engine's worker encodes its program from (``ggml.program.encode``)."""
+        rows: tuple[tuple[Any, ...], ...] | None = self.__dict__.get("_rows")
+        if rows is None:
+            rows = tuple((t.name, t.op, t.type, t.ne, t.args, t.params, t.role, t.device, t.output) for t in self.tensors)
+        return rows
+
+    @property
+    def geometry_rows(self) -> tuple[tuple[Any, ...], ...]:
+        """``geometry`` as rows (the name, then ``Geometry``'s fields), in the order of ``rows``."""
+        rows: tuple[tuple[Any, ...], ...] | None = self.__dict__.get("_geometry_rows")
+        if rows is None:
+            rows = tuple((k, g.type, g.ne, g.nb, g.view_src, g.view_offs) for k, g in self.geometry.items())
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        # a spec unpickled by the engine's worker has rows only: most scenarios never read its
+        # tensors as objects there, and making them was a sixth of a fresh scenario's time
+        rows = self.__dict__.get("_rows")
+        if name != "tensors" or rows is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        tensors = self.__dict__["tensors"] = tuple(tensor_from_row(row) for row in rows)
+        return tensors
+
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled for the engine's worker as rows of plain values (its geometry and validity
         # with it, ``derived`` not): a third of the bytes, and 2.5x faster to write than the
         # default; the parent writes one per graph per scenario
-        geometry = self.__dict__.get("geometry")
+        inferred = "geometry" in self.__dict__ or "_geometry_rows" in self.__dict__
         return (_unpickle_graph, (
-            tuple((t.name, t.op, t.type, t.ne, t.args, t.params, t.role, t.device, t.output) for t in self.tensors),
+            self.rows,
             self.roots, self.forced, self.label,
-            None if geometry is None else tuple((k, g.type, g.ne, g.nb, g.view_src, g.view_offs) for k, g in geometry.items()),
+            self.geometry_rows if inferred else None,
             self.__dict__.get("_valid_for", set()),
         ))
 
@@ -255,24 +288,23 @@ if _TENSOR_FIELDS != ("name", "op", "type", "ne", "args", "params", "role", "dev
     raise ImportError("TensorSpec's or Geometry's fields changed: change GraphSpec.__reduce__'s rows with them")
 
 
+def tensor_from_row(row: tuple[Any, ...]) -> TensorSpec:
+    """A ``GraphSpec.rows`` row made a tensor again (without its constructor's checks: it was
+    made and checked by the pickling side)."""
+    t: TensorSpec = object.__new__(TensorSpec)
+    t.__dict__.update(zip(_TENSOR_FIELDS, row))
+    return t
+
+
 def _unpickle_graph(rows: tuple[tuple[Any, ...], ...], roots: tuple[str, ...], forced: tuple[tuple[str, int], ...], label: str,
                     geometry: tuple[tuple[Any, ...], ...] | None, valid_for: set[int | None]) -> GraphSpec:
-    """``GraphSpec.__reduce__``'s rows made objects again (without their constructors' checks:
-    they were made and checked by the pickling side)."""
+    """``GraphSpec.__reduce__``'s rows, kept as rows: the tensors and their geometry are made on
+    first use (``GraphSpec.__getattr__``, ``GraphSpec.geometry``)."""
     new = object.__new__
-    tensors = []
-    for row in rows:
-        t = new(TensorSpec)
-        t.__dict__.update(zip(_TENSOR_FIELDS, row))
-        tensors.append(t)
     spec = new(GraphSpec)
-    spec.__dict__.update(tensors=tuple(tensors), roots=roots, forced=forced, label=label, _valid_for=valid_for)
+    spec.__dict__.update(_rows=rows, roots=roots, forced=forced, label=label, _valid_for=valid_for)
     if geometry is not None:
-        geo = {}
-        for row in geometry:
-            g = geo[row[0]] = new(Geometry)
-            g.__dict__.update(zip(_GEOMETRY_FIELDS, row[1:]))
-        spec.__dict__["geometry"] = geo
+        spec.__dict__["_geometry_rows"] = geometry  # ``geometry`` makes its objects on first use
     return spec
 
 

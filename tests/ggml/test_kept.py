@@ -105,3 +105,22 @@ def test_a_scenario_run_again_on_kept_specs_observes_the_same(monkeypatch: pytes
     plain = [{k: v for k, v in r.to_json().items() if k not in ("seconds", "build_seconds")} for r in first.records]
     assert plain == [{k: v for k, v in r.to_json().items() if k not in ("seconds", "build_seconds")} for r in second.records]
     assert first.abort is None and second.abort is None
+
+
+def test_a_sent_spec_is_rows_until_its_tensors_are_asked_for() -> None:
+    """The worker encodes a spec it was sent from its rows (``GraphSpec.rows``, ``geometry_rows``):
+    no tensor or geometry object is made for a scenario that needs none (a sixth of a fresh
+    scenario's time went to making them), the program is the one the spec's own objects give,
+    and the tensors, once asked for, are the spec's."""
+    from pytest_schedfuzz.ggml.program import encode
+
+    spec = llama_graph(ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1), 8, 32)
+    spec.geometry  # inferred by the parent before it sends the spec (``Scenario.validate``)
+    sent = pickle.loads(pickle.dumps(spec))
+    types = {"f32": 0, "f16": 1, "i32": 26, "i64": 27, "q8_0": 8}
+    program = encode(sent, True, types, "0.25.3")
+    assert "tensors" not in sent.__dict__ and "geometry" not in sent.__dict__
+    assert program == encode(spec, True, types, "0.25.3") and program.persistent
+    assert sent.tensors == spec.tensors and sent.geometry == spec.geometry and sent == spec
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        sent.nothing  # noqa: B018
