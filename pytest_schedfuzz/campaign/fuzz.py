@@ -27,7 +27,7 @@ from reference.versions import Rules
 
 from .. import properties as props
 from ..cases.corpus import Case, component_of
-from ..engine import TargetError, Unsupported, gc_paused
+from ..engine import TargetError, Unsupported, gc_paused, gc_young_threshold
 from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
@@ -354,7 +354,7 @@ class Fuzzer(Checks):
 
         try:
             try:
-                with self.ctrl_c_noted(), warnings.catch_warnings():
+                with self.ctrl_c_noted(), warnings.catch_warnings(), gc_young_threshold():
                     # Hypothesis formats a failing example's repr for its own report, which this
                     # replaces (``Finding.report``): a large graph's is a warning no user caused
                     warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)

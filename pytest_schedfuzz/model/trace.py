@@ -121,7 +121,7 @@ class StepRecord:
     reused: bool = False
     ok: bool = True
     seconds: float = 0.0  # wall time of the bare ggml calls of the step (reset, reserve/alloc)
-    build_seconds: float = 0.0  # wall time of building the step's graph (``materialize``: its program encoded the first time, graph.c)
+    build_seconds: float = 0.0  # wall time of building the step's graph (``materialize``: graph.c; the first one's: every program encoded)
     # compute steps: the first root, output or cache whose values differ from the same graph
     # computed on the CPU alone ("": none), and how many tensors were compared
     values: str = ""
