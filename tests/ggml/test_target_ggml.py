@@ -665,6 +665,21 @@ def test_workers_after_aborts_are_forked_from_one_server_and_end_as_processes_of
         assert _parent_and_command(t.worker_pid or 0)[0] == t._forker.server.proc.pid
 
 
+def test_a_worker_after_the_next_test_item_is_forked_by_the_same_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest names the test running in ``PYTEST_CURRENT_TEST``: in the worker's environment it
+    changed with every item, and the fork server (one per environment) was started again for
+    each item whose worker started (36 times in a 60 s ci run). A worker needs none of it."""
+    aborting = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(max_nodes=16), Step("alloc", "A"))
+    with GgmlTarget() as t:
+        servers = []
+        for item in ("schedfuzz::reuse-sound (call)", "schedfuzz::corpus/a-case (call)"):
+            monkeypatch.setenv("PYTEST_CURRENT_TEST", item)
+            assert t.run(aborting).abort is not None  # the next run starts a new worker
+            assert t._forker is not None and t._forker.server is not None
+            servers.append(t._forker.server.proc.pid)
+        assert servers[0] == servers[1]
+
+
 def test_a_fork_server_that_cannot_import_its_module_leaves_workers_to_start_as_processes_of_their_own() -> None:
     env = worker_env(child_env(None))
     assert ForkServer.start("pytest_schedfuzz.no_such_module", (), env, 60.0) is None
