@@ -26,6 +26,16 @@ def _word(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode(errors="replace")
 
 
+_NAMES: dict[bytes, str] = {}  # op, desc and type fields (zero-padded by sched_hook.c): a few dozen, decoded once
+
+
+def _name(b: bytes) -> str:
+    s = _NAMES.get(b)
+    if s is None:
+        s = _NAMES[b] = _word(b)
+    return s
+
+
 def tensors(raw: bytes, n_nodes: int, buffers: Sequence[tuple[str, int]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The graph's nodes and leafs, each as the worker's capture names it: name, op, desc
     (``ggml_op_desc``: a unary or GLU op's own name), type, ne, nb, flags, sources (``n<i>``,
@@ -40,7 +50,7 @@ def tensors(raw: bytes, n_nodes: int, buffers: Sequence[tuple[str, int]]) -> tup
         params = list(v[13:29])
         while params and params[-1] == 0:
             params.pop()
-        t: dict[str, Any] = {"name": _word(v[38]), "op": _word(v[39]), "desc": _word(v[40]), "type": _word(v[41]), "ne": list(v[29:33]),
+        t: dict[str, Any] = {"name": _word(v[38]), "op": _name(v[39]), "desc": _name(v[40]), "type": _name(v[41]), "ne": list(v[29:33]),
                              "nb": list(v[33:37]), "flags": v[0], "src": [None if s == NO_TENSOR else _ref(s) for s in srcs]}
         if params:
             t["op_params"] = params
