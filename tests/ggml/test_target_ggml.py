@@ -475,8 +475,19 @@ SYS_TGKILL = 234  # x86-64's syscall number (asm/unistd_64.h)
 
 
 def _signal_the_worker_first(t: GgmlTarget, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals) -> list[signal.Signals]:
-    """Have the next run send ``sig`` to its worker once it has the scenario; the signals not sent yet."""
-    real, signals = t._collect, [sig]
+    """Have the next run's worker take ``sig`` once it has the scenario; the signals not sent yet.
+    The worker is stopped (SIGSTOP) before the scenario is sent, and continued once ``sig`` is
+    pending: a worker left running could finish a small scenario before the signal arrived (a
+    loaded machine deschedules the parent between its send and its kill), and die idle."""
+    real_live, real_collect, signals = t._live_worker, t._collect, [sig]
+
+    def stopped():  # type: ignore[no-untyped-def]
+        worker = real_live()
+        if signals:
+            os.kill(worker.proc.pid, signal.SIGSTOP)
+            while Path(f"/proc/{worker.proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "T":
+                time.sleep(0.001)
+        return worker
 
     def signal_first(worker, records):  # type: ignore[no-untyped-def]
         if signals:
@@ -486,8 +497,10 @@ def _signal_the_worker_first(t: GgmlTarget, monkeypatch: pytest.MonkeyPatch, sig
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.syscall(SYS_TGKILL, worker.proc.pid, worker.proc.pid, signals.pop()) != 0:
                 raise OSError(ctypes.get_errno(), "tgkill")
-        return real(worker, records)
+            os.kill(worker.proc.pid, signal.SIGCONT)
+        return real_collect(worker, records)
 
+    monkeypatch.setattr(t, "_live_worker", stopped)
     monkeypatch.setattr(t, "_collect", signal_first)
     return signals
 
