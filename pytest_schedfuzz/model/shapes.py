@@ -18,7 +18,7 @@ the real-engine target rely on these figures; the target checks them against wha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 Shape = tuple[int, int, int, int]
@@ -372,68 +372,78 @@ def infer(op: str, args: Sequence[Geometry | None], names: Sequence[str | None],
         _check(op in INPLACE, f"{op}: no in-place form")
         infer(op, args, names, {k: v for k, v in params.items() if k != "inplace"})
         return _view(str(names[0]), a, a.type, a.ne, a.nb)
-    if op == "pad":
-        return _pad(a, [int(x) for x in params["pad"]])  # type: ignore[attr-defined]
-    if op == "argmax":
-        return _argmax(a)
-    if op == "top_k":
-        return _top_k(a, int(params["k"]))  # type: ignore[call-overload]
-    if op == "ssm_conv":
-        return _ssm_conv(a, args[1])  # type: ignore[arg-type]
-    if op == "ssm_scan":
-        return _ssm_scan(a, *args[1:], k=int(params.get("k", 1)))  # type: ignore[arg-type,call-overload]
-    if op == "get_rows":
-        return _get_rows(a, args[1])  # type: ignore[arg-type]
-    if op == "mul_mat":
-        return _mul_mat(a, args[1])  # type: ignore[arg-type]
-    if op == "mul_mat_id":
-        return _mul_mat_id(a, args[1], args[2])  # type: ignore[arg-type]
-    if op in ("add", "mul", "div", "sub"):
-        return _binary(a, args[1])  # type: ignore[arg-type]
-    if op == "sum":
-        return new_tensor(a.type, (1,))
-    if op == "cast":
-        return new_tensor(str(params["type"]), a.ne)
-    if op in ("cumsum", "fill"):
-        _check(a.type == "f32" or (op == "fill" and a.type == "f16"), f"{op}: f32 only")
-        _check(op == "cumsum" or is_contiguous(a), "fill: source must be contiguous")
-        return _same(a)
-    if op == "sum_rows":
-        return _sum_rows(a)
-    if op == "argsort":
-        return _argsort(a)
-    if op == "glu":
-        return _glu(a, args[1])
-    if op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "sigmoid", "step"):
-        return _unary(a, op)
-    if op == "rope":
-        return _rope(a, args[1], args[2])  # type: ignore[arg-type]
-    if op == "soft_max_ext":
-        return _soft_max_ext(a, args[1])
-    if op == "flash_attn_ext":
-        return _flash_attn_ext(a, args[1], args[2], args[3])  # type: ignore[arg-type]
-    if op == "concat":
-        return _concat(a, args[1], int(params.get("dim", 0)))  # type: ignore[arg-type,call-overload]
-    if op == "dup":  # ggml_dup: ggml_dup_tensor of its source, a contiguous copy
-        return _same(a)
-    if op == "cont":
-        return _cont(a, params.get("ne"))  # type: ignore[arg-type]
-    if op == "view_tensor":
-        return _view(str(names[0]), a, a.type, a.ne, a.nb)
-    if op == "cpy":
-        b = args[1]
-        assert b is not None
-        _check(nelements(a) == nelements(b), "cpy: element counts differ")
-        return _view(str(names[1]), b, b.type, b.ne, b.nb)
-    if op == "set_rows":
-        b, c = args[1], args[2]
-        assert b is not None and c is not None
-        _check(a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows: shapes")
-        _check(b.ne[1] == c.ne[0] and c.ne[3] == 1, "set_rows: index count")
-        _check(b.type == "f32" and c.type in ("i32", "i64"), "set_rows: types")
-        _check(is_contiguous_rows(a) and is_contiguous_rows(b), "set_rows: rows must be contiguous")
-        return _view(str(names[0]), a, a.type, a.ne, a.nb)
-    return _view_op(op, a, str(names[0]), params)
+    return INFER[op](a, args, names, params)
+
+
+def _cumsum(a: Geometry) -> Geometry:
+    _check(a.type == "f32", "cumsum: f32 only")
+    return _same(a)
+
+
+def _fill(a: Geometry) -> Geometry:
+    _check(a.type in ("f32", "f16"), "fill: f32 only")
+    _check(is_contiguous(a), "fill: source must be contiguous")
+    return _same(a)
+
+
+def _cpy(a: Geometry, b: Geometry | None, dst: str) -> Geometry:
+    assert b is not None
+    _check(nelements(a) == nelements(b), "cpy: element counts differ")
+    return _view(dst, b, b.type, b.ne, b.nb)
+
+
+def _set_rows(a: Geometry, b: Geometry | None, c: Geometry | None, dst: str) -> Geometry:
+    assert b is not None and c is not None
+    _check(a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], "set_rows: shapes")
+    _check(b.ne[1] == c.ne[0] and c.ne[3] == 1, "set_rows: index count")
+    _check(b.type == "f32" and c.type in ("i32", "i64"), "set_rows: types")
+    _check(is_contiguous_rows(a) and is_contiguous_rows(b), "set_rows: rows must be contiguous")
+    return _view(dst, a, a.type, a.ne, a.nb)
+
+
+# what each op makes of its first source ``a``, its sources, their names and its parameters
+Inferrer = Callable[[Geometry, Sequence["Geometry | None"], Sequence["str | None"], Mapping[str, object]], Geometry]
+
+
+def _unary_of(op: str) -> Inferrer:
+    return lambda a, args, names, p: _unary(a, op)
+
+
+def _view_of(op: str) -> Inferrer:
+    return lambda a, args, names, p: _view_op(op, a, str(names[0]), p)
+
+
+INFER: dict[str, Inferrer] = {
+    "pad": lambda a, args, names, p: _pad(a, [int(x) for x in p["pad"]]),  # type: ignore[attr-defined]
+    "argmax": lambda a, args, names, p: _argmax(a),
+    "top_k": lambda a, args, names, p: _top_k(a, int(p["k"])),  # type: ignore[call-overload]
+    "ssm_conv": lambda a, args, names, p: _ssm_conv(a, args[1]),  # type: ignore[arg-type]
+    "ssm_scan": lambda a, args, names, p: _ssm_scan(a, *args[1:], k=int(p.get("k", 1))),  # type: ignore[arg-type,call-overload]
+    "get_rows": lambda a, args, names, p: _get_rows(a, args[1]),  # type: ignore[arg-type]
+    "mul_mat": lambda a, args, names, p: _mul_mat(a, args[1]),  # type: ignore[arg-type]
+    "mul_mat_id": lambda a, args, names, p: _mul_mat_id(a, args[1], args[2]),  # type: ignore[arg-type]
+    **{op: (lambda a, args, names, p: _binary(a, args[1])) for op in ("add", "mul", "div", "sub")},  # type: ignore[arg-type]
+    "sum": lambda a, args, names, p: new_tensor(a.type, (1,)),
+    "cast": lambda a, args, names, p: new_tensor(str(p["type"]), a.ne),
+    "cumsum": lambda a, args, names, p: _cumsum(a),
+    "fill": lambda a, args, names, p: _fill(a),
+    "sum_rows": lambda a, args, names, p: _sum_rows(a),
+    "argsort": lambda a, args, names, p: _argsort(a),
+    "glu": lambda a, args, names, p: _glu(a, args[1]),
+    **{op: _unary_of(op) for op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "sigmoid", "step")},
+    "rope": lambda a, args, names, p: _rope(a, args[1], args[2]),  # type: ignore[arg-type]
+    "soft_max_ext": lambda a, args, names, p: _soft_max_ext(a, args[1]),
+    "flash_attn_ext": lambda a, args, names, p: _flash_attn_ext(a, args[1], args[2], args[3]),  # type: ignore[arg-type]
+    "concat": lambda a, args, names, p: _concat(a, args[1], int(p.get("dim", 0))),  # type: ignore[arg-type,call-overload]
+    "dup": lambda a, args, names, p: _same(a),  # ggml_dup: ggml_dup_tensor of its source, a contiguous copy
+    "cont": lambda a, args, names, p: _cont(a, p.get("ne")),  # type: ignore[arg-type]
+    "view_tensor": lambda a, args, names, p: _view(str(names[0]), a, a.type, a.ne, a.nb),
+    "cpy": lambda a, args, names, p: _cpy(a, args[1], str(names[1])),
+    "set_rows": lambda a, args, names, p: _set_rows(a, args[1], args[2], str(names[0])),
+    **{op: _view_of(op) for op in ("reshape", "transpose", "permute", "view")},
+}
+if set(INFER) != set(ARITY):
+    raise ImportError(f"ops without an inferrer, or inferrers of no op: {sorted(set(INFER) ^ set(ARITY))}")
 
 
 def _view_op(op: str, a: Geometry, src: str, params: Mapping[str, object]) -> Geometry:
