@@ -6,6 +6,7 @@ equal for equal graphs in any workload (``RecentGraphs``)."""
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -26,14 +27,8 @@ def _word(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode(errors="replace")
 
 
-_NAMES: dict[bytes, str] = {}  # op, desc and type fields (zero-padded by sched_hook.c): a few dozen, decoded once
-
-
-def _name(b: bytes) -> str:
-    s = _NAMES.get(b)
-    if s is None:
-        s = _NAMES[b] = _word(b)
-    return s
+# op, desc and type fields (zero-padded by sched_hook.c): a few dozen values, each decoded once
+_name = functools.cache(_word)
 
 
 def tensors(raw: bytes, n_nodes: int, buffers: Sequence[tuple[str, int]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

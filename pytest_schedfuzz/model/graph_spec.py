@@ -300,8 +300,7 @@ def _unpickle_graph(rows: tuple[tuple[Any, ...], ...], roots: tuple[str, ...], f
                     geometry: tuple[tuple[Any, ...], ...] | None, valid_for: set[int | None]) -> GraphSpec:
     """``GraphSpec.__reduce__``'s rows, kept as rows: the tensors and their geometry are made on
     first use (``GraphSpec.__getattr__``, ``GraphSpec.geometry``)."""
-    new = object.__new__
-    spec = new(GraphSpec)
+    spec: GraphSpec = object.__new__(GraphSpec)
     spec.__dict__.update(_rows=rows, roots=roots, forced=forced, label=label, _valid_for=valid_for)
     if geometry is not None:
         spec.__dict__["_geometry_rows"] = geometry  # ``geometry`` makes its objects on first use
