@@ -3,7 +3,10 @@
  * 1. ggml's log, gathered: ``schedfuzz_log`` is the ``ggml_log_callback``. Each call's text is
  *    appended to one buffer and ended by SEP, so that the parser (``schedlog.SchedLog``) still
  *    sees every GGML_LOG_DEBUG fragment (a split header is one fragment per input) without a
- *    Python callback per fragment: print_assignments logs several per node.
+ *    Python callback per fragment: print_assignments logs several per node. Of its node lines
+ *    ("node #  i (OP): ..." and one fragment per source), only the first after each split header
+ *    is kept: the parser reads where a split starts from it and nothing from the others, which
+ *    were nine in ten of the fragments and most of the parser's time.
  * 2. The backend of every node and leaf: read with ggml_backend_sched_get_tensor_backend when
  *    the first "## SPLIT #0:" header starts a line, i.e. inside ggml_backend_sched_split_graph,
  *    once every node has its backend and before ggml_backend_sched_reserve resets the hash table.
@@ -27,6 +30,8 @@ static char *text;
 static size_t len, cap;
 static int failed; /* an allocation failed: the parser is told, never a silent loss */
 static int line_start = 1; /* the last fragment ended a line */
+static int node_lines = 1; /* node lines since the last split header */
+static int dropping; /* the line being logged is a node line after a split's first */
 
 static void *sched;
 static void **tensors, **backends;
@@ -72,6 +77,18 @@ void schedfuzz_observe_snapshot(void) {
     taken = 1;
 }
 
+/* one line of a fragment, or its start or end (``n`` bytes, a newline last if it ends a line) */
+static void take_line(const char *s, size_t n) {
+    if (line_start) {
+        if (armed && !taken && strncmp(s, "## SPLIT #0:", 12) == 0) schedfuzz_observe_snapshot();
+        if (strncmp(s, "## SPLIT #", 10) == 0) node_lines = 0;
+        else if (strncmp(s, "node #", 6) == 0) dropping = node_lines++ > 0;
+    }
+    if (!dropping) append(s, n);
+    line_start = s[n - 1] == '\n';
+    if (line_start) dropping = 0;
+}
+
 void schedfuzz_log(int level, const char *s, void *user_data) {
     (void)user_data;
     if (!s) return;
@@ -81,19 +98,16 @@ void schedfuzz_log(int level, const char *s, void *user_data) {
         ssize_t w = write(2, s, n);
         (void)w;
     }
-    if (armed && !taken) {
-        /* the header is logged as "\n## SPLIT #0: ...": it starts a line after its newlines */
-        const char *head = s;
-        int starts = line_start;
-        while (*head == '\n') {
-            head++;
-            starts = 1;
-        }
-        if (starts && strncmp(head, "## SPLIT #0:", 12) == 0) schedfuzz_observe_snapshot();
+    size_t before = len;
+    /* a line at a time: the header is logged as "\n## SPLIT #0: ...", after the newline that ends the line before */
+    while (n) {
+        const char *nl = memchr(s, '\n', n);
+        size_t k = nl ? (size_t)(nl - s) + 1 : n;
+        take_line(s, k);
+        s += k;
+        n -= k;
     }
-    append(s, n);
-    append((const char[]){SEP}, 1);
-    if (n) line_start = s[n - 1] == '\n';
+    if (len > before) append((const char[]){SEP}, 1);
 }
 
 /* take the snapshot at the next split printout, into out[0 .. n) */

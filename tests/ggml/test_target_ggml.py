@@ -357,6 +357,33 @@ def test_observe_gathers_the_log_and_reads_backends_at_the_first_split_header() 
     n, lost = ctypes.c_size_t(0), ctypes.c_int(0)
     text = ctypes.string_at(lib.schedfuzz_log_take(ctypes.byref(n), ctypes.byref(lost)), n.value).decode()
     assert lost.value == 0 and text.split(SEP)[3:-1] == FRAGMENTS
+    # a split's later node lines (here after each first one, one ending in the fragment that
+    # starts the next header) are dropped in C: the parser reads nothing from them
+    more = list(FRAGMENTS)
+    more[5:5] = ["node #  1 (       ADD):                  x-0 (   1K) [  CPU         ] use=1,c=0:", "   inp_embd (   1K) [  CPU         ]", "\n",
+                 "node #  2 (     SCALE):                  y-0 (   1K) [  CPU         ] use=1,c=0:\n"]
+    k = more.index("node #  3 (   MUL_MAT):               Qcur-0 (   1K) [RPC0[         ] use=1,c=0:") + 2
+    more[k:k] = ["node #  4 (       ADD):                  z-0 (   1K) [RPC0[         ] use=1,c=0:", "   Qcur-0 (   1K) [RPC0[         ]\nggml_gallocr_"]
+    more[k + 2] = more[k + 2].removeprefix("ggml_gallocr_")
+    for f in more:
+        log_fn(1, f.encode(), None)
+    text = ctypes.string_at(lib.schedfuzz_log_take(ctypes.byref(n), ctypes.byref(lost)), n.value).decode()
+    assert lost.value == 0 and "node #  3" in text and not any(f"node #  {i}" in text for i in (1, 2, 4))
+    gathered, whole = SchedLog(), SchedLog()
+    gathered.begin()
+    whole.begin()
+    gathered.feed_fragments(text)
+    for f in more:
+        whole.feed(f)
+    assert _parsed(gathered) == _parsed(whole) == _parsed_fragments()
+
+
+def _parsed_fragments() -> tuple[object, ...]:
+    log = SchedLog()
+    log.begin()
+    for f in FRAGMENTS:
+        log.feed(f)
+    return _parsed(log)
 
 
 @pytest.mark.parametrize("lib", ["ggml-0.25.3", "ggml-0.15.3"])
