@@ -86,7 +86,15 @@ def _word(t: Mapping[str, Any], i: int) -> int:
 
 def _dims(ne: Sequence[int]) -> int:
     """ggml's ``n_dims``: up to the last dimension above 1."""
-    return max([1] + [i + 1 for i, n in enumerate(ne) if n != 1])
+    n = len(ne)
+    while n > 1 and ne[n - 1] == 1:
+        n -= 1
+    return max(n, 1)
+
+
+def _shape(ne: Sequence[int]) -> tuple[int, ...]:
+    """A captured ``ne`` as a spec's shape: its first ``_dims`` dimensions."""
+    return tuple(map(int, ne[: _dims(ne)]))
 
 
 Args = tuple[str | None, ...]
@@ -233,7 +241,7 @@ def graph_spec(graph: Mapping[str, Any], bufts: Sequence[str], layout: BackendLa
             raise CaptureError(f"leaf {t['name']!r}: a view or an op as a leaf ({t['op']}), which a graph spec has no form for", kind="leaf")
         if t.get("type") not in TYPES:
             raise CaptureError(f"leaf {t['name']!r}: type {t.get('type')} is not one the graph engine makes ({', '.join(TYPES)})", kind="type")
-        ne = tuple(int(x) for x in t["ne"][: _dims(t["ne"])])
+        ne = _shape(t["ne"])
         if int(t["flags"]) & TENSOR_FLAG_INPUT:
             tensors.append(TensorSpec(names[i], type=t["type"], ne=ne, role="input"))
         elif t.get("buft"):
@@ -322,12 +330,12 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
         ours, pick, param_of = OP_TABLE[kind]
         args, params = pick(srcs), param_of(t)
         if ours == "cont" and list(t["ne"]) != list(cap_of[str(srcs[0])]["ne"]):
-            params = {"ne": tuple(int(x) for x in t["ne"][: _dims(t["ne"])])}  # ggml_cont_Nd
+            params = {"ne": _shape(t["ne"])}  # ggml_cont_Nd
         if t.get("view_src") and ours not in VIEW_OPS | {"set_rows", "cpy"}:  # ggml_<op>_inplace: the result views src 0
             if ours not in INPLACE:
                 raise CaptureError(f"node {t['name']!r}: {kind} viewing {t['view_src']}, an in-place form the graph engine does not make", kind=f"in-place {kind}")
             params = params | {"inplace": True}
-    return TensorSpec(name, op=ours, type=str(t["type"]), ne=tuple(int(x) for x in t["ne"][: _dims(t["ne"])]), args=args,
+    return TensorSpec(name, op=ours, type=str(t["type"]), ne=_shape(t["ne"]), args=args,
                       params=tuple(sorted((params | extra).items())), output=bool(int(t["flags"]) & TENSOR_FLAG_OUTPUT))
 
 
