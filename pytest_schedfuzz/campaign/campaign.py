@@ -333,6 +333,8 @@ class Campaign:
                 lines.append(f"engine = ggml {info.get('ggml_version', '?')} ({info.get('lib', '?')}); bindings: {info.get('bindings', '?')}")
             if info.get("gpu_device", "available") != "available":
                 lines.append(f"GPU-like devices off, layouts run without them: {info['gpu_device']}")
+            if info.get("program_encoder", "C") != "C":
+                lines.append(info["program_encoder"])
         if any(is_llama(p) for p in self.properties):
             # a bad or Release build: an error now, not at the first workload
             info = self.llama_info = self.fuzzer.engines.llama_target.start()

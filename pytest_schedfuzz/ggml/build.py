@@ -173,6 +173,31 @@ def build_helpers() -> Path:
     return atomic_write(out, compile_to, 0o777)
 
 
+ENCODER_SOURCE = Path(__file__).with_name("encode.c")
+
+
+def build_encoder() -> Path:
+    """``_schedfuzz_encode``: ``program.encode_rows`` in C, a CPython extension built against the
+    headers of the Python running this (its sysconfig ``include``). Cached by its source and that
+    Python's version; a ``BuildError`` without those headers or a compiler."""
+    import sysconfig
+
+    include = sysconfig.get_path("include")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha1(ENCODER_SOURCE.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    out = cache_dir() / "encoder" / digest / f"_schedfuzz_encode{suffix}"
+    if out.exists():
+        return out
+    if not include or not (Path(include) / "Python.h").is_file():
+        raise BuildError(f"no Python.h in {include!r} (this Python's development headers) to build the C encoder")
+    cc = _compiler("the C encoder")
+
+    def compile_to(tmp: Path) -> None:
+        run_tool([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-I{include}", "-o", str(tmp), str(ENCODER_SOURCE)])
+
+    return atomic_write(out, compile_to, 0o777)
+
+
 def ggml_source_for(lib_file: str) -> Path:
     """The ggml source folder (``include/``, ``src/``) that the library file ``lib_file`` was
     built from: a built-in's source distribution, the source a ``build_ggml_base`` folder names,

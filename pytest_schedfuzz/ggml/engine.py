@@ -18,7 +18,7 @@ from ..model.shapes import Geometry
 from ..process.channel import Channel
 from .build import BuildError, build_fake_gpu, build_helpers, ggml_source_location
 from .lib import import_ggml, loaded_library_path
-from .program import GraphProgram
+from .program import GraphProgram, native_encoder
 from .schedlog import SchedLog
 
 Ptr = Any  # a ctypes pointer to a ggml struct (ggml_tensor, ggml_cgraph...)
@@ -282,6 +282,8 @@ class Ggml:
             # the seeds' ggml tells each realloc decision through a callback; older ones only log them
             "realloc_callback": "observed" if self.set_realloc_callback is not None else "absent (decisions derived from the graph-size formula)",
             "gpu_device": self.gpu_device(),
+            # the graph programs' encoder: "C", or why programs are encoded in Python (slower, the same)
+            "program_encoder": "C" if not isinstance(native_encoder(), str) else str(native_encoder()),
         }
 
     def gpu_device(self) -> str:

@@ -4,13 +4,17 @@ arguments, parameters and the geometry ggml must give it."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any, ClassVar
 
 from ..engine import Unsupported
 from ..model.graph_spec import GraphSpec, TensorSpec, tensor_from_row
+from .build import BuildError, build_encoder
 from .versions import version_of
 
 # the ops whose record fields ``_op_record`` fills (a shape, integer or real parameters);
@@ -83,7 +87,62 @@ def encoded(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_versi
     return program
 
 
+@functools.cache
+def native_encoder() -> ModuleType | str:
+    """``encode.c``'s module (``build.build_encoder``, built on first use), or why there is none:
+    ``encode`` then runs ``encode_rows``, the same encoding in Python, 10x slower."""
+    try:
+        path = build_encoder()
+    except BuildError as e:
+        return f"the C encoder cannot be built ({e}): programs are encoded in Python"
+    spec = importlib.util.spec_from_file_location("_schedfuzz_encode", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# per ggml version and type codes: what ``_op_record`` made of each (op, parameters) it was given,
+# so that the C encoder asks Python once per distinct one (most recur: a norm's eps, a rope's dims)
+_OP_FIELDS: dict[tuple[bool, tuple[tuple[str, int], ...]], dict[Any, Any]] = {}
+OP_FIELDS_KEPT = 65_536  # distinct (op, parameters) per version; forgotten all at once beyond
+
+
 def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:
+    """``encode_rows``'s program of ``spec``, made in C (``encode.c``) where that is built: the
+    same records, names, words and roots (``tests/ggml/test_kept.py`` compares the two)."""
+    native = native_encoder()
+    if isinstance(native, str):
+        return encode_rows(spec, persistent, types, ggml_version)
+    new_k = version_of(ggml_version).ssm_scan_takes_k
+    cache = _OP_FIELDS.setdefault((new_k, tuple(sorted(types.items()))), {})
+    if len(cache) > OP_FIELDS_KEPT:
+        cache.clear()
+
+    def fields(op: str, name: str, params: tuple[tuple[str, Any], ...]) -> tuple[tuple[int, ...], list[int], list[float]]:
+        return _op_record(op, name, dict(params).get, new_k, types)
+
+    rows = spec.rows
+    records, reals, names, words, roots, index, kept = native.encode_rows(
+        rows, spec.geometry_rows, spec.roots, GraphProgram.CODES, types, _op_flags(new_k), persistent, OP_RECORDS, cache, fields)
+    return GraphProgram(_array("q", records), _array("d", reals), names, _array("i", words), _array("i", roots), len(rows), index,
+                        tuple((i, tensor_from_row(rows[i])) for i in kept))
+
+
+def _array(typecode: str, data: bytes) -> array[Any]:
+    a = array(typecode)
+    a.frombytes(data)
+    return a
+
+
+@functools.cache
+def _op_flags(new_k: bool) -> dict[str, int]:
+    """Each op's record flags: named, and for ssm_scan whether it takes K (``version_of``)."""
+    GP = GraphProgram
+    return {name: GP.NAME | (GP.NEW_K if new_k and name == "ssm_scan" else 0) for name in GP.OPS}
+
+
+def encode_rows(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:
     """``spec`` encoded for ``graph.c``, each tensor to be checked against ``spec.geometry``
     (the parent's inference: it comes with the pickled spec). ``persistent``: a weight or a cache
     is the scenario's tensor (``GraphProgram.bound`` writes its address in); without (the values
@@ -104,7 +163,7 @@ def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_versio
     no_ints, no_reals, no_args, no_params = [0] * 8, [0.0] * 4, [-1] * 8, {}.get
     padded = {k: (1,) * (4 - k) for k in range(5)}  # a shape of k dimensions, as the record holds it
     leaf_flags = GP.NAME | (GP.INPUT if persistent else 0)
-    op_flags = {name: GP.NAME | (GP.NEW_K if new_k and name == "ssm_scan" else 0) for name in GP.OPS}
+    op_flags = _op_flags(new_k)
     kept: list[tuple[int, TensorSpec]] = []
     extend, add_reals = program.extend, reals.extend
     for i, (row, geo) in enumerate(zip(rows, spec.geometry_rows, strict=True)):
