@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -106,6 +105,8 @@ def load_helpers() -> ctypes.CDLL:
     lib.schedfuzz_observe_disarm.restype = ctypes.c_int
     lib.schedfuzz_log_take.restype = ctypes.c_void_p
     lib.schedfuzz_log_take.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    lib.schedfuzz_names.restype = ctypes.c_size_t
+    lib.schedfuzz_names.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p]
     for fn in ("schedfuzz_graph_fn_names", "schedfuzz_graph_op_names"):
         getattr(lib, fn).restype = ctypes.c_char_p
     if lib.schedfuzz_graph_op_names().decode().rstrip(",").split(",") != list(GraphProgram.OPS) or (
@@ -338,10 +339,15 @@ class Ggml:
     def name_of(self, t: Ptr) -> str:
         return bytes(t.contents.name).split(b"\0", 1)[0].decode(errors="replace")
 
-    def names_at(self, addresses: Sequence[int]) -> tuple[str, ...]:
-        """The names of the tensors at ``addresses`` (``ggml_tensor.name``, NUL-ended)."""
-        at = self.g.ggml_tensor.name.offset
-        return tuple(ctypes.string_at(a + at).decode(errors="replace") for a in addresses)
+    def names_at(self, tensors: Any) -> tuple[str, ...]:
+        """The names of the tensors in the ctypes array ``tensors`` of their addresses
+        (``ggml_tensor.name``, NUL-ended), read by ``observe.c``'s ``schedfuzz_names`` in one call."""
+        if not len(tensors):
+            return ()
+        field = self.g.ggml_tensor.name
+        out = ctypes.create_string_buffer(len(tensors) * field.size)
+        n = self.helpers.schedfuzz_names(tensors, len(tensors), field.offset, field.size, out)
+        return tuple(out.raw[: n - 1].decode(errors="replace").split("\0"))
 
     def geometry_of(self, t: Ptr) -> Geometry:
         c = t.contents

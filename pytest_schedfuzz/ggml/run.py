@@ -135,7 +135,8 @@ class ScenarioRun(StepRecording):
         built.observed = (ctypes.c_void_p * (len(built.nodes) + len(built.leafs)))(*built.nodes, *built.leafs)
         made = made_of(spec, eng.ggml_version)
         if "names" not in made:
-            made["names"] = (eng.names_at(built.nodes), eng.names_at(built.leafs))
+            names = eng.names_at(built.observed)
+            made["names"] = (names[: len(built.nodes)], names[len(built.nodes):])
         built.names = made["names"]
         # the previous graph stays alive: while its tensors exist, no new tensor can take the
         # address of one the scheduler's hash table may still hold (a reserve does not reset first)

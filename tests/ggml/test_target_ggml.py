@@ -378,6 +378,21 @@ def test_observe_gathers_the_log_and_reads_backends_at_the_first_split_header() 
     assert _parsed(gathered) == _parsed(whole) == _parsed_fragments()
 
 
+def test_observe_reads_the_names_of_tensors_in_one_call() -> None:
+    """``schedfuzz_names``: each tensor's NUL-ended name field (63 bytes at most), in order."""
+    import ctypes
+
+    from pytest_schedfuzz.ggml.engine import load_helpers
+
+    lib = load_helpers()
+    offset, size = 8, 64  # a name field after 8 bytes of something else
+    names = [b"inp_embd", b"", "Kcur-0 (rope) é".encode(), b"x" * 63]
+    tensors = [ctypes.create_string_buffer(b"\xff" * offset + n + b"\0" * (size - len(n))) for n in names]
+    out = ctypes.create_string_buffer(len(names) * size)
+    n = lib.schedfuzz_names((ctypes.c_void_p * 4)(*map(ctypes.addressof, tensors)), 4, offset, size, out)
+    assert out.raw[:n].split(b"\0")[:-1] == names
+
+
 def _parsed_fragments() -> tuple[object, ...]:
     log = SchedLog()
     log.begin()
