@@ -22,6 +22,7 @@ strides and view offset are checked against ggml's: a graph this cannot say exac
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from collections import OrderedDict
@@ -143,6 +144,7 @@ UNARY_OPS = frozenset({"SILU", "EXP", "SIGMOID", "STEP"})  # GGML_OP_UNARY's kin
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
 
 
+@functools.cache
 def _n_srcs(op: str, kind: str) -> int:
     """How many src[] the graph engine's constructor of ``kind`` sets (``shapes.ARITY``); more is
     an input this module does not know (e.g. attention sinks), none an op it does not know."""
@@ -302,8 +304,8 @@ def _roots(nodes: Sequence[Mapping[str, Any]], names: Sequence[str], n_leafs: in
 def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mapping[str, Mapping[str, Any]]) -> TensorSpec:
     """One node as the graph engine's op; ``cap_of``: every captured tensor by its (unique) name."""
     op = str(t["op"])
-    srcs = tuple(ref.get(s) if s is not None else None for s in t["src"])
-    if any(s is None and r is not None for s, r in zip(srcs, t["src"])):
+    srcs = tuple(map(ref.get, t["src"]))  # None stays None: ``ref`` has no None
+    if srcs.count(None) != t["src"].count(None):
         raise CaptureError(f"node {t['name']!r}: a source outside the graph", kind="source")
     if op in ("UNARY", "GLU"):
         kind = str(t["desc"])
@@ -314,7 +316,7 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
                            f"(covered: {', '.join(covered_ops())})", kind=f"op {kind}")
     if op == "CPY" and len(t["src"]) == 2 and ref.get(str(t["src"][1])) == name:  # ggml_cast: src[1] is itself
         srcs, kind = srcs[:1], "CAST"
-    words = tuple(int(x) for x in t.get("op_params", ()))
+    words = tuple(map(int, t.get("op_params", ())))
     extra: dict[str, Any] = {"op_params": words} if words else {}
     if kind == "CAST":
         ours, args, params = "cast", srcs, {"type": str(t["type"])}
