@@ -4,7 +4,8 @@
  * headers of the Python that runs it (``build.build_encoder``). It does what ``program.encode_rows``
  * does, field for field, and that function stays the oracle: the test suite compares the two on
  * drawn, captured and corpus specs. In Python each tensor cost about 3 us (a fresh 420-node
- * scenario's three graphs: 1.6 ms of the worker's 6 ms); here it costs a tenth of that.
+ * scenario's three graphs: 1.6 ms of the worker's 6 ms); here about a third of that, most of it
+ * the parameters below.
  *
  * The parameters of the ops ``graph.c`` reads a shape or numbers for (``OP_RECORDS``) are still
  * read by Python (``program._op_record``), once per distinct (op, parameters): ``cache``.

@@ -90,7 +90,7 @@ def encoded(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_versi
 @functools.cache
 def native_encoder() -> ModuleType | str:
     """``encode.c``'s module (``build.build_encoder``, built on first use), or why there is none:
-    ``encode`` then runs ``encode_rows``, the same encoding in Python, 10x slower."""
+    ``encode`` then runs ``encode_rows``, the same encoding in Python, about 3x slower."""
     try:
         path = build_encoder()
     except BuildError as e:
@@ -110,7 +110,7 @@ OP_FIELDS_KEPT = 65_536  # distinct (op, parameters) per version; forgotten all 
 
 def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:
     """``encode_rows``'s program of ``spec``, made in C (``encode.c``) where that is built: the
-    same records, names, words and roots (``tests/ggml/test_kept.py`` compares the two)."""
+    same records, names, words and roots (``tests/ggml/test_encode.py`` compares the two)."""
     native = native_encoder()
     if isinstance(native, str):
         return encode_rows(spec, persistent, types, ggml_version)
