@@ -107,6 +107,7 @@ static PyObject *op_fields(PyObject *cache, PyObject *fields, PyObject *op, PyOb
 /* encode_rows(rows, geometry_rows, roots, codes, types, op_flags, persistent, records_of, cache, fields)
  * -> (records, reals, names, words, roots, index, kept): see ``program.encode_rows`` */
 static PyObject *encode_rows(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *rows, *geos, *roots, *codes, *types, *op_flags, *records_of, *cache, *fields;
     int persistent;
     if (!PyArg_ParseTuple(args, "O!O!OO!O!O!pOO!O:encode_rows", &PyTuple_Type, &rows, &PyTuple_Type, &geos, &roots, &PyDict_Type, &codes,
@@ -370,6 +371,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_schedfuzz_encode", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_schedfuzz_encode", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__schedfuzz_encode(void) { return PyModule_Create(&module); }
