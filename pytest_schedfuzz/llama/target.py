@@ -146,7 +146,9 @@ class LlamaTarget(WorkerTarget):
             if result.kind == "timeout":
                 self.servers.close()
             return LlamaTrace.from_messages(calls, result, self.engine, {})
-        # a server that died during the workload (RPC computes asynchronously) is charged to it
+        # a server that died during the workload (RPC computes asynchronously) is charged to it,
+        # once the servers have computed what it sent them
+        self.servers.settle()
         dead = self.servers.dead()
         if dead:
             last = calls[-1]["index"] if calls else -1

@@ -28,7 +28,7 @@ from typing import IO
 from ..ggml.build import BuildError, build_rpc_server
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import child_env
-from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
+from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, running, spawn
 
 
 def free_port() -> int:
@@ -100,6 +100,17 @@ class RpcServers:
             if server.endpoint == endpoint:
                 self._stop(server)
                 self._servers[i] = self._start()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait, up to ``timeout`` s, until no server is still computing (``children.running``):
+        from ggml 0.25.3 on, the RPC client sends ``GRAPH_COMPUTE`` without waiting for the server
+        (``llama_synchronize`` waits only for the command to be sent), so a server can crash on a
+        workload's last graph after the workload has ended. Waited for, that crash is the
+        workload's (``dead``); not waited for, it was the next workload's, whose first connection
+        the dying server refused ("Failed to connect"), a finding of the wrong workload."""
+        deadline = time.monotonic() + timeout
+        while any(s.proc.poll() is None and running(s.proc.pid) for s in self._servers) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def dead(self, timeout: float = 10.0) -> list[str]:
         """Servers that have exited, or are exiting now (``children.exiting``: waited for, up to
