@@ -86,20 +86,29 @@ def kill_group(proc: Proc, grace: float = 2.0) -> None:
 PF_EXITING = 0x4
 
 
-def exiting(pid: int) -> bool:
-    """Whether the process has begun to exit: ``PF_EXITING`` in ``/proc/PID/stat``, or a zombie, or
-    gone. The kernel sets the flag before it closes the process's sockets, so a peer that saw a
-    socket of the process close because the process died sees it set, with no wait."""
-    try:  # os.open, not Path.read_text: it is read for every RPC server after every scenario
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields after ``(comm)`` of a ``/proc`` stat file (state, ppid, pgrp, session, tty_nr,
+    tpgid, flags...; comm may hold spaces and parentheses), or None once it is gone. Read with
+    os.open, not Path.read_text: it is read for every RPC server after every scenario."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
         try:
             stat = os.read(fd, 4096).decode(errors="replace")
         finally:
             os.close(fd)
     except OSError:
+        return None
+    return stat.rpartition(")")[2].split()
+
+
+def exiting(pid: int) -> bool:
+    """Whether the process has begun to exit: ``PF_EXITING`` in ``/proc/PID/stat``, or a zombie, or
+    gone. The kernel sets the flag before it closes the process's sockets, so a peer that saw a
+    socket of the process close because the process died sees it set, with no wait."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if fields is None:
         return True
-    # pid (comm) state ppid pgrp session tty_nr tpgid flags ...; comm may hold spaces and parentheses
-    state, _ppid, _pgrp, _session, _tty, _tpgid, flags, *_ = stat.rpartition(")")[2].split()
+    state, flags = fields[0], fields[6]
     return state in ("Z", "X") or bool(int(flags) & PF_EXITING)
 
 
@@ -110,18 +119,7 @@ def running(pid: int) -> bool:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
-    for task in tasks:
-        try:
-            fd = os.open(f"/proc/{pid}/task/{task}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 4096).decode(errors="replace")
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[:1] == ["R"]:
-            return True
-    return False
+    return any((fields := _stat_fields(f"/proc/{pid}/task/{task}/stat")) and fields[0] == "R" for task in tasks)
 
 
 def describe_exit(code: int) -> str:
