@@ -308,5 +308,7 @@ class ScenarioRun(StepRecording):
             g.ggml_free(ctx)
         self.persistent = _Persistent()
         self.backends.clear()
+        self.programs.clear()
+        self.__dict__.pop("_eval_cb", None)
 
 

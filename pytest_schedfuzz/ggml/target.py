@@ -13,11 +13,10 @@ import os
 import signal
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 from ..engine import TargetError, Unsupported
 from ..model.scenario import Scenario
-from ..model.trace import Abort, Trace
+from ..model.trace import Abort, StepRecord, Trace
 from ..process.children import KILLED_FROM_OUTSIDE
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
@@ -92,7 +91,7 @@ class GgmlTarget(WorkerTarget):
         for attempt in range(2):
             endpoints = self.servers.ensure(scenario.layout.n_rpc)
             worker = self._live_worker()
-            records: list[dict[str, Any]] = []
+            records: list[StepRecord] = []
             try:
                 worker.send_pickled(self._sent.setdefault(worker, SentSpecs()).request(scenario, endpoints, values))
                 if meanwhile is not None:
@@ -141,7 +140,7 @@ class GgmlTarget(WorkerTarget):
             self.servers.close()  # a server may be the one that hangs: start afresh
         return self._trace(records, abort), None
 
-    def _collect(self, worker: Worker, records: list[dict[str, Any]]) -> Abort | None:
+    def _collect(self, worker: Worker, records: list[StepRecord]) -> Abort | None:
         """Read the worker's messages for one scenario into ``records``; the ``Abort`` if it ended early."""
         while True:
             try:
@@ -165,6 +164,5 @@ class GgmlTarget(WorkerTarget):
             else:
                 raise RuntimeError(f"unexpected message from the ggml worker: {msg}")
 
-    def _trace(self, records: list[dict[str, Any]], abort: Abort | None) -> Trace:
-        trace = Trace.from_json({"records": records, "engine": self.engine})
-        return Trace(trace.records, abort, trace.engine)
+    def _trace(self, records: list[StepRecord], abort: Abort | None) -> Trace:
+        return Trace(tuple(records), abort, dict(self.engine))

@@ -14,7 +14,7 @@ print cannot corrupt the protocol.
   inferred, by the parent, which is this worker's only writer; the values oracle's seed
   (``values.scenario_seed``) is made here, where a step computes, while the parent's reference
   predicts. It is answered with one
-  ``{"record": <StepRecord>}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
+  ``{"record": StepRecord}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
   and sends the scenario again); or ``{"error": {"step": i, "message": traceback}}`` when the
   harness failed (not ggml);
@@ -98,7 +98,7 @@ def run_scenario(eng: Ggml, scenario: Scenario, endpoints: Sequence[str], chan: 
             eng.step = i
             records.append(run.step(i, st))
             if chan is not None:
-                chan.send({"record": records[-1].to_json()})
+                chan.send({"record": records[-1]})  # pickled as it is: no dict to make here and parse there
     finally:
         run.close()
     return records

@@ -131,15 +131,6 @@ class StepRecord:
     def n_splits(self) -> int:
         return len(self.splits)
 
-    def to_json(self) -> dict[str, Any]:
-        """As ``dataclasses.asdict``, without its deep copies (the worker sends one per step)."""
-        d = dict(self.__dict__)
-        d["splits"] = [s.__dict__ for s in self.splits]
-        d["events"] = [e.__dict__ for e in self.events]
-        d["counts"] = self.counts.__dict__ if self.counts else None
-        d["prev_counts"] = self.prev_counts.__dict__ if self.prev_counts else None
-        return d
-
 
 @dataclass(frozen=True)
 class Abort:
@@ -163,19 +154,3 @@ class Trace:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> Trace:
-        records = tuple(
-            StepRecord(
-                **{
-                    **r,
-                    **{k: tuple(r.get(k, ())) for k in ("node_names", "node_backends", "leaf_names", "leaf_backends", "buffer_sizes", "buffer_types")},
-                    "splits": tuple(Split(s["backend"], s["i_start"], s["i_end"], tuple(s["inputs"])) for s in r["splits"]),
-                    "events": tuple(ReallocEvent(**e) for e in r["events"]),
-                    **{k: SizeCounts(**r[k]) if r.get(k) else None for k in ("counts", "prev_counts")},
-                }
-            )
-            for r in d["records"]
-        )
-        abort = Abort(**d["abort"]) if d.get("abort") else None
-        return Trace(records, abort, dict(d.get("engine", {})))
