@@ -70,6 +70,61 @@ def forward_order(g: nx.DiGraph, roots: tuple[str, ...]) -> tuple[list[str], lis
     return nodes, leafs
 
 
+TOPOLOGIES_KEPT = 64  # topologies remembered (``Topology.of``), the least recently used forgotten
+_TOPOLOGIES: dict[tuple[tuple[str, ...], tuple[tuple[str, str, tuple[str | None, ...]], ...]], Topology] = {}
+TOPOLOGY_COUNTS = {"built": 0, "reused": 0}  # by ``Topology.of`` in this process (``schedfuzz bench``)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What the ops of a graph alone decide: ggml's node and leaf order (``forward_order`` over
+    ``tensor_graph``), each tensor's id, op and ``src[]`` ids. Specs that differ only in shapes,
+    types, roles or devices share it: llama.cpp's graphs of one model at each batch size, a
+    scenario's graphs drawn from one model, a captured graph drawn into many scenarios; so it is
+    built once per distinct (roots, each tensor's name, op and ``src[]``), the key of ``of``.
+    Its lists are shared by every ``CGraph`` of it and never changed."""
+
+    names: list[str]  # nodes in graph order, then leafs, then tensors outside the graph
+    n_nodes: int
+    n_leafs: int
+    index: dict[str, int]
+    op: list[str]
+    ggml_op: list[str]  # ggml_op_name of each op
+    view_op: list[bool]
+    srcs: list[tuple[int, ...]]
+
+    @staticmethod
+    def of(spec: GraphSpec) -> Topology:
+        """The spec's topology: built, or remembered from a spec with the same key."""
+        key = (spec.roots, tuple([(t.name, t.op, t.srcs) for t in spec.tensors]))
+        topo = _TOPOLOGIES.pop(key, None)  # put back last: the most recently used
+        if topo is None:
+            topo = Topology.build(spec)
+            TOPOLOGY_COUNTS["built"] += 1
+            if len(_TOPOLOGIES) >= TOPOLOGIES_KEPT:
+                del _TOPOLOGIES[next(iter(_TOPOLOGIES))]
+        else:
+            TOPOLOGY_COUNTS["reused"] += 1
+        _TOPOLOGIES[key] = topo
+        return topo
+
+    @staticmethod
+    def build(spec: GraphSpec) -> Topology:
+        g = tensor_graph(spec)
+        nodes, leafs = forward_order(g, spec.roots)
+        names = nodes + leafs
+        index = {n: i for i, n in enumerate(names)}
+        # tensors outside the graph (not reachable from a root) can still be view sources
+        for extra in g.nodes:
+            if extra not in index:
+                index[extra] = len(names)
+                names.append(extra)
+        by_name = spec.by_name
+        ops = [by_name[name].op for name in names]
+        srcs = [tuple(index[s] if s is not None else -1 for s in by_name[name].srcs) for name in names]
+        return Topology(names, len(nodes), len(leafs), index, ops, [GGML_OP_NAMES[op] for op in ops], [op in VIEW_OPS for op in ops], srcs)
+
+
 @dataclass(slots=True)
 class Ref:
     """A tensor of the scheduled graph copy as the allocator sees it (never changed once made;
@@ -94,7 +149,8 @@ class Ref:
 @dataclass
 class CGraph:
     """A ``ggml_cgraph`` as arrays over tensor ids: ids ``0..n_nodes-1`` are the nodes in graph
-    order, then the leafs in graph order. ``srcs[i]`` holds ids (``-1`` for NULL)."""
+    order, then the leafs in graph order. ``srcs[i]`` holds ids (``-1`` for NULL). The names, ops
+    and srcs are its ``Topology``'s lists."""
 
     names: list[str]
     n_nodes: int
@@ -102,6 +158,7 @@ class CGraph:
     op: list[str]
     ggml_op: list[str]  # ggml_op_name of each op
     view_op: list[bool]
+    srcs: list[tuple[int, ...]]
     view_src: list[int]  # -1: none
     buffer: list[int]  # backend whose buffer holds the tensor, -1: not pre-allocated
     weights: list[bool]
@@ -113,7 +170,6 @@ class CGraph:
     ne1: list[int]
     contiguous: list[bool]
     layout: list[tuple]
-    srcs: list[tuple[int, ...]]
     refs: list[Ref] = field(default_factory=list)  # each tensor as the allocator sees it
 
     @staticmethod
@@ -129,27 +185,18 @@ class CGraph:
 
     @staticmethod
     def build(spec: GraphSpec) -> CGraph:
-        """The graph in ggml's order (``forward_order`` over ``tensor_graph``), then what the
-        scheduler reads from each ``ggml_tensor``, read from the spec and its geometry (one
-        pass over the tensors: this is most of the reference's work per graph)."""
-        g = tensor_graph(spec)
-        nodes, leafs = forward_order(g, spec.roots)
-        names = nodes + leafs
-        index = {n: i for i, n in enumerate(names)}
-        # tensors outside the graph (not reachable from a root) can still be view sources
-        for extra in g.nodes:
-            if extra not in index:
-                index[extra] = len(names)
-                names.append(extra)
+        """The graph in ggml's order (``Topology.of``), then what the scheduler reads from each
+        ``ggml_tensor``, read from the spec and its geometry (one pass over the tensors: with the
+        topology, this is most of the reference's work per graph)."""
+        topo = Topology.of(spec)
+        names, index = topo.names, topo.index
         by_name, geometry = spec.by_name, spec.geometry
         n = len(names)
-        cg = CGraph(names, len(nodes), len(leafs), *([] for _ in range(16)))  # every column, then refs
+        # the columns of the topology are shared by every graph of it: nothing changes them
+        cg = CGraph(names, topo.n_nodes, topo.n_leafs, topo.op, topo.ggml_op, topo.view_op, topo.srcs, *([] for _ in range(11)))
         for name in names:
             t, x = by_name[name], geometry[name]
             pre = t.role in ("weight", "cache")  # pre-allocated: in a buffer of their device
-            cg.op.append(t.op)
-            cg.ggml_op.append(GGML_OP_NAMES[t.op])
-            cg.view_op.append(t.op in VIEW_OPS)
             cg.view_src.append(index[x.view_src] if x.view_src else -1)
             cg.buffer.append(t.device if pre and t.device is not None else -1)
             cg.weights.append(t.role == "weight")
@@ -161,13 +208,12 @@ class CGraph:
             cg.ne1.append(x.ne[1])
             cg.contiguous.append(is_contiguous(x))
             cg.layout.append((x.type, x.ne, x.nb))
-            cg.srcs.append(tuple(index[s] if s is not None else -1 for s in t.srcs))
-        buffer, view_src = cg.buffer, cg.view_src
+        buffer, view_src, ggml_op = cg.buffer, cg.view_src, cg.ggml_op
         for i in range(n):
             v = view_src[i]
             # tensor->data != NULL in a fresh graph: pre-allocated tensors and views of them
             has_data = buffer[i] >= 0 or (v >= 0 and buffer[v] >= 0)
-            cg.refs.append(Ref(names[i], not has_data and v < 0, cg.nbytes[i], cg.ggml_op[i], names[v] if v >= 0 else None,
+            cg.refs.append(Ref(names[i], not has_data and v < 0, cg.nbytes[i], ggml_op[i], names[v] if v >= 0 else None,
                                cg.input[i], cg.output[i], cg.layout[i]))
         return cg
 

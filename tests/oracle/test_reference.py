@@ -14,10 +14,12 @@ import pytest
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
+from pytest_schedfuzz.model.shapes import nbytes
 from pytest_schedfuzz.model.trace import StepRecord
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from reference.backends import Backends
-from reference.graph import CGraph, forward_order, tensor_graph
+from reference import graph as reference_graph
+from reference.graph import CGraph, Topology, forward_order, tensor_graph
 from reference.params import can_reuse
 from reference.predict import predict
 from reference.sched import Scheduler, ggml_hash_size
@@ -77,6 +79,38 @@ def test_a_spec_s_graph_is_built_once_and_never_sent_to_the_engine():
     sent = pickle.loads(pickle.dumps(spec))
     assert spec.derived and "_derived" not in sent.__dict__ and sent == spec
     assert CGraph.of(spec.relabeled("another name")) is CGraph.of(spec)
+
+
+def test_specs_of_one_topology_share_its_order_and_keep_their_own_shapes_and_places():
+    """``Topology.of``: llama.cpp's graphs of one model at two batch sizes are ordered once, and
+    each graph's own columns (sizes, buffers) are its own; another op, another root or another
+    source is another topology; the least recently used one is forgotten beyond the limit."""
+    m = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1)
+    big, small = llama_graph(m, 32, 64), llama_graph(m, 2, 64)
+    assert Topology.of(big) is Topology.of(small)
+    a, b = CGraph.build(big), CGraph.build(small)
+    assert a.names is b.names and a.srcs is b.srcs and a.nbytes != b.nbytes
+    # each as if built alone, from its own tensor graph
+    for spec, cg in ((big, a), (small, b)):
+        nodes, leafs = forward_order(tensor_graph(spec), spec.roots)
+        assert cg.names[: len(nodes) + len(leafs)] == nodes + leafs
+        assert cg.nbytes == [nbytes(spec.geometry[n]) for n in cg.names]
+        assert cg.buffer == [spec.by_name[n].device if spec.by_name[n].role in ("weight", "cache") else -1 for n in cg.names]
+
+    def mm(op: str, root_first: bool) -> GraphSpec:
+        b = GraphBuilder()
+        w, x = b.weight("w", (4, 4), device=0), b.input("x", (4, 2))
+        y = b.op("mul_mat", w, x, name="y")
+        z = b.op(op, y, name="z")
+        return b.build(*((y, z) if root_first else (z,)))
+
+    base = Topology.of(mm("silu", False))
+    assert Topology.of(mm("silu", False)) is base
+    assert Topology.of(mm("scale", False)) is not base and Topology.of(mm("silu", True)) is not base
+    for i in range(reference_graph.TOPOLOGIES_KEPT):
+        other = GraphBuilder()
+        Topology.of(other.build(other.op("silu", other.input(f"x{i}", (4,)), name="y")))
+    assert Topology.of(mm("silu", False)) is not base
 
 
 # ----------------------------------------------------------------------------- pass 1
