@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ..engine import TargetError, Unsupported
 from ..model.scenario import Scenario
+from ..model.shapes import SpecError
 from ..model.trace import Abort, StepRecord, Trace
 from ..process.children import KILLED_FROM_OUTSIDE
 from ..process.rpc import RpcServers
@@ -77,8 +78,8 @@ class GgmlTarget(WorkerTarget):
         an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
         ``TargetError`` if that happens again. ``meanwhile`` is called once the worker has the
         scenario, while it runs (the caller makes it idempotent: a run may be sent again).
-        ``values=False``: nobody compares the compute steps' values (``ggml.values``)."""
-        scenario.validate()  # here: the worker takes what it is sent as valid (a graph is checked once)
+        ``values=False``: nobody compares the compute steps' values (``ggml.values``). The worker
+        takes what it is sent as valid: the scenario is validated while it runs (``_sent``)."""
         for attempt in range(2):
             trace, infra = self._run_once(scenario, meanwhile, values)
             if infra is None:
@@ -93,7 +94,7 @@ class GgmlTarget(WorkerTarget):
             worker = self._live_worker()
             records: list[StepRecord] = []
             try:
-                worker.send_pickled(self._sent.setdefault(worker, SentSpecs()).request(scenario, endpoints, values))
+                self._send(worker, scenario, endpoints, values)
                 if meanwhile is not None:
                     meanwhile()
                 abort = self._collect(worker, records)
@@ -139,6 +140,21 @@ class GgmlTarget(WorkerTarget):
         if abort.kind == "timeout":
             self.servers.close()  # a server may be the one that hangs: start afresh
         return self._trace(records, abort), None
+
+    def _send(self, worker: Worker, scenario: Scenario, endpoints: list[str], values: bool) -> None:
+        """Send ``scenario`` to ``worker``, then validate it (a graph is checked once) while the
+        worker runs it: a step of the parent's fewer before the worker can start. A scenario
+        that is not valid (a drawn one never is: ``GraphBuilder`` checks as it builds) raises
+        its ``SpecError``, naming its graph; the RPC servers, which may have been given anything,
+        are stopped here, and the worker by the caller, as after any unexpected error."""
+        try:
+            try:
+                worker.send_pickled(self._sent.setdefault(worker, SentSpecs()).request(scenario, endpoints, values))
+            finally:
+                scenario.validate()  # a shape that cannot be inferred fails the pickling: its error, named
+        except SpecError:
+            self.servers.close()
+            raise
 
     def _collect(self, worker: Worker, records: list[StepRecord]) -> Abort | None:
         """Read the worker's messages for one scenario into ``records``; the ``Abort`` if it ended early."""

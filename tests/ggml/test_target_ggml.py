@@ -137,6 +137,28 @@ def test_abort_is_reported_and_the_next_scenario_runs(target: GgmlTarget) -> Non
     assert trace.abort is None and trace.records[-1].ok
 
 
+def test_a_scenario_is_validated_while_the_worker_runs_it(target: GgmlTarget) -> None:
+    """The worker takes what it is sent as valid; the parent validates it meanwhile: an invalid
+    scenario raises its ``SpecError``, naming its graph, before the reference sees it, whether
+    its shapes cannot be inferred (the pickling fails) or a forced assignment names a backend not
+    in the layout (it was sent); the next scenario runs."""
+    from pytest_schedfuzz.campaign.engines import Deferred
+    from pytest_schedfuzz.model.graph_spec import TensorSpec
+    from pytest_schedfuzz.model.shapes import SpecError
+
+    good = llama_graph(TWO_LAYERS, 4, 16)
+    forced = GraphSpec(good.tensors, good.roots, ((good.roots[0], 7),))
+    x, y = TensorSpec("x", ne=(4, 2), role="input"), TensorSpec("y", ne=(3, 2), role="input")
+    unequal = GraphSpec((x, y, TensorSpec("z", "add", ne=(4, 2), args=("x", "y"))), ("z",))
+    predicted: list[int] = []
+    for bad, why in ((forced, "backend 7, not in the layout"), (unequal, "")):
+        with pytest.raises(SpecError, match=f"graph 'B': .*{why}"):
+            target.run(Scenario(RPC_CPU, (("B", bad),), (sched_new(), Step("alloc", "B"))), Deferred(lambda: predicted.append(1)))
+        assert predicted == []
+        trace = target.run(scenario(RPC_CPU, {"A": good}, sched_new(), Step("alloc", "A")))
+        assert trace.abort is None and trace.records[-1].ok
+
+
 def test_single_buffer_reallocates_by_itself(target: GgmlTarget) -> None:
     """CPU only: one compute buffer, so ggml_gallocr_alloc_graph re-reserves without the scheduler."""
     cpu = ModelShape(layer_devices=(0, 0), output_device=0, cpu_device=0)
