@@ -191,6 +191,9 @@ class Ggml:
         self.log = SchedLog()
         # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
         self.backends: dict[tuple[str, str], int] = {}
+        # the last scenario's weights and caches (``run.ScenarioRun._alloc_persistent``), each
+        # group kept for a next scenario that asks for exactly it
+        self.kept_weights: dict[tuple[Any, ...], Any] = {}
         self.helpers = load_helpers()
         get_backend = ctypes.cast(self.lib.ggml_backend_sched_get_tensor_backend, ctypes.c_void_p).value
         self.helpers.schedfuzz_observe_init(get_backend, self.g.GGML_LOG_LEVEL_ERROR)

@@ -22,12 +22,20 @@ from .record import Snapshot, StepRecording
 
 
 @dataclass
+class _Group:
+    """The weights or the caches of one device: a context, its tensors, their backend buffer."""
+
+    ctx: int
+    tensors: dict[tuple[Any, ...], Ptr]
+    buffer: int = 0
+
+
+@dataclass
 class _Persistent:
-    """Weights and caches: one context and one backend buffer per (device, role)."""
+    """Weights and caches: a ``_Group`` per (device, role), under its key (``_alloc_persistent``)."""
 
     tensors: dict[tuple[Any, ...], Ptr] = field(default_factory=dict)
-    ctxs: list[int] = field(default_factory=list)
-    buffers: list[int] = field(default_factory=list)
+    groups: dict[tuple[Any, ...], _Group] = field(default_factory=dict)
 
 
 class ScenarioRun(StepRecording):
@@ -69,9 +77,9 @@ class ScenarioRun(StepRecording):
 
     def _alloc_persistent(self) -> None:
         """Weights (buffer usage WEIGHTS) and caches (usage ANY) of all graphs: per device and
-        role, one context allocated with ``ggml_backend_alloc_ctx_tensors``, and filled with the
-        values oracle's contents where a step computes (nothing else reads them: an RPC device
-        would take a round trip per tensor)."""
+        role, one context allocated with ``ggml_backend_alloc_ctx_tensors`` (or the last
+        scenario's, where it had the same), and filled with the values oracle's contents where a
+        step computes (nothing else reads them: an RPC device would take a round trip per tensor)."""
         g, eng = self.g, self.eng
         unique: dict[tuple[Any, ...], TensorSpec] = {}
         t0 = time.perf_counter()
@@ -84,28 +92,50 @@ class ScenarioRun(StepRecording):
         for t in unique.values():
             assert t.device is not None  # Scenario.validate
             groups.setdefault((t.device, t.role), []).append(t)
-        for (device, role), specs in sorted(groups.items()):
-            ctx = self.eng.new_context(len(specs))
-            self.persistent.ctxs.append(ctx)
-            for t in specs:
-                self.persistent.tensors[tensor_key(t)] = self.eng.new_leaf(ctx, t)
-            buf = g.ggml_backend_alloc_ctx_tensors(ctx, self.backends[device])
-            if not buf:
-                raise TargetError(f"could not allocate the {role} buffer of backend {device}")
-            self.persistent.buffers.append(buf)
-            usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
-            g.ggml_backend_buffer_set_usage(buf, usage)
+        # a group an earlier scenario had alike (its backend, role and tensors) is taken as it
+        # is: the same tensors in a buffer of the same size, as a fresh one would be (what it
+        # holds is written below wherever a step computes); the others are freed before anything
+        # is allocated, so that a device's free memory is a fresh run's. Those on an RPC server
+        # this scenario does not use wait for a scenario that does: that server may be gone
+        # (restarted under another endpoint), and freeing there would abort ggml
+        wanted = {(self.backends[device], role, tuple(map(tensor_key, specs))): (device, role, specs)
+                  for (device, role), specs in sorted(groups.items())}
+        kept, mine = self.eng.kept_weights, set(self.backends)
+        rpc = {b for (kind, _), b in self.eng.backends.items() if kind == "rpc"}
+        for key in [k for k in kept if k not in wanted and (k[0] in mine or k[0] not in rpc)]:
+            self._free_group(kept.pop(key))
+        for key, (device, role, specs) in wanted.items():
+            group = kept.pop(key, None) or self._new_group(device, role, specs)
+            self.persistent.groups[key] = group
+            self.persistent.tensors.update(group.tensors)
         if not any(st.kind == "compute" for st in self.scenario.steps):
             return
         if not self.cpu_only.compared:  # zeros (a call per buffer), and the ones rope reads
-            for buf in self.persistent.buffers:
-                g.ggml_backend_buffer_clear(buf, 0)
+            for group in self.persistent.groups.values():
+                g.ggml_backend_buffer_clear(group.buffer, 0)
         for _, spec in self.scenario.graphs:
             for t in spec.tensors:
                 key = tensor_key(t)
                 if key in self.persistent.tensors and (self.cpu_only.compared or t.name in self.cpu_only.ones):
                     data = self.cpu_only.persistent_bytes(spec, t)
                     g.ggml_backend_tensor_set(self.persistent.tensors[key], data, 0, len(data))
+
+    def _new_group(self, device: int, role: str, specs: list[TensorSpec]) -> _Group:
+        """``role``'s tensors on ``device``: a context, allocated with ``ggml_backend_alloc_ctx_tensors``."""
+        g = self.g
+        ctx = self.eng.new_context(len(specs))
+        group = _Group(ctx, {tensor_key(t): self.eng.new_leaf(ctx, t) for t in specs})
+        group.buffer = g.ggml_backend_alloc_ctx_tensors(ctx, self.backends[device])
+        if not group.buffer:
+            g.ggml_free(ctx)
+            raise TargetError(f"could not allocate the {role} buffer of backend {device}")
+        usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
+        g.ggml_backend_buffer_set_usage(group.buffer, usage)
+        return group
+
+    def _free_group(self, group: _Group) -> None:
+        self.g.ggml_backend_buffer_free(group.buffer)
+        self.g.ggml_free(group.ctx)
 
     # -- graphs --------------------------------------------------------------------------
 
@@ -294,7 +324,8 @@ class ScenarioRun(StepRecording):
                 self.g.ggml_backend_tensor_set(built.tensor(self.eng, name), data, 0, len(data))
 
     def close(self) -> None:
-        """Free the scheduler, graphs and weight buffers, in that order (backends are pooled)."""
+        """Free the scheduler and the graphs, in that order; backends and the weights and
+        caches are kept (``Ggml.backends``, ``Ggml.kept_weights``)."""
         g = self.g
         if self.sched is not None:
             g.ggml_backend_sched_free(self.sched)
@@ -302,10 +333,8 @@ class ScenarioRun(StepRecording):
         for b in self.built:
             g.ggml_free(b.ctx)
         self.built.clear()
-        for buf in self.persistent.buffers:
-            g.ggml_backend_buffer_free(buf)
-        for ctx in self.persistent.ctxs:
-            g.ggml_free(ctx)
+        # the weights and caches are kept for the next scenario, which frees what it does not take
+        self.eng.kept_weights.update(self.persistent.groups)
         self.persistent = _Persistent()
         self.backends.clear()
         self.programs.clear()

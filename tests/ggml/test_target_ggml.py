@@ -8,6 +8,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,35 @@ def test_a_scenario_is_validated_while_the_worker_runs_it(target: GgmlTarget) ->
         assert predicted == []
         trace = target.run(scenario(RPC_CPU, {"A": good}, sched_new(), Step("alloc", "A")))
         assert trace.abort is None and trace.records[-1].ok
+
+
+def test_weights_are_kept_for_a_scenario_that_has_them_alike_and_freed_before_one_that_does_not(target: GgmlTarget) -> None:
+    """A scenario takes the last one's weights where it has them alike (the worker keeps them,
+    ``Ggml.kept_weights``) and runs as on fresh ones; weights it does not have are freed before
+    it allocates its own, so that a GPU-like device's memory is a fresh run's: two 8 MiB weights
+    in turn fit in 12 MiB, only one at a time. A scenario on the CPU alone leaves the device's
+    weights to a later scenario of that device, which frees them."""
+    from pytest_schedfuzz.model.layout import BackendSpec
+
+    gpu = BackendLayout((BackendSpec("gpu", memory=12 << 20), BackendSpec("cpu")))
+
+    def on_gpu(weight: str) -> Scenario:
+        b = GraphBuilder()
+        y = b.op("mul_mat", b.weight(weight, (1024, 2048), device=0), b.input("x", (1024, 2)), name="y")
+        return scenario(gpu, {"A": b.build(y)}, sched_new(), Step("alloc", "A"), Step("compute", "A"))
+
+    first = target.run(on_gpu("w"))
+    assert first.abort is None and first.records[-1].ok
+    again = target.run(on_gpu("w"))
+    untimed = [replace(r, seconds=0.0, build_seconds=0.0) for r in first.records]
+    assert [replace(r, seconds=0.0, build_seconds=0.0) for r in again.records] == untimed
+    cpu = target.run(scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("alloc", "A")))
+    assert cpu.abort is None
+    for weight in ("w2", "w"):
+        trace = target.run(on_gpu(weight))
+        assert trace.abort is None and trace.records[-1].ok
+    with GgmlTarget() as fresh:
+        assert [replace(r, seconds=0.0, build_seconds=0.0) for r in fresh.run(on_gpu("w")).records] == untimed
 
 
 def test_single_buffer_reallocates_by_itself(target: GgmlTarget) -> None:
@@ -428,7 +458,6 @@ def test_an_rpc_server_crash_is_charged_to_the_step_that_caused_it(lib: str) -> 
     """The corpus's RPC server SIGSEGV (a CPY into a CPU input placed on the RPC backend),
     followed by more steps: 0.25.3 sends GRAPH_COMPUTE without waiting, so only the round trip
     after the compute charges the crash to that step. The next scenario runs on a fresh server."""
-    from dataclasses import replace
 
     from pytest_schedfuzz.cases.corpus import load_case
 
