@@ -34,6 +34,8 @@ What is observed, and how:
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import pickle
 import sys
@@ -53,6 +55,9 @@ from ..process.children import die_with_parent
 from .engine import OBSERVE_SPLITS, Ggml, coverage_build, gcov_dump
 from .kept import KeptSpecs
 from .run import ScenarioRun
+
+
+THAWED = 500  # requests between full collections (``main``)
 
 
 def no_realloc_fix(lib: str) -> str:
@@ -138,7 +143,7 @@ def main() -> None:
     chan.send({"hello": eng.info()})
     coverage = coverage_build()
     kept = KeptSpecs()
-    while True:
+    for served in itertools.count(1):
         with gc_paused():  # the request's unpickling too: its scenario is thousands of objects
             req = read_request(sys.stdin.buffer)
             if req is None:
@@ -147,6 +152,14 @@ def main() -> None:
             # freed now, by its reference counts: alive when the collector restarts, the
             # scenario's thousands of objects would be its next collection's work
             del req
+            # what the request left alive (the specs kept, their programs and names: thousands
+            # of containers) joins the collector's permanent generation unscanned; it was each
+            # request's collection, a tenth of the worker's time. Every ``THAWED`` requests all
+            # is scanned once, so that cycles that died meanwhile are freed
+            gc.freeze()
+        if served % THAWED == 0:
+            gc.unfreeze()
+            gc.collect()
         if coverage:
             gcov_dump(reset=True)  # before the reply: a later crash of this worker must not take this scenario's counts
         chan.send(reply)
