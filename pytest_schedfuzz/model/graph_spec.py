@@ -253,9 +253,11 @@ class GraphSpec:
     def _sharing(self, validity: bool, **changes: Any) -> GraphSpec:
         """A copy with ``changes`` that shares what was derived from the tensors, and their
         validity where ``changes`` cannot change it."""
-        copy = replace(self, **changes)
-        skip = {"tensors", "roots", "forced", "label"} | (set() if validity else {"_valid_for"})
-        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in skip)
+        # its fields and cached values copied as they are, not through the constructor: a
+        # worker's spec has rows, not tensors (``__getattr__``), until they are asked for
+        copy: GraphSpec = object.__new__(GraphSpec)
+        copy.__dict__.update((k, v) for k, v in self.__dict__.items() if validity or k != "_valid_for")
+        copy.__dict__.update(changes)
         copy.__dict__["_derived"] = self.derived
         return copy
 

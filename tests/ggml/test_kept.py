@@ -85,6 +85,39 @@ def test_a_dead_spec_whose_id_comes_again_is_sent_in_full() -> None:
         assert req["forget"] == [token]
 
 
+def test_a_copy_with_other_forced_assignments_is_sent_as_the_kept_spec_s_token() -> None:
+    """A captured graph drawn with more nodes forced (``GraphSpec.with_forced``, ``relabeled``:
+    its tensors shared) goes as the token of the spec it copies, with its forced assignments and
+    label: the worker makes it from the one it keeps, sharing its rows, program and names; a spec
+    with equal but not shared tensors is sent in full; a kept base outlives the requests that use
+    it, and the two tables stay alike."""
+    sent, worker = SentSpecs(), KeptSpecs()
+    a = _spec(3)
+    worker.scenario(_over_the_pipe(sent.request(_scenario(a), [], False)))
+    made = worker._specs[0].__dict__.setdefault("_made_by_worker", {})
+    forced = a.with_forced((("y", 0),)).relabeled("drawn")
+    req = sent.request(_scenario(forced), [], False)
+    assert req["specs"] == {} and req["alike"] == {1: (0, (("y", 0),), "drawn")}
+    got = worker.scenario(_over_the_pipe(req)).graphs[0][1]
+    assert got.forced == (("y", 0),) and got.label == "drawn" and got.tensors == a.tensors and got.roots == a.roots
+    assert got.__dict__["_made_by_worker"] is made and got.rows is worker._specs[0].rows
+    equal = GraphSpec(tuple(a.tensors), a.roots, (("y", 0),))
+    assert sent.request(_scenario(equal), [], False)["specs"].keys() == {2}
+
+
+def test_a_base_of_a_copy_is_not_forgotten_by_the_request_that_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kept, "KEPT", 2)
+    sent, worker = SentSpecs(), KeptSpecs()
+    base, other, third = _spec(1), _spec(2), _spec(4)
+    for s in (base, other, third):  # base is the least recently sent now, and beyond the limit
+        worker.scenario(_over_the_pipe(sent.request(_scenario(s, third) if s is not third else _scenario(s), [], False)))
+    copy = other.with_forced((("y", 0),))
+    req = sent.request(_scenario(copy), [], False)
+    assert req["alike"] and next(iter(req["alike"].values()))[0] not in req["forget"]
+    assert worker.scenario(_over_the_pipe(req)).graphs[0][1].forced == (("y", 0),)
+    assert set(worker._specs) == {token for token, _ in sent._tokens.values()}
+
+
 def test_a_scenario_run_again_on_kept_specs_observes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the real worker: the second run of a scenario sends no spec, and ggml is observed doing
     the same (assignments, splits, sizes, reallocations), with its weights bound anew."""
