@@ -143,10 +143,21 @@ class GraphSpec:
         valid_for: set[int | None] = self.__dict__.setdefault("_valid_for", set())
         if n_backends in valid_for:
             return
-        self._check(n_backends)
+        # what its tensors alone decide is checked once for every copy that shares them (a
+        # captured graph drawn with more nodes forced, ``with_forced``), the forced ones per copy
+        tensors_valid_for: set[int | None] = self.__dict__.setdefault("_tensors_valid_for", set())
+        if n_backends not in tensors_valid_for:
+            self._check_tensors(n_backends)
+            tensors_valid_for.add(n_backends)
+        by_name = self.by_name
+        for name, backend in self.forced:
+            if name not in by_name:
+                raise SpecError(f"forced assignment names unknown tensor {name!r}")
+            if n_backends is not None and not 0 <= backend < n_backends:
+                raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
         valid_for.add(n_backends)
 
-    def _check(self, n_backends: int | None) -> None:
+    def _check_tensors(self, n_backends: int | None) -> None:
         seen: set[str] = set()
         for t in self.tensors:
             name, leaf = t.name, t.op == "none"
@@ -175,11 +186,6 @@ class GraphSpec:
         for r in self.roots:
             if r not in seen:
                 raise SpecError(f"root {r!r} is not a tensor of the graph")
-        for name, backend in self.forced:
-            if name not in seen:
-                raise SpecError(f"forced assignment names unknown tensor {name!r}")
-            if n_backends is not None and not 0 <= backend < n_backends:
-                raise SpecError(f"forced assignment of {name!r} to backend {backend}, not in the layout")
         geo = self.geometry
         for t in self.tensors:
             g = geo[t.name]

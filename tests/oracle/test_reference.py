@@ -81,6 +81,27 @@ def test_a_spec_s_graph_is_built_once_and_never_sent_to_the_engine():
     assert CGraph.of(spec.relabeled("another name")) is CGraph.of(spec)
 
 
+def test_a_copy_with_more_nodes_forced_checks_only_its_forced_assignments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GraphSpec.with_forced`` (a captured graph drawn with more nodes forced): the copy's
+    tensors, shared, are not checked again; its forced assignments are, by name and backend."""
+    from pytest_schedfuzz.model.shapes import SpecError
+
+    spec = llama_graph(ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1), 4, 16)
+    spec.validate(2)
+    checked: list[GraphSpec] = []
+    real = GraphSpec._check_tensors
+    monkeypatch.setattr(GraphSpec, "_check_tensors", lambda self, n: checked.append(self) or real(self, n))
+    node = next(t.name for t in spec.tensors if not t.is_leaf)
+    spec.with_forced(((node, 1),)).validate(2)
+    assert checked == []
+    with pytest.raises(SpecError, match="backend 2, not in the layout"):
+        spec.with_forced(((node, 2),)).validate(2)
+    with pytest.raises(SpecError, match="unknown tensor 'nothing'"):
+        spec.with_forced((("nothing", 0),)).validate(2)
+    spec.with_forced(((node, 1),)).validate(3)  # another layout: its tensors' devices are checked for it
+    assert len(checked) == 1
+
+
 def test_specs_of_one_topology_share_its_order_and_keep_their_own_shapes_and_places():
     """``Topology.of``: llama.cpp's graphs of one model at two batch sizes are ordered once, and
     each graph's own columns (sizes, buffers) are its own; another op, another root or another
