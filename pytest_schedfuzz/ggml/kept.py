@@ -7,9 +7,10 @@ reruns that tell causes apart, Hypothesis's mutations of an example (``sim.model
 hands out one object per arguments), a captured graph drawn into many scenarios, most of them
 with more nodes forced (a copy that shares its tensors: it is sent as the kept spec's token
 with its own forced assignments). Each time the parent pickled it again (its thousands of
-tensors), the worker unpickled it and encoded its program again. Both sides forget the least recently used spec beyond ``KEPT``, the parent
-saying which (the worker never decides alone, so the two tables cannot drift); a new worker
-starts with an empty table on both sides.
+tensors), the worker unpickled it and encoded its program again. Both sides forget the least
+recently used spec beyond ``KEPT`` specs or ``KEPT_TENSORS`` tensors, the parent saying which
+(the worker never decides alone, so the two tables cannot drift); a new worker starts with an
+empty table on both sides.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from typing import Any
 from ..model.graph_spec import GraphSpec
 from ..model.scenario import Scenario
 
-KEPT = 64  # specs per worker; a scenario's own specs are never forgotten while it is sent
+# specs per worker, and their tensors at most (about a kilobyte each in the worker: rows, geometry,
+# program, names); a scenario's own specs are never forgotten while it is sent. The captured
+# llama.cpp graphs the graph properties draw from are about 60 specs of up to 2,000 tensors
+KEPT = 256
+KEPT_TENSORS = 250_000
 
 
 class SentSpecs:
@@ -33,6 +38,8 @@ class SentSpecs:
         # from them (the reference's graph), which nothing else may need; a dead spec's id that
         # comes again is another spec's
         self._tokens: OrderedDict[int, tuple[int, weakref.ref[GraphSpec]]] = OrderedDict()
+        self._sizes: dict[int, int] = {}  # tensors, by token
+        self._held = 0
         self._next = 0
 
     def request(self, scenario: Scenario, endpoints: Sequence[str], values: bool) -> dict[str, Any]:
@@ -45,8 +52,11 @@ class SentSpecs:
             if hit is None or hit[1]() is not spec:
                 if hit is not None:
                     forget.append(hit[0])
+                    self._held -= self._sizes.pop(hit[0])
                 base = self._sharing(spec)
                 hit = self._tokens[id(spec)] = (self._next, weakref.ref(spec))
+                self._sizes[self._next] = len(spec.tensors)  # an alike copy too: it may outlive its base
+                self._held += len(spec.tensors)
                 if base is None:
                     new[self._next] = spec
                 else:
@@ -55,9 +65,10 @@ class SentSpecs:
             self._tokens.move_to_end(id(spec))
             graphs.append((name, hit[0]))
         protected = {token for token, _, _ in alike.values()} | {token for _, token in graphs}
-        while len(self._tokens) > max(KEPT, len(protected)):
+        while len(self._tokens) > len(protected) and (len(self._tokens) > KEPT or self._held > KEPT_TENSORS):
             oldest = next(k for k, (token, _) in self._tokens.items() if token not in protected)
-            forget.append(self._tokens.pop(oldest)[0])
+            forget.append(token := self._tokens.pop(oldest)[0])
+            self._held -= self._sizes.pop(token)
         return {"layout": scenario.layout, "graphs": tuple(graphs), "steps": scenario.steps, "specs": new, "alike": alike,
                 "forget": forget, "endpoints": list(endpoints), "values": values}
 

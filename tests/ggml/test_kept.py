@@ -65,6 +65,23 @@ def test_both_sides_forget_the_least_recently_sent_beyond_the_limit(monkeypatch:
     assert len(got.graphs) == 4
 
 
+def test_both_sides_forget_the_least_recently_sent_beyond_the_tensor_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ``KEPT_TENSORS`` tensors (big captured graphs), the least recently sent specs are
+    forgotten, never the scenario's own."""
+    monkeypatch.setattr(kept, "KEPT_TENSORS", 5)
+    sent, worker = SentSpecs(), KeptSpecs()
+    specs = [_spec(k) for k in range(1, 4)]  # two tensors each
+    for s in specs[:2]:
+        req = sent.request(_scenario(s), [], False)
+        assert req["forget"] == []
+        worker.scenario(_over_the_pipe(req))
+    req = sent.request(_scenario(specs[2]), [], False)
+    assert req["forget"] == [0]
+    worker.scenario(_over_the_pipe(req))
+    assert set(worker._specs) == {1, 2} == {token for token, _ in sent._tokens.values()}
+    assert sent.request(_scenario(specs[0], specs[1], specs[2]), [], False)["forget"] == []  # its own: kept, over budget
+
+
 def test_a_dead_spec_whose_id_comes_again_is_sent_in_full() -> None:
     """The parent holds specs weakly (they carry the reference's graph): an id reused by a new
     spec is not taken for the old one's token."""
