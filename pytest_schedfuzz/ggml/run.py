@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..engine import TargetError
+from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.scenario import EVAL_CALLBACK_OPS, Scenario, SchedParams, Step
 from ..model.trace import SizeCounts, StepRecord
@@ -28,6 +29,10 @@ class _Group:
     ctx: int
     tensors: dict[tuple[Any, ...], Ptr]
     buffer: int = 0
+
+    def free(self, g: Any) -> None:
+        g.ggml_backend_buffer_free(self.buffer)
+        g.ggml_free(self.ctx)
 
 
 @dataclass
@@ -101,9 +106,9 @@ class ScenarioRun(StepRecording):
         wanted = {(self.backends[device], role, tuple(map(tensor_key, specs))): (device, role, specs)
                   for (device, role), specs in sorted(groups.items())}
         kept, mine = self.eng.kept_weights, set(self.backends)
-        rpc = {b for (kind, _), b in self.eng.backends.items() if kind == "rpc"}
-        for key in [k for k in kept if k not in wanted and (k[0] in mine or k[0] not in rpc)]:
-            self._free_group(kept.pop(key))
+        served = {b for (kind, _), b in self.eng.backends.items() if DEVICE_KINDS[kind].endpoint}
+        for key in [k for k in kept if k not in wanted and (k[0] in mine or k[0] not in served)]:
+            kept.pop(key).free(g)
         for key, (device, role, specs) in wanted.items():
             group = kept.pop(key, None) or self._new_group(device, role, specs)
             self.persistent.groups[key] = group
@@ -132,10 +137,6 @@ class ScenarioRun(StepRecording):
         usage = g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS if role == "weight" else g.GGML_BACKEND_BUFFER_USAGE_ANY
         g.ggml_backend_buffer_set_usage(group.buffer, usage)
         return group
-
-    def _free_group(self, group: _Group) -> None:
-        self.g.ggml_backend_buffer_free(group.buffer)
-        self.g.ggml_free(group.ctx)
 
     # -- graphs --------------------------------------------------------------------------
 
