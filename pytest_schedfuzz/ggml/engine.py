@@ -287,7 +287,7 @@ class Ggml:
             "realloc_callback": "observed" if self.set_realloc_callback is not None else "absent (decisions derived from the graph-size formula)",
             "gpu_device": self.gpu_device(),
             # the graph programs' encoder: "C", or why programs are encoded in Python (slower, the same)
-            "program_encoder": "C" if not isinstance(native_encoder(), str) else str(native_encoder()),
+            "program_encoder": encoder if isinstance(encoder := native_encoder(), str) else "C",
         }
 
     def gpu_device(self) -> str:

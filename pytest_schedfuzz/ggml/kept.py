@@ -39,7 +39,6 @@ class SentSpecs:
         # comes again is another spec's
         self._tokens: OrderedDict[int, tuple[int, weakref.ref[GraphSpec]]] = OrderedDict()
         self._sizes: dict[int, int] = {}  # tensors, by token
-        self._held = 0
         self._next = 0
 
     def request(self, scenario: Scenario, endpoints: Sequence[str], values: bool) -> dict[str, Any]:
@@ -52,11 +51,10 @@ class SentSpecs:
             if hit is None or hit[1]() is not spec:
                 if hit is not None:
                     forget.append(hit[0])
-                    self._held -= self._sizes.pop(hit[0])
+                    del self._sizes[hit[0]]
                 base = self._sharing(spec)
                 hit = self._tokens[id(spec)] = (self._next, weakref.ref(spec))
                 self._sizes[self._next] = len(spec.tensors)  # an alike copy too: it may outlive its base
-                self._held += len(spec.tensors)
                 if base is None:
                     new[self._next] = spec
                 else:
@@ -65,10 +63,10 @@ class SentSpecs:
             self._tokens.move_to_end(id(spec))
             graphs.append((name, hit[0]))
         protected = {token for token, _, _ in alike.values()} | {token for _, token in graphs}
-        while len(self._tokens) > len(protected) and (len(self._tokens) > KEPT or self._held > KEPT_TENSORS):
+        while len(self._tokens) > len(protected) and (len(self._tokens) > KEPT or sum(self._sizes.values()) > KEPT_TENSORS):
             oldest = next(k for k, (token, _) in self._tokens.items() if token not in protected)
             forget.append(token := self._tokens.pop(oldest)[0])
-            self._held -= self._sizes.pop(token)
+            del self._sizes[token]
         return {"layout": scenario.layout, "graphs": tuple(graphs), "steps": scenario.steps, "specs": new, "alike": alike,
                 "forget": forget, "endpoints": list(endpoints), "values": values}
 
