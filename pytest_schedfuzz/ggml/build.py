@@ -14,6 +14,7 @@ RPC server are compiled here too.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,44 +88,71 @@ def source_tree(name: str) -> Path:
     return root / inner
 
 
+def publish_build(out: Path, make: Callable[[Path], None], in_place: bool = False) -> Path:
+    """The cached build folder ``out``, made once by ``make(folder)`` (which writes ``BUILT`` last).
+    One process builds while the others wait on a lock beside it; the build is made in a
+    temporary sibling and renamed into place, so no reader sees half a build and no second
+    builder deletes the folder the first one is building in. ``in_place``: build in ``out``
+    itself, under the same lock (a ``--coverage`` build: its objects write their counts to the
+    absolute paths they were compiled in, so the folder cannot move after it is built)."""
+    if (out / "lib" / "BUILT").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent caller waits here for the same build
+        if (out / "lib" / "BUILT").exists():
+            return out
+        work = out if in_place else out.with_name(f".{out.name}.building")
+        shutil.rmtree(out, ignore_errors=True)  # a build that stopped half-way (no BUILT)
+        shutil.rmtree(work, ignore_errors=True)
+        try:
+            make(work)
+            if work != out:
+                os.rename(work, out)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    return out
+
+
 def build_ggml_base(name: str, patches: tuple[Patch, ...] = (), build_type: str = "Debug", coverage: bool = False) -> Path:
     """A library folder for ``--schedfuzz-lib``: built-in ``name`` with ``libggml-base`` rebuilt
     from its source with ``patches`` applied (Debug, as the install builds it; ``Release``
     compiles out the scheduler's debug logging). With ``coverage``, instrumented by gcc's
     ``--coverage``: its source and build folder (``.gcno``, and the ``.gcda`` counts every process
-    that loads it writes when it exits) stay beside ``lib`` (``coverage_build``). Cached."""
+    that loads it writes when it exits) stay beside ``lib`` (``coverage_build``). Cached, and
+    built by one process at a time (``publish_build``)."""
     key = hashlib.sha1(json.dumps([name, [asdict(p) for p in patches], build_type] + ([True] if coverage else [])).encode()).hexdigest()[:16]
     out = cache_dir() / "builds" / f"{name}-{'coverage-' if coverage else ''}{key}"
-    if (out / "lib" / "BUILT").exists():
-        return out / "lib"
-    installed = installed_folder(name)
-    src = source_tree(name)
-    shutil.rmtree(out, ignore_errors=True)
-    work = out / "ggml"
-    shutil.copytree(src, work, symlinks=True)
-    if not (work / "ggml.pc.in").exists():  # left out of llama-cpp-python's sdist; only installs use it
-        (work / "ggml.pc.in").write_text("Name: ggml\nDescription: ggml\nVersion: @GGML_VERSION@\n")
-    replace_texts(work, patches)
-    build = out / "build"
-    flags = ["-DCMAKE_C_FLAGS=--coverage", "-DCMAKE_CXX_FLAGS=--coverage", "-DCMAKE_SHARED_LINKER_FLAGS=--coverage"] if coverage else []
-    run_tool(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
-          "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", *flags])
-    run_tool(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
-    built = sorted(build.rglob("libggml-base.so*"))
-    if not built:
-        raise BuildError(f"the build left no libggml-base.so under {build}")
-    lib = out / "lib"
-    lib.mkdir()
-    for f in installed.iterdir():
-        if f.name.startswith("lib") and ".so" in f.name and not f.name.startswith("libggml-base."):
-            (lib / f.name).symlink_to(f.resolve())
-    for f in built:
-        shutil.copy2(f, lib / f.name, follow_symlinks=True)
-    if not coverage:
-        shutil.rmtree(work)
-        shutil.rmtree(build)
-    (lib / "BUILT").write_text(json.dumps([name, [asdict(p) for p in patches]], indent=1) + "\n")
-    return lib
+
+    def make(folder: Path) -> None:
+        installed = installed_folder(name)
+        work = folder / "ggml"
+        shutil.copytree(source_tree(name), work, symlinks=True)
+        if not (work / "ggml.pc.in").exists():  # left out of llama-cpp-python's sdist; only installs use it
+            (work / "ggml.pc.in").write_text("Name: ggml\nDescription: ggml\nVersion: @GGML_VERSION@\n")
+        replace_texts(work, patches)
+        build = folder / "build"
+        flags = ["-DCMAKE_C_FLAGS=--coverage", "-DCMAKE_CXX_FLAGS=--coverage", "-DCMAKE_SHARED_LINKER_FLAGS=--coverage"] if coverage else []
+        run_tool(["cmake", "-S", str(work), "-B", str(build), f"-DCMAKE_BUILD_TYPE={build_type}", "-DBUILD_SHARED_LIBS=ON", "-DGGML_RPC=ON",
+                  "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", *flags])
+        run_tool(["cmake", "--build", str(build), "--target", "ggml-base", "-j", str(os.cpu_count() or 2)])
+        built = sorted(build.rglob("libggml-base.so*"))
+        if not built:
+            raise BuildError(f"the build left no libggml-base.so under {build}")
+        lib = folder / "lib"
+        lib.mkdir()
+        for f in installed.iterdir():
+            if f.name.startswith("lib") and ".so" in f.name and not f.name.startswith("libggml-base."):
+                (lib / f.name).symlink_to(f.resolve())
+        for f in built:
+            shutil.copy2(f, lib / f.name, follow_symlinks=True)
+        if not coverage:
+            shutil.rmtree(work)
+            shutil.rmtree(build)
+        (lib / "BUILT").write_text(json.dumps([name, [asdict(p) for p in patches]], indent=1) + "\n")
+
+    return publish_build(out, make, in_place=coverage) / "lib"
 
 
 def coverage_build(lib: Path) -> Path:

@@ -8,7 +8,6 @@ and built on first use (``build_llama_seed``).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..files import cache_dir
-from ..ggml.build import OPTIMIZE, BuildError, Patch, replace_texts, run_tool, source_tree
+from ..ggml.build import OPTIMIZE, BuildError, Patch, publish_build, replace_texts, run_tool, source_tree
 from .builds import SEED_GGML, SEED_LLAMA
 
 # the seeds' system (builds.SEED_LLAMA): llama.cpp 0.3.36 with the patch set of patches/<SEED_LLAMA>/,
@@ -80,50 +79,42 @@ def build_llama_seed(extra: tuple[Patch, ...] = (), build_type: str = "Debug") -
     key = hashlib.sha1(json.dumps([SEED_LLAMA, [[p.name, hashlib.sha1(p.read_bytes()).hexdigest()] for p in patches],
                                    [asdict(p) for p in extra], flags, SEED_KEPT]).encode()).hexdigest()[:16]
     out = cache_dir() / "builds" / f"{SEED_LLAMA}-{key}"
-    lib = out / "lib"
-    if (lib / "BUILT").exists():
-        return lib
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent caller waits here for the same build
-        if (lib / "BUILT").exists():
-            return lib
+
+    def make(folder: Path) -> None:
+        t0 = time.monotonic()
         applier = patch_command()
         src = source_tree(SEED_BASE)
-        shutil.rmtree(out, ignore_errors=True)
-        t0 = time.monotonic()
-        try:
-            work, build = out / "llama.cpp", out / "build"
-            shutil.copytree(src, work, symlinks=True,
-                            ignore=lambda d, names: [n for n in names if Path(d) == src and n in _UNUSED_SOURCE])
-            for p in patches:
-                run_tool([*applier, str(p)], cwd=work)
-            replace_texts(work, extra)
-            run_tool(["cmake", "-S", str(work), "-B", str(build), *flags])
-            run_tool(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
-            built = [f for f in sorted((build / "bin").glob("lib*.so*")) if f.name.split(".so", 1)[0] in SEED_LIBRARIES]
-            missing = [n for n in SEED_LIBRARIES if not any(f.name == n + ".so" for f in built)]
-            if missing:
-                raise BuildError(f"the build left no {', '.join(n + '.so' for n in missing)} in {build / 'bin'}")
-            lib.mkdir()
-            for f in built:
-                shutil.copy2(f, lib / f.name, follow_symlinks=False)  # libX.so -> libX.so.0 -> libX.so.0.25.3
-            ggml_src = work / "ggml" / "src"
-            shutil.copytree(work / "ggml" / "include", out / "ggml" / "include")
-            shutil.copytree(ggml_src, out / "ggml" / "src", ignore=lambda d, names: [
-                n for n in names if Path(d) == ggml_src and (ggml_src / n).is_dir() and n not in ("ggml-cpu", "ggml-rpc")])
-            shutil.copytree(work / "src", out / "src")  # llama.cpp's own, patched: an abort's check site is read there
-            shutil.copytree(work / "include", out / "include")  # llama.h, patched: the build's declarations (llama.declarations)
-            shutil.rmtree(work)
-            shutil.rmtree(build)
-        except BaseException:
-            shutil.rmtree(out, ignore_errors=True)
-            raise
+        work, build, lib = folder / "llama.cpp", folder / "build", folder / "lib"
+        shutil.copytree(src, work, symlinks=True,
+                        ignore=lambda d, names: [n for n in names if Path(d) == src and n in _UNUSED_SOURCE])
+        for p in patches:
+            run_tool([*applier, str(p)], cwd=work)
+        replace_texts(work, extra)
+        run_tool(["cmake", "-S", str(work), "-B", str(build), *flags])
+        run_tool(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
+        built = [f for f in sorted((build / "bin").glob("lib*.so*")) if f.name.split(".so", 1)[0] in SEED_LIBRARIES]
+        missing = [n for n in SEED_LIBRARIES if not any(f.name == n + ".so" for f in built)]
+        if missing:
+            raise BuildError(f"the build left no {', '.join(n + '.so' for n in missing)} in {build / 'bin'}")
+        lib.mkdir()
+        for f in built:
+            shutil.copy2(f, lib / f.name, follow_symlinks=False)  # libX.so -> libX.so.0 -> libX.so.0.25.3
+        ggml_src = work / "ggml" / "src"
+        shutil.copytree(work / "ggml" / "include", folder / "ggml" / "include")
+        shutil.copytree(ggml_src, folder / "ggml" / "src", ignore=lambda d, names: [
+            n for n in names if Path(d) == ggml_src and (ggml_src / n).is_dir() and n not in ("ggml-cpu", "ggml-rpc")])
+        shutil.copytree(work / "src", folder / "src")  # llama.cpp's own, patched: an abort's check site is read there
+        shutil.copytree(work / "include", folder / "include")  # llama.h, patched: the build's declarations (llama.declarations)
+        shutil.rmtree(work)
+        shutil.rmtree(build)
         (lib / "BUILT").write_text(json.dumps([SEED_GGML, {
             "llama.cpp": SEED_LLAMA, "source": SEED_BASE, "patches": [p.name for p in patches],
             "extra": [asdict(p) for p in extra], "cmake": flags, "ggml_source": "../ggml",
             "build_seconds": round(time.monotonic() - t0, 1)}], indent=1) + "\n")
-    return lib
+
+    # in place: its libraries print the paths they were compiled in (an assert's file), which
+    # ``kept_source`` maps back to the kept sources
+    return publish_build(out, make, in_place=True) / "lib"
 
 
 def kept_source(path: str) -> Path | None:
