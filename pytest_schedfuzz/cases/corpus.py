@@ -43,6 +43,8 @@ SCHEMA: dict[str, Any] = {
         "version": {"type": "integer"},
         "property": {"enum": list(PROPERTY_IDS)},
         "signature": {"type": "string"},
+        # the signatures the case had before ``schedfuzz resign`` named its cause otherwise, oldest first
+        "signed_as": {"type": "array", "items": {"type": "string"}},
         "message": {"type": "string"},
         "step": {"type": "integer", "minimum": 0},
         "seed": {"type": ["integer", "null"]},
@@ -100,6 +102,7 @@ class Case:
     path: Path | None = None
     llama: LlamaWorkload | None = None  # llama.cpp properties: replayed on llama.cpp
     options: Mapping[str, Any] = field(default_factory=dict)  # ``rereserve``: the driver's mode it was found in
+    signed_as: tuple[str, ...] = ()  # its earlier signatures (``schedfuzz resign``), oldest first
 
     @property
     def expected_failure(self) -> str | None:
@@ -181,7 +184,8 @@ class Case:
         } | ({"scenario": self.scenario.to_json()} if self.scenario is not None else {}) \
           | ({"workload": self.workload.to_json()} if self.workload is not None else {}) \
           | ({"llama": self.llama.to_json()} if self.llama is not None else {}) \
-          | ({"options": dict(self.options)} if self.options else {})
+          | ({"options": dict(self.options)} if self.options else {}) \
+          | ({"signed_as": list(self.signed_as)} if self.signed_as else {})
 
     def file_name(self) -> str:
         """``<signature as a slug>-<scenario hash>.json``, e.g.
@@ -260,6 +264,7 @@ def load_case(path: Path | str) -> Case:
         path=path,
         llama=llama,
         options=data.get("options", {}),
+        signed_as=tuple(data.get("signed_as", ())),
     )
 
 

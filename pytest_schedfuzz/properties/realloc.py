@@ -27,7 +27,11 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
     between that lost the reservation (``lost_by`` then names it); ``lost`` where a re-plan
     between the reservation and this step replaced the reserved plan; ``not-dominating`` where
     the reservation's graph did not cover this one. The signature adds, for ``lost``, the step
-    kind and reason of the re-plan that lost it, and otherwise the invalid tensor."""
+    kind and reason of the re-plan that lost it and whether that re-plan's graph had the
+    reservation's topology (``topology=same``: an assignment change, such as op offload by batch
+    size, which no topology-driven re-reservation can catch; ``switch``: another topology, which a
+    driver that re-reserves on topology changes must have reserved for), and otherwise the
+    invalid tensor."""
     out = []
     predicted = {e.step: e for e in prediction.events}
     for ev in trace.events:
@@ -44,7 +48,7 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
         replans = [e for e in trace.events if claim < e.step < ev.step]
         p = predicted.get(ev.step)
         q = predicted.get(replans[0].step) if replans else None
-        lost_by = "-"
+        lost_by, topo = "-", None
         if p is None:
             why, kind = "the engine re-planned although the reference says the plan was still valid (engine bug)", "engine"
         elif (normalize_reason(p.reason), p.same_size) != (normalize_reason(ev.reason), ev.same_size):
@@ -60,7 +64,7 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
             k = replans[0].step
             # the same op program with other assignments (op offload by batch size), or another graph
             same = topology(scenario.graph(scenario.steps[k].graph or "")) == topology(scenario.graph(claimed or ""))
-            switch = "an assignment change" if same else "a topology switch"
+            switch, topo = ("an assignment change", "same") if same else ("a topology switch", "switch")
             why = (f"the reservation of step {claim} ({claimed}) was lost: step {k} re-planned for "
                    f"{scenario.steps[k].graph} ({replans[0].reason}), {switch}")
             kind = "lost"
@@ -73,6 +77,7 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
             # the re-plan that lost the reservation is the cause; which tensor then shows it
             # invalid depends on the graphs (kept in the message)
             del facts["invalid"]
+            facts["topology"] = topo
         out.append(Violation("no-same-size-realloc", ev.step, f"{head} — {why}", facts))
     return out
 

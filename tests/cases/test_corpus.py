@@ -36,7 +36,7 @@ def topology_switch_case(n_layers: int) -> Case:
     m = ModelShape(layer_devices=tuple(0 if i < n_layers // 2 else 1 for i in range(n_layers)), output_device=1, cpu_device=1)
     graphs = (("A32", llama_graph(m, 32, 64, 32)), ("B", llama_graph(m, 32, 64, 1)), ("A2", llama_graph(m, 2, 64, 2)))
     steps = (Step("sched_new", params=SchedParams(8192)), Step("reserve", "A32"), Step("alloc", "B"), Step("alloc", "A2"), Step("alloc", "A32"))
-    sig = "no-same-size-realloc[explained=lost,lost_by=alloc changed]"
+    sig = "no-same-size-realloc[explained=lost,lost_by=alloc changed,topology=switch]"
     return Case("no-same-size-realloc", sig, Scenario(BackendLayout.of("rpc", "cpu"), graphs, steps), "", 4)
 
 
@@ -513,3 +513,21 @@ def test_the_commands_that_replay_a_corpus_find_one_as_pytest_does(tmp_path: Pat
     assert corpus_arg(None) == Path("corpus")
     with pytest.raises(UsageError, match="--corpus nosuch: no such folder"):
         corpus_arg("nosuch")
+
+
+def test_resign_names_the_cause_in_todays_words_and_keeps_the_old_ones(tmp_path: Path):
+    case = topology_switch_case(2)
+    old = "no-same-size-realloc[explained=lost,lost_by=alloc changed]"  # before the topology was signed
+    path = save_case(tmp_path, replace(case, signature=old, expect={"fail": "a known bug, saved under older words"}))
+    text_before = path.read_text()
+    run = subprocess.run([*SCHEDFUZZ, "resign", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    resigned = load_case(path)
+    assert resigned.signature == case.signature and resigned.signed_as == (old,)
+    assert resigned.scenario is not None and case.scenario is not None and resigned.scenario.dumps() == case.scenario.dumps()
+    assert (resigned.expect, resigned.message, resigned.step) == ({"fail": "a known bug, saved under older words"}, "", case.step)
+    assert "1 case(s) signed again; distinct signatures shown on this build: 1 before, 1 after" in run.stdout
+    assert text_before != path.read_text() and [p.name for p in tmp_path.glob("*.json")] == [path.name]
+    # run again: the case shows its own signature now, and nothing changes
+    again = subprocess.run([*SCHEDFUZZ, "resign", str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "kept" in again.stdout and "0 case(s) signed again" in again.stdout and load_case(path) == resigned

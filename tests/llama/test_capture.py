@@ -337,7 +337,7 @@ def test_no_same_size_realloc_fuzzes_llama_cpps_graphs_in_llama_cpps_order(fuzze
             params = SchedParams(base.steps[0].params.max_nodes, False, op_offload)  # type: ignore[union-attr]
             sc = Scenario(offload, base.graphs, (Step("sched_new", params=params), *as_llama[1:]))
             found = {v.signature() for v in fuzzer.check("no-same-size-realloc", sc)}
-            assert found == ({"no-same-size-realloc[explained=lost,lost_by=compute changed]"} if op_offload else set()), (label, found)
+            assert found == ({"no-same-size-realloc[explained=lost,lost_by=compute changed,topology=same]"} if op_offload else set()), (label, found)
     pool = fuzzer.captured_pool()
     seen: set[str] = set()
 
