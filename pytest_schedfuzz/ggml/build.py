@@ -269,21 +269,23 @@ def _is_ggml_source(root: Path) -> bool:
 def build_rpc_server(lib_dir: str | None) -> Path:
     """``schedfuzz-rpc-server`` (``ggml/rpc_server.c``) linked against the ggml of ``lib_dir``
     (``None``: ggml-python's own libraries), with the folder as its ``DT_RPATH`` so that the
-    libraries those load come from it too; cached by the source and the folder."""
+    libraries those load come from it too; cached by the source, the folder and the flags."""
     folder = Path(lib_dir).resolve() if lib_dir else installed_folder("ggml-0.15.3")
     try:
         libs = [shared_library(folder, "libggml"), shared_library(folder, "libggml-rpc")]
     except LibError as e:
         raise BuildError(f"the RPC server: {e} (ggml must be built with -DGGML_RPC=ON)") from None
-    digest = hashlib.sha1(RPC_SERVER_SOURCE.read_bytes() + str(folder).encode()).hexdigest()[:16]
+    # its test hook (SCHEDFUZZ_RPC_CRASH_AT_COMPUTE) interposes ggml's compute functions: exported (-rdynamic)
+    flags = ["-std=c11", "-D_GNU_SOURCE", "-DSCHEDFUZZ_TEST_HOOKS", "-O2", "-Wall", "-Werror", "-rdynamic"]
+    digest = hashlib.sha1(RPC_SERVER_SOURCE.read_bytes() + str(folder).encode() + " ".join(flags).encode()).hexdigest()[:16]
     out = cache_dir() / "rpc_server" / digest / "schedfuzz-rpc-server"
     if out.exists():
         return out
     cc = _compiler("the RPC server")
 
     def compile_to(tmp: Path) -> None:
-        run_tool([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-Wall", "-Werror", "-o", str(tmp), str(RPC_SERVER_SOURCE), "-L", str(folder),
-              *(f"-l:{lib.name}" for lib in libs), f"-Wl,-rpath,{folder}", "-Wl,--disable-new-dtags"])
+        run_tool([cc, *flags, "-o", str(tmp), str(RPC_SERVER_SOURCE), "-L", str(folder), *(f"-l:{lib.name}" for lib in libs), "-ldl",
+                  f"-Wl,-rpath,{folder}", "-Wl,--disable-new-dtags"])
 
     return atomic_write(out, compile_to, 0o777)
 

@@ -9,6 +9,16 @@
 // serves (built per library folder: `build.build_rpc_server`) and includes no ggml header: the
 // two functions it calls have had these signatures in every ggml with `ggml_backend_dev_by_type`
 // (ggml-python's bindings, which the workers use, assume the same).
+//
+// Built by the harness (SCHEDFUZZ_TEST_HOOKS, linked -rdynamic), it has a test-only hook:
+// SCHEDFUZZ_RPC_CRASH_AT_COMPUTE=N makes it log each graph it computes ("schedfuzz-rpc-server:
+// graph compute K") and raise SIGSEGV on the N-th (N = 0: log only). The executable's own
+// ggml_backend_graph_compute and ggml_backend_graph_compute_async interpose libggml-base's (the
+// RPC server calls the one, b11739's the other, and the one calls the other: counted once).
+// Without the variable they only pass the graph on. An exported reproducer builds without them.
+#ifdef SCHEDFUZZ_TEST_HOOKS
+#include <dlfcn.h>
+#endif
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -23,6 +33,41 @@ ggml_backend_dev_t ggml_backend_dev_by_type(int type);
 void ggml_backend_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads, size_t n_devices,
                                    ggml_backend_dev_t * devices);
 
+#ifdef SCHEDFUZZ_TEST_HOOKS
+typedef int (*compute_fn)(void * backend, void * cgraph);  // enum ggml_status f(ggml_backend_t, struct ggml_cgraph *)
+
+static long crash_at = -1;  // SCHEDFUZZ_RPC_CRASH_AT_COMPUTE, -1 when unset
+static long n_computes = 0;
+static __thread int inside = 0;  // within a wrapper: the library's own nested call is not another graph
+
+static int counted(int which, void * backend, void * cgraph) {
+    static const char * const names[2] = {"ggml_backend_graph_compute", "ggml_backend_graph_compute_async"};
+    static compute_fn real[2];
+    if (real[which] == NULL) {
+        real[which] = (compute_fn) dlsym(RTLD_NEXT, names[which]);
+    }
+    if (crash_at >= 0 && !inside) {
+        n_computes++;
+        fprintf(stderr, "schedfuzz-rpc-server: graph compute %ld\n", n_computes);
+        if (n_computes == crash_at) {
+            raise(SIGSEGV);
+        }
+    }
+    inside++;
+    int status = real[which](backend, cgraph);
+    inside--;
+    return status;
+}
+
+int ggml_backend_graph_compute(void * backend, void * cgraph) {
+    return counted(0, backend, cgraph);
+}
+
+int ggml_backend_graph_compute_async(void * backend, void * cgraph) {
+    return counted(1, backend, cgraph);
+}
+#endif
+
 int main(int argc, char ** argv) {
     if (argc != 2 && argc != 3) {
         fprintf(stderr, "usage: %s HOST:PORT [THREADS]\n", argv[0]);
@@ -35,6 +80,10 @@ int main(int argc, char ** argv) {
     if (parent != NULL && getppid() != (pid_t) atol(parent)) {
         return 1;
     }
+#ifdef SCHEDFUZZ_TEST_HOOKS
+    const char * crash = getenv("SCHEDFUZZ_RPC_CRASH_AT_COMPUTE");
+    crash_at = crash != NULL ? atol(crash) : -1;
+#endif
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (cpu == NULL) {
         fprintf(stderr, "ggml has no CPU device\n");

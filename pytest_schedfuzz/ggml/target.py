@@ -57,6 +57,7 @@ class GgmlTarget(WorkerTarget):
         self.debug_realloc = debug_realloc
         self.start_timeout = start_timeout
         self.servers = RpcServers(self.lib_dir)
+        self._runs = 0  # scenarios run (each RPC server's last client is named by its number)
         self.engine: dict[str, str] = {}
         self._sent: weakref.WeakKeyDictionary[Worker, SentSpecs] = weakref.WeakKeyDictionary()  # what each worker keeps (``kept``)
 
@@ -89,8 +90,11 @@ class GgmlTarget(WorkerTarget):
         raise AssertionError("unreachable")
 
     def _run_once(self, scenario: Scenario, meanwhile: Callable[[], None] | None, values: bool) -> tuple[Trace, str | None]:
+        self._runs += 1
+        n_rpc = scenario.layout.n_rpc
         for attempt in range(2):
-            endpoints = self.servers.ensure(scenario.layout.n_rpc)
+            endpoints = self.servers.ensure(n_rpc)
+            self.servers.assign(n_rpc, f"ggml scenario {self._runs} of this target ({len(scenario.steps)} steps, {n_rpc} RPC)")
             worker = self._live_worker()
             records: list[StepRecord] = []
             try:
@@ -114,29 +118,28 @@ class GgmlTarget(WorkerTarget):
                 self._worker = None
                 worker.close()
                 raise
+        # a server's death is charged only to a scenario that used servers, and only its own servers'
+        # (the worker's round trip after each compute made a crash abort the step that caused it)
+        deaths = self.servers.deaths(n_rpc) if n_rpc else []
+        outside = "; ".join(d.report() for d in deaths if d.from_outside)
         if abort is None:
-            # a server that died without the worker noticing (its last reply was already in)
-            # died during this scenario: it is charged here, not to the next one
-            if scenario.layout.n_rpc and self.servers.dead():
-                killed = self.servers.killed()
-                if killed:
-                    return self._trace(records, None), "; ".join(killed)
-                abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(self.servers.dead()))
-            else:
+            if not deaths:
                 return self._trace(records, None), None
+            if outside:  # killed from outside (the OOM killer, a user): an infrastructure fault, run again
+                return self._trace(records, None), outside
+            # a server that died without the worker noticing (its last reply was already in) died during this scenario
+            abort = Abort(max(len(records) - 1, 0), "crash", "an RPC server died during this scenario:\n" + "\n".join(d.report() for d in deaths),
+                          tuple(d.brief() for d in deaths))
         # ggml aborted, the worker crashed or hung: this worker is done, the next run starts another
         self._worker = None
         code = worker.proc.poll()
         worker.close()
         if abort.kind == "crash" and code is not None and -code in KILLED_FROM_OUTSIDE:
             return self._trace(records, None), f"the ggml worker was killed by {signal.Signals(-code).name}"
-        killed = self.servers.killed()
-        if killed:
-            return self._trace(records, None), "; ".join(killed)
-        # an RPC server crash shows in the worker as an abort, with the server exiting already
-        dead = self.servers.dead()
-        if dead:
-            abort = Abort(abort.step, abort.kind, abort.message + "\n" + "\n".join(dead))
+        if outside:
+            return self._trace(records, None), outside
+        if deaths and not abort.servers:  # an RPC server crash shows in the worker as an abort, with the server exiting already
+            abort = Abort(abort.step, abort.kind, "\n".join([abort.message, *(d.report() for d in deaths)]), tuple(d.brief() for d in deaths))
         if abort.kind == "timeout":
             self.servers.close()  # a server may be the one that hangs: start afresh
         return self._trace(records, abort), None

@@ -44,6 +44,7 @@ DEFINES = ("-D__attribute__(x)=", "-DLLAMA_API=", "-DGGML_API=", "-DGGML_BACKEND
            "-DGGML_DEPRECATED(f,h)=f", "-DGGML_RESTRICT=", "-D__restrict__=", "-D__restrict=")
 BINDING_CDEF = ("_cffi_bindings.py", "_LLAMA_H_CDEF")  # llama-cpp-py-sync's binding: its file, the variable holding llama.h
 CDEF_FILE = "llama.cdef"  # a cdef beside the libraries (upstream.py writes the binding's there)
+RPC_HEADER = "ggml-rpc.h"  # read with llama.h where a build's headers have it (a binding's cdef has it already)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def find(lib_dir: Path) -> Declarations:
 
 
 def headers(llama_h: Path, include: list[Path]) -> Declarations:
-    """``llama_h`` and the ggml headers it includes, preprocessed into declarations CFFI reads:
+    """``llama_h`` and the ggml headers it includes (and ``ggml-rpc.h`` where the build has it),
+    preprocessed into declarations CFFI reads:
     the standard headers stubbed, export macros and attributes defined away, ``extern`` dropped,
     and the one constant expression CFFI does not evaluate (``GGML_MAX_OP_PARAMS / sizeof(int32_t)``,
     an array length in ``struct ggml_tensor``) computed."""
@@ -109,7 +111,10 @@ def headers(llama_h: Path, include: list[Path]) -> Declarations:
     for name in STD_HEADERS:
         if not (stub / name).exists():
             (stub / name).write_text("")
-    cmd = ["gcc", "-E", "-P", "-nostdinc", f"-I{stub}", *[f"-I{d}" for d in include], *DEFINES, str(llama_h)]
+    # ggml-rpc.h too, where the build has it (llama.h does not include it): the RPC client's own
+    # functions the worker calls (its round trip before a context is freed, ``worker.Llama``)
+    rpc = [f"-include{RPC_HEADER}"] if any((d / RPC_HEADER).is_file() for d in include) else []
+    cmd = ["gcc", "-E", "-P", "-nostdinc", f"-I{stub}", *[f"-I{d}" for d in include], *DEFINES, *rpc, str(llama_h)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -309,6 +309,8 @@ class Observation(GraphReading):
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
         self.outer: str | None = None  # the scheduler call a split_graph happens in
         self.computing = False  # inside ggml_backend_sched_graph_compute_async (an abort's phase)
+        self.computed_in = -1  # the last call in which a scheduler computed (``worker.Llama.synchronize_servers``)
+        self.synchronizing = False  # in the round trip to the RPC servers before a context is freed (an abort's phase)
         self.split: dict[str, Any] | None = None  # what the last split_graph did
         self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
         self.observing: set[int] = set()  # sched ids whose realloc decisions ggml reports (its callback)
@@ -344,9 +346,9 @@ class Observation(GraphReading):
 
     def _on_abort(self, message: bytes | None) -> None:
         try:
-            # the phase: inside which scheduler call ggml aborted, else "llama.cpp" (its own code between them:
-            # building a graph, setting its inputs, reading outputs)
-            phase = self.outer or ("compute" if self.computing else "llama.cpp")
+            # the phase: in the round trip to the RPC servers before a context is freed ("synchronize"), inside which
+            # scheduler call ggml aborted, else "llama.cpp" (its own code between them: building a graph, setting inputs...)
+            phase = "synchronize" if self.synchronizing else self.outer or ("compute" if self.computing else "llama.cpp")
             msg: dict[str, Any] = {"call": self.call, "message": (message or b"").decode(errors="replace"), "phase": phase}
             if self.captured is not None:
                 # the scheduler call that aborts, with the graph llama.cpp handed it, after this call's earlier ones
@@ -386,6 +388,7 @@ class Observation(GraphReading):
             return
         if phase in (HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END):
             self.computing = phase == HOOK_COMPUTE_BEGIN
+            self.computed_in = self.call
             return
         if phase == HOOK_SCHED_NEW:
             # ids by creation: a new scheduler may get a freed one's address

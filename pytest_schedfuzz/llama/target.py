@@ -10,8 +10,11 @@ compiler and preloaded into the worker. The parent never loads llama.cpp.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -93,6 +96,7 @@ class LlamaTarget(WorkerTarget):
         self.servers = RpcServers(str(self.lib_dir))
         self.recent_graphs = RecentGraphs()  # captured graphs' tensors, made once for the workloads that capture them again
         self.engine: dict[str, str] = {}
+        self._used: weakref.WeakKeyDictionary[Worker, set[str]] = weakref.WeakKeyDictionary()  # the servers each worker sent work
 
     def _env(self) -> dict[str, str]:
         env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
@@ -114,9 +118,12 @@ class LlamaTarget(WorkerTarget):
         first time the workload's calls hand it the scheduler, while the worker goes on."""
         model_path = write_model(workload.model, self.models)
         lora_paths = [str(write_lora(workload.model, a, self.models)) for a in workload.loras]
+        n_rpc = workload.devices.n_rpc
         for attempt in range(2):
-            endpoints = self.servers.ensure(workload.devices.n_rpc)
+            endpoints = self._servers_for(n_rpc)
+            self.servers.assign(n_rpc, client_name(workload))
             worker = self._live_worker()
+            self._used.setdefault(worker, set()).update(endpoints)
             calls: list[dict[str, Any]] = []
             try:
                 worker.send({"workload": workload.to_json(), "model_path": str(model_path), "endpoints": endpoints, "lora_paths": lora_paths,
@@ -136,24 +143,34 @@ class LlamaTarget(WorkerTarget):
                 self.servers.restart(result)
                 continue
             break
+        # a server's death is this workload's only if it used servers (a CPU-only run never is charged), and only
+        # its own: before its contexts were freed the worker made a round trip to each (``synchronize_servers``), so
+        # one that crashed on the workload's last graph made ggml abort there; one dead now died of what it sent
+        deaths = self.servers.deaths(n_rpc) if n_rpc else []
         if isinstance(result, LlamaAbort):
             self._worker = None
             worker.close()
-            # an RPC server crash shows in the worker as an abort, with the server exiting already
-            dead = self.servers.dead()
-            if dead:
-                result = replace(result, message=result.message + "\n" + "\n".join(dead))
+            if deaths:  # an RPC server crash shows in the worker as an abort, with the server exiting already
+                result = replace(result, message="\n".join([result.message, *(d.report() for d in deaths)]), servers=tuple(d.brief() for d in deaths))
             if result.kind == "timeout":
                 self.servers.close()
             return LlamaTrace.from_messages(calls, result, self.engine, {})
-        # a server that died during the workload (RPC computes asynchronously) is charged to it,
-        # once the servers have computed what it sent them
-        self.servers.settle()
-        dead = self.servers.dead()
-        if dead:
+        if deaths:
+            self._worker = None  # its models live on a dead server: the next workload gets a fresh worker
+            worker.close()
             last = calls[-1]["index"] if calls else -1
-            return LlamaTrace.from_messages(calls, LlamaAbort(last, "crash", "\n".join(dead)), self.engine, {})
+            abort = LlamaAbort(last, "crash", "\n".join(d.report() for d in deaths), servers=tuple(d.brief() for d in deaths))
+            return LlamaTrace.from_messages(calls, abort, self.engine, {})
         return LlamaTrace.from_messages(calls, None, self.engine, result)
+
+    def _servers_for(self, n: int) -> list[str]:
+        """``RpcServers.ensure``, on a worker none of whose servers died since it used them."""
+        if self._worker is not None and self.servers.gone(self._used.get(self._worker, ())):
+            # a server it used died idle (nobody charged: ``ensure`` says so when it is asked for next): its
+            # models live there, and any workload, a CPU-only one too, would meet the dead server freeing them
+            self._worker.close()
+            self._worker = None
+        return self.servers.ensure(n)
 
     def _collect(self, worker: Worker, calls: list[dict[str, Any]], on_graph: Callable[[dict[str, Any]], None] | None) -> dict[str, int] | LlamaAbort | str | Unsupported:
         current = -1
@@ -187,6 +204,12 @@ class LlamaTarget(WorkerTarget):
                 raise TargetError(f"the llama.cpp worker failed (harness, not llama.cpp):\n{msg['error']}")
             else:
                 raise TargetError(f"unexpected message from the llama.cpp worker: {msg}")
+
+
+def client_name(w: LlamaWorkload) -> str:
+    """A workload as its RPC servers' client (``RpcServers.assign``): a digest of it, and its devices."""
+    digest = hashlib.sha1(json.dumps(w.to_json(), sort_keys=True).encode()).hexdigest()[:10]
+    return f"llama.cpp workload {digest} ({w.devices.describe()}; {len(w.calls)} calls)"
 
 
 def _with_graphs(records: Sequence[dict[str, Any]], graphs: dict[int, tuple[Any, ...]], recent: RecentGraphs) -> list[dict[str, Any]]:

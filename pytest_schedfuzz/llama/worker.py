@@ -101,6 +101,8 @@ class Llama(Observation, Placement, Calls):
         glib = self.g.ggml.lib
         declare_sched_functions(glib)
         self.glib = glib
+        # the RPC client's round trip before a context is freed (``synchronize_servers``), as the build declares it (ggml-rpc.h)
+        self.rpc_memory = L.ggml_backend_rpc_get_device_memory if L.has("ggml_backend_rpc_get_device_memory") else None
         self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
         self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
         self.rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
@@ -180,6 +182,8 @@ class Llama(Observation, Placement, Calls):
             # a Release build tells its decisions through the callback alone, without ggml-alloc's reasons
             "build": "Debug (ggml-alloc logs its reasons)" if self.logs_reallocs else "Release (NDEBUG: decisions from the callback, reasons unobservable)",
             "gpu_device": gpu_device(),
+            # before a context is freed, one round trip per RPC server (synchronize_servers)
+            "rpc_round_trip": "ggml_backend_rpc_get_device_memory" if self.rpc_memory is not None else "absent (RPC workloads refused)",
         }
 
     def context_params(self, c: ContextParams) -> Any:
@@ -223,6 +227,7 @@ class Llama(Observation, Placement, Calls):
 
     def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str], lora_paths: Sequence[str] = ()) -> dict[str, Any]:
         L = self.L
+        self.begin(-1)  # what fails while the models load (an earlier model freed on a server) is the context's
         model = self.load_model(model_path, w.devices, endpoints, mtp=w.draft == "mtp")
         if w.draft_model is None:
             self.free_draft_model()  # a later workload's contexts never share a device with a draft model it did not load
@@ -238,8 +243,8 @@ class Llama(Observation, Placement, Calls):
         self.checkpoints: dict[int, tuple[Any, int]] = {}  # seq -> its saved state and last position
         self.recurrent = w.model.kind in RECURRENT_KINDS
         ctx = None
+        self.computed_in = -1  # the last call in which a scheduler computed (its crash is charged there: ``synchronize_servers``)
         try:
-            self.begin(-1)
             ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
             if ctx and w.draft == "mtp":
                 self.mtp = self._mtp_context(draft_model, ctx, w.ctx)
@@ -258,6 +263,7 @@ class Llama(Observation, Placement, Calls):
             perf = self._perf(ctx)
             return {"perf": perf | ({f"draft.{k}": v for k, v in self._perf(self.mtp.ctx).items()} if self.mtp is not None else {})}
         finally:
+            self.synchronize_servers(endpoints[: w.devices.n_rpc])
             self.begin(len(w.calls))
             if self.mtp is not None:
                 with self.in_context(1):
@@ -273,6 +279,27 @@ class Llama(Observation, Placement, Calls):
                 L.llama_adapter_lora_free(adapter)
             self.adapters = {}
             self.errors, self.log.errors = [], []
+
+    def synchronize_servers(self, endpoints: Sequence[str]) -> None:
+        """One round trip per RPC server the workload used, before its contexts are freed, on the
+        connection they used (ggml-rpc keeps one per endpoint, and a server answers a connection's
+        commands in order). From ggml 0.25.3 on the client queues ``GRAPH_COMPUTE`` without waiting
+        (``llama_synchronize`` waits until it is sent), so the reply comes once the server has
+        computed all the workload sent it; a server that died makes ggml abort here, in phase
+        ``synchronize``, charged to the last call in which a scheduler computed (else the last
+        call made), not to the next workload, which would meet it at its first connection."""
+        if not endpoints:
+            return
+        assert self.rpc_memory is not None, "RPC devices without the round trip (unsupported should have refused the workload)"
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        device = (0,) if len(self.rpc_memory.argtypes) == 4 else ()  # (endpoint, device, free, total); older ggml: no device
+        made, self.synchronizing = self.call, True
+        self.call = self.computed_in if self.computed_in >= 0 else made
+        try:
+            for endpoint in endpoints:
+                self.rpc_memory(endpoint.encode(), *device, ctypes.byref(free), ctypes.byref(total))
+        finally:
+            self.call, self.synchronizing = made, False
 
     def _perf(self, ctx: Any) -> dict[str, int]:
         perf = self.L.llama_perf_context(ctx)
@@ -309,6 +336,9 @@ class Llama(Observation, Placement, Calls):
             return f"draft mtp: {loaded_library_path('libllama')} lacks llama_batch_ext or the NextN functions (speculative.py)"
         if w.devices.gpus and self.fake is None and (why := gpu_device()) != "available":
             return f"GPU-like devices: {why}"
+        if w.devices.n_rpc and self.rpc_memory is None:
+            return (f"RPC devices: {self.declarations} declares no ggml_backend_rpc_get_device_memory, the round trip that charges a "
+                    "server's crash on a workload's last graph to that workload")
         return (f"{', '.join(wrong)}: this build's llama_context_params has no such field ({self.declarations}, "
                 f"{loaded_library_path('libllama')}): the workload needs a build that has it") if wrong else ""
 

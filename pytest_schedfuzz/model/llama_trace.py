@@ -141,8 +141,12 @@ class LlamaAbort:
     # a captured run's abort: the aborting call's scheduler calls, the last the one ggml aborted in
     sched: tuple[SchedCall, ...] = ()
     # where in the call ggml aborted: inside reserve, alloc, reserve_size or compute, or in llama.cpp's
-    # own code between them ("llama.cpp": building a graph, setting inputs); "" where the worker could not say (a crash, a timeout)
+    # own code between them ("llama.cpp": building a graph, setting inputs), or in the round trip to the RPC servers before
+    # the context is freed ("synchronize"); "" where the worker could not say (a crash, a timeout)
     phase: str = ""
+    # the RPC servers of the workload that died, each "127.0.0.1:PORT: killed by SIGSEGV" (or "exited with status N"), from
+    # their exit status (``process.rpc.ServerDeath.brief``): what ``message``'s "RPC server ... was killed by" lines say
+    servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

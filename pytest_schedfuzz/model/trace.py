@@ -139,6 +139,8 @@ class Abort:
     step: int
     kind: str  # "abort" | "crash" | "timeout"
     message: str
+    # the scenario's RPC servers that died, each "127.0.0.1:PORT: killed by SIGSEGV" (``process.rpc.ServerDeath.brief``)
+    servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

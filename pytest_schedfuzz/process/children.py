@@ -112,16 +112,6 @@ def exiting(pid: int) -> bool:
     return state in ("Z", "X") or bool(int(flags) & PF_EXITING)
 
 
-def running(pid: int) -> bool:
-    """Whether a thread of the process is running or runnable (``R`` in ``/proc/PID/task/*/stat``):
-    an RPC server computing a graph its client sent without waiting for it. False once it is gone."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return False
-    return any((fields := _stat_fields(f"/proc/{pid}/task/{task}/stat")) and fields[0] == "R" for task in tasks)
-
-
 def describe_exit(code: int) -> str:
     """``Popen.returncode`` in words."""
     return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"

@@ -2,10 +2,16 @@
 
 Each server is ``schedfuzz-rpc-server 127.0.0.1:P THREADS`` (``ggml/rpc_server.c``, linked
 against the ggml under test: ``build.build_rpc_server``) in its own session (so its own process
-group), listening on a free loopback port. A server is ready once its port accepts a TCP
-connection; ``ggml_backend_rpc_init`` on a port that is not listening yet fails inside ggml, so
-we poll rather than sleep. Servers are stopped on ``close()`` and, as every child, at
-interpreter exit and on SIGTERM (``children``).
+group), listening on a free loopback port. A server is ready once it is alive and a listening
+socket on its port is its own (``owns_listener``: not a stranger's that took the port);
+``ggml_backend_rpc_init`` on a port that is not listening yet fails inside ggml, so we poll
+rather than sleep. Servers are stopped on ``close()`` and, as every child, at interpreter exit
+and on SIGTERM (``children``).
+
+A server's death is charged to the workload that last sent it work (``assign``: its *client*),
+by its exit status (``Popen.returncode``), never by message text (``deaths``). A death no
+workload was charged for is never replaced silently: ``ensure`` records it (``lost``), and one
+that was not a kill from outside (an infrastructure fault) raises ``RpcServerLost``.
 
 Servers are programs of their own, each exec'd, not forked from a fork server as the workers are
 (``forkserver``): forked from one process, every server would have the same address layout, and a
@@ -15,20 +21,23 @@ buffer handle of one server would then name a buffer of another too (the starter
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import IO
 
+from ..engine import TargetError
 from ..ggml.build import BuildError, build_rpc_server
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import child_env
-from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, running, spawn
+from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
 
 
 def free_port() -> int:
@@ -51,11 +60,59 @@ class RpcServerError(RuntimeError):
     """An RPC server did not come up."""
 
 
+@dataclass(frozen=True)
+class ServerDeath:
+    """A server that died: its endpoint, its exit status as the process gave it (``Popen.returncode``:
+    ``-signal`` or the status; None: still exiting when it was asked), the workload that last sent
+    it work (``RpcServers.assign``) and the end of its output (ggml's abort message, if any)."""
+
+    endpoint: str
+    returncode: int | None
+    client: str = ""
+    log: str = ""
+
+    @property
+    def status(self) -> str:
+        """``killed by SIGSEGV``, ``exited with status 1``, ``still exiting``."""
+        return describe_exit(self.returncode).removeprefix("was ") if self.returncode is not None else "still exiting"
+
+    @property
+    def from_outside(self) -> bool:
+        """Killed by a signal only something outside sends (``KILLED_FROM_OUTSIDE``: the OOM
+        killer, a user): an infrastructure fault, not ggml."""
+        return self.returncode is not None and -self.returncode in KILLED_FROM_OUTSIDE
+
+    def brief(self) -> str:
+        """``127.0.0.1:P: killed by SIGSEGV`` (``LlamaAbort.servers``)."""
+        return f"{self.endpoint}: {self.status}"
+
+    def report(self) -> str:
+        """What a trace's message says of it, as it always has: ``RPC server 127.0.0.1:P was
+        killed by SIGSEGV``, then its last output."""
+        status = describe_exit(self.returncode) if self.returncode is not None else "was still exiting"
+        return f"RPC server {self.endpoint} {status}" + (f"; its last output:\n{self.log}" if self.log else "")
+
+
+class RpcServerLost(TargetError):
+    """A server died and no workload was charged for it (found at ``ensure``): its last client's
+    run ended before it died, or it died of something no workload sent. A harness error, naming
+    the server, how it died and its last client (to replay): never charged to the workload that
+    asked for the server next, never replaced silently. The pool was repaired before it was raised."""
+
+    def __init__(self, death: ServerDeath) -> None:
+        self.death = death
+        client = f"its last client was {death.client}" if death.client else "no workload had sent it work"
+        super().__init__(f"RPC server {death.endpoint} {death.status} with no workload charged for it ({client}); "
+                         "it was replaced" + (f"; its last output:\n{death.log}" if death.log else ""))
+
+
 @dataclass
 class _Server:
     port: int
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
+    client: str = ""  # the workload that last sent it work (``assign``)
+    charged: bool = False  # its death was reported to a workload (``deaths``)
 
     @property
     def endpoint(self) -> str:
@@ -66,16 +123,22 @@ class RpcServers:
     """A pool of local ggml RPC servers, started on demand and reused across scenarios.
 
     ``ensure(n)`` returns the endpoints of the first ``n`` servers, starting missing ones and
-    restarting any that died (on a new port); ``close()`` stops them all.
+    restarting any that died (on a new port; see ``ensure``); ``assign(n, client)`` says which
+    workload now sends them work; ``deaths(n)`` charges that workload with the ones that died;
+    ``close()`` stops them all. ``env`` is added to the servers' environment (a test's
+    ``SCHEDFUZZ_RPC_CRASH_AT_COMPUTE``, ``rpc_server.c``).
     """
 
-    def __init__(self, lib_dir: str | None = None, threads: int = CPU_THREADS, start_timeout: float = 30.0, attempts: int = 3) -> None:
+    def __init__(self, lib_dir: str | None = None, threads: int = CPU_THREADS, start_timeout: float = 30.0, attempts: int = 3,
+                 env: Mapping[str, str] | None = None) -> None:
         self.lib_dir = lib_dir
         self.threads = threads
         self.start_timeout = start_timeout
         self.attempts = attempts
+        self.env = dict(env or {})
         self._servers: list[_Server] = []
         self._logdir = Path(tempfile.mkdtemp(prefix="schedfuzz-rpc-"))
+        self.lost: list[ServerDeath] = []  # deaths no workload was charged for, found by ``ensure`` (replaced, not silently)
 
     @property
     def pids(self) -> list[int]:
@@ -86,43 +149,84 @@ class RpcServers:
         return [s.port for s in self._servers]
 
     def ensure(self, n: int) -> list[str]:
-        for i, server in enumerate(self._servers):
-            if server.proc.poll() is not None:
-                self._stop(server)
-                self._servers[i] = self._start()
+        """The endpoints of the first ``n`` servers, started where missing. Only those are
+        looked at (a workload without RPC devices touches no server). One that died is replaced:
+        at once if its death was charged to a workload (``deaths``); else it is recorded in
+        ``lost`` and, unless it was killed from outside (an infrastructure fault), ``RpcServerLost``
+        is raised once the pool is whole again."""
+        lost = None
+        for i, server in enumerate(self._servers[:n]):
+            if server.proc.poll() is None and not exiting(server.proc.pid):
+                continue
+            death = self._death(server, 10.0)
+            self._stop(server)
+            self._servers[i] = self._start()
+            if not server.charged:
+                self.lost.append(death)
+                lost = lost or (None if death.from_outside else death)
         while len(self._servers) < n:
             self._servers.append(self._start())
+        if lost is not None:
+            raise RpcServerLost(lost)
         return [s.endpoint for s in self._servers[:n]]
 
+    def assign(self, n: int, client: str) -> None:
+        """The first ``n`` servers now work for ``client`` (a workload's name): their deaths are its."""
+        for server in self._servers[:n]:
+            server.client = client
+
+    def gone(self, endpoints: Iterable[str]) -> bool:
+        """Whether any of ``endpoints`` has no live server now (it died, or was replaced)."""
+        live = {s.endpoint for s in self._servers if s.proc.poll() is None and not exiting(s.proc.pid)}
+        return any(e not in live for e in endpoints)
+
+    def deaths(self, n: int | None = None, timeout: float = 10.0) -> list[ServerDeath]:
+        """The first ``n`` servers (all: None) that have exited, or are exiting now
+        (``children.exiting``: waited for, up to ``timeout`` s, for their exit status), charged
+        to the workload that asks: each is reported once. A server whose death closed the
+        worker's connection is exiting by the time the worker reports it: nothing healthy is
+        waited for."""
+        gone = [s for s in self._servers[:n] if not s.charged and (s.proc.poll() is not None or exiting(s.proc.pid))]
+        deadline = time.monotonic() + timeout
+        out = []
+        for s in gone:
+            out.append(self._death(s, max(0.0, deadline - time.monotonic())))
+            s.charged = True
+        return out
+
+    def _death(self, server: _Server, timeout: float) -> ServerDeath:
+        try:
+            server.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        return ServerDeath(server.endpoint, server.proc.returncode, server.client, self._log_tail(server))
+
     def restart(self, endpoint: str) -> None:
-        """Replace the server at ``endpoint`` (one that does not answer) by a new one."""
+        """Replace the server at ``endpoint`` (one that does not answer) by a new one; one that
+        died is handled as ``ensure`` handles it."""
         for i, server in enumerate(self._servers):
             if server.endpoint == endpoint:
+                alive = server.proc.poll() is None and not exiting(server.proc.pid)
+                death = None if alive else self._death(server, 10.0)
                 self._stop(server)
                 self._servers[i] = self._start()
-
-    def settle(self, timeout: float = 10.0) -> None:
-        """Wait, up to ``timeout`` s, until no server is still computing (``children.running``):
-        from ggml 0.25.3 on, the RPC client sends ``GRAPH_COMPUTE`` without waiting for the server
-        (``llama_synchronize`` waits only for the command to be sent), so a server can crash on a
-        workload's last graph after the workload has ended. Waited for, that crash is the
-        workload's (``dead``); not waited for, it was the next workload's, whose first connection
-        the dying server refused ("Failed to connect"), a finding of the wrong workload."""
-        deadline = time.monotonic() + timeout
-        while any(s.proc.poll() is None and running(s.proc.pid) for s in self._servers) and time.monotonic() < deadline:
-            time.sleep(0.001)
+                if death is not None and not server.charged:
+                    self.lost.append(death)
+                    if not death.from_outside:
+                        raise RpcServerLost(death)
 
     def dead(self, timeout: float = 10.0) -> list[str]:
-        """Servers that have exited, or are exiting now (``children.exiting``: waited for, up to
-        ``timeout`` s, for their exit status). A server whose death closed the worker's connection
-        is exiting by the time the worker reports it: nothing healthy is waited for."""
+        """Servers that have exited, or are exiting now, as a trace's message says them
+        (``ServerDeath.report``), whether charged already or not; ``deaths`` charges them."""
         gone = [s for s in self._servers if s.proc.poll() is not None or exiting(s.proc.pid)]
         deadline = time.monotonic() + timeout
-        while any(s.proc.poll() is None for s in gone) and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return [f"RPC server {s.endpoint} "
-                f"{describe_exit(s.proc.returncode) if s.proc.returncode is not None else f'was still exiting after {timeout:g} s'}"
-                f"{self._log_tail(s)}" for s in gone]
+        return [self._death(s, max(0.0, deadline - time.monotonic())).report() for s in gone]
+
+    def log(self, endpoint: str) -> str:
+        """All a server has printed so far."""
+        server = next(s for s in self._servers if s.endpoint == endpoint)
+        server.log.flush()
+        return (self._logdir / f"rpc-{server.port}.log").read_text(errors="replace")
 
     def killed(self) -> list[str]:
         """Servers that were killed from outside (``KILLED_FROM_OUTSIDE``), not crashed."""
@@ -137,10 +241,9 @@ class RpcServers:
             server.log.seek(0, 2)
             size = server.log.tell()
             server.log.seek(max(0, size - n))
-            tail = server.log.read().decode(errors="replace").strip()
+            return server.log.read().decode(errors="replace").strip()
         except (OSError, ValueError):
             return ""
-        return f"; its last output:\n{tail}" if tail else ""
 
     @cached_property
     def program(self) -> Path:
@@ -157,7 +260,7 @@ class RpcServers:
             port = free_port()
             log = open(self._logdir / f"rpc-{port}.log", "w+b")
             cmd = [str(self.program), f"127.0.0.1:{port}", str(self.threads)]
-            proc = spawn(cmd, child_env(self.lib_dir), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            proc = spawn(cmd, child_env(self.lib_dir) | self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             server = _Server(port, proc, log)
             try:
                 if self._wait_ready(server):
@@ -172,14 +275,17 @@ class RpcServers:
         raise RpcServerError("could not start a ggml RPC server:\n" + "\n".join(problems))
 
     def _wait_ready(self, server: _Server) -> bool:
-        """Poll the port until it accepts a connection; False if the server exits or times out."""
+        """Poll until the server listens on its port (``owns_listener``); False if it exits or
+        times out. Another process listening on the port (one that took it between ``free_port``
+        and the server's bind) is not ready: the server fails to bind and exits, and the caller
+        tries another port."""
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
                 return False
-            if port_accepts(server.port):
+            if owns_listener(server.proc.pid, server.port):
                 return True
-            time.sleep(0.02)
+            time.sleep(0.005)
         return False
 
     def _stop(self, server: _Server) -> None:
@@ -187,6 +293,7 @@ class RpcServers:
         server.log.close()
 
     def close(self) -> None:
+        """Stop every server (deaths found now are nobody's: the servers are being stopped)."""
         for server in self._servers:
             self._stop(server)
         self._servers.clear()
@@ -197,3 +304,30 @@ class RpcServers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN, as /proc/net/tcp writes a socket's state
+
+
+def owns_listener(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on loopback ``port``: the listening
+    sockets on the port in its network namespace (``/proc/PID/net/tcp``: local address, state,
+    inode), one of them among its open files (``/proc/PID/fd``, ``socket:[INODE]``). A few
+    hundred microseconds (a server has a handful of files); False once it is gone."""
+    want = f":{port:04X}"
+    try:
+        with open(f"/proc/{pid}/net/tcp") as f:
+            inodes = {f"socket:[{fields[9]}]" for line in f if len(fields := line.split()) > 9
+                      and fields[1].endswith(want) and fields[3] == TCP_LISTEN}
+        if not inodes:
+            return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False

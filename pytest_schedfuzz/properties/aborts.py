@@ -10,7 +10,7 @@ from reference.alloc import KEPT_PLAN, MEASURED_PLAN
 from ..model.scenario import Scenario, Step
 from ..model.trace import Abort, Trace
 from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation
-from .sites import check_site, site_key
+from .sites import check_site, server_death, site_key
 
 
 def with_c_stack(cause: str, message: str, depth: int = 3) -> str:
@@ -93,9 +93,9 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
         facts["site"] = site
     # the RPC client reports every server failure alike: a server that died (and how) is what
     # separates a crash in the server from a graph it rejected
-    died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", a.message)
+    died = server_death(a.servers, a.message)
     if died:
-        facts["server"] = died.group(1)
+        facts["server"] = died
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit
         facts["during"] = step.kind
     # the reference's ggml-alloc explains it: a failed reservation kept its new plan, and its

@@ -14,6 +14,18 @@ from ..llama.seed import kept_source
 # the RPC client's check for every server failure: its site is wherever the client first noticed
 # the failure (another call in another ggml version), not where anything went wrong
 RPC_FAILED = "Remote RPC server crashed or returned malformed response"
+
+
+def server_death(servers: tuple[str, ...], message: str) -> str | None:
+    """How the first RPC server of an abort that died went, as signatures say it ("was killed by
+    SIGSEGV", "exited with status 1"): from the abort's ``servers`` (each "ENDPOINT: killed by
+    SIGSEGV", from the process's exit status), else, for a trace from before they were recorded,
+    from its message ("RPC server ENDPOINT was killed by SIGSEGV"). None: no server died."""
+    if servers:
+        status = servers[0].rpartition(": ")[2]
+        return f"was {status}" if status.startswith("killed by ") else status
+    died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", message)
+    return died.group(1) if died else None
 _SITE = re.compile(r"(\S*?)([\w.-]+\.(?:c|cpp|h)):(\d+): ")
 # a function definition's first line in ggml's and llama.cpp's style: at column 0, a name and "("
 _DEFINITION = re.compile(r"^(?![#/ \t}{])[^;=]*?\b([A-Za-z_]\w*(?:::~?\w+)*)\s*\(")

@@ -555,30 +555,6 @@ def test_dead_waits_for_no_healthy_server_and_reports_a_crashed_one(monkeypatch:
         assert servers.dead() == [report]
 
 
-def test_settle_waits_for_a_server_still_computing_so_that_its_crash_is_the_workloads(tmp_path: Path) -> None:
-    """A server still computing what a finished workload sent it (RPC's asynchronous
-    GRAPH_COMPUTE) is not dead yet; ``settle`` waits for it, and its crash is then seen, and
-    charged to that workload, not to the next one. An idle pool settles at once."""
-    import subprocess
-    import sys
-
-    from pytest_schedfuzz.process.rpc import _Server
-
-    with RpcServers() as servers:
-        servers.ensure(1)
-        t0 = time.monotonic()
-        servers.settle()
-        assert time.monotonic() - t0 < 0.5 and servers.dead() == []
-        computing = subprocess.Popen([sys.executable, "-c", "import os, time\nt = time.time()\nwhile time.time() - t < 0.5: pass\nos.abort()"])
-        servers._servers.append(_Server(0, computing, (tmp_path / "log").open("w+b")))
-        time.sleep(0.1)
-        assert servers.dead() == []  # still computing: not dead, and the workload would pass
-        servers.settle()
-        (report,) = servers.dead()
-        assert "was killed by SIGABRT" in report
-        servers._servers.pop()
-
-
 def test_a_worker_killed_from_outside_is_restarted_and_the_scenario_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
     clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
     with GgmlTarget() as t:
