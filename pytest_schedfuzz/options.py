@@ -86,6 +86,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("policy", "the scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)", metavar="MODULE:CALLABLE"),
     Option("reference", "replace the reference's predict with MODULE:CALLABLE(scenario) -> Trace", metavar="MODULE:CALLABLE"),
     Option("rereserve", "the driver re-reserves the worst case on topology changes (default: on)", bool),
+    Option("confirm-runs", "replays on a fresh worker and fresh RPC servers of a failure that does not come back at once; a "
+           "finding when one shows its signature, reported as reproduced k of n (default: 5)", int, "N"),
     Option("keep-going", "campaign: after a finding, save it and fuzz on; report every distinct signature (default: on under "
            "nightly)", bool),
     Option("size-oracle", "replay every scenario, not one in ten, under GGML_SCHED_DEBUG_REALLOC=2 and compare ggml's own graph "

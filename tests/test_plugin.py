@@ -372,15 +372,17 @@ def test_the_starter_corpus_bugs_are_known_in_an_empty_folder(pytester: pytest.P
     assert "known upstream bugs: 0 expected failures (built in: none" in off.stdout.str()
 
 
-def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_finding(monkeypatch: pytest.MonkeyPatch):
+def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Hypothesis answers Ctrl-C during shrinking by replaying the case and reporting it, after
     which the session went on to the next property (a dev run went on for 209 s). Now the first
-    KeyboardInterrupt stops: no case runs after it, the smallest so far is returned to be saved,
-    and ``interrupted`` tells the plugin (and the CLI) to stop there."""
+    KeyboardInterrupt stops: no case runs after it, the smallest so far is kept (unconfirmed: it
+    was not replayed on a fresh worker, so it is not a finding), and ``interrupted`` tells the
+    plugin (and the CLI) to stop there."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.cases.corpus import load_case
 
-    fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=None, examples=50, seed=1))
+    fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=tmp_path / "examples", examples=50, seed=1))
     real, seen = fuzzer.check, {"failed": False, "after": 0}
 
     def check(prop: str, scenario: object) -> list:
@@ -392,9 +394,10 @@ def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_finding(monkeypatch:
         return found
 
     monkeypatch.setattr(fuzzer, "check", check)
-    finding = fuzzer.fuzz("reuse-complete")
-    assert finding is not None and finding.violation.property == "reuse-complete"
+    assert fuzzer.fuzz("reuse-complete") is None
     assert fuzzer.interrupted and seen["after"] == 1
+    (kept,) = [load_case(p) for p in fuzzer.stats.unconfirmed_cases]
+    assert kept.property == "reuse-complete" and "interrupted (Ctrl-C) before its replay" in kept.message
 
 
 def test_a_library_folder_without_ggml_source_runs_without_gpu_like_devices(pytester: pytest.Pytester):

@@ -110,6 +110,15 @@ class Engines:
             self._llama_oracle = LlamaTarget(lib_dir=self.config.llama_lib, debug_realloc=1)
         return self._llama_oracle
 
+    def fresh(self) -> None:
+        """The next run of every engine started so far begins on a fresh worker and fresh RPC
+        servers (``WorkerTarget.fresh``; a user's target is closed), and no CPU-only run is taken
+        from the kept ones: what a confirmation replays (``confirm``)."""
+        for engine in (self._target, self._llama, self._llama_oracle, *self._oracles.values()):
+            if engine is not None:
+                getattr(engine, "fresh", getattr(engine, "close", lambda: None))()
+        self._cpu_runs.clear()
+
     def llama_started(self) -> bool:
         """Whether the llama.cpp target's worker has started (and described its build)."""
         return self._llama is not None and bool(getattr(self._llama, "engine", None))
@@ -203,28 +212,36 @@ class Engines:
                 self.target.step_timeout = usual  # type: ignore[attr-defined]
         if again.abort is not None and again.abort.kind == trace.abort.kind:
             return again
-        self.stats.unconfirmed += 1
-        self._keep_unconfirmed(trace.abort, scenario=scenario)
+        self._keep_unconfirmed(trace.abort, again.abort, scenario=scenario)
         return again
 
-    def _keep_unconfirmed(self, abort: Abort | LlamaAbort, scenario: Scenario | None = None, llama: LlamaWorkload | None = None) -> None:
-        """A crash or timeout that did not come back, kept as a case in ``.schedfuzz/unconfirmed/``
-        (listed by the summary): not a finding, not lost either."""
-        if self.config.database is None:
-            return
-        from ..cases.corpus import save_case
-
+    def _keep_unconfirmed(self, abort: Abort | LlamaAbort, again: Abort | LlamaAbort | None, scenario: Scenario | None = None,
+                          llama: LlamaWorkload | None = None) -> None:
+        """A crash or timeout that did not come back, kept (``keep_unconfirmed``) with both runs'
+        messages (``again``: the fresh run's abort, None where it ran through)."""
         first = abort.message.strip().splitlines()[0] if abort.message.strip() else abort.kind
         target = self._llama if llama is not None else self.target
         step = abort.step if isinstance(abort, Abort) else max(abort.call, 0)
+        message = f"{abort.message[-3000:]}\n\non a fresh worker: " + (f"{again.kind}: {again.message[-3000:]}" if again else "ran through")
+        self.keep_unconfirmed(Case("llama-no-abort" if llama is not None else "no-abort", f"unconfirmed {abort.kind}", scenario, message,
+                                   step, self.seed, dict(getattr(target, "engine", {}) or {}),
+                                   {"fail": f"did not come back on a fresh worker: {first}"}, llama=llama))
+
+    def keep_unconfirmed(self, case: Case) -> Path | None:
+        """A failure that did not come back on a fresh worker, counted and kept as a case in
+        ``.schedfuzz/unconfirmed/`` (listed by the summary): not a finding, not lost either.
+        Its file, or None where the run keeps no files."""
+        self.stats.unconfirmed += 1
+        if self.config.database is None:
+            return None
+        from ..cases.corpus import save_case
+
         try:
-            path = save_case(Path(self.config.database).parent / "unconfirmed",
-                             Case("llama-no-abort" if llama is not None else "no-abort", f"unconfirmed {abort.kind}", scenario, abort.message[-3000:],
-                                  step, self.seed, dict(getattr(target, "engine", {}) or {}), {"fail": f"did not come back on a fresh worker: {first}"},
-                                  llama=llama))
+            path = save_case(Path(self.config.database).parent / "unconfirmed", case)
         except OSError:
-            return
+            return None
         self.stats.unconfirmed_cases[str(path)] = 1
+        return path
 
     def llama_confirmed(self, workload: LlamaWorkload, trace: LlamaTrace, logits: bool = False, capture: bool = False,
                         on_graph: Callable[[dict[str, Any]], None] | None = None) -> LlamaTrace:
@@ -247,8 +264,7 @@ class Engines:
         finally:
             target.call_timeout = usual
         if again.abort is None or again.abort.kind != trace.abort.kind:
-            self.stats.unconfirmed += 1
-            self._keep_unconfirmed(trace.abort, llama=workload)
+            self._keep_unconfirmed(trace.abort, again.abort, llama=workload)
         return again
 
     def close(self) -> None:

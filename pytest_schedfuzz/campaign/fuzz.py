@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -26,7 +26,6 @@ from hypothesis.errors import FlakyFailure, HypothesisWarning
 from reference.versions import Rules
 
 from .. import properties as props
-from ..cases.corpus import Case, component_of
 from ..engine import TargetError, Unsupported, gc_paused, gc_young_threshold
 from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
@@ -36,6 +35,7 @@ from ..strategies.captured import captured_scenarios, captured_workloads
 from ..strategies.llama import FAMILIES, llama_workloads
 from .captures import captured_pool
 from .checks import Checks, Predict
+from .confirm import FLAKY, Confirmation, Finding, ViolationFound, confirmed_finding, keep_unconfirmed
 from .engines import Engines
 from .known import KnownBugs
 from .profiles import FuzzConfig, load_spec
@@ -43,45 +43,6 @@ from .stats import Stats
 
 if TYPE_CHECKING:
     from .shared import SharedCampaign
-
-
-@dataclass(frozen=True)
-class Finding:
-    property: str
-    scenario: Scenario
-    violation: props.Violation
-    workload: Workload | None = None
-    llama: LlamaWorkload | None = None
-
-    def report(self) -> str:
-        where = f"component: {component_of(self.property, self.violation.signature())}\n"
-        if self.llama is not None:
-            calls = "\n".join(f"  {i:2d}: {c.describe()}" for i, c in enumerate(self.llama.calls))
-            return f"{self.violation}\n{where}{self.llama.describe()}\ncalls:\n{calls}"
-        sc = self.scenario
-        steps = "\n".join(f"  {i:2d}: {s.describe()}" for i, s in enumerate(sc.steps))
-        graphs = "\n".join(f"  {n}: {g.label or ''} {g.n_ops} ops, {len(g.tensors) - g.n_ops} leafs" for n, g in sc.graphs)
-        kinds = ", ".join(b.kind for b in sc.layout.backends)
-        return f"{self.violation}\n{where}layout: [{kinds}]\ngraphs:\n{graphs}\nsteps:\n{steps}"
-
-    def to_case(self, fuzzer: Fuzzer) -> Case:
-        engines = fuzzer.engines
-        engine = dict(getattr(engines._target, "engine", None) or {"name": fuzzer.config.target or "ggml"})
-        v = self.violation
-        if self.llama is not None:
-            engine = dict(engines.llama_target.engine) if engines._llama is not None else {"name": "llama.cpp"}
-        options = {"rereserve": False} if self.workload is not None and not fuzzer.config.rereserve else {}
-        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload, llama=self.llama,
-                    options=options)
-
-
-class ViolationFound(AssertionError):
-    def __init__(self, scenario: Scenario | None, violation: props.Violation, workload: Workload | None, llama: LlamaWorkload | None = None) -> None:
-        super().__init__(str(violation))
-        self.scenario = scenario
-        self.violation = violation
-        self.workload = workload
-        self.llama = llama
 
 
 class Fuzzer(Checks):
@@ -327,7 +288,7 @@ class Fuzzer(Checks):
                 self.stats.seen_again[v.signature()] = self.stats.seen_again.get(v.signature(), 0) + 1
             found = [v for v in found if v.signature() not in known_set]
             # a shared campaign: a signature another host claimed is theirs to shrink and save; here it is seen again
-            while found and not target and self.shared is not None and (owner := self.shared.claim(prop, found[0].signature())):
+            while found and not target and self.shared is not None and (owner := self.shared.claim(prop, found[0].signature(), take=False)):
                 sig = found.pop(0).signature()
                 self.stats.seen_again[sig] = self.stats.seen_again.get(sig, 0) + 1
                 self.stats.components.setdefault(sig, f"found by {owner} in the shared campaign")
@@ -365,22 +326,15 @@ class Fuzzer(Checks):
                     # replaces (``Finding.report``): a large graph's is a warning no user caused
                     warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)
                     run()
-            except FlakyFailure as flaky:  # found once, not again on Hypothesis's replay: still a finding
+            except FlakyFailure as flaky:  # found once, not again on Hypothesis's own replay: unconfirmed (``confirm``)
                 found = [x for x in flaky.exceptions if isinstance(x, ViolationFound)]
                 if not found:
                     raise
-                raise found[0] from None
+                keep_unconfirmed(self.engines, found[0].violation, Confirmation((), FLAKY), found[0].scenario, found[0].workload, found[0].llama)
+                return None
             except KeyboardInterrupt:
                 interrupted()
         except ViolationFound as e:
-            self.stats.findings[e.violation.property] = self.stats.findings.get(e.violation.property, 0) + 1
-            sig = e.violation.signature()
-            self.stats.signatures[sig] = self.stats.signatures.get(sig, 0) + 1
             self.confirm_llama = True
-            violation = e.violation
-            if e.llama is not None and violation.property == "llama-no-same-size-realloc":
-                # the shrunk case, confirmed by ggml's own check before it is reported
-                again = [v for v in self.check_llama(prop, e.llama) if v.property == "llama-no-same-size-realloc"]
-                violation = next((v for v in again if v.signature() == violation.signature()), again[0] if again else violation)
-            return Finding(violation.property, e.scenario, violation, e.workload, e.llama)  # type: ignore[arg-type]
+            return confirmed_finding(self, prop, e)
         return None

@@ -69,6 +69,7 @@ class FuzzConfig:
     size_oracle: bool | None = None  # ggml's own graph size for matches-reference; default: the profile's
     database: Path | None = Path(".schedfuzz/examples")
     shared: str | None = None  # redis://HOST:PORT/N: a campaign shared with other hosts (``campaign.shared``)
+    confirm_runs: int = 5  # replays on fresh workers of a failure that did not come back at once (``campaign.confirm``)
 
     def resolved_profile(self) -> Profile:
         if self.profile not in PROFILES:
@@ -91,6 +92,8 @@ class FuzzConfig:
         self.resolved_profile()
         if self.examples is not None and self.examples < 1:
             raise ValueError(f"--schedfuzz-examples {self.examples}: must be at least 1")
+        if self.confirm_runs < 1:
+            raise ValueError(f"--schedfuzz-confirm-runs {self.confirm_runs}: must be at least 1")
         if self.budget is not None and not self.budget > 0:
             raise ValueError(f"--schedfuzz-budget {self.budget:g}: must be a positive number of seconds")
         if self.seed is not None and not 0 <= self.seed < 2**32:

@@ -263,21 +263,29 @@ class SharedCampaign:
         raw = self._do(lambda r: r.hget(CLAIMS, signature))
         return str(json.loads(raw)["host"]) if raw else None
 
-    def claim(self, prop: str, signature: str) -> str | None:
-        """Claim a new finding's signature: None where this host is the one to shrink and save it
-        (its first finder, or cut off from Redis: claimed locally, published later); else the
-        host that claimed it, and this host counts it as seen again."""
+    def claim(self, prop: str, signature: str, take: bool = True) -> str | None:
+        """Claim a new finding's signature: None where this host is the one to save it (its first
+        finder, or cut off from Redis: claimed locally, published later); else the host that
+        claimed it, and this host counts it as seen again. ``take=False`` only asks: a failure is
+        fuzzed, shrunk and confirmed before its signature is claimed (a claim is a confirmed
+        finding's), so while it is new to this host it asks whether another host has claimed it."""
         if signature in self._mine:
             return None
         if signature not in self._theirs:
-            record = json.dumps({"host": self.host, "property": prop, "claimed": time.time()})
-            won = self._do(lambda r: r.hsetnx(CLAIMS, signature, record))
-            if won is None:
-                self._claims[signature] = record
-            if won is None or won:
-                self._mine.add(signature)
-                return None
-            self._theirs[signature] = self._owner(signature) or "another host"
+            if not take:
+                owner = self._owner(signature)
+                if owner is None or owner == self.host:
+                    return None
+                self._theirs[signature] = owner
+            else:
+                record = json.dumps({"host": self.host, "property": prop, "claimed": time.time()})
+                won = self._do(lambda r: r.hsetnx(CLAIMS, signature, record))
+                if won is None:
+                    self._claims[signature] = record
+                if won is None or won:
+                    self._mine.add(signature)
+                    return None
+                self._theirs[signature] = self._owner(signature) or "another host"
             self.say(f"{signature}: already claimed by {self._theirs[signature]}; counted as seen again")
         if self._do(lambda r: r.hincrby(SEEN, signature, 1)) is None:
             self._seen[signature] = self._seen.get(signature, 0) + 1

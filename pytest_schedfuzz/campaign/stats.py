@@ -50,7 +50,7 @@ class Stats:
     # confirmed), missed (derived changed, ggml same: a false negative), false (a false positive)
     ggml_decisions: dict[str, int] = field(default_factory=dict)
     known: int = 0  # violations matching a known engine bug of the corpus
-    unconfirmed: int = 0  # crashes and timeouts that did not happen again on a fresh worker (``Fuzzer.confirmed``)
+    unconfirmed: int = 0  # failures that did not happen again on a fresh worker (``Engines.confirmed``, ``confirm``)
     unconfirmed_cases: dict[str, int] = field(default_factory=dict)  # ... kept as cases: their files
     findings: dict[str, int] = field(default_factory=dict)
     property_examples: dict[str, int] = field(default_factory=dict)  # examples run by each property item (llama.cpp: the unit)
@@ -211,7 +211,7 @@ class Stats:
             f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
         if self.unconfirmed:
-            lines.append(f"unconfirmed crashes and timeouts = {self.unconfirmed}   (gone on a fresh worker; kept as cases, not findings:)")
+            lines.append(f"unconfirmed failures = {self.unconfirmed}   (not shown again on a fresh worker; kept as cases, not findings:)")
             lines += [f"  {path}" for path in sorted(self.unconfirmed_cases)]
         if self.explored:
             lines.append("explored (examples with it): " + ", ".join(f"{k} {n}" for k, n in sorted(self.explored.items())))

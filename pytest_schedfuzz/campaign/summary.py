@@ -126,7 +126,7 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
     if stats.short_items:
         out.append(f"below their floor of examples, not passed: {', '.join(sorted(stats.short_items))}")
     if stats.unconfirmed:
-        out.append(f"unconfirmed crashes and timeouts (gone on a fresh worker, kept as cases): {stats.unconfirmed}")
+        out.append(f"unconfirmed failures (not shown again on a fresh worker: kept in .schedfuzz/unconfirmed/, not findings): {stats.unconfirmed}")
     out += ran_lines(facts, stats)
     out.append(f"seed {facts.seed}: rerun with {facts.seed_flag} {facts.seed}"
                + (f" and the same -n ({facts.shards} shards a property: shard k draws under seed + k)" if facts.shards > 1 else ""))

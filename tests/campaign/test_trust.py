@@ -35,3 +35,81 @@ def test_the_driver_that_rereserves_shows_only_the_known_assignment_change(tmp_p
     assert not list(case_files(tmp_path / "corpus"))
     seen = json.loads((tmp_path / "report.json").read_text())["stats"]
     assert "topology=switch" not in json.dumps(seen)
+
+
+def _fuzzer_with_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replays: list[str]):
+    """A fuzzer of the planted reuse policy (``planted:never``: reuse-complete fails at once)
+    whose confirmation replays answer in turn with ``replays``: ``same`` (the real check),
+    ``other`` (another violation) or ``pass``."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.properties import Violation
+
+    fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=tmp_path / ".schedfuzz" / "examples", examples=20, seed=1))
+    real, state = fuzzer.check, {"replay": -1}
+
+    def fresh() -> None:
+        state["replay"] += 1
+
+    def check(prop: str, scenario: object) -> list:
+        if state["replay"] < 0:
+            return real(prop, scenario)
+        answer = replays[state["replay"]]
+        if answer == "same":
+            return real(prop, scenario)
+        return [Violation(prop, 0, "another failure on the replay", {"what": "other"})] if answer == "other" else []
+
+    monkeypatch.setattr(fuzzer.engines, "fresh", fresh)
+    monkeypatch.setattr(fuzzer, "check", check)
+    return fuzzer, state
+
+
+def _unconfirmed(tmp_path: Path) -> list:
+    return [load_case(p) for p in case_files(tmp_path / ".schedfuzz" / "unconfirmed")]
+
+
+def test_a_failure_that_comes_back_at_once_is_confirmed_by_one_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fuzzer, state = _fuzzer_with_replays(tmp_path, monkeypatch, ["same"])
+    finding = fuzzer.fuzz("reuse-complete")
+    assert finding is not None and state["replay"] == 0
+    assert finding.confirmation == "confirmed: the same signature on a fresh worker and fresh RPC servers"
+    assert finding.confirmation in finding.report() and fuzzer.stats.unconfirmed == 0
+
+
+def test_a_failure_that_comes_back_only_sometimes_is_a_finding_reproduced_k_of_n(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fuzzer, state = _fuzzer_with_replays(tmp_path, monkeypatch, ["pass", "pass", "same", "pass", "pass"])
+    finding = fuzzer.fuzz("reuse-complete")
+    assert finding is not None and state["replay"] == 4
+    assert finding.confirmation == "confirmed: reproduced 1 of 5 replays on fresh workers and fresh RPC servers"
+
+
+def test_a_confirmation_that_fails_with_another_signature_keeps_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fuzzer, _ = _fuzzer_with_replays(tmp_path, monkeypatch, ["other"] * 5)
+    assert fuzzer.fuzz("reuse-complete") is None
+    assert fuzzer.stats.unconfirmed == 1 and sum(fuzzer.stats.findings.values()) == 0
+    (kept,) = _unconfirmed(tmp_path)
+    assert kept.property == "reuse-complete" and "unconfirmed: reproduced 0 of 5" in kept.message
+    first = kept.message.split("\n\n")[0]
+    assert first and "another failure" not in first  # the first run's own message
+    assert kept.message.count("replay ") == 5 and "reuse-complete[what=other]: [reuse-complete] step 0: another failure on the replay" in kept.message
+
+
+def test_a_flaky_failure_is_unconfirmed_not_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Found once and not again on Hypothesis's own replay of the example (its FlakyFailure):
+    kept with its message, counted, never a finding."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+
+    fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=tmp_path / ".schedfuzz" / "examples", examples=20, seed=1))
+    real, calls = fuzzer.check, {"n": 0}
+
+    def once(prop: str, scenario: object) -> list:
+        calls["n"] += 1
+        found = real(prop, scenario)
+        return found if found and calls["n"] == 1 else []
+
+    monkeypatch.setattr(fuzzer, "check", once)
+    assert fuzzer.fuzz("reuse-complete") is None
+    assert fuzzer.stats.unconfirmed == 1 and sum(fuzzer.stats.findings.values()) == 0
+    (kept,) = _unconfirmed(tmp_path)
+    assert "FlakyFailure" in kept.message and kept.expect == {"fail": kept.message.split("\n\n")[1].split(":\n")[0]}
