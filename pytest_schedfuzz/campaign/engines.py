@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -251,13 +250,13 @@ class Engines:
         run (captured as the first was) is judged. So does an abort because an RPC server was gone:
         unreachable at all (an earlier workload killed it) or killed by a signal during this one;
         fresh servers tell whether this workload is the cause."""
-        if trace.abort is None or (trace.abort.kind not in ("crash", "timeout") and not _server_gone(trace.abort.message)):
+        if trace.abort is None or (trace.abort.kind not in ("crash", "timeout") and not _server_gone(trace.abort)):
             return trace
         target = self.llama_target
         usual = target.call_timeout
         if trace.abort.kind == "timeout":
             target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
-        if _server_gone(trace.abort.message):
+        if _server_gone(trace.abort):
             target.fresh()  # new RPC servers, whatever killed the old ones
         try:
             again = self.run_llama(workload, logits, capture, on_graph=on_graph)
@@ -278,7 +277,7 @@ class Engines:
                 setattr(self, name, None)
 
 
-def _server_gone(message: str) -> bool:
-    """Whether ggml-rpc's client aborted because its server was gone: it could not connect at all,
-    or the server was killed by a signal (a crash, confirmed as the worker's are)."""
-    return "ggml-rpc" in message and ("Failed to connect to" in message or re.search(r"RPC server \S+ was killed by", message) is not None)
+def _server_gone(abort: LlamaAbort) -> bool:
+    """Whether an RPC server of the workload died (its exit status, read from the process:
+    ``LlamaAbort.servers``), or ggml-rpc's client could not connect to one at all."""
+    return bool(abort.servers) or ("ggml-rpc" in abort.message and "Failed to connect to" in abort.message)
