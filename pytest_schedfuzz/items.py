@@ -62,7 +62,7 @@ class CaseItem(pytest.Item):
         self.user_properties.append((ENGINES_KEY, campaign.engines_started()))
         if replayed.property is not None:
             self.user_properties += [("schedfuzz_property", replayed.property), ("schedfuzz_case", str(self.case_path))]
-        if replayed.outcome == "known":
+        if replayed.outcome in ("known", "elsewhere"):  # elsewhere: "known on X, seen on Y"
             pytest.xfail(replayed.text)
         if replayed.outcome == "skip":
             pytest.skip(replayed.text)

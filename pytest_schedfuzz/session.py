@@ -71,7 +71,9 @@ class SchedfuzzSession:
             elif key == ENGINES_KEY:
                 self.campaign.record(engines=value)  # type: ignore[arg-type]
         if report.nodeid.startswith("schedfuzz::corpus/"):
-            outcome = "known" if hasattr(report, "wasxfail") else {"passed": "pass", "failed": "fail"}.get(report.outcome, "skip")
+            xfail = getattr(report, "wasxfail", None)
+            outcome = (("elsewhere" if str(xfail).startswith("known on ") else "known") if xfail is not None
+                       else {"passed": "pass", "failed": "fail"}.get(report.outcome, "skip"))
             self.campaign.record(case=(str(report.location[0]), outcome))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

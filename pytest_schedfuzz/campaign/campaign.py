@@ -254,7 +254,8 @@ class Campaign:
             off = case.off_build(version, engines.llama_target.start().get("gpu_device", "available"))
             if off:
                 return Replayed("skip", off, case.property)
-        verdict = judge_replay(case, self.fuzzer.replay(case), version, self.fuzzer.known.expected(case.llama is not None))
+        build = self.fuzzer.engines.llama_build() if case.llama is not None else None
+        verdict = judge_replay(case, self.fuzzer.replay(case), version, self.fuzzer.known.tolerated(case.llama is not None), build)
         outcome = {"unshown": "skip", "xpass": "fail"}.get(verdict.outcome, verdict.outcome)
         return Replayed(outcome, verdict.text, case.property)
 

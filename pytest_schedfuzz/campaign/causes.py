@@ -53,7 +53,7 @@ def causes_told_apart(scenario: Scenario, prediction: Trace, found: list[props.V
 
 
 def _unswitched(v: props.Violation) -> dict[str, object]:
-    return {**v.facts, "lost_by": _AFTER.sub("", str(v.facts.get("lost_by", "")))}
+    return {k: _AFTER.sub("", str(x)) for k, x in v.facts.items()}
 
 
 def _same_without(w: LlamaWorkload, v: props.Violation, calls: list[int], run: LlamaRun) -> tuple[LlamaWorkload, props.Violation] | None:

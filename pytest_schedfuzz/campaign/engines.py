@@ -68,6 +68,7 @@ class Engines:
         self._llama: Any = None
         self._oracles: dict[int, Any] = {}  # GGML_SCHED_DEBUG_REALLOC level -> engine
         self._llama_oracle: Any = None
+        self._lost_seen = 0  # the llama.cpp target's ``servers.lost`` counted so far
         self._cpu_runs: OrderedDict[str, LlamaTrace] = OrderedDict()  # CPU-only workload JSON -> its run (``cpu_run``)
 
     @property
@@ -118,6 +119,10 @@ class Engines:
                 getattr(engine, "fresh", getattr(engine, "close", lambda: None))()
         self._cpu_runs.clear()
 
+    def llama_build(self) -> str:
+        """The name of the llama.cpp under test, as a case's ``known_on`` names builds."""
+        return str(self.llama_target.build)
+
     def llama_started(self) -> bool:
         """Whether the llama.cpp target's worker has started (and described its build)."""
         return self._llama is not None and bool(getattr(self._llama, "engine", None))
@@ -166,7 +171,15 @@ class Engines:
         """llama.cpp's trace of ``workload``, its graph sizes derived (with ``capture``, its graphs
         too); ``meanwhile`` runs while llama.cpp's worker, another process, runs the workload, and
         ``on_graph`` with each graph captured as it comes (``LlamaTarget.run``)."""
-        return derived.llama_trace(self.llama_target.run(workload, logits, capture, meanwhile, on_graph))
+        target = self.llama_target
+        trace = derived.llama_trace(target.run(workload, logits, capture, meanwhile, on_graph))
+        # servers found dead that no workload was charged for: counted and listed, never silent
+        lost = getattr(getattr(target, "servers", None), "lost", [])
+        for death in lost[self._lost_seen:]:
+            key = f"RPC server {death.status}; last client: {death.client or 'none'}"
+            self.stats.rpc_servers_lost[key] = self.stats.rpc_servers_lost.get(key, 0) + 1
+        self._lost_seen = len(lost)
+        return trace
 
     def cpu_run(self, workload: LlamaWorkload, meanwhile: Deferred | None = None) -> LlamaTrace:
         """The run of a CPU-only workload (``properties.llama_logits.cpu_only``) with its logits, the

@@ -72,7 +72,7 @@ class Fuzzer(Checks):
         self.rules_note: str | None = None
         self.stats = Stats()
         self.engines = Engines(config, self.stats, self.seed)
-        self.known = KnownBugs(self.stats, self.engines.ggml_version)
+        self.known = KnownBugs(self.stats, self.engines.ggml_version, self.engines.llama_build)
         self.started = time.monotonic()
         self.first_failure: float | None = None  # seconds from the start of fuzz() to the first violation
         self.llama_judged: tuple[str, ...] = props.LLAMA_PROPERTY_IDS  # what LLAMA_GROUP judges (the selected ones)
@@ -281,11 +281,15 @@ class Fuzzer(Checks):
                 reject()  # the case tests nothing here (counted in the stats where it is the engine's answer): not a pass
 
             # a known engine bug (an expect-fail case of the corpus) found again is not news
-            known_set = self.known.signatures(props.is_llama(prop))
+            # (a llama.cpp bug known on other builds only is seen again too, its summary group saying where)
+            elsewhere = self.known.elsewhere(props.is_llama(prop))
+            known_set = self.known.signatures(props.is_llama(prop)) | set(elsewhere)
             known = [v for v in found if v.signature() in known_set]
             self.stats.known += len(known)
             for v in known:
                 self.stats.seen_again[v.signature()] = self.stats.seen_again.get(v.signature(), 0) + 1
+                if v.signature() in elsewhere:
+                    self.stats.components[v.signature()] = f"known on {', '.join(elsewhere[v.signature()])}, seen on {self.engines.llama_build()}"
             found = [v for v in found if v.signature() not in known_set]
             # a shared campaign: a signature another host claimed is theirs to shrink and save; here it is seen again
             while found and not target and self.shared is not None and (owner := self.shared.claim(prop, found[0].signature(), take=False)):

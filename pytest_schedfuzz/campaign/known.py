@@ -1,7 +1,9 @@
 """The known engine bugs of a run: the corpus's expect-fail cases, and what a campaign found.
 
 A known bug found again is counted, not reported; which cases are known depends on the version of
-the ggml that runs them (``Case.expected_failure_on``).
+the ggml that runs them and, for llama.cpp cases, on the build (``Case.expected_failure_on``). A
+llama.cpp bug known on other builds only is not silenced: seen here, it is reported as "known on X,
+seen on Y" without failing the run (``elsewhere``).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from .stats import Stats
 class KnownBugs:
     """Signatures not to report again, per kind of engine (llama.cpp or the graph engine)."""
 
-    def __init__(self, stats: Stats, version_of: Callable[[bool], str | None]) -> None:
+    def __init__(self, stats: Stats, version_of: Callable[[bool], str | None], llama_build: Callable[[], str | None] = lambda: None) -> None:
         self.stats = stats
         self.version_of = version_of  # llama or not -> the ggml version that runs those cases
+        self.llama_build = llama_build  # the llama.cpp build that runs llama.cpp cases (``LlamaTarget.build``)
         self.cases: list[Case] = []  # the corpus's expected failures (``learn``)
         self.campaign: set[str] = set()  # signatures found by this campaign (keep-going)
         self._by_kind: dict[bool, set[str]] = {}
+        self._elsewhere: dict[str, tuple[str, ...]] | None = None  # ``elsewhere``'s, made once
 
     def learn(self, directory: Path) -> None:
         """Remember the corpus's expect-fail cases (unreadable files are reported by their own
@@ -41,14 +45,37 @@ class KnownBugs:
                 self.cases.append(case)
                 self.stats.components.setdefault(case.signature, component(case))
         self._by_kind.clear()
+        self._elsewhere = None
 
     def expected(self, llama: bool) -> set[str]:
         """Signatures of the known bugs expected on this engine's version."""
         if llama not in self._by_kind:
             cases = [c for c in self.cases if (c.llama is not None) == llama]
             version = self.version_of(llama) if cases else None
-            self._by_kind[llama] = {c.signature for c in cases if c.expected_failure_on(version) is not None}
+            build = self.llama_build() if cases and llama else None
+            self._by_kind[llama] = {c.signature for c in cases if c.expected_failure_on(version, build) is not None}
         return self._by_kind[llama]
+
+    def elsewhere(self, llama: bool) -> dict[str, tuple[str, ...]]:
+        """Signatures of llama.cpp bugs known on other builds only, with those builds (where the
+        same signature is also known here, it is not elsewhere)."""
+        if not llama or not any(c.llama is not None for c in self.cases):
+            return {}
+        if self._elsewhere is not None:
+            return self._elsewhere
+        build, here = self.llama_build(), self.expected(True)
+        out: dict[str, tuple[str, ...]] = {}
+        for c in self.cases:
+            known = c.known_elsewhere(build) if c.llama is not None and c.signature not in here else None
+            if known is not None:
+                out[c.signature] = tuple(sorted({*out.get(c.signature, ()), *known}))
+        self._elsewhere = out
+        return out
+
+    def tolerated(self, llama: bool) -> set[str]:
+        """What a replay of a case may show beside its own bug without failing: the bugs known on
+        this build, and (llama.cpp) those known on other builds only, which it reports as such."""
+        return self.expected(llama) | set(self.elsewhere(llama))
 
     def signatures(self, llama: bool) -> set[str]:
         """Everything not to report again: the expected bugs and the campaign's findings."""

@@ -51,6 +51,7 @@ class Stats:
     ggml_decisions: dict[str, int] = field(default_factory=dict)
     known: int = 0  # violations matching a known engine bug of the corpus
     unconfirmed: int = 0  # failures that did not happen again on a fresh worker (``Engines.confirmed``, ``confirm``)
+    rpc_servers_lost: dict[str, int] = field(default_factory=dict)  # deaths no workload was charged for (``RpcServers.lost``), by status and last client
     unconfirmed_cases: dict[str, int] = field(default_factory=dict)  # ... kept as cases: their files
     findings: dict[str, int] = field(default_factory=dict)
     property_examples: dict[str, int] = field(default_factory=dict)  # examples run by each property item (llama.cpp: the unit)
@@ -210,6 +211,9 @@ class Stats:
             f"none same-size confirmed {self.ggml_decisions.get('changed', 0)}, missed (a false negative) {self.ggml_decisions.get('missed', 0)}",
             f"known upstream bugs seen again = {self.known}" + self._by_component(),
         ]
+        if self.rpc_servers_lost:
+            lines.append(f"RPC servers found dead that no workload was charged for = {sum(self.rpc_servers_lost.values())}:")
+            lines += [f"  {n:4d}  {what}" for what, n in sorted(self.rpc_servers_lost.items())]
         if self.unconfirmed:
             lines.append(f"unconfirmed failures = {self.unconfirmed}   (not shown again on a fresh worker; kept as cases, not findings:)")
             lines += [f"  {path}" for path in sorted(self.unconfirmed_cases)]

@@ -125,6 +125,8 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
         out.append("known bugs seen again: none")
     if stats.short_items:
         out.append(f"below their floor of examples, not passed: {', '.join(sorted(stats.short_items))}")
+    if stats.rpc_servers_lost:
+        out.append(f"RPC servers found dead that no workload was charged for: {sum(stats.rpc_servers_lost.values())} (-v lists their last clients)")
     if stats.unconfirmed:
         out.append(f"unconfirmed failures (not shown again on a fresh worker: kept in .schedfuzz/unconfirmed/, not findings): {stats.unconfirmed}")
     out += ran_lines(facts, stats)

@@ -26,6 +26,7 @@ import jsonschema
 from reference.versions import version_key
 
 from ..files import atomic_write
+from ..llama.builds import recorded_build
 from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError, nelements
@@ -58,6 +59,8 @@ SCHEMA: dict[str, Any] = {
                         "fail": {"type": "string"},
                         "since": {"type": "string", "pattern": r"^\d+\.\d+(\.\d+)?$"},
                         "fixed_in": {"type": "string", "pattern": r"^\d+\.\d+(\.\d+)?$"},
+                        # llama.cpp cases: the builds the bug is known on (``--schedfuzz-llama-lib`` names)
+                        "known_on": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                     },
                 },
             ]
@@ -109,8 +112,27 @@ class Case:
         """The known bug's description, whatever the version (see ``expected_failure_on``)."""
         return self.expect["fail"] if isinstance(self.expect, Mapping) else None
 
-    def expected_failure_on(self, version: str | None) -> str | None:
-        """The known bug's description if it is expected on ggml ``version``: inside the
+    def known_builds(self) -> tuple[str, ...] | None:
+        """The llama.cpp builds this case's bug is known on: its ``expect``'s ``known_on``, else (a
+        case saved before builds were named) the build its engine record names
+        (``builds.recorded_build``); None for a graph case, a guard, or a build not named."""
+        if self.llama is None or not isinstance(self.expect, Mapping):
+            return None
+        if "known_on" in self.expect:
+            return tuple(self.expect["known_on"])
+        found = recorded_build(self.engine)
+        return (found,) if found else None
+
+    def known_elsewhere(self, build: str | None) -> tuple[str, ...] | None:
+        """The builds this llama.cpp case's bug is known on where ``build`` is not one of them
+        (its signature seen on ``build`` is "known on X, seen on Y": reported, not silenced);
+        None where it is known on ``build``, or where builds are not named."""
+        known = self.known_builds()
+        return known if build is not None and known is not None and build not in known else None
+
+    def expected_failure_on(self, version: str | None, build: str | None = None) -> str | None:
+        """The known bug's description if it is expected on ggml ``version`` (and, for a llama.cpp
+        case, on llama.cpp ``build``, where both name builds: ``known_builds``): inside the
         ``since``/``fixed_in`` bounds. A version that cannot be read (a build without
         ``ggml_version()``, or no number in it) is inside no bound: a bug known only for some
         versions is not assumed there (one recorded for every version, with no bound, still is).
@@ -119,7 +141,7 @@ class Case:
         >>> case.expected_failure_on("0.15.3"), case.expected_failure_on("0.25.3"), case.expected_failure_on("unknown")
         ('bug', None, None)
         """
-        if not isinstance(self.expect, Mapping):
+        if not isinstance(self.expect, Mapping) or self.known_elsewhere(build) is not None:
             return None
         bounded = "since" in self.expect or "fixed_in" in self.expect
         v = version_key(version)
@@ -150,9 +172,11 @@ class Case:
         return (f"found on a llama.cpp with ggml {found}; this run's has ggml {version}: another llama.cpp, whose graphs differ, "
                 "so the case is replayed on its own line only (give its expect since/fixed_in bounds to replay it here)")
 
-    def expectation_on(self, version: str | None) -> str:
-        """``expect`` in words, for ``version``."""
-        why = self.expected_failure_on(version)
+    def expectation_on(self, version: str | None, build: str | None = None) -> str:
+        """``expect`` in words, for ``version`` (and llama.cpp ``build``)."""
+        why = self.expected_failure_on(version, build)
+        if why is None and (elsewhere := self.known_elsewhere(build)) is not None:
+            return f"known on {', '.join(elsewhere)} only"
         return f"fail: {why}" if why is not None else "pass"
 
     def size(self) -> tuple[int, int, int, int]:

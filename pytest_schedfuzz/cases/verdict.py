@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from ..properties.base import Violation
 from .corpus import Case
 
-OUTCOMES = ("pass", "known", "fail", "xpass", "unshown")
+OUTCOMES = ("pass", "known", "elsewhere", "fail", "xpass", "unshown")
 RACE = "[race="  # a race's signature: it shows only when the threads interleave so
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """``pass`` (a guard case holds), ``known`` (the known bug, and only it), ``fail`` (a
-    violation that is not the case's known bug), ``xpass`` (the known bug is gone) or
+    """``pass`` (a guard case holds), ``known`` (the known bug, and only it), ``elsewhere`` (a
+    llama.cpp bug known on other builds, shown on this one too: "known on X, seen on Y"), ``fail``
+    (a violation that is not the case's known bug), ``xpass`` (the known bug is gone) or
     ``unshown`` (a known race that did not show in its replays: not proof that it is gone)."""
 
     outcome: str
@@ -30,16 +31,22 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("pass", "known", "unshown")
+        return self.outcome in ("pass", "known", "elsewhere", "unshown")
 
 
-def judge_replay(case: Case, found: Sequence[Violation], version: str | None, known: Collection[str] = ()) -> Verdict:
-    """The verdict on ``found``, the violations of one replay of ``case`` on ggml ``version``;
-    ``known``: the signatures of the known bugs expected on that version."""
+def judge_replay(case: Case, found: Sequence[Violation], version: str | None, known: Collection[str] = (), build: str | None = None) -> Verdict:
+    """The verdict on ``found``, the violations of one replay of ``case`` on ggml ``version``
+    (for a llama.cpp case, on llama.cpp ``build``); ``known``: the signatures of the known bugs
+    expected there. A bug known on other builds only that shows here is neither a pass nor a
+    new failure, nor, where it does not show, a fix (it was never known here)."""
     name = case.path.name if case.path is not None else case.signature
     same = [v for v in found if v.signature() == case.signature]
     others = [v for v in found if v.signature() != case.signature and v.signature() not in known]
-    expected = case.expected_failure_on(version)
+    expected = case.expected_failure_on(version, build)
+    elsewhere = case.known_elsewhere(build)
+    if elsewhere is not None and not others:
+        seen = f"known on {', '.join(elsewhere)}, seen on {build}" if same else f"known on {', '.join(elsewhere)}, not shown on {build}"
+        return Verdict("elsewhere" if same else "pass", f"{seen}: {name} ({case.signature})", seen)
     if expected is not None:
         if same and not others:
             return Verdict("known", f"known engine bug on ggml {version} ({expected}): {same[0]}", "still fails (known bug)")

@@ -67,7 +67,8 @@ def replay(args: argparse.Namespace) -> int:
         for case in cases:
             try:
                 version = fuzzer.engines.ggml_version(case.llama is not None)
-                print(f"== {case.path} [{case.property}] on ggml {version}: expect {case.expectation_on(version)}")
+                on = f"{fuzzer.engines.llama_build()} (ggml {version})" if case.llama is not None else f"ggml {version}"
+                print(f"== {case.path} [{case.property}] on {on}: expect {case.expectation_on(version, fuzzer.engines.llama_build() if case.llama else None)}")
                 if case.llama is not None:
                     trace_llama = print_llama_run(fuzzer, case, args.capture)
                     if args.capture:
@@ -80,7 +81,8 @@ def replay(args: argparse.Namespace) -> int:
                         print(f"      {e.describe()}")
                 if trace is not None and trace.abort:
                     print(f"  !! {trace.abort.kind} at step {trace.abort.step}: {trace.abort.message.strip()}")
-                verdict = judge_replay(case, fuzzer.replay(case), version, fuzzer.known.expected(case.llama is not None))
+                build = fuzzer.engines.llama_build() if case.llama is not None else None
+                verdict = judge_replay(case, fuzzer.replay(case), version, fuzzer.known.tolerated(case.llama is not None), build)
                 failed += not verdict.ok
                 print(f"  verdict: {verdict.short}")
             except Unsupported as e:  # a case this build cannot run (a parameter, a draft or a device it lacks): not a verdict

@@ -5,7 +5,8 @@ the re-plan that lost a reservation, a build-independent word for what moved), t
 under the old words would no longer match what a replay shows, and their known bug would be
 reported as new. ``resign`` runs each case as it failed: a graph case's recorded scenario (for a
 guard of a driver's policy, the decisions that failed then), a llama.cpp case's workload where its
-known bug is expected on the run's build. Where that shows the case's property at the case's own
+known bug is expected on the run's build (its ggml version and, where the case names builds,
+that build). Where that shows the case's property at the case's own
 step under one other signature (and not under its own), it writes that signature into the case,
 keeping the old one in ``signed_as``. The
 file keeps its name (other cases and the docs refer to it); nothing else in it changes. It prints,
@@ -18,8 +19,9 @@ import argparse
 import json
 from collections import defaultdict
 from dataclasses import replace
+from pathlib import Path
 
-from ..cases.corpus import Case, CaseError
+from ..cases.corpus import STARTER_CORPUS, Case, CaseError
 from ..engine import Unsupported
 from ..files import atomic_write
 from ..properties.base import Violation
@@ -27,15 +29,18 @@ from . import bad_case, fuzzer_for, load_all
 
 
 def new_signature(case: Case, found: list[Violation]) -> str | None:
-    """The one signature the replay shows for ``case``'s property at its step (or, where it shows
-    none there, at its first failing step), if it is not the case's own; None where the case's
-    own shows, nothing shows, or several signatures show at that step (not one cause to name)."""
+    """The signature the replay shows for ``case``'s property at its step (or, where it shows
+    none there, at its first failing step), if it is not the case's own: the one of them that
+    keeps most of the case's facts (``explained=lost`` beside a ``not-dominating`` at the same
+    call); None where the case's own shows, nothing shows, or no one of them keeps the most."""
     mine = [v for v in found if v.property == case.property]
     if not mine or any(v.signature() == case.signature for v in mine):
         return None
     at = [v for v in mine if v.step == case.step] or [v for v in mine if v.step == mine[0].step]
-    signatures = {v.signature() for v in at}
-    return signatures.pop() if len(signatures) == 1 else None
+    kept = {v.signature(): sum(f"{k}={x}" in case.signature for k, x in v.facts.items()) for v in at}
+    best = max(kept.values())
+    chosen = [sig for sig, n in kept.items() if n == best]
+    return chosen[0] if len(chosen) == 1 else None
 
 
 def resign(args: argparse.Namespace) -> int:
@@ -44,6 +49,10 @@ def resign(args: argparse.Namespace) -> int:
     except CaseError as e:
         return bad_case(e)
     fuzzer = fuzzer_for(args)
+    # the known bugs a replay judges with (``replay``'s): a switch before a known signature's re-plan is not re-run
+    # (``causes.switches_told_apart``), so a case is signed as its replay will sign it
+    for folder in [STARTER_CORPUS, *(p for p in args.cases if Path(p).is_dir())]:
+        fuzzer.known.learn(Path(folder))
     before: set[str] = set()
     after: set[str] = set()
     merged: dict[str, set[str]] = defaultdict(set)
@@ -53,7 +62,7 @@ def resign(args: argparse.Namespace) -> int:
             llama = case.llama is not None
             version = fuzzer.engines.ggml_version(llama)
             off = case.off_build(version, fuzzer.engines.gpu_device()) if llama else None
-            if (llama and case.expected_failure_on(version) is None) or off is not None:
+            if (llama and case.expected_failure_on(version, fuzzer.engines.llama_build()) is None) or off is not None:
                 continue
             before.add(case.signature)
             try:

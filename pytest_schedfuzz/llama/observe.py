@@ -139,7 +139,7 @@ class GraphReading:
             if not moved:
                 for i, (was, now) in enumerate(zip(prev, ids)):
                     if was != now and min(was, now) >= 0 and names[was][1] != names[now][1]:
-                        moved = f"{what} {self._name(tensors[i])}: #{was} {names[was][0]} -> #{now} {names[now][0]}"
+                        moved = f"{what} {self._name(tensors[i])} ({self._kind(what, tensors[i])}): #{was} {names[was][0]} -> #{now} {names[now][0]}"
                         by_offload = what == "node" and self._reads_host_weight(tensors[i], g["host_weights"])
                         break
         if not moved:
@@ -235,6 +235,13 @@ class GraphReading:
 
     def _name(self, tensor: int) -> str:
         return self.tensor(tensor).name
+
+    def _kind(self, what: str, tensor: int) -> str:
+        """What kind of tensor moved, in words that no model's names are in: a node's op
+        (``ggml_op_desc``), a leaf's role (an input llama.cpp sets per batch, or a weight)."""
+        if what == "node":
+            return self.glib.ggml_op_desc(ctypes.c_void_p(tensor)).decode()
+        return "input" if self.tensor(tensor).flags & TENSOR_FLAG_INPUT else "weight"
 
     def _read_graph(self, graph: int) -> dict[str, Any]:
         """Node and leaf counts of the graph handed to the scheduler, its input leafs' shapes (they

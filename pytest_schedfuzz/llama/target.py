@@ -30,7 +30,7 @@ from ..process.crash import build_preload, with_preload
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from . import declarations
-from .builds import BUILT_IN, SEED_LLAMA, UPSTREAM
+from .builds import BUILT_IN, UPSTREAM, build_name
 from .gguf_models import write_lora, write_model
 from .seed import build_llama_seed
 from .upstream import is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
@@ -86,7 +86,9 @@ class LlamaTarget(WorkerTarget):
     preload = ("cffi",)  # its fork server imports CFFI once; each worker reads its build's declarations with it
 
     def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: int = 0) -> None:
-        self.lib_dir = resolve_lib_dir(lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None)
+        given = lib_dir if lib_dir is not None else os.environ.get(LIB_ENV) or None
+        self.lib_dir = resolve_lib_dir(given)
+        self.build = build_name(given, self.lib_dir)  # what a case's known_on names it by
         self.declarations = declarations.find(self.lib_dir)  # the build's own struct layouts, read by each worker
         self.call_timeout = call_timeout
         self.start_timeout = start_timeout
@@ -97,6 +99,11 @@ class LlamaTarget(WorkerTarget):
         self.recent_graphs = RecentGraphs()  # captured graphs' tensors, made once for the workloads that capture them again
         self.engine: dict[str, str] = {}
         self._used: weakref.WeakKeyDictionary[Worker, set[str]] = weakref.WeakKeyDictionary()  # the servers each worker sent work
+
+    def _start_worker(self) -> Worker:
+        worker = super()._start_worker()
+        self.engine = {**self.engine, "llama_build": self.build}  # saved with each case: where its bug is known
+        return worker
 
     def _env(self) -> dict[str, str]:
         env = child_env(str(self.lib_dir), GGML_SCHED_DEBUG="1", LLAMA_CPP_LIB_PATH=str(lib_overlay(self.lib_dir)))
@@ -146,10 +153,13 @@ class LlamaTarget(WorkerTarget):
         # a server's death is this workload's only if it used servers (a CPU-only run never is charged), and only
         # its own: before its contexts were freed the worker made a round trip to each (``synchronize_servers``), so
         # one that crashed on the workload's last graph made ggml abort there; one dead now died of what it sent
-        deaths = self.servers.deaths(n_rpc) if n_rpc else []
         if isinstance(result, LlamaAbort):
             self._worker = None
             worker.close()
+            if n_rpc:  # what the aborted client had queued is still computed: a crash there is this workload's
+                self.servers.quiesce(n_rpc)
+        deaths = self.servers.deaths(n_rpc) if n_rpc else []
+        if isinstance(result, LlamaAbort):
             if deaths:  # an RPC server crash shows in the worker as an abort, with the server exiting already
                 result = replace(result, message="\n".join([result.message, *(d.report() for d in deaths)]), servers=tuple(d.brief() for d in deaths))
             if result.kind == "timeout":

@@ -10,8 +10,9 @@ and on SIGTERM (``children``).
 
 A server's death is charged to the workload that last sent it work (``assign``: its *client*),
 by its exit status (``Popen.returncode``), never by message text (``deaths``). A death no
-workload was charged for is never replaced silently: ``ensure`` records it (``lost``), and one
-that was not a kill from outside (an infrastructure fault) raises ``RpcServerLost``.
+workload was charged for is never replaced silently: ``ensure`` records it (``lost``), and the
+campaign counts and lists it with its last client. After a client aborted, ``quiesce`` waits
+until each server has finished with it, so that a crash on what it had queued is its workload's.
 
 Servers are programs of their own, each exec'd, not forked from a fork server as the workers are
 (``forkserver``): forked from one process, every server would have the same address layout, and a
@@ -33,7 +34,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO
 
-from ..engine import TargetError
 from ..ggml.build import BuildError, build_rpc_server
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import child_env
@@ -93,19 +93,6 @@ class ServerDeath:
         return f"RPC server {self.endpoint} {status}" + (f"; its last output:\n{self.log}" if self.log else "")
 
 
-class RpcServerLost(TargetError):
-    """A server died and no workload was charged for it (found at ``ensure``): its last client's
-    run ended before it died, or it died of something no workload sent. A harness error, naming
-    the server, how it died and its last client (to replay): never charged to the workload that
-    asked for the server next, never replaced silently. The pool was repaired before it was raised."""
-
-    def __init__(self, death: ServerDeath) -> None:
-        self.death = death
-        client = f"its last client was {death.client}" if death.client else "no workload had sent it work"
-        super().__init__(f"RPC server {death.endpoint} {death.status} with no workload charged for it ({client}); "
-                         "it was replaced" + (f"; its last output:\n{death.log}" if death.log else ""))
-
-
 @dataclass
 class _Server:
     port: int
@@ -152,9 +139,8 @@ class RpcServers:
         """The endpoints of the first ``n`` servers, started where missing. Only those are
         looked at (a workload without RPC devices touches no server). One that died is replaced:
         at once if its death was charged to a workload (``deaths``); else it is recorded in
-        ``lost`` and, unless it was killed from outside (an infrastructure fault), ``RpcServerLost``
-        is raised once the pool is whole again."""
-        lost = None
+        ``lost`` (its status, its last client and its last output: the campaign counts and lists
+        them, ``Engines.run_llama``), never charged to the workload that asks now."""
         for i, server in enumerate(self._servers[:n]):
             if server.proc.poll() is None and not exiting(server.proc.pid):
                 continue
@@ -163,12 +149,29 @@ class RpcServers:
             self._servers[i] = self._start()
             if not server.charged:
                 self.lost.append(death)
-                lost = lost or (None if death.from_outside else death)
         while len(self._servers) < n:
             self._servers.append(self._start())
-        if lost is not None:
-            raise RpcServerLost(lost)
         return [s.endpoint for s in self._servers[:n]]
+
+    def quiesce(self, n: int, timeout: float = 5.0) -> None:
+        """Wait, up to ``timeout`` s, until each of the first ``n`` servers has finished with its
+        last client: a new connection of ours is accepted (ggml's RPC server serves one client at
+        a time, and says "Accepted client connection"), or it died. After a client aborted, the
+        work it had queued is still being computed, and a crash there is that client's
+        workload's (``deaths``), not the next one's."""
+        deadline = time.monotonic() + timeout
+        for server in self._servers[:n]:
+            if server.proc.poll() is not None:
+                continue
+            before = self.log(server.endpoint).count("Accepted client connection")
+            try:
+                probe = socket.create_connection(("127.0.0.1", server.port), timeout=max(0.01, deadline - time.monotonic()))
+            except OSError:
+                continue
+            with probe:
+                while (server.proc.poll() is None and time.monotonic() < deadline
+                       and self.log(server.endpoint).count("Accepted client connection") <= before):
+                    time.sleep(0.002)
 
     def assign(self, n: int, client: str) -> None:
         """The first ``n`` servers now work for ``client`` (a workload's name): their deaths are its."""
@@ -212,8 +215,6 @@ class RpcServers:
                 self._servers[i] = self._start()
                 if death is not None and not server.charged:
                     self.lost.append(death)
-                    if not death.from_outside:
-                        raise RpcServerLost(death)
 
     def dead(self, timeout: float = 10.0) -> list[str]:
         """Servers that have exited, or are exiting now, as a trace's message says them

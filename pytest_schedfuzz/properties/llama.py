@@ -38,7 +38,7 @@ from .base import CPU_ONLY, Export, PropertyEntry, Violation
 from .llama_logits import LOGITS_TOLERANCE, decode_pairs, logit_pairs, logits_difference
 from .realloc import NO_SAME_SIZE_REALLOC
 from .sites import RPC_FAILED, server_death, site_key
-from .llama_replan import (BY_BATCH, META_DEVICES, META_TENSORS, batch_class, call_kind, call_name, graph_kind, invalid_reason, replan_reason,
+from .llama_replan import (BY_BATCH, META_DEVICES, META_TENSORS, batch_class, call_kind, call_name, graph_kind, invalid_reason, outgrown, replan_reason,
                            replan_trigger, topology_cause, what_grew)
 
 
@@ -100,8 +100,12 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 changed = (f"; the graph was changed without a new reservation by {', '.join(call_name(w, i) for i in switches)}"
                            if switches else "")
                 why = (f"the worst-case reservation of {call_name(w, r_call)} ({r.shape()}) does not cover this graph "
-                       f"({what_grew(r, s)}){changed}")
-                facts, switch = {"explained": how, "invalid": invalid, "lost_by": "-"}, None
+                       f"({what_grew(r, s)}; ggml-alloc: {invalid}){changed}")
+                # what the reservation did not cover, as every build tells it (the invalid tensor is in the message)
+                # and the kind of call that outgrew it (the switches since are in the message: which one
+                # changed the graph, a rerun without each would have to tell, and the lost reservations it
+                # makes later name theirs)
+                facts, switch = {"explained": how, "outgrown": outgrown(r, s), "lost_by": "-", "call": call_kind(w, call)}, None
             if s.context:  # the draft context's graphs are another cause than the target's
                 facts = {"context": "draft"} | facts
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts, switch))

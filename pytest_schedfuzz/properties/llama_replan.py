@@ -6,6 +6,7 @@ the reservation and the re-plan (another kind of graph, another batch class).
 
 from __future__ import annotations
 
+import math
 import re
 
 from ..model.llama import LlamaWorkload
@@ -36,7 +37,6 @@ def what_grew(plan: SchedCall, now: SchedCall) -> str:
     return "; ".join(grew) or "no input shape changed"
 
 
-_ENDPOINT = re.compile(r"\[[^\]]*\]")
 META_DEVICES = re.compile(r"Meta\([^)]*\)")
 # the meta device's "unsupported mul_mat split states: node=%s src0=%s axis=%d ..." names the
 # node and its sources as the model named them (``attn_out-0``, or ggml's ``node_7`` where the MTP
@@ -78,36 +78,52 @@ BY_BATCH = ("(op offload)", "(MoE cache lookup)")
 
 
 def replan_reason(x: SchedCall, r: SchedCall) -> str:
-    """ggml's reason for re-plan ``x`` after reservation ``r`` in the terms that separate causes:
-    the invalid tensor, or for a backend change the node that moved and between which kinds of
-    backends, or that op offload moved it (the two graphs copy different host-resident weights,
-    or to different devices: which device's offload_op wants an op depends on the batch). Between
-    graphs of different topologies ggml compares backend ids by position, so the "node that moved"
-    is whichever node now sits where the two graphs first differ: not a cause, and left to the
-    message (the topology's class signs it instead)."""
+    """Why ggml re-planned at ``x`` after reservation ``r``, in terms that separate causes and
+    that every build tells alike (a Release build prints no allocator reason; ggml's realloc
+    callback and the harness's counts say the rest). ggml's checks, in ``ggml_backend_sched_alloc_graph``
+    and ``ggml_gallocr_needs_realloc`` order: the backend ids changed (``changed``, with what
+    moved: op offload, the MoE cache's lookup, no tensor at a common position, or the kind of
+    tensor that moved), else another number of nodes (``nodes``) or leafs (``leafs``) than the
+    plan's (``r``'s: ``x`` is the first re-plan after it), else a tensor no longer valid (``not
+    valid``: which one only a Debug build names, and it is in the message; the call and the
+    switch before it, and the topology, sign the cause). Between graphs of
+    different topologies ggml compares backend ids by position, so the "tensor that moved" is
+    whichever one now sits where the two graphs first differ: not a cause, and left to the message
+    (the topology's class signs it instead)."""
     if x.kind == "reserve_size":
         return "reserve_size"
-    reason = invalid_reason(x)
-    if x.backend_ids_changed and x.moved:
+    if x.backend_ids_changed:
         # b11739's MoE cache: its lookup reads a slot map (a host weight the scheduler copies to the device)
         # only in a ubatch small enough for the cache: the cause whichever node the graphs first differ at
         if any(o.startswith("moe_cache.") for o in set(x.offloaded) ^ set(r.offloaded)):
-            return f"{reason} (MoE cache lookup)"
+            return "changed (MoE cache lookup)"
         if x.moved.startswith("no node"):
-            return f"{reason} (no tensor at a common position)"
+            return "changed (no tensor at a common position)"
         # one cause whichever op moved (the embeddings, an FFN an override keeps on the CPU): the
         # moved node reads a weight in host memory (only op offload puts it on a device), or the
         # same graph copies other host-resident weights
         if x.moved_by_offload or (x.offloaded != r.offloaded and (x.n_nodes, x.n_leafs) == (r.n_nodes, r.n_leafs)):
-            return f"{reason} (op offload)"
-        if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs):
-            return reason
-        # "node NAME: #0 RPC0[127.0.0.1:PORT] -> #2 CPU": the kinds of the backends, without endpoints,
-        # positions in the scheduler or device numbers (which move with the number of devices), and
-        # split mode tensor's meta device without its members (``Meta(RPC0,GPU1)``: drawn, not the cause)
-        name, _, move = x.moved.partition(": ")
-        return f"{reason} ({role(name)}: {META_DEVICES.sub('Meta', re.sub(r'#[0-9]+ |(?<=GPU|RPC)[0-9]+', '', _ENDPOINT.sub('', move)))})"
-    return reason
+            return "changed (op offload)"
+        if (r.n_nodes, r.n_leafs) != (x.n_nodes, x.n_leafs) or not x.moved:
+            return "changed"
+        return f"changed ({moved_kind(x.moved)})"
+    if x.n_nodes != r.n_nodes:
+        return "nodes"
+    if x.n_leafs != r.n_leafs:
+        return "leafs"
+    return "not valid"
+
+
+def moved_kind(moved: str) -> str:
+    """The kind of tensor that moved (``node OP``, ``leaf input``, ``leaf weight``) from the worker's
+    "node NAME (KIND): #0 RPC0[...] -> #2 CPU": neither its name (the model's) nor the devices
+    (drawn: the same tensor moves to the CPU or to another device by the layout) are the cause.
+
+    >>> moved_kind("node norm-3 (RMS_NORM): #0 RPC0[127.0.0.1:5] -> #1 RPC0[127.0.0.1:6]")
+    'node RMS_NORM'
+    """
+    m = re.match(r"(node|leaf) .* \(([^()]+)\): #", moved)
+    return f"{m.group(1)} {m.group(2)}" if m else moved.split(" ", 1)[0]
 
 
 # llama.cpp's pooling inputs (``build_inp_mean``, ``build_inp_cls``, which CLS, LAST and RANK
@@ -151,3 +167,17 @@ def topology_cause(r: SchedCall, x: SchedCall) -> str:
     """
     was, now = batch_class(r), batch_class(x)
     return next((what for what, a, b in zip(("outputs", "tokens"), was, now) if a != b), "sizes")
+
+
+def outgrown(r: SchedCall, s: SchedCall) -> str:
+    """The input leafs of graph ``s`` with more elements than in reservation ``r`` (a mask laid out
+    per stream holds as many), or absent from it, by role: what a reservation that does not dominate ``s`` failed to cover,
+    in terms every build tells alike (which tensor ggml-alloc then finds invalid only a Debug
+    build prints). "no input" where none is: a node inside the graph outgrew it (a MoE
+    warmup's routing of every token to every expert).
+
+    >>> outgrown(SchedCall("reserve", 0, inputs={"inp_tokens": (8,), "rs_s_copy": (4,)}), SchedCall("alloc", 0, inputs={"inp_tokens": (2,), "rs_s_copy": (4,)}))
+    'no input'
+    """
+    grown = sorted({role(k) for k, v in s.inputs.items() if k not in r.inputs or math.prod(v) > math.prod(r.inputs[k])})
+    return ", ".join(grown) or "no input"

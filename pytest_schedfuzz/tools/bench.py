@@ -48,6 +48,8 @@ from ..model.layout import BackendLayout
 from ..model.scenario import Scenario, SchedParams, Step
 from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from ..sim.models import ModelShape, llama_graph
+from .flake import flake
+from .flake import report_lines as flake_lines
 
 LAYERS = (4, 8, 16, 32)  # about 1k, 2k, 4k and 8k nodes
 PLANTED = {
@@ -323,13 +325,13 @@ def ci_rate(budget: float, lib: str | None) -> dict[str, Any]:
             "known": sorted(k["signature"] for k in r["known_seen_again"])}
 
 
-SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama", "ci")
-ALL = SECTIONS[:-1]  # "all": ci only when named, it runs for its budget
+SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama", "ci", "flake")
+ALL = SECTIONS[:-2]  # "all": ci and flake only when named, they run for their budgets
 
 
 def run(
     repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500,
-    ci_budget: float = 240.0, lib: str | None = None,
+    ci_budget: float = 240.0, lib: str | None = None, flake_seeds: tuple[int, ...] = (0, 0, 1, 2, 3),
 ) -> dict[str, Any]:
     chosen = set(sections.split(",")) if sections != "all" else set(ALL)
     unknown = chosen - set(SECTIONS)
@@ -350,6 +352,8 @@ def run(
         results["xdist"] = xdist(xdist_examples)
     if "ci" in chosen:
         results["ci"] = ci_rate(ci_budget, lib)
+    if "flake" in chosen:
+        results["flake"] = flake(flake_seeds, ci_budget)
     return results
 
 
@@ -394,6 +398,8 @@ def report(r: dict[str, Any]) -> str:
                      f"in {c['cpu_s']:.0f} CPU-s ({c['wall_s']:.0f} s wall): {c['examples_per_cpu_s']:.2f} examples per CPU-second")
         lines.append(f"  new: {len(c['new'])} " + " ".join(c["new"]) + (f" (saved in {CI_FOLDER}/corpus)" if c["new"] else ""))
         lines.append(f"  known seen again: {len(c['known'])} signatures")
+    if "flake" in r:
+        lines += flake_lines(r["flake"])
     return "\n".join(lines)
 
 
@@ -402,7 +408,8 @@ def main(args: Any) -> int:
     if args.build_release:
         release = str(build_release(Path(args.build_release)))
     try:
-        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples, args.ci_budget, args.lib)
+        seeds = tuple(int(s) for s in args.flake_seeds.split(","))
+        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples, args.ci_budget, args.lib, seeds)
     except ValueError as e:
         print(f"schedfuzz bench: {e}", file=sys.stderr)
         return 2

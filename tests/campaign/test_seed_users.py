@@ -77,7 +77,7 @@ def test_the_second_users_server_climbs_llama_cpps_own_n_same_on_b11739_by_the_m
     target = re.search(r"target: n_same = (\d+), n_diff = (\d+) \(llama.cpp's perf data\)", row.counts)
     assert target is not None and int(target[1]) > 1, row.counts
     assert {v.signature() for v in row.findings} == {
-        "llama-no-same-size-realloc[explained=lost,lost_by=decode: unobservable in a Release build (MoE cache lookup)]"}, row.findings
+        "llama-no-same-size-realloc[explained=lost,lost_by=decode: changed (MoE cache lookup)]"}, row.findings
     assert all("ffn_moe_slots" in v.message and "the worst-case reservation" in v.message for v in row.findings)
     _export_seed_findings(row, tmp_path, 2, True)
     said = capsys.readouterr().out

@@ -113,3 +113,54 @@ def test_a_flaky_failure_is_unconfirmed_not_a_finding(tmp_path: Path, monkeypatc
     assert fuzzer.stats.unconfirmed == 1 and sum(fuzzer.stats.findings.values()) == 0
     (kept,) = _unconfirmed(tmp_path)
     assert "FlakyFailure" in kept.message and kept.expect == {"fail": kept.message.split("\n\n")[1].split(":\n")[0]}
+
+
+def _llama_case(signature: str, engine: dict[str, str], expect: object) -> object:
+    from pytest_schedfuzz.cases.corpus import Case
+    from pytest_schedfuzz.model.llama import LlamaWorkload
+
+    corpus = Path(__file__).parents[2] / "corpus"
+    w: LlamaWorkload | None = next(load_case(p).llama for p in case_files(corpus) if load_case(p).llama is not None)
+    return Case("llama-no-same-size-realloc", signature, None, "m", 1, 0, engine, expect, llama=w)
+
+
+def test_a_llama_cpp_bug_is_known_on_its_builds_only():
+    """A case's builds come from its ``known_on``, else from its engine record (version-1 files,
+    unchanged); a bug known on b11739 only does not silence the same words on 0.3.36, where a
+    replay that shows it is "known on X, seen on Y", and one that does not is no fix."""
+    from pytest_schedfuzz.campaign.known import KnownBugs
+    from pytest_schedfuzz.campaign.stats import Stats
+    from pytest_schedfuzz.cases.verdict import judge_replay
+    from pytest_schedfuzz.properties import Violation
+
+    upstream = {"lib": "/c/schedfuzz/builds/llama.cpp-b11739-66a72b2e95a9aca1/libllama.so", "ggml_version": "0.27.0"}
+    old = _llama_case("llama-no-same-size-realloc[x=1]", upstream, {"fail": "known upstream"})
+    named = _llama_case("llama-no-same-size-realloc[x=2]", {}, {"fail": "known on two", "known_on": ["llama.cpp-0.3.36", "llama.cpp-0.3.36-seed"]})
+    assert old.known_builds() == ("llama.cpp-b11739",) and named.known_builds() == ("llama.cpp-0.3.36", "llama.cpp-0.3.36-seed")
+    assert old.expected_failure_on("0.27.0", "llama.cpp-b11739") == "known upstream" and old.expected_failure_on("0.25.3", "llama.cpp-0.3.36") is None
+    for build, here, elsewhere in (("llama.cpp-b11739", {"llama-no-same-size-realloc[x=1]"}, {"llama-no-same-size-realloc[x=2]"}),
+                                   ("llama.cpp-0.3.36", {"llama-no-same-size-realloc[x=2]"}, {"llama-no-same-size-realloc[x=1]"})):
+        known = KnownBugs(Stats(), lambda llama: None, lambda b=build: b)
+        known.cases = [old, named]
+        assert known.expected(True) == here and set(known.elsewhere(True)) == elsewhere
+    shown = Violation("llama-no-same-size-realloc", 1, "again", {"x": "1"})
+    verdict = judge_replay(old, [shown], "0.25.3", build="llama.cpp-0.3.36")
+    assert verdict.outcome == "elsewhere" and verdict.ok and verdict.short == "known on llama.cpp-b11739, seen on llama.cpp-0.3.36"
+    assert judge_replay(old, [], "0.25.3", build="llama.cpp-0.3.36").outcome == "pass"  # never known there: not an XPASS
+    assert judge_replay(old, [], "0.27.0", build="llama.cpp-b11739").outcome == "xpass"
+    other = Violation("llama-no-same-size-realloc", 1, "new", {"x": "3"})
+    assert judge_replay(old, [shown, other], "0.25.3", build="llama.cpp-0.3.36").outcome == "fail"  # a known bug never hides another
+
+
+@pytest.mark.engine
+def test_the_norm_reservation_loss_of_0336_is_the_known_cause_seen_on_b11739(tmp_path: Path):
+    """The starter corpus's lost reservation of llama.cpp 0.3.36 (the output norm moves between the
+    two RPC devices from the worst case to a 1-token batch) replayed on upstream b11739, a Release
+    build that prints no allocator reason: one cause, one signature, so the replay names it as the
+    cause known on 0.3.36 and seen on b11739, never an XPASS."""
+    case = next(p for p in case_files(Path(__file__).parents[2] / "corpus") if p.stem.endswith("4d6247404c"))
+    run = subprocess.run([*SCHEDFUZZ, "replay", str(case), "--llama-lib", "llama.cpp-b11739"], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "verdict: known on llama.cpp-0.3.36, seen on llama.cpp-b11739" in run.stdout and "XPASS" not in run.stdout, run.stdout
+    assert load_case(case).signature == "llama-no-same-size-realloc[explained=lost,lost_by=decode: changed (node RMS_NORM),topology=same]"
