@@ -13,6 +13,7 @@ in ``.schedfuzz/unconfirmed/`` with every run's message, counted in the summary,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +150,9 @@ def confirmed_finding(fuzzer: Fuzzer, prop: str, e: ViolationFound) -> Finding |
         confirmation = confirm(fuzzer.engines, violation, check, fuzzer.config.confirm_runs)
     sig, stats = violation.signature(), fuzzer.stats
     if not confirmation.confirmed:
-        keep_unconfirmed(fuzzer.engines, violation, confirmation, e.scenario, e.workload, e.llama)
+        kept = keep_unconfirmed(fuzzer.engines, violation, confirmation, e.scenario, e.workload, e.llama)
+        print(f"schedfuzz: {prop}: {sig}: {confirmation.describe()}; not a finding"
+              + (f": kept in {kept}" if kept is not None else ""), file=sys.stderr, flush=True)
         return None
     if fuzzer.shared is not None and fuzzer.shared.claim(prop, sig) is not None:
         stats.seen_again[sig] = stats.seen_again.get(sig, 0) + 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
-from ..cases.corpus import Case, CaseError, case_files, load_case
+from ..cases.corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case
 from ..options import from_argparse, in_user_words
 from ..properties import PROPERTY_IDS
 
@@ -45,6 +45,17 @@ def fuzzer_for(args: argparse.Namespace) -> Fuzzer:
                                  rereserve=value.get("rereserve", True), database=None, reference=getattr(args, "reference", None)))
     except ValueError as e:
         raise UsageError(in_user_words(str(e), given, lambda o: o.cli_flag)) from None
+
+
+def replaying_fuzzer(args: argparse.Namespace) -> Fuzzer:
+    """``fuzzer_for`` a command that replays ``args.cases``, knowing the known bugs a replay is
+    judged with: the starter corpus's and the replayed folders' (another known bug beside a
+    case's own is no news, and a switch before a known signature's re-plan is not re-run:
+    ``causes.switches_told_apart``)."""
+    fuzzer = fuzzer_for(args)
+    for folder in [STARTER_CORPUS, *(p for p in args.cases if Path(p).is_dir())]:
+        fuzzer.known.learn(Path(folder))
+    return fuzzer
 
 
 def bad_case(e: CaseError, suffix: str = "") -> int:

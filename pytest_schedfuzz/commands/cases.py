@@ -17,7 +17,7 @@ from reference.versions import rules_for
 
 from ..campaign.fuzz import Fuzzer
 from ..cases.capture import Captured, CaptureError, capture
-from ..cases.corpus import STARTER_CORPUS, Case, CaseError, load_case, save_case
+from ..cases.corpus import Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
 from ..engine import Unsupported
 from ..files import atomic_write
@@ -28,7 +28,7 @@ from ..model.trace import StepRecord, Trace
 from ..properties.agreement import MATCHES_REFERENCE
 from ..properties.captured import llama_matches_reference
 from ..properties.registry import ENTRIES
-from . import UsageError, bad_case, fuzzer_for, load_all
+from . import UsageError, bad_case, fuzzer_for, load_all, replaying_fuzzer
 
 
 def print_llama_run(fuzzer: Fuzzer, case: Case, capture: bool = False) -> LlamaTrace:
@@ -58,10 +58,7 @@ def replay(args: argparse.Namespace) -> int:
         cases = load_all(args.cases)
     except CaseError as e:
         return bad_case(e)
-    fuzzer = fuzzer_for(args)
-    # known bugs: the starter corpus's and the replayed folders' (another known bug beside a case's own is no news)
-    for folder in [STARTER_CORPUS, *(p for p in args.cases if Path(p).is_dir())]:
-        fuzzer.known.learn(Path(folder))
+    fuzzer = replaying_fuzzer(args)
     failed = 0
     try:
         for case in cases:

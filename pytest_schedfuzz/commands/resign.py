@@ -19,13 +19,12 @@ import argparse
 import json
 from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
 
-from ..cases.corpus import STARTER_CORPUS, Case, CaseError
+from ..cases.corpus import Case, CaseError
 from ..engine import Unsupported
 from ..files import atomic_write
 from ..properties.base import Violation
-from . import bad_case, fuzzer_for, load_all
+from . import bad_case, load_all, replaying_fuzzer
 
 
 def new_signature(case: Case, found: list[Violation]) -> str | None:
@@ -48,11 +47,7 @@ def resign(args: argparse.Namespace) -> int:
         cases = load_all(args.cases)
     except CaseError as e:
         return bad_case(e)
-    fuzzer = fuzzer_for(args)
-    # the known bugs a replay judges with (``replay``'s): a switch before a known signature's re-plan is not re-run
-    # (``causes.switches_told_apart``), so a case is signed as its replay will sign it
-    for folder in [STARTER_CORPUS, *(p for p in args.cases if Path(p).is_dir())]:
-        fuzzer.known.learn(Path(folder))
+    fuzzer = replaying_fuzzer(args)  # with the known bugs a replay judges with: a case is signed as its replay signs it
     before: set[str] = set()
     after: set[str] = set()
     merged: dict[str, set[str]] = defaultdict(set)

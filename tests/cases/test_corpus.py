@@ -418,16 +418,18 @@ def _children_of(pid: int) -> list[int]:
 def test_ctrl_c_during_a_shrink_stops_within_seconds_saves_the_case_and_leaves_nothing_running(tmp_path: Path):
     """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends it, once the run
     says it is shrinking a finding: the CLI exits 130 within seconds, the smallest case so far
-    is saved whole, no half-written file and no worker or RPC server is left."""
+    is kept whole (unconfirmed: it was not replayed on a fresh worker, so not a finding, and not
+    in the corpus), the run says where, no half-written file and no worker or RPC server is left."""
     import os
     import signal
     import time
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    (tmp_path / "corpus").mkdir()
     proc = subprocess.Popen(
         [*SCHEDFUZZ, "run", "--policy", "planted:never_slowly", "--properties", "reuse-complete", "--examples", "300", "--seed", "1",
-         "--corpus", str(tmp_path), "--known", "none"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+         "--corpus", "corpus", "--known", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=tmp_path,
     )
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -444,10 +446,11 @@ def test_ctrl_c_during_a_shrink_stops_within_seconds_saves_the_case_and_leaves_n
     took = time.monotonic() - pressed
     assert proc.returncode == 130, out + err
     assert took < 15, f"Ctrl-C took {took:.1f} s"
-    assert "reuse-complete: interrupted (Ctrl-C)" in out and "saved to" in out, out
-    (saved,) = case_files(tmp_path)
-    assert load_case(saved).property == "reuse-complete"
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert "reuse-complete: interrupted (Ctrl-C)" in out, out
+    (kept,) = case_files(tmp_path / ".schedfuzz" / "unconfirmed")
+    assert f"not a finding: kept in {kept.relative_to(tmp_path)}" in err or f"kept in {kept}" in err, err
+    assert load_case(kept).property == "reuse-complete" and not list(case_files(tmp_path / "corpus"))
+    assert not list(tmp_path.rglob(".tmp-*"))
     time.sleep(1.0)
     assert not [p for p in children if Path(f"/proc/{p}").exists() and "zombie" not in (Path(f"/proc/{p}/status").read_text())]
     assert "Traceback" not in err, err
