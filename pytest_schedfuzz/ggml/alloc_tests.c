@@ -457,6 +457,20 @@ static void finish(struct run * r, ggml_gallocr_t galloc) {
     }
 }
 
+/* one graph on one dummy backend, as most cases of test-alloc.cpp do it: allocated, checked
+   with the test's own checks, reported, freed */
+static void run_single(const char * name, struct dummy_backend * b, struct ggml_context * ctx, struct ggml_cgraph * graph,
+                       struct ggml_tensor * out) {
+    bool ok;
+    ggml_gallocr_t galloc = allocate_graph(graph, out, &b->buffer_type, &ok);
+    check_all_allocated(graph);
+    check_no_overlap(graph);
+    check_max_size(ctx);
+    struct run r = single(name, b, ctx);
+    report(&r, graph, &ok, 1, galloc, NULL);
+    finish(&r, galloc);
+}
+
 /* ------------------------------------------------------------------ test cases */
 
 /* the first backend buffer is exhausted and further tensors need a second one */
@@ -474,14 +488,7 @@ static void test_max_size_too_many_tensors(void) {
     x[6] = ggml_add(ctx, x[4], x[5]);
     assign_names(ctx, "x");
 
-    bool ok;
-    ggml_gallocr_t galloc = allocate_graph(graph, x[6], &backend->buffer_type, &ok);
-    check_all_allocated(graph);
-    check_no_overlap(graph);
-    check_max_size(ctx);
-    struct run r = single("test_max_size_too_many_tensors", backend, ctx);
-    report(&r, graph, &ok, 1, galloc, NULL);
-    finish(&r, galloc);
+    run_single("test_max_size_too_many_tensors", backend, ctx, graph, x[6]);
 }
 
 /* space is left in the first buffer, but not enough for a larger tensor */
@@ -495,14 +502,7 @@ static void test_max_size_tensor_too_large(void) {
     x[2] = ggml_concat(ctx, x[0], x[1], 0); /* chunk 1, [0 , 24) */
     assign_names(ctx, "x");
 
-    bool ok;
-    ggml_gallocr_t galloc = allocate_graph(graph, x[2], &backend->buffer_type, &ok);
-    check_all_allocated(graph);
-    check_no_overlap(graph);
-    check_max_size(ctx);
-    struct run r = single("test_max_size_tensor_too_large", backend, ctx);
-    report(&r, graph, &ok, 1, galloc, NULL);
-    finish(&r, galloc);
+    run_single("test_max_size_tensor_too_large", backend, ctx, graph, x[2]);
 }
 
 /* a single tensor exceeds the max buffer size: a bigger buffer is asked for anyway */
@@ -560,14 +560,7 @@ static void test_fill_leftover_space(void) {
     x[3] = ggml_mean(ctx, x[1]);
     assign_names(ctx, "x");
 
-    bool ok;
-    ggml_gallocr_t galloc = allocate_graph(graph, x[3], &backend->buffer_type, &ok);
-    check_all_allocated(graph);
-    check_no_overlap(graph);
-    check_max_size(ctx);
-    struct run r = single("test_fill_leftover_space", backend, ctx);
-    report(&r, graph, &ok, 1, galloc, NULL);
-    finish(&r, galloc);
+    run_single("test_fill_leftover_space", backend, ctx, graph, x[3]);
 }
 
 /* views need no extra memory */
@@ -584,14 +577,7 @@ static void test_view_inplace(void) {
     x[5] = ggml_add(ctx, x[3], x[4]);           /* reuse (inplace add) */
     assign_names(ctx, "x");
 
-    bool ok;
-    ggml_gallocr_t galloc = allocate_graph(graph, x[5], &backend->buffer_type, &ok);
-    check_all_allocated(graph);
-    check_no_overlap(graph);
-    check_max_size(ctx);
-    struct run r = single("test_view_inplace", backend, ctx);
-    report(&r, graph, &ok, 1, galloc, NULL);
-    finish(&r, galloc);
+    run_single("test_view_inplace", backend, ctx, graph, x[5]);
 }
 
 static void test_reuse_and_free(void) {
@@ -610,14 +596,7 @@ static void test_reuse_and_free(void) {
     x[8] = ggml_add(ctx, x[3], x[7]);       /* reuse */
     assign_names(ctx, "x");
 
-    bool ok;
-    ggml_gallocr_t galloc = allocate_graph(graph, x[8], &backend->buffer_type, &ok);
-    check_all_allocated(graph);
-    check_no_overlap(graph);
-    check_max_size(ctx);
-    struct run r = single("test_reuse_and_free", backend, ctx);
-    report(&r, graph, &ok, 1, galloc, NULL);
-    finish(&r, galloc);
+    run_single("test_reuse_and_free", backend, ctx, graph, x[8]);
 }
 
 static void test_merge_free_block(const char * name, size_t max_buffer_size) {
