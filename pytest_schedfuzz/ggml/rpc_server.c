@@ -16,8 +16,19 @@
 // ggml_backend_graph_compute and ggml_backend_graph_compute_async interpose libggml-base's (the
 // RPC server calls the one, b11739's the other, and the one calls the other: counted once).
 // Without the variable they only pass the graph on. An exported reproducer builds without them.
+//
+// It also says which command a server refused: ggml's server reads each command's byte, runs it,
+// and where the command fails it returns and closes the client's connection, often without a word
+// (the client aborts: "Remote RPC server crashed or returned malformed response"). The executable's
+// recv and close interpose libc's for libggml-rpc: a one-byte recv is a command's byte; a client
+// socket closed by the server that had not read the client's end of file (recv returning 0) was
+// closed after its last command: "schedfuzz-rpc-server: closed the connection after command N"
+// (rpc.RpcServers.refusals names N from the build's own enum rpc_cmd).
 #ifdef SCHEDFUZZ_TEST_HOOKS
 #include <dlfcn.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 #endif
 #include <signal.h>
 #include <stddef.h>
@@ -65,6 +76,39 @@ int ggml_backend_graph_compute(void * backend, void * cgraph) {
 
 int ggml_backend_graph_compute_async(void * backend, void * cgraph) {
     return counted(1, backend, cgraph);
+}
+
+enum { MAX_FDS = 1024 };
+static int last_cmd[MAX_FDS];  // per client socket: 1 + the last command byte read, 0 none; -1 its client closed
+
+ssize_t recv(int fd, void * buf, size_t len, int flags) {
+    static ssize_t (*real)(int, void *, size_t, int);
+    if (real == NULL) {
+        real = (ssize_t (*)(int, void *, size_t, int)) dlsym(RTLD_NEXT, "recv");
+    }
+    ssize_t n = real(fd, buf, len, flags);
+    if (fd >= 0 && fd < MAX_FDS) {
+        if (n <= 0) {
+            last_cmd[fd] = -1;  // the client closed (or reset) its end: whatever follows is not a refusal
+        } else if (len == 1 && last_cmd[fd] >= 0) {
+            last_cmd[fd] = 1 + *(uint8_t *) buf;
+        }
+    }
+    return n;
+}
+
+int close(int fd) {
+    static int (*real)(int);
+    if (real == NULL) {
+        real = (int (*)(int)) dlsym(RTLD_NEXT, "close");
+    }
+    if (fd >= 0 && fd < MAX_FDS) {
+        if (last_cmd[fd] > 0) {
+            fprintf(stderr, "schedfuzz-rpc-server: closed the connection after command %d\n", last_cmd[fd] - 1);
+        }
+        last_cmd[fd] = 0;
+    }
+    return real(fd);
 }
 #endif
 

@@ -13,6 +13,7 @@ import os
 import signal
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..engine import TargetError, Unsupported
 from ..model.scenario import Scenario
@@ -140,6 +141,8 @@ class GgmlTarget(WorkerTarget):
             return self._trace(records, None), outside
         if deaths and not abort.servers:  # an RPC server crash shows in the worker as an abort, with the server exiting already
             abort = Abort(abort.step, abort.kind, "\n".join([abort.message, *(d.report() for d in deaths)]), tuple(d.brief() for d in deaths))
+        elif not deaths and n_rpc:
+            abort = replace(abort, refused=self.servers.refusals(n_rpc))
         if abort.kind == "timeout":
             self.servers.close()  # a server may be the one that hangs: start afresh
         return self._trace(records, abort), None

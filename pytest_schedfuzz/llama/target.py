@@ -162,6 +162,8 @@ class LlamaTarget(WorkerTarget):
         if isinstance(result, LlamaAbort):
             if deaths:  # an RPC server crash shows in the worker as an abort, with the server exiting already
                 result = replace(result, message="\n".join([result.message, *(d.report() for d in deaths)]), servers=tuple(d.brief() for d in deaths))
+            elif n_rpc:
+                result = replace(result, refused=self.servers.refusals(n_rpc))
             if result.kind == "timeout":
                 self.servers.close()
             return LlamaTrace.from_messages(calls, result, self.engine, {})

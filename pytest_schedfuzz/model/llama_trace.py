@@ -147,6 +147,9 @@ class LlamaAbort:
     # the RPC servers of the workload that died, each "127.0.0.1:PORT: killed by SIGSEGV" (or "exited with status N"), from
     # their exit status (``process.rpc.ServerDeath.brief``): what ``message``'s "RPC server ... was killed by" lines say
     servers: tuple[str, ...] = ()
+    # what the workload's RPC servers logged against its commands, each "127.0.0.1:PORT: LINE" (``RpcServers.refusals``):
+    # a server that refused a command says why there, and its client only that it "crashed or returned malformed response"
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,8 @@ class Abort:
     message: str
     # the scenario's RPC servers that died, each "127.0.0.1:PORT: killed by SIGSEGV" (``process.rpc.ServerDeath.brief``)
     servers: tuple[str, ...] = ()
+    # what its RPC servers logged against its commands (``process.rpc.RpcServers.refusals``)
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

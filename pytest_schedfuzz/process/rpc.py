@@ -22,7 +22,9 @@ buffer handle of one server would then name a buffer of another too (the starter
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,8 +36,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO
 
-from ..ggml.build import BuildError, build_rpc_server
+from ..ggml.build import BuildError, build_rpc_server, ggml_source_for
 from ..ggml.engine import CPU_THREADS
+from ..ggml.installed import LibError, base_library, installed_folder
 from ..ggml.lib import child_env
 from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
 
@@ -58,6 +61,33 @@ def port_accepts(port: int, timeout: float = 0.2) -> bool:
 
 class RpcServerError(RuntimeError):
     """An RPC server did not come up."""
+
+
+# what ggml's RPC server prints that is not about a client's command: ``ggml_backend_rpc_start_server``'s
+# own lines (printed to a buffered stdout: they reach the log late, with the first "Accepted"), the
+# backends' registration, the test hook's counting (``rpc_server.c``), and a client that closed its
+# connection (b11739's server says "recv returned 0 (peer closed?)" each time)
+_SERVER_OWN = re.compile(r"(Accepted client connection|Client connection closed|schedfuzz-rpc-server: graph compute|"
+                         r"ggml_backend_rpc_start_server|Starting RPC server|Devices:|register_backend|register_device|  |"
+                         r"recv returned 0 \(peer closed\?\))")
+_CLOSED_AFTER = re.compile(r"schedfuzz-rpc-server: closed the connection after command (\d+)$")
+
+
+@functools.cache
+def rpc_commands(lib_dir: str | None) -> tuple[str, ...]:
+    """The RPC commands by number, as the build's own ``ggml-rpc.cpp`` declares them
+    (``enum rpc_cmd``: ``GRAPH_COMPUTE`` for ``RPC_CMD_GRAPH_COMPUTE``); empty where the build's
+    source is not on disk (a prebuilt release): its commands are then said by number."""
+    try:
+        folder = Path(lib_dir) if lib_dir else installed_folder("ggml-0.15.3")
+        text = (ggml_source_for(str(base_library(folder))) / "src" / "ggml-rpc" / "ggml-rpc.cpp").read_text()
+    except (BuildError, LibError, OSError):
+        return ()
+    body = re.search(r"enum rpc_cmd \{(.*?)\};", text, re.S)
+    if body is None:
+        return ()
+    names = re.findall(r"^\s*RPC_CMD_(\w+)\s*(?:=\s*0\s*)?,", body.group(1), re.M)
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -100,6 +130,7 @@ class _Server:
     log: IO[bytes]
     client: str = ""  # the workload that last sent it work (``assign``)
     charged: bool = False  # its death was reported to a workload (``deaths``)
+    mark: int = 0  # the length of its output when ``client`` got it (``refusals`` reads what follows)
 
     @property
     def endpoint(self) -> str:
@@ -174,9 +205,46 @@ class RpcServers:
                     time.sleep(0.002)
 
     def assign(self, n: int, client: str) -> None:
-        """The first ``n`` servers now work for ``client`` (a workload's name): their deaths are its."""
+        """The first ``n`` servers now work for ``client`` (a workload's name): their deaths, and
+        the commands they refuse from now on (``refusals``), are its."""
         for server in self._servers[:n]:
             server.client = client
+            server.mark = self._size(server)
+
+    def refusals(self, n: int) -> tuple[str, ...]:
+        """What the first ``n`` servers said against their client's commands since ``assign``,
+        each "ENDPOINT: LINE": ggml's RPC server logs why it refuses a command
+        (``GGML_LOG_ERROR("[%s] ...", __func__)`` in ``rpc_server``'s methods) and then closes the
+        connection, which the client reports only as a server that "crashed or returned malformed
+        response". Its own lines (a connection accepted or closed, the test hook's) are not refusals."""
+        out = []
+        for server in self._servers[:n]:
+            try:
+                server.log.flush()
+                with open(self._logdir / f"rpc-{server.port}.log", "rb") as f:
+                    f.seek(server.mark)
+                    text = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            out += [f"{server.endpoint}: {self._named(line.strip())}" for line in text.splitlines() if line.strip() and not _SERVER_OWN.match(line)]
+        return tuple(out)
+
+    def _named(self, line: str) -> str:
+        """``rpc_server.c``'s "closed the connection after command N" with the command's name
+        from this build's ``enum rpc_cmd`` (``rpc_commands``), where its source is on disk."""
+        m = _CLOSED_AFTER.match(line)
+        if m is None:
+            return line
+        names = rpc_commands(self.lib_dir)
+        n = int(m.group(1))
+        return f"schedfuzz-rpc-server: closed the connection after command {names[n] if n < len(names) else n}"
+
+    def _size(self, server: _Server) -> int:
+        try:
+            server.log.flush()
+            return (self._logdir / f"rpc-{server.port}.log").stat().st_size
+        except OSError:
+            return 0
 
     def gone(self, endpoints: Iterable[str]) -> bool:
         """Whether any of ``endpoints`` has no live server now (it died, or was replaced)."""

@@ -10,7 +10,7 @@ from reference.alloc import KEPT_PLAN, MEASURED_PLAN
 from ..model.scenario import Scenario, Step
 from ..model.trace import Abort, Trace
 from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation
-from .sites import check_site, server_death, site_key
+from .sites import check_site, server_death, server_refusal, site_key
 
 
 def with_c_stack(cause: str, message: str, depth: int = 3) -> str:
@@ -91,9 +91,9 @@ def no_abort(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violat
     site = site_key(a.message)
     if site:  # one assert text has many sites (ggml-backend.cpp has fifteen GGML_ASSERT(buffer))
         facts["site"] = site
-    # the RPC client reports every server failure alike: a server that died (and how) is what
-    # separates a crash in the server from a graph it rejected
-    died = server_death(a.servers, a.message)
+    # the RPC client reports every server failure alike: a server that died (and how), or the
+    # command a live one refused and why (its log), is what separates one server failure from another
+    died = server_death(a.servers, a.message) or server_refusal(a.refused)
     if died:
         facts["server"] = died
     if a.kind == "crash":  # a signal says less than an assert: add the kind of step it hit

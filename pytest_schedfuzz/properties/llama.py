@@ -37,7 +37,7 @@ from .aborts import NO_ABORT, at_site, with_c_stack
 from .base import CPU_ONLY, Export, PropertyEntry, Violation
 from .llama_logits import LOGITS_TOLERANCE, decode_pairs, logit_pairs, logits_difference
 from .realloc import NO_SAME_SIZE_REALLOC
-from .sites import RPC_FAILED, server_death, site_key
+from .sites import RPC_FAILED, server_death, server_refusal, site_key
 from .llama_replan import (BY_BATCH, META_DEVICES, META_TENSORS, batch_class, call_kind, call_name, graph_kind, invalid_reason, outgrown, replan_reason,
                            replan_trigger, topology_cause, what_grew)
 
@@ -329,11 +329,16 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         if site:
             facts["site"] = site
         if RPC_FAILED in a.message:
-            # the RPC client reports every server failure alike: a server that died says how;
-            # one that refused a command (and closed the connection) does not, so the call that
-            # changed what the model's devices hold before the failing call separates causes
-            facts["server"] = server_death(a.servers, a.message) or f"refused after {_last_change(w, a.call)}"
-        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {call_name(w, a.call)}: {text}{at_site(a.message)}", facts)]
+            # the RPC client reports every server failure alike: a server that died says how; one
+            # that refused a command (and closed the connection) is signed by the command
+            # (``RpcServers.refusals``); where none is known, the call that changed what the
+            # model's devices hold before the failing call separates causes
+            refusal = None if server_death(a.servers, a.message) else server_refusal(a.refused)
+            facts["server"] = server_death(a.servers, a.message) or refusal or f"refused after {_last_change(w, a.call)}"
+            if refusal is not None:  # the command refused names the cause; where the client noticed it (phase) depends on the build
+                facts.pop("phase", None)
+        said = "".join(f"\n  RPC server {line}" for line in a.refused if RPC_FAILED in a.message)
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {call_name(w, a.call)}: {text}{at_site(a.message)}{said}", facts)]
     for c in trace.calls:
         if c.kind == "init" and c.rc != 0 and not out_of_memory(w, trace):
             said = " / ".join(c.error) or "nothing"

@@ -26,6 +26,24 @@ def server_death(servers: tuple[str, ...], message: str) -> str | None:
         return f"was {status}" if status.startswith("killed by ") else status
     died = re.search(r"RPC server \S+ (was killed by \w+|exited with status \d+)", message)
     return died.group(1) if died else None
+
+
+def server_refusal(refused: tuple[str, ...]) -> str | None:
+    """The command an RPC server refused, as signatures say it (``refused GRAPH_RECOMPUTE``), from
+    what it said (``RpcServers.refusals``): ``rpc_server.c``'s "closed the connection after command
+    GRAPH_RECOMPUTE" (ggml's server often refuses without a word); where the build's source is not
+    on disk to name the command's number, the server method that logged why (b11739's
+    ``[graph_recompute] device: 0, graph with uid 67 not found``) names it, so that one cause is one
+    signature on builds that log and builds that do not. Its words are not part of it (a build
+    that logs nothing would sign the same refusal otherwise); the message keeps them. None: no
+    server said anything."""
+    lines = [r.split(": ", 1)[-1] for r in refused]
+    closed = [m.group(1) for line in lines if (m := re.match(r"schedfuzz-rpc-server: closed the connection after command (\w+)$", line))]
+    methods = [m.group(1) for line in lines if (m := re.match(r"\[(\w+)\]", line))]
+    named = [c for c in closed if not c.isdigit()] or [m.upper() for m in methods] or closed
+    return f"refused {named[0]}" if named else None
+
+
 _SITE = re.compile(r"(\S*?)([\w.-]+\.(?:c|cpp|h)):(\d+): ")
 # a function definition's first line in ggml's and llama.cpp's style: at column 0, a name and "("
 _DEFINITION = re.compile(r"^(?![#/ \t}{])[^;=]*?\b([A-Za-z_]\w*(?:::~?\w+)*)\s*\(")

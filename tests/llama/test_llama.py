@@ -631,6 +631,32 @@ def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_
     assert first.facts["server"] == "refused after -"
 
 
+
+def test_an_rpc_refusal_is_signed_by_the_command_the_server_refused_whatever_came_before() -> None:
+    """A server that refused a command (``RpcServers.refusals``: the command it closed the
+    connection after, and ggml's words where it logged any) signs the failure by the command: one
+    cause reached after a lora_free or a seq_rm, on a build that names the command (its source on
+    disk) or one whose server says only its number and the method that refused, noticed by the
+    client in llama.cpp's code or in a compute, is one signature; the server's words stay in the
+    message."""
+    rpc = "ggml-rpc.cpp:686: Remote RPC server crashed or returned malformed response"
+    silent = ("127.0.0.1:5: schedfuzz-rpc-server: closed the connection after command GRAPH_RECOMPUTE",)
+    numbered = ("127.0.0.1:5: [graph_recompute] device: 0, graph with uid 67 not found",
+                "127.0.0.1:5: schedfuzz-rpc-server: closed the connection after command 16")
+    signs = set()
+    for before, said in ((Call("lora_free", n=0), silent), (Call("seq_rm", n=1), numbered)):
+        w = replace(LORA_W, calls=(decode((0, 1, "last")), Call("lora_load", n=0), decode((0, 1, "last")), before, decode((0, 1, "last"))))
+        for phase in ("llama.cpp", "compute"):  # where the client noticed it: 0.3.36's and b11739's
+            (v,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc, refused=said, phase=phase)))
+            assert v.facts["server"] == "refused GRAPH_RECOMPUTE" and said[0].split(": ", 1)[1] in v.message
+            signs.add(v.signature())
+        signs.add(v.signature())
+    assert len(signs) == 1
+    other = ("127.0.0.1:5: schedfuzz-rpc-server: closed the connection after command SET_TENSOR",)
+    (v,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc, refused=other)))
+    assert v.facts["server"] == "refused SET_TENSOR" and v.signature() not in signs
+
+
 def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_again(tmp_path: Path) -> None:
     """As for the graph engine: a timeout is run again with five times the call timeout (a
     loaded machine passes, a hang does not), a crash again on a fresh worker; what does not come
