@@ -67,6 +67,15 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     rs.add_argument("cases", nargs="+", help="case files or corpus directories")
     _engine_args(rs)
     rs.set_defaults(func="resign:resign")
+    kn = sub.add_parser("known", help="triage a new finding: make it a known upstream bug, with its explanation and the builds it was seen on",
+                        description="turn a case saved as a new finding (expect: new) into a known bug (expect: {fail: ...}): later runs count it "
+                                    "as seen again, not as a failure; a llama.cpp case is known on the build it was found on (and --on)")
+    kn.add_argument("case", help="the case file")
+    kn.add_argument("--because", required=True, metavar="TEXT", help="the explanation: what the bug is, in a maintainer's terms")
+    kn.add_argument("--name", metavar="NAME", help="rename the case file to NAME.json in its folder (default: keep its name)")
+    kn.add_argument("--on", action="append", default=[], metavar="BUILD",
+                    help="llama.cpp cases: another build it is known on (a --llama-lib name such as llama.cpp-b11739); repeatable")
+    kn.set_defaults(func="cases:known")
     sh = sub.add_parser("show", help="draw a case's graph (SVG, PNG or DOT) and print its splits")
     sh.add_argument("case", help="a case file")
     sh.add_argument("-o", "--output", help="output file: .svg, .png or .dot (default: CASE.svg here)")
@@ -92,6 +101,8 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     gt.add_argument("--seed", type=int, help="seed of both runs (default: the profile's: 0 under ci)")
     gt.add_argument("--properties", help="comma-separated property ids (default: all)")
     gt.add_argument("--corpus", help="the cases replayed on both builds (default: ./corpus, else the built-in one)")
+    gt.add_argument("--save", default="corpus", metavar="DIR", help="where head's new cases are saved, as new findings (default: ./corpus)")
+    gt.add_argument("--report", metavar="FILE.json", help="write the gate's report as JSON too: the verdict, every row, what is new and fixed, the cases saved")
     gt.add_argument("--rereserve", action=argparse.BooleanOptionalAction, default=True,
                     help="the driver re-reserves the worst case on topology changes (default: on)")
     gt.set_defaults(func="tools:gate_")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from .campaign.campaign import Campaign, ConfigError, shards_for
-from .campaign.summary import Found, short_path
+from .campaign.summary import CUT_SHORT_EXIT, Found, short_path, verdict
 from .items import ENGINES_KEY, FOUND_KEY, STATS_KEY, SchedfuzzSuite
 from .options import from_pytest
 
@@ -85,6 +85,16 @@ class SchedfuzzSession:
         written = self.campaign.write_report()
         if written is not None:
             terminalreporter.write_line(f"report: {short_path(str(written))}")
+
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        self.campaign.stats.interrupted = max(1, self.campaign.stats.interrupted)  # the verdict says so, never clean
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # a run the budget cut short passed nothing it did not run: its own status (docs/ci.md)
+        c = self.campaign
+        if exitstatus == pytest.ExitCode.OK and verdict(c.stats, c.found, c.corpus_outcomes) == "cut short":
+            session.exitstatus = CUT_SHORT_EXIT
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.campaign.close()

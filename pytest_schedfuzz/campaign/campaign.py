@@ -146,11 +146,14 @@ class Campaign:
         self.pending = sum(w for _, w in units) * self.shards // workers
         return [Unit(prop, weight, k, self.shards) for prop, weight in units for k in range(self.shards)]
 
-    def time_share(self, weight: int = 1) -> float | None:
+    def time_share(self, unit: Unit) -> float | None:
         """Seconds for the next unit when the profile fuzzes on time: what is left of the budget,
-        shared by the units this process has still to run in proportion to their weights."""
+        shared by the units this process has still to run in proportion to their weights. None
+        where it fuzzes by count (the budget then only caps the whole run: ``Fuzzer.out_of_budget``)."""
+        weight = unit.weight
         budget = self.config.budget if self.config.budget is not None else self.fuzzer.profile.budget
-        if budget is None:
+        if budget is None or self.fuzzer.examples_for(unit.prop) is not None:
+            self.pending = max(1, self.pending - weight)
             return None
         left = max(0.0, budget - (time.monotonic() - self.fuzzer.started))
         share = left * weight / max(weight, self.pending)
@@ -169,7 +172,7 @@ class Campaign:
             reports.append(text)
             found.append(saved)
 
-        seconds = self.time_share(unit.weight)
+        seconds = self.time_share(unit)
         done, short = False, None
         try:
             if self.config.keeps_going():
@@ -181,6 +184,7 @@ class Campaign:
             done = True
         finally:
             ran = fuzzer.stats.examples - before["examples"]
+            fuzzer.stats.interrupted = int(fuzzer.interrupted)
             fuzzer.stats.property_examples[unit.prop] = fuzzer.stats.property_examples.get(unit.prop, 0) + ran
             if done and not reports and not fuzzer.interrupted:
                 short = self.shortfall(unit, ran, before, seconds)
@@ -256,7 +260,7 @@ class Campaign:
                 return Replayed("skip", off, case.property)
         build = self.fuzzer.engines.llama_build() if case.llama is not None else None
         verdict = judge_replay(case, self.fuzzer.replay(case), version, self.fuzzer.known.tolerated(case.llama is not None), build)
-        outcome = {"unshown": "skip", "xpass": "fail"}.get(verdict.outcome, verdict.outcome)
+        outcome = {"unshown": "skip", "xpass": "fail", "untriaged": "fail"}.get(verdict.outcome, verdict.outcome)
         return Replayed(outcome, verdict.text, case.property)
 
     def close(self) -> None:
@@ -308,7 +312,7 @@ class Campaign:
             profile=config.profile, seed=config.seed or 0, lib=config.lib or DEFAULT_LIB, llama_lib=config.llama_lib or LLAMA_BUILT_IN[0],
             engine=engine, llama=self.llama_info, reference=compiled.status, rules_note=fuzzer.rules_note if engine else None,
             options={name: {"value": g.value, "source": g.source} for name, g in self.given.items() if name},
-            shards=self.shards, seed_flag=self.flag("seed"), report_flag=self.flag("report"),
+            shards=self.shards, seed_flag=self.flag("seed"), report_flag=self.flag("report"), budget_flag=self.flag("budget"),
         )
 
     def summary_lines(self, verbose: bool) -> list[str]:

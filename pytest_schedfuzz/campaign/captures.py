@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..cases.capture import CAPTURED_LABEL, CaptureError, capture
 from ..engine import TargetError
@@ -14,6 +15,10 @@ from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkloa
 from ..model.llama_model import ModelSpec
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
+
+if TYPE_CHECKING:
+    from .engines import Engines
+    from .stats import Stats
 
 _SSM = {"ssm_state": 16, "ssm_conv": 4, "ssm_groups": 1, "ssm_head_dim": 16}
 MODELS: dict[str, ModelSpec] = {
@@ -71,3 +76,29 @@ def captured_pool(run: Callable[[LlamaWorkload], LlamaTrace]) -> tuple[dict[str,
         graphs = tuple((g_name, replace(g, label=f"{CAPTURED_LABEL}{name}: {g_name}")) for g_name, g in sc.graphs)
         scenarios[name] = replace(sc, graphs=graphs)
     return scenarios, "; ".join(missing)
+
+
+def session_pool(engines: Engines, stats: Stats, ggml_engine: bool) -> tuple[Scenario, ...]:
+    """The pool's scenarios for a session's graph properties (``Fuzzer.captured_pool``): empty,
+    with the reason in the statistics, where llama.cpp cannot run, the engine under test is not
+    ggml (``ggml_engine`` false: a user's target), or its ggml is not the version llama.cpp's
+    graphs were built by (ops differ between versions: 0.15.3's ``ggml_clamp`` returns a view,
+    0.25.3's a new tensor)."""
+    try:
+        versions = (engines.ggml_version(False), engines.ggml_version(True)) if ggml_engine else None
+    except TargetError as e:
+        versions, why = None, f"llama.cpp cannot run: {str(e).splitlines()[0]}"
+    else:
+        why = "the engine under test is not ggml" if versions is None else ""
+    if versions is not None and versions[0] != versions[1]:
+        versions, why = None, f"llama.cpp's graphs are ggml {versions[1]}'s, the engine is ggml {versions[0]}"
+    pool: tuple[Scenario, ...] = ()
+    if versions is not None:
+        families, why = captured_pool(lambda w: engines.run_llama(w, capture=True))
+        pool = tuple(families.values())
+        for name in families:  # "dense, n_ubatch 8, n_ctx 128": scenarios per model family
+            kind = name.split(",")[0]
+            stats.captured_families[kind] = stats.captured_families.get(kind, 0) + 1
+    if why:
+        stats.captured_missing[why[:300]] = 1
+    return pool

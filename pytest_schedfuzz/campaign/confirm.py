@@ -64,8 +64,8 @@ class Finding:
         if self.llama is not None:
             engine = dict(engines.llama_target.engine) if engines._llama is not None else {"name": "llama.cpp"}
         options = {"rereserve": False} if self.workload is not None and not fuzzer.config.rereserve else {}
-        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, workload=self.workload, llama=self.llama,
-                    options=options)
+        return Case(v.property, v.signature(), self.scenario, v.message, v.step, fuzzer.seed, engine, expect="new", workload=self.workload,
+                    llama=self.llama, options=options)
 
 
 class ViolationFound(AssertionError):

@@ -33,7 +33,7 @@ from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.captured import captured_scenarios, captured_workloads
 from ..strategies.llama import FAMILIES, llama_workloads
-from .captures import captured_pool
+from .captures import session_pool
 from .checks import Checks, Predict
 from .confirm import FLAKY, Confirmation, Finding, ViolationFound, confirmed_finding, keep_unconfirmed
 from .engines import Engines
@@ -131,41 +131,26 @@ class Fuzzer(Checks):
         return drawn[0] if len(drawn) == 1 else st.one_of(*drawn)
 
     def captured_pool(self) -> tuple[Scenario, ...]:
-        """llama.cpp's graphs, captured once per session (``captures``); empty, with the reason in
-        the statistics, where llama.cpp cannot run, this engine is not ggml, or its ggml is not the
-        version llama.cpp's graphs were built by (ops differ between versions: 0.15.3's ``ggml_clamp``
-        returns a view, 0.25.3's a new tensor)."""
+        """llama.cpp's graphs, captured once per session (``captures.session_pool``)."""
         if self._captured is None:
-            try:
-                versions = (self.engines.ggml_version(False), self.engines.ggml_version(True)) if self.config.target is None else None
-            except TargetError as e:
-                versions, why = None, f"llama.cpp cannot run: {str(e).splitlines()[0]}"
-            else:
-                why = "the engine under test is not ggml" if versions is None else ""
-            if versions is not None and versions[0] != versions[1]:
-                versions, why = None, f"llama.cpp's graphs are ggml {versions[1]}'s, the engine is ggml {versions[0]}"
-            if versions is None:
-                self._captured = ()
-            else:
-                families, why = captured_pool(lambda w: self.engines.run_llama(w, capture=True))
-                self._captured = tuple(families.values())
-                for name in families:  # "dense, n_ubatch 8, n_ctx 128": scenarios per model family
-                    kind = name.split(",")[0]
-                    self.stats.captured_families[kind] = self.stats.captured_families.get(kind, 0) + 1
-            if why:
-                self.stats.captured_missing[why[:300]] = 1
+            self._captured = session_pool(self.engines, self.stats, self.config.target is None)
         return self._captured
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
         return self.driver.scenario(case) if isinstance(case, Workload) else case
 
     def examples_for(self, prop: str, examples: int | None = None) -> int | None:
-        """Examples to run on ``prop``: given, configured, or the profile's (``None``: on time)."""
+        """Examples to run on ``prop``: given, configured, or the profile's; ``None``: on time,
+        for a campaign that keeps going on a budget the user gave (``--schedfuzz-keep-going
+        --schedfuzz-budget``: as many as it allows, shared by the properties)."""
         if examples or self.config.examples:
             return examples or self.config.examples
-        if self.profile.examples is None and prop in props.POLICY_PROPERTY_IDS and not self.config.policy:
-            return self.profile.chunk  # cheap rule checks of the built-in policy, with no share of the budget
-        return self.profile.llama_examples if props.is_llama(prop) else self.profile.examples
+        # the built-in policy's decisions are can_reuse's own: a chunk of cheap rule checks, no more
+        rules = prop in props.POLICY_PROPERTY_IDS and not self.config.policy
+        if self.config.keeps_going() and self.config.budget is not None:
+            return self.profile.chunk if rules else None
+        n = self.profile.llama_examples if props.is_llama(prop) else self.profile.examples
+        return min(n, self.profile.chunk) if rules else n
 
     def campaign(self, prop: str, shard: int = 0, shards: int = 1, seconds: float | None = None,
                  on_finding: Callable[[Finding], None] = lambda f: None) -> list[Finding]:
@@ -205,7 +190,14 @@ class Fuzzer(Checks):
         start = time.monotonic()
         self.first_failure = None
         if n is not None:
-            return self._fuzz_run(prop, -(-n // shards), self.seed + shard + round_ * 1_000_003, start, None)
+            # by count: which examples run, and so the verdict, depend on the seed alone; the budget
+            # only caps, and what it leaves unrun is counted (``Stats.examples_cut``: "cut short")
+            share = -(-n // shards)
+            self.stats.examples_asked += share
+            if self.out_of_budget():
+                self.stats.examples_cut += share
+                return None
+            return self._fuzz_run(prop, share, self.seed + shard + round_ * 1_000_003, start, None, counted=True)
         if seconds is None and self.config.budget is None and self.profile.budget is None:
             raise ValueError(f"profile {self.config.profile!r} fuzzes on time and needs a budget")
         deadline = start + seconds if seconds is not None else None
@@ -239,7 +231,7 @@ class Fuzzer(Checks):
         finally:
             signal.signal(signal.SIGINT, before)
 
-    def _fuzz_run(self, prop: str, n: int, seed: int, start: float, deadline: float | None) -> Finding | None:
+    def _fuzz_run(self, prop: str, n: int, seed: int, start: float, deadline: float | None, counted: bool = False) -> Finding | None:
         if self.shared is not None:
             self.shared.record_examples(self.stats.examples)
         # shrink towards the first failure's signature only, so that a case keeps its finding
@@ -267,6 +259,7 @@ class Fuzzer(Checks):
             # out of time, skip; but never once a failure is being confirmed and shrunk (a skip
             # would make Hypothesis's replay of it pass: a FlakyFailure)
             if not target and (self.out_of_budget() or (deadline is not None and time.monotonic() > deadline)):
+                self.stats.examples_cut += counted
                 return
             if self.interrupted:  # Ctrl-C: Hypothesis stopped shrinking and replays; do not run the engine again
                 raise KeyboardInterrupt

@@ -26,6 +26,9 @@ class KnownBugs:
         self.llama_build = llama_build  # the llama.cpp build that runs llama.cpp cases (``LlamaTarget.build``)
         self.cases: list[Case] = []  # the corpus's expected failures (``learn``)
         self.campaign: set[str] = set()  # signatures found by this campaign (keep-going)
+        # the corpus's new findings nobody has triaged (``Case.untriaged``), by kind: found again while
+        # fuzzing they are seen again, not new (their corpus item fails the run while they reproduce)
+        self.untriaged: dict[bool, set[str]] = {False: set(), True: set()}
         self._by_kind: dict[bool, set[str]] = {}
         self._elsewhere: dict[str, tuple[str, ...]] | None = None  # ``elsewhere``'s, made once
 
@@ -44,6 +47,9 @@ class KnownBugs:
             if case.expected_failure is not None:
                 self.cases.append(case)
                 self.stats.components.setdefault(case.signature, component(case))
+            elif case.untriaged:
+                self.untriaged[case.llama is not None].add(case.signature)
+                self.stats.components.setdefault(case.signature, f"untriaged: {path.name}")
         self._by_kind.clear()
         self._elsewhere = None
 
@@ -78,8 +84,9 @@ class KnownBugs:
         return self.expected(llama) | set(self.elsewhere(llama))
 
     def signatures(self, llama: bool) -> set[str]:
-        """Everything not to report again: the expected bugs and the campaign's findings."""
-        return self.expected(llama) | self.campaign
+        """Everything not to report again: the expected bugs, the corpus's untriaged findings and
+        the campaign's findings."""
+        return self.expected(llama) | self.untriaged[llama] | self.campaign
 
     def unknown_version_note(self, llama: bool) -> str | None:
         """A line for the header where the ggml version of the engine that runs llama.cpp workloads

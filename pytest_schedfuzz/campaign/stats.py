@@ -27,6 +27,11 @@ class Stats:
     """The scheduler statistics llama.cpp users know, plus examples and findings."""
 
     examples: int = 0
+    # examples the run was asked for by count (each unit's share: ``Fuzzer._fuzz_chunks``), and those the
+    # time budget left unrun: a run that cut any is "cut short", never clean (``summary.verdict``)
+    examples_asked: int = 0
+    examples_cut: int = 0
+    interrupted: int = 0  # processes in which Ctrl-C stopped the run: "interrupted", never clean
     graphs_reused: int = 0
     reallocs_same: int = 0
     reallocs_changed: int = 0

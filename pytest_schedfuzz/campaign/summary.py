@@ -16,6 +16,9 @@ from ..files import atomic_write
 from .stats import Stats
 
 WIDTH = 120
+# exit statuses beside pytest's own (1: a finding or a failed case, 2: interrupted): a run the time
+# budget cut short, with no finding in what ran (``verdict``: "cut short")
+CUT_SHORT_EXIT = 6
 SHOWN = 3  # new findings shown in full by default (the rest: -v, the report, the corpus)
 SCHEMA = Path(__file__).resolve().parent.parent / "report.schema.json"
 REPORT_VERSION = 1
@@ -55,6 +58,7 @@ class Facts:
     shards: int  # per property, under pytest-xdist (1 without)
     seed_flag: str  # how this front end names the seed option, for the rerun line
     report_flag: str
+    budget_flag: str = "--schedfuzz-budget"
 
 
 def short_path(path: str) -> str:
@@ -95,6 +99,17 @@ def ran_lines(facts: Facts, stats: Stats) -> list[str]:
     return lines
 
 
+def verdict(stats: Stats, found: Sequence[Found], corpus: Mapping[str, Sequence[str]]) -> str:
+    """The run's verdict: ``findings`` (a new finding, or a corpus case that failed), else
+    ``interrupted`` (Ctrl-C), else ``cut short`` (the time budget left examples the run was asked
+    for unrun: what did not run was not judged), else ``clean``."""
+    if found or corpus.get("fail"):
+        return "findings"
+    if stats.interrupted:
+        return "interrupted"
+    return "cut short" if stats.examples_cut else "clean"
+
+
 def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[str, Sequence[str]], verbose: bool) -> list[str]:
     """The summary: the verdict, what ran, the seed; with ``verbose`` the statistics too."""
     out: list[str] = []
@@ -111,6 +126,12 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
             out.append(f"  and {len(found) - SHOWN} more (-v lists them; their cases are in the corpus)")
     else:
         out.append(f"no new finding ({stats.examples} examples, {len(stats.property_examples)} properties fuzzed)")
+    if stats.interrupted:
+        out.insert(0, "INTERRUPTED (Ctrl-C): what did not run was not judged")
+    elif stats.examples_cut:
+        ran = stats.examples_asked - stats.examples_cut
+        out.insert(0, f"CUT SHORT: {ran} of {stats.examples_asked} examples ran in the time budget (raise {facts.budget_flag}); "
+                      "the rest were not judged")
     if corpus:
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted((o, len(c)) for o, c in corpus.items()))
         out.append(f"corpus replayed: {counts}" + (f"; FAILED: {short_path(failed[0])}" + (" and more" if len(failed) > 1 else "") if failed else ""))
@@ -146,10 +167,9 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
 
 def report(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     """The machine-readable report (its schema: ``SCHEMA``)."""
-    failed = bool(found) or bool(corpus.get("fail"))
     return {
         "version": REPORT_VERSION,
-        "verdict": "findings" if failed else "clean",
+        "verdict": verdict(stats, found, corpus),
         "profile": facts.profile,
         "seed": facts.seed,
         "options": {k: dict(v) for k, v in facts.options.items()},

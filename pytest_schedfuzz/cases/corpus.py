@@ -2,9 +2,10 @@
 
 A case holds the scenario (or, for the llama.cpp properties, the llama workload: model, devices,
 context parameters and calls), the property it broke, its failure signature (property id plus
-the distinguishing facts), the engine it was found on, and ``expect``: ``"pass"`` (the bug is
-fixed: the case guards against its return) or ``{"fail": reason}`` (a known engine bug that
-must keep failing until fixed). A failure can be scoped by ggml version: ``"since"`` (the first
+the distinguishing facts), the engine it was found on, and ``expect``: ``"new"`` (a finding
+nobody has triaged yet: how every finding is saved; it fails each run it reproduces in until
+``schedfuzz known`` makes it known, or it is fixed), ``"pass"`` (the bug is fixed: the case guards
+against its return) or ``{"fail": reason}`` (a known engine bug that must keep failing until fixed). A failure can be scoped by ggml version: ``"since"`` (the first
 version with the bug) and ``"fixed_in"`` (the first without it) bound where it is expected;
 outside those bounds the case is a guard, e.g. ``{"fail": "...", "fixed_in": "0.25.3"}`` is an
 expected failure on 0.15.3 and must pass on 0.25.3.
@@ -53,6 +54,7 @@ SCHEMA: dict[str, Any] = {
         "expect": {
             "oneOf": [
                 {"const": "pass"},
+                {"const": "new"},  # untriaged (``Case.untriaged``)
                 {
                     "type": "object", "required": ["fail"], "additionalProperties": False,
                     "properties": {
@@ -106,6 +108,11 @@ class Case:
     llama: LlamaWorkload | None = None  # llama.cpp properties: replayed on llama.cpp
     options: Mapping[str, Any] = field(default_factory=dict)  # ``rereserve``: the driver's mode it was found in
     signed_as: tuple[str, ...] = ()  # its earlier signatures (``schedfuzz resign``), oldest first
+
+    @property
+    def untriaged(self) -> bool:
+        """A finding saved as found, that nobody has called known (``schedfuzz known``) or fixed."""
+        return self.expect == "new"
 
     @property
     def expected_failure(self) -> str | None:
@@ -177,6 +184,8 @@ class Case:
         why = self.expected_failure_on(version, build)
         if why is None and (elsewhere := self.known_elsewhere(build)) is not None:
             return f"known on {', '.join(elsewhere)} only"
+        if self.untriaged:
+            return "reproduces (a new finding, not triaged: schedfuzz known makes it a known bug)"
         return f"fail: {why}" if why is not None else "pass"
 
     def size(self) -> tuple[int, int, int, int]:

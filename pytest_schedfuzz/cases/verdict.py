@@ -3,7 +3,9 @@
 An expect-fail case passes as a known bug only if its replay shows its own signature and no
 violation that is not a known bug: another one beside it is reported, never hidden by it (a
 workload that lost its reservation re-plans again later, and those later reallocations are the
-corpus's other known cases). A guard case (``expect: pass``) shows no violation at all.
+corpus's other known cases). A guard case (``expect: pass``) shows no violation at all. A new
+finding nobody has triaged (``expect: new``) that reproduces fails as ``untriaged``: the finding
+is still open, whoever runs it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from ..properties.base import Violation
 from .corpus import Case
 
-OUTCOMES = ("pass", "known", "elsewhere", "fail", "xpass", "unshown")
+OUTCOMES = ("pass", "known", "elsewhere", "fail", "xpass", "unshown", "untriaged")
 RACE = "[race="  # a race's signature: it shows only when the threads interleave so
 
 
@@ -23,7 +25,8 @@ class Verdict:
     """``pass`` (a guard case holds), ``known`` (the known bug, and only it), ``elsewhere`` (a
     llama.cpp bug known on other builds, shown on this one too: "known on X, seen on Y"), ``fail``
     (a violation that is not the case's known bug), ``xpass`` (the known bug is gone) or
-    ``unshown`` (a known race that did not show in its replays: not proof that it is gone)."""
+    ``unshown`` (a known race that did not show in its replays: not proof that it is gone) or
+    ``untriaged`` (a new finding, not triaged, that reproduces)."""
 
     outcome: str
     text: str  # in full, for a corpus item's report
@@ -47,6 +50,14 @@ def judge_replay(case: Case, found: Sequence[Violation], version: str | None, kn
     if elsewhere is not None and not others:
         seen = f"known on {', '.join(elsewhere)}, seen on {build}" if same else f"known on {', '.join(elsewhere)}, not shown on {build}"
         return Verdict("elsewhere" if same else "pass", f"{seen}: {name} ({case.signature})", seen)
+    if case.untriaged:
+        if same and not others:
+            return Verdict("untriaged", f"{name}: the new finding {case.signature} reproduces on {build or f'ggml {version}'}; nobody has "
+                                        f"triaged it: fix it, or make it a known bug (schedfuzz known {name} --because \"...\")",
+                           "reproduces (a new finding, not triaged)")
+        if not found:
+            return Verdict("pass", f"{name}: the new finding {case.signature} does not reproduce on {build or f'ggml {version}'}",
+                           "does not reproduce (a new finding, not triaged)")
     if expected is not None:
         if same and not others:
             return Verdict("known", f"known engine bug on ggml {version} ({expected}): {same[0]}", "still fails (known bug)")

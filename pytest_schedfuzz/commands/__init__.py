@@ -29,6 +29,9 @@ def properties_arg(arg: str | None) -> list[str] | None:
     return props
 
 
+CANNOT_RUN = 3  # exit status: a case could not run on the build under test (a device, a call or a build it lacks): no verdict
+
+
 class UsageError(Exception):
     """A bad option or input: one line on stderr, exit status 2."""
 

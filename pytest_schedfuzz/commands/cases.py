@@ -22,13 +22,15 @@ from ..cases.verdict import judge_replay
 from ..engine import Unsupported
 from ..files import atomic_write
 from ..ggml.versions import version_of
+from ..llama.builds import BUILT_IN as LLAMA_BUILT_IN
+from ..llama.builds import recorded_build
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord, Trace
 from ..properties.agreement import MATCHES_REFERENCE
 from ..properties.captured import llama_matches_reference
 from ..properties.registry import ENTRIES
-from . import UsageError, bad_case, fuzzer_for, load_all, replaying_fuzzer
+from . import CANNOT_RUN, UsageError, bad_case, fuzzer_for, load_all, replaying_fuzzer
 
 
 def print_llama_run(fuzzer: Fuzzer, case: Case, capture: bool = False) -> LlamaTrace:
@@ -53,13 +55,50 @@ def print_llama_run(fuzzer: Fuzzer, case: Case, capture: bool = False) -> LlamaT
     return trace
 
 
+def found_on(case: Case, args: argparse.Namespace) -> tuple[str | None, str | None] | str:
+    """The builds to replay ``case`` on, ``(lib, llama_lib)``: those the user named, else the one
+    its record says it was found on (a built-in); a str where that build cannot be had here: what
+    to pass instead."""
+    if case.llama is None:
+        return (args.lib or version_of(str(case.engine.get("ggml_version", "0.25.3"))).built_in), args.llama_lib
+    if args.llama_lib:
+        return args.lib, args.llama_lib
+    build = recorded_build(case.engine)
+    if build in LLAMA_BUILT_IN:
+        return args.lib, build
+    where = case.engine.get("lib", "a build not recorded")
+    return (f"it was found on {build or where}, which is not a built-in: pass --llama-lib with that build's library folder "
+            f"(or a built-in: {', '.join(LLAMA_BUILT_IN)})")
+
+
 def replay(args: argparse.Namespace) -> int:
+    """Each case replayed on the build it was found on (or the one named), judged, and the
+    verdict said plainly. Exit status: 0 every case as expected, 1 one is not (it reproduces
+    where it should not, or a known bug is gone), ``CANNOT_RUN`` (3) one cannot run on this
+    build and none failed; 2 a usage error or a bad file."""
     try:
         cases = load_all(args.cases)
     except CaseError as e:
         return bad_case(e)
+    failed = cannot = 0
+    by_build: dict[tuple[str | None, str | None], list[Case]] = {}
+    for case in cases:
+        builds = found_on(case, args)
+        if isinstance(builds, str):
+            print(f"== {case.path} [{case.property}]: cannot replay it here: {builds}")
+            cannot += 1
+            continue
+        by_build.setdefault(builds, []).append(case)
+    for (lib, llama_lib), group in by_build.items():
+        f, c = _replay_on(argparse.Namespace(**{**vars(args), "lib": lib, "llama_lib": llama_lib}), group)
+        failed, cannot = failed + f, cannot + c
+    return 1 if failed else CANNOT_RUN if cannot else 0
+
+
+def _replay_on(args: argparse.Namespace, cases: list[Case]) -> tuple[int, int]:
+    """``replay`` of ``cases`` on one build: how many failed, and how many could not run."""
     fuzzer = replaying_fuzzer(args)
-    failed = 0
+    failed = cannot = 0
     try:
         for case in cases:
             try:
@@ -83,11 +122,11 @@ def replay(args: argparse.Namespace) -> int:
                 failed += not verdict.ok
                 print(f"  verdict: {verdict.short}")
             except Unsupported as e:  # a case this build cannot run (a parameter, a draft or a device it lacks): not a verdict
-                failed += 1
+                cannot += 1
                 print(f"  cannot replay it on this build: {e}")
     finally:
         fuzzer.close()
-    return 1 if failed else 0
+    return failed, cannot
 
 
 def _print_captured(fuzzer: Fuzzer, case: Case, trace: LlamaTrace) -> Captured | None:
@@ -367,4 +406,38 @@ def _wrote(dot: Any, out: Path, write: Callable[[Any, Path], Path]) -> int:
         print(f"schedfuzz: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
+    return 0
+
+
+def known(args: argparse.Namespace) -> int:
+    """``schedfuzz known CASE --because TEXT``: a new finding (``expect: new``) made a known bug,
+    ``{"fail": TEXT}``, for a llama.cpp case with ``known_on``: the build its record names and
+    ``--on``'s. The file is rewritten atomically (renamed with ``--name``); nothing else changes."""
+    path = Path(args.case)
+    try:
+        case = load_case(path)
+    except CaseError as e:
+        return bad_case(e)
+    because = args.because.strip()
+    if not because:
+        raise UsageError("--because: say what the bug is (an empty explanation helps no one)")
+    if not case.untriaged:
+        said = f"known: {case.expected_failure}" if case.expected_failure is not None else "a guard (expect: pass): its bug was fixed"
+        raise UsageError(f"{path}: not a new finding (it is {said}); edit its expect by hand to change it")
+    expect: dict[str, Any] = {"fail": because}
+    if case.llama is not None:
+        found_on = recorded_build(case.engine)
+        builds = list(dict.fromkeys([*([found_on] if found_on else []), *args.on]))
+        if not builds:
+            raise UsageError(f"{path}: its record names no llama.cpp build: name the builds it is known on with --on")
+        expect["known_on"] = builds
+    target = path if not args.name else path.with_name(f"{args.name.removesuffix('.json')}.json")
+    if target != path and target.exists():
+        raise UsageError(f"--name {args.name}: {target} exists already")
+    data = json.loads(path.read_text(encoding="utf-8"))  # as it is on disk: only its expect changes
+    text = json.dumps(data | {"expect": expect}, indent=1, sort_keys=True) + "\n"
+    atomic_write(target, lambda tmp: tmp.write_text(text))
+    if target != path:
+        path.unlink()
+    print(f"{target}: known bug ({because})" + (f", known on {', '.join(expect['known_on'])}" if "known_on" in expect else ""))
     return 0

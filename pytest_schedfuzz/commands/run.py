@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from ..campaign.campaign import Campaign
-from ..campaign.summary import short_path
+from ..campaign.summary import CUT_SHORT_EXIT, short_path, verdict
 from ..cases.corpus import case_files
 from ..options import from_argparse
 from . import UsageError
@@ -30,23 +30,28 @@ def run(args: argparse.Namespace) -> int:
                 if replayed.outcome == "fail" or args.verbose:
                     print(f"corpus/{path.stem}: {replayed.outcome}" + (f"\n  {replayed.text}".replace("\n", "\n  ") if replayed.outcome == "fail" else ""))
             for unit in campaign.plan():
-                fuzzed = campaign.fuzz(unit)
+                try:
+                    fuzzed = campaign.fuzz(unit)
+                except KeyboardInterrupt:  # Ctrl-C with nothing found to save: the verdict says so below
+                    fuzzer.interrupted = True
+                    print(f"{unit.name}: interrupted (Ctrl-C)", flush=True)
+                    break
                 campaign.record(fuzzed.stats, fuzzed.found)
                 if fuzzed.reports:
                     print(f"{unit.name}: FAIL")
                     print("\n\n".join("  " + r.replace("\n", "\n  ") for r in fuzzed.reports), flush=True)
                 if fuzzer.interrupted:
                     print(f"{unit.name}: interrupted (Ctrl-C)", flush=True)
-                    return 130
+                    break
                 if not fuzzed.reports:
                     print(f"{unit.name}: " + ("ok" if fuzzed.short is None else f"not passed: {fuzzed.short[2]}"), flush=True)
         finally:
             campaign.close()
-    if fuzzer.interrupted:  # pressed while a case was saved or the engines closed
-        print("schedfuzz: interrupted (Ctrl-C)", flush=True)
-        return 130
+    if fuzzer.interrupted:  # pressed while fuzzing, a case was saved or the engines closed: the verdict says so
+        campaign.stats.interrupted = max(1, campaign.stats.interrupted)
     print("\n".join(campaign.summary_lines(args.verbose)))
     written = campaign.write_report()
     if written is not None:
         print(f"report: {short_path(str(written))}")
-    return 1 if campaign.found or campaign.corpus_outcomes.get("fail") else 0
+    said = verdict(campaign.stats, campaign.found, campaign.corpus_outcomes)
+    return {"findings": 1, "interrupted": 130, "cut short": CUT_SHORT_EXIT}.get(said, 0)

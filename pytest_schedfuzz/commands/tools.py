@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,11 +50,18 @@ def gate_(args: argparse.Namespace) -> int:
         print(f"schedfuzz gate: {cli_words(e)}", file=sys.stderr)
         return 2
     try:
-        status, report = gate(args.base, args.head, cases, config, props)
+        status, report, data = gate(args.base, args.head, cases, config, props, save=Path(args.save))
     except ValueError as e:
         print(f"schedfuzz gate: {e}", file=sys.stderr)
         return 2
     print(report)
+    if args.report:
+        from ..files import atomic_write
+
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(args.report), lambda tmp: tmp.write_text(text))
+        print(f"report: {args.report}")
     return status
 
 

@@ -2,9 +2,11 @@
 property fuzzed with the same seed on a base build and on a head build; the report is what
 changed between them. Only failures new on head fail the gate; fixes are listed.
 
-Both builds see the same examples: a fixed count per property (the profile's, or
-``GATE_EXAMPLES`` where the profile fuzzes on time) without a time budget (a budget would cut
-the two runs at different points), under one seed. The llama.cpp properties
+Both builds see the same examples: the profile's count per property (or ``--examples``) without
+a time budget (a budget would cut the two runs at different points), under one seed. After their
+first different failure the two example streams part, so every claim is replayed on the other
+side before it is said (``check_claims``); head's new cases are saved as new findings, each with
+the command that makes it a C reproducer (``save_new``). The llama.cpp properties
 run on a build whose library folder also holds ``libllama.so`` (a llama.cpp checkout's
 ``build/bin``, or ``ggml-0.25.3``: llama-cpp-python's build); elsewhere they are ``n/a``.
 """
@@ -13,16 +15,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
-from ..cases.corpus import Case
+from ..cases.corpus import Case, save_case
 from ..properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama, without_c_stack
 
 PASS, NA = "pass", "n/a"
-GATE_EXAMPLES = 25  # per property, where the profile fuzzes on time (ci)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class Side:
     engine: str
     results: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
+    cases: dict[str, Case] = field(default_factory=dict)  # a fuzzing row's finding, shrunk: replayed on the other side
+    llama: bool = False  # the build has its own libllama: the llama.cpp rows run on it
 
 
 def _llama_lib(lib_dir: str | None) -> str | None:
@@ -41,43 +45,49 @@ def _llama_lib(lib_dir: str | None) -> str | None:
     return lib_dir if lib_dir and Path(lib_dir, "libllama.so").exists() else None
 
 
-def run_side(label: str, lib: str, cases: Sequence[Case], config: FuzzConfig, properties: Sequence[str],
-             log: Callable[[str], None]) -> Side:
-    """Replay ``cases`` and fuzz ``properties`` on the build ``lib`` (a ``--schedfuzz-lib`` value)."""
+def open_side(label: str, lib: str, config: FuzzConfig, log: Callable[[str], None]) -> tuple[Side, Fuzzer]:
+    """A side of the gate and the engines it runs on, the build ``lib`` (a ``--schedfuzz-lib``
+    value), kept open until the gate has replayed the other side's findings on it."""
     from ..ggml.lib import resolve_lib
 
     lib_dir = resolve_lib(lib)
-    llama_lib = _llama_lib(lib_dir)
-    fuzzer = Fuzzer(FuzzConfig(**{**config.__dict__, "lib": lib, "llama_lib": llama_lib, "database": None}))
+    fuzzer = Fuzzer(FuzzConfig(**{**config.__dict__, "lib": lib, "llama_lib": _llama_lib(lib_dir), "database": None}))
     try:
         info = fuzzer.engines.info()
-        side = Side(label, f"ggml {info.get('ggml_version', '?')} ({lib_dir or 'ggml-python'})")
-        log(f"{label}: {side.engine}")
-        fuzzer.known.cases = [c for c in cases if c.expected_failure is not None]
-        for case in cases:
-            row = f"corpus/{case.path.stem if case.path else case.signature}"
-            if case.llama is not None and llama_lib is None:
-                side.results[row] = None
-                continue
-            found = fuzzer.replay(case)
-            side.results[row] = tuple(sorted({v.signature() for v in found}))
-            if found:
-                side.details[row] = str(found[0])
-            log(f"{label}: {row}: {_cell(side.results[row])}")
-        fuzzer.llama_judged = tuple(p for p in properties if p in LLAMA_PROPERTY_IDS)
-        for prop, _ in fuzz_units(properties):
-            row = f"fuzz/{prop}"
-            if is_llama(prop) and llama_lib is None:
-                side.results[row] = None
-                continue
-            finding = fuzzer.fuzz(prop)
-            side.results[row] = (finding.violation.signature(),) if finding else ()
-            if finding:
-                side.details[row] = finding.report()
-            log(f"{label}: {row}: {_cell(side.results[row])}")
-    finally:
+    except BaseException:
         fuzzer.close()
-    return side
+        raise
+    side = Side(label, f"ggml {info.get('ggml_version', '?')} ({lib_dir or 'ggml-python'})", llama=_llama_lib(lib_dir) is not None)
+    log(f"{label}: {side.engine}")
+    return side, fuzzer
+
+
+def run_side(side: Side, fuzzer: Fuzzer, cases: Sequence[Case], properties: Sequence[str], log: Callable[[str], None]) -> None:
+    """Replay ``cases`` and fuzz ``properties`` on one side; each finding's case is kept (``Side.cases``)."""
+    label = side.label
+    fuzzer.known.cases = [c for c in cases if c.expected_failure is not None]
+    for case in cases:
+        row = f"corpus/{case.path.stem if case.path else case.signature}"
+        if case.llama is not None and not side.llama:
+            side.results[row] = None
+            continue
+        found = fuzzer.replay(case)
+        side.results[row] = tuple(sorted({v.signature() for v in found}))
+        if found:
+            side.details[row] = str(found[0])
+        log(f"{label}: {row}: {_cell(side.results[row])}")
+    fuzzer.llama_judged = tuple(p for p in properties if p in LLAMA_PROPERTY_IDS)
+    for prop, _ in fuzz_units(properties):
+        row = f"fuzz/{prop}"
+        if is_llama(prop) and not side.llama:
+            side.results[row] = None
+            continue
+        finding = fuzzer.fuzz(prop)
+        side.results[row] = (finding.violation.signature(),) if finding else ()
+        if finding:
+            side.details[row] = finding.report()
+            side.cases[row] = finding.to_case(fuzzer)
+        log(f"{label}: {row}: {_cell(side.results[row])}")
 
 
 def _cell(result: tuple[str, ...] | None) -> str:
@@ -91,13 +101,17 @@ class Comparison:
     rows: list[tuple[str, str, str, str]]  # row, base, head, change
     new: list[str]
     fixed: list[str]
+    new_rows: tuple[str, ...] = ()  # the rows of ``new`` and ``fixed``, in order
+    fixed_rows: tuple[str, ...] = ()
+    saved: tuple[str, ...] = ()  # head's new cases as saved (``save_new``): each with its export command
 
 
 def compare(base: Side, head: Side) -> Comparison:
     """Per row: what head fails that base did not (new), what base failed and head does not
-    (fixed). A fuzzing finding on head whose signature base showed anywhere is not new."""
+    (fixed). A fuzzing finding on head whose signature base showed anywhere is not new. These
+    are claims from one run of each side: ``check_claims`` replays them before they are said."""
     seen_on_base = {s for r in base.results.values() if r for s in r}
-    rows, new, fixed = [], [], []
+    rows, new, fixed, new_rows, fixed_rows = [], [], [], [], []
     for row in list(dict.fromkeys([*base.results, *head.results])):
         b, h = base.results.get(row), head.results.get(row)
         change = ""
@@ -110,11 +124,72 @@ def compare(base: Side, head: Side) -> Comparison:
             if added:
                 change = "NEW on head"
                 new.append(f"{row}: {'; '.join(added)}\n    {head.details.get(row, '').splitlines()[0] if head.details.get(row) else ''}")
+                new_rows.append(row)
             elif removed:
                 change = "fixed on head"
                 fixed.append(f"{row}: {'; '.join(removed)}")
+                fixed_rows.append(row)
         rows.append((row, _cell(b), _cell(h), change))
-    return Comparison(rows, new, fixed)
+    return Comparison(rows, new, fixed, tuple(new_rows), tuple(fixed_rows))
+
+
+def shows(fuzzer: Fuzzer, case: Case, runs: int) -> int:
+    """In how many of up to ``runs`` replays of ``case`` on ``fuzzer``'s build its signature
+    showed: the replays stop at the first that shows it (0: none of ``runs`` did)."""
+    for k in range(runs):
+        if any(v.signature() == case.signature for v in fuzzer.replay(case)):
+            return k + 1
+    return 0
+
+
+def check_claims(cmp: Comparison, base: Side, head: Side, fuzzers: tuple[Fuzzer, Fuzzer], cases: Sequence[Case], runs: int,
+                 log: Callable[[str], None]) -> Comparison:
+    """Each claim replayed on the other side before it is said: a head-only failure's case (the
+    corpus case, or the fuzzing finding's shrunk case) on base, a base-only one on head, up to
+    ``runs`` times. A failure the other side shows too is neither new nor fixed (the two runs'
+    example streams part after their first different failure, so one side may just not have
+    drawn it): its row says so, with the replay that showed it."""
+    by_row = {f"corpus/{c.path.stem if c.path else c.signature}": c for c in cases}
+    change: dict[str, str] = {}
+    for rows, side, other, fuzzer, word in ((cmp.new_rows, head, base, fuzzers[0], "base"), (cmp.fixed_rows, base, head, fuzzers[1], "head")):
+        for row in rows:
+            case = side.cases.get(row) or by_row.get(row)
+            if case is None:
+                continue
+            if row.startswith("corpus/"):  # the case's own signature is what it is judged by; what failed is what is replayed
+                failed = next(iter(side.results.get(row) or ()), None)
+                case = replace(case, signature=failed) if failed else case
+            k = shows(fuzzer, case, runs)
+            log(f"gate: {row}: {side.label}'s failure replayed on {word}: " + (f"shown (replay {k} of up to {runs})" if k else f"not shown in {runs} replays"))
+            if k:
+                change[row] = f"on {word} too (replay {k} of {runs})"
+    if not change:
+        return cmp
+    rows = [(r, b, h, change.get(r, c)) for r, b, h, c in cmp.rows]
+    new = [(r, text) for r, text in zip(cmp.new_rows, cmp.new, strict=True) if r not in change]
+    fixed = [(r, text) for r, text in zip(cmp.fixed_rows, cmp.fixed, strict=True) if r not in change]
+    return Comparison(rows, [t for _, t in new], [t for _, t in fixed], tuple(r for r, _ in new), tuple(r for r, _ in fixed))
+
+
+def save_new(cmp: Comparison, head: Side, corpus: Path | None) -> Comparison:
+    """Head's new fuzzing findings saved in ``corpus`` (as new, untriaged cases), each with the
+    command that exports it as a C reproducer and checks it."""
+    from ..campaign.summary import Found
+
+    if corpus is None:
+        return cmp
+    saved = []
+    for row in cmp.new_rows:
+        case = head.cases.get(row)
+        if case is None:
+            continue
+        try:
+            path = save_case(corpus, case)
+        except OSError as e:
+            saved.append(f"{row}: NOT SAVED: cannot write to {corpus}: {e.strerror or e}")
+            continue
+        saved.append(f"{row}: saved to {path}\n    {Found(case.property, case.signature, '', str(path)).check()}")
+    return replace(cmp, saved=tuple(saved))
 
 
 def render(base: Side, head: Side, cmp: Comparison) -> str:
@@ -129,13 +204,18 @@ def render(base: Side, head: Side, cmp: Comparison) -> str:
     out += [f"  {f}" for f in cmp.fixed]
     out.append(f"new failures on head ({len(cmp.new)}):" + ("" if cmp.new else " none"))
     out += [f"  {n}" for n in cmp.new]
+    if cmp.saved:
+        out.append("head's new cases (saved as new findings; each command builds its C reproducer and runs it):")
+        out += [f"  {s}" for s in cmp.saved]
     return "\n".join(out)
 
 
 def gate(base: str, head: str, cases: Sequence[Case], config: FuzzConfig, properties: Sequence[str] = PROPERTY_IDS,
-         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> tuple[int, str]:
-    """Run both builds; the exit status (1 only for failures new on head) and the report. A
-    build that cannot be found is a ``ValueError`` before anything runs."""
+         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True), save: Path | None = None) -> tuple[int, str, dict[str, Any]]:
+    """Run both builds, replay each side's claims on the other (``check_claims``) and save head's
+    new cases in ``save``; the exit status (1 only for failures new on head), the report, and
+    the report as data (``report``: the JSON of ``--report``). A build that cannot be found is a
+    ``ValueError`` before anything runs."""
     from ..ggml.lib import resolve_lib
 
     for option, lib in (("--base", base), ("--head", head)):
@@ -143,9 +223,29 @@ def gate(base: str, head: str, cases: Sequence[Case], config: FuzzConfig, proper
             resolve_lib(lib)
         except ValueError as e:
             raise ValueError(str(e).replace("--schedfuzz-lib", option, 1)) from None
-    # the same examples on both: a count (the profile's, or 25 where it fuzzes on time), no budget
-    examples = config.examples or config.resolved_profile().examples or GATE_EXAMPLES
-    config = FuzzConfig(**{**config.__dict__, "budget": float("inf"), "examples": examples})
-    sides = [run_side(label, lib, cases, config, properties, log) for label, lib in (("base", base), ("head", head))]
-    cmp = compare(*sides)
-    return (1 if cmp.new else 0), render(*sides, cmp)
+    # the same examples on both: the profile's counts (or the user's), no budget
+    config = FuzzConfig(**{**config.__dict__, "budget": float("inf")})
+    opened: list[tuple[Side, Fuzzer]] = []
+    try:
+        for label, lib in (("base", base), ("head", head)):
+            opened.append(open_side(label, lib, config, log))
+            run_side(*opened[-1], cases, properties, log)
+        (b, bf), (h, hf) = opened
+        cmp = check_claims(compare(b, h), b, h, (bf, hf), cases, config.confirm_runs, log)
+    finally:
+        for _, fuzzer in opened:
+            fuzzer.close()
+    cmp = save_new(cmp, h, save)
+    return (1 if cmp.new else 0), render(b, h, cmp), report(b, h, cmp, config)
+
+
+def report(base: Side, head: Side, cmp: Comparison, config: FuzzConfig) -> dict[str, Any]:
+    """The gate's JSON report: the verdict, what ran, every row, what is new and fixed, the cases saved."""
+    return {
+        "version": 1,
+        "verdict": "new failures on head" if cmp.new else "no new failure",
+        "profile": config.profile, "seed": config.seed, "examples": config.examples,
+        "base": base.engine, "head": head.engine,
+        "rows": [{"row": r, "base": b, "head": h, "change": c} for r, b, h, c in cmp.rows],
+        "new": list(cmp.new), "fixed": list(cmp.fixed), "saved": list(cmp.saved),
+    }

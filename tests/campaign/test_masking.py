@@ -96,18 +96,21 @@ def test_a_rerun_never_turns_a_crash_into_a_values_finding() -> None:
 
 
 def test_the_ci_budget_goes_where_a_property_can_fail() -> None:
-    """Policy properties judge the driver's decisions, made by the same can_reuse: a share of the
-    budget only with a user policy, else a chunk of cheap rule checks; no two properties draw
-    the same examples."""
+    """Policy properties judge the driver's decisions, made by the same can_reuse: the profile's
+    examples (or a share of a campaign's budget) only with a user policy, else a chunk of cheap
+    rule checks; no two properties draw the same examples."""
     ids = list(PROPERTIES)
     assert dict(fuzz_units(ids))["reuse-sound"] == 0 and dict(fuzz_units(ids, policy=True))["reuse-sound"] == 1
     assert all(dict(fuzz_units(ids))[p] == 1 for p in ids if p not in POLICY_PROPERTY_IDS)
     draws = [p.draws for p in PROPERTIES.values()]
     assert len(set(draws)) == len(draws), draws
     ci = Fuzzer(FuzzConfig(profile="ci", database=None))
-    assert ci.examples_for("reuse-sound") == ci.profile.chunk and ci.examples_for("no-abort") is None
+    assert ci.examples_for("reuse-sound") == ci.profile.chunk and ci.examples_for("no-abort") == ci.profile.examples
     mine = Fuzzer(FuzzConfig(profile="ci", database=None, policy="pytest_schedfuzz.sim.driver:can_reuse"))
-    assert mine.examples_for("reuse-sound") is None
+    assert mine.examples_for("reuse-sound") == mine.profile.examples
+    # a campaign that keeps going on a budget runs on time, the built-in policy's rule checks excepted
+    timed = Fuzzer(FuzzConfig(profile="ci", database=None, keep_going=True, budget=60.0))
+    assert timed.examples_for("no-abort") is None and timed.examples_for("reuse-sound") == timed.profile.chunk
 
 
 def test_a_known_race_that_does_not_show_is_not_counted_as_fixed() -> None:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.cases.corpus import Case, load_case
 from pytest_schedfuzz.cli import main
 from pytest_schedfuzz.ggml.build import build_ggml_base
-from pytest_schedfuzz.tools.gate import Side, compare
+from pytest_schedfuzz.properties.base import Violation
+from pytest_schedfuzz.tools.gate import Side, check_claims, compare
 from pytest_schedfuzz.tools.mutants import MUTANTS
 
 # pass 2's "expand gpu down" lets the CPU expand too (the mutation score's first mutant)
@@ -33,6 +34,46 @@ def test_compare_lists_fixed_and_new() -> None:
     assert [f.split(":")[0] for f in cmp.fixed] == ["corpus/a"]
     # fuzz/q found on head what base showed in its corpus: not new; fuzz/l did not run on base
     assert [n.split(":")[0] for n in cmp.new] == ["corpus/b"]
+
+
+class Replays:
+    """A side's engines as ``check_claims`` uses them: ``replay(case)`` gives the violations its
+    build shows, here the signatures given, from the ``at``-th replay on (a flaky bug)."""
+
+    def __init__(self, shows: set[str], at: int = 1) -> None:
+        self.shows, self.at, self.replays = shows, at, 0
+
+    def replay(self, case: Case) -> list[Violation]:
+        self.replays += 1
+        prop, _, facts = case.signature.partition("[")
+        shown = case.signature in self.shows and self.replays >= self.at
+        return [Violation(prop, 0, "shown", dict(f.split("=") for f in facts.rstrip("]").split(",")))] if shown else []
+
+
+def test_a_head_only_failure_that_base_shows_on_its_replay_is_not_new() -> None:
+    """The two sides' example streams part after their first different failure: a head-only
+    signature is replayed from head's case on base (up to n times: a flaky one shows on the third)
+    and, shown there, is "on base too", not new; likewise a base-only one replayed on head is not fixed."""
+    head_case = Case("no-abort", "no-abort[kind=x]", None)
+    base_case = Case("no-abort", "no-abort[kind=y]", None)
+    base = Side("base", "b", results={"fuzz/no-abort": ("no-abort[kind=y]",), "fuzz/p": ()}, cases={"fuzz/no-abort": base_case})
+    head = Side("head", "h", results={"fuzz/no-abort": ("no-abort[kind=x]",), "fuzz/p": ()}, cases={"fuzz/no-abort": head_case})
+    claimed = compare(base, head)
+    assert claimed.new_rows == ("fuzz/no-abort",)
+    on_base = Replays({"no-abort[kind=x]"}, at=3)
+    checked = check_claims(claimed, base, head, (on_base, Replays(set())), [], 5, lambda s: None)  # type: ignore[arg-type]
+    assert checked.new == [] and on_base.replays == 3
+    assert {r: c for r, _, _, c in checked.rows}["fuzz/no-abort"] == "on base too (replay 3 of 5)"
+    # base never shows head's failure in its 5 replays: new
+    never = check_claims(claimed, base, head, (Replays(set()), Replays(set())), [], 5, lambda s: None)  # type: ignore[arg-type]
+    assert never.new_rows == ("fuzz/no-abort",)
+    # a base-only failure that head shows on its replay is not fixed
+    fixed = compare(Side("base", "b", results={"fuzz/q": ("no-abort[kind=y]",)}, cases={"fuzz/q": base_case}),
+                    Side("head", "h", results={"fuzz/q": ()}))
+    assert fixed.fixed_rows == ("fuzz/q",)
+    kept = check_claims(fixed, Side("base", "b", cases={"fuzz/q": base_case}), Side("head", "h"),
+                        (Replays(set()), Replays({"no-abort[kind=y]"})), [], 5, lambda s: None)  # type: ignore[arg-type]
+    assert kept.fixed == []
 
 
 def test_gate_lists_what_0_25_3_fixed_and_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
