@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -50,7 +51,9 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     cg = sub.add_parser("campaign", help="a campaign shared on Redis (run --db): its hosts, examples and findings")
     cg_sub = cg.add_subparsers(dest="campaign_command", required=True, help="what to do with the campaign")
     cs = cg_sub.add_parser("status", help="the hosts, the examples in the shared database, the findings by signature")
-    cs.add_argument("--db", required=True, help="the campaign's Redis: redis://HOST:PORT/N")
+    cs.add_argument("--db", required=True, help="the campaign's Redis: redis[s]://[USER:PASSWORD@]HOST:PORT/N (or the password in SCHEDFUZZ_DB_PASSWORD)")
+    cs.add_argument("--db-ca", default=os.environ.get("SCHEDFUZZ_DB_CA"), metavar="FILE",
+                    help="the CA certificate a rediss:// Redis's certificate is checked against (env SCHEDFUZZ_DB_CA)")
     cs.set_defaults(func="campaign:status")
     rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
     rp.add_argument("cases", nargs="+", help="case files or corpus directories")

@@ -97,7 +97,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("known", "builtin (default): the starter corpus's known upstream bugs are not reported again; none: report them too",
            choices=("builtin", "none")),
     Option("db", "share the campaign with other hosts on Redis (docs/shared-campaign.md): Hypothesis's examples, claims "
-           "of findings by signature, saved cases", metavar="redis://HOST:PORT/N"),
+           "of findings by signature, saved cases; rediss:// for TLS, USER:PASSWORD@ before the host (or the password in "
+           "SCHEDFUZZ_DB_PASSWORD) for AUTH", metavar="redis[s]://HOST:PORT/N"),
+    Option("db-ca", "the CA certificate a rediss:// Redis's certificate is checked against (default: the system's)", metavar="FILE",
+           env="SCHEDFUZZ_DB_CA"),
     Option("report", "also write the verdict and every statistic to this JSON file (schema: pytest_schedfuzz/report.schema.json)",
            metavar="FILE.json"),
 )

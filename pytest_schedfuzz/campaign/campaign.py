@@ -88,7 +88,7 @@ class Campaign:
             budget=value.get("budget"), target=value.get("target"), lib=value.get("lib"), llama_lib=value.get("llama-lib"),
             policy=value.get("policy"), rereserve=value.get("rereserve", True), reference=value.get("reference"),
             keep_going=value.get("keep-going"), size_oracle=value.get("size-oracle"), database=base / ".schedfuzz" / "examples",
-            shared=value.get("db"), confirm_runs=value.get("confirm-runs", FuzzConfig.confirm_runs),
+            shared=value.get("db"), shared_ca=value.get("db-ca"), confirm_runs=value.get("confirm-runs", FuzzConfig.confirm_runs),
         )
         try:
             config.resolved_profile()

@@ -85,7 +85,7 @@ class Fuzzer(Checks):
         if config.shared is not None:
             from .shared import SharedCampaign
 
-            self.shared = SharedCampaign(config.shared, self.seed)
+            self.shared = SharedCampaign(config.shared, self.seed, ca=config.shared_ca)
 
     def close(self) -> None:
         """Stop every engine (workers, RPC servers); a Ctrl-C meanwhile is noted in

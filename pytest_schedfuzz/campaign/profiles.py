@@ -72,7 +72,8 @@ class FuzzConfig:
     keep_going: bool | None = None  # campaign mode; default: the profile's
     size_oracle: bool | None = None  # ggml's own graph size for matches-reference; default: the profile's
     database: Path | None = Path(".schedfuzz/examples")
-    shared: str | None = None  # redis://HOST:PORT/N: a campaign shared with other hosts (``campaign.shared``)
+    shared: str | None = None  # redis[s]://HOST:PORT/N: a campaign shared with other hosts (``campaign.shared``)
+    shared_ca: str | None = None  # the CA file a rediss:// server's certificate is checked against
     confirm_runs: int = 5  # replays on fresh workers of a failure that did not come back at once (``campaign.confirm``)
 
     def resolved_profile(self) -> Profile:

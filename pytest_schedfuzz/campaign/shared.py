@@ -20,27 +20,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, MultiplexedDatabase
 
-from ..cases.corpus import Case
+from ..cases.corpus import Case, CaseError, load_case
 from ..files import atomic_write
 
 OPTION = "--schedfuzz-db"
+PASSWORD_ENV = "SCHEDFUZZ_DB_PASSWORD"  # AUTH's password where the URL has none (a CI secret)
 PREFIX = "schedfuzz:"
 HOSTS = PREFIX + "hosts"  # host id -> JSON: seed, examples, state, last contact
 CLAIMS = PREFIX + "claims"  # signature -> JSON: the host that claimed it first, its property, when
 SEEN = PREFIX + "seen"  # signature -> times other hosts found it again
 SAVED = PREFIX + "saved:"  # + signature: the set of case files published for it
 CASES = PREFIX + "cases"  # case file name -> the case's JSON text
+PUBLISHED_BY = PREFIX + "published_by"  # case file name -> the host that published it
 EXAMPLES = (PREFIX + "examples:").encode()  # Hypothesis's keys (RedisExampleDatabase's key_prefix)
 # a lost Redis is tried again at most this often: a host cut off by a firewall would otherwise
 # wait for a connection timeout at every database call
@@ -55,29 +59,43 @@ class SharedError(ValueError):
 
 @dataclass(frozen=True)
 class RedisUrl:
+    """Where the campaign's Redis is: ``redis://`` or ``rediss://`` (TLS), a user and password
+    (AUTH: from the URL, else the password from ``PASSWORD_ENV``), host, port, database. The
+    password is never printed: ``str`` leaves it out."""
+
     host: str
     port: int
     db: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
-        return f"redis://{self.host}:{self.port}/{self.db}"
+        user = f"{self.username}@" if self.username else ""
+        return f"{'rediss' if self.tls else 'redis'}://{user}{self.host}:{self.port}/{self.db}"
 
     @classmethod
     def parse(cls, text: str) -> RedisUrl:
-        """``redis://HOST:PORT/N`` (port 6379 and database 0 where left out); a ``SharedError``
-        naming the option for anything else."""
-        usage = f"{OPTION} {text!r}: write it redis://HOST:PORT/N"
+        """``redis[s]://[USER[:PASSWORD]@]HOST:PORT/N`` (port 6379 and database 0 where left out);
+        a ``SharedError`` naming the option, and the URL without its password, for anything else."""
+        usage = f"{OPTION} {redacted(text)!r}: write it redis://HOST:PORT/N (rediss:// for TLS; USER:PASSWORD@ before the host for AUTH)"
         try:
             url = urlsplit(text)
             port = url.port or 6379
         except ValueError as e:  # a port that is not a number, or out of range
-            raise SharedError(f"{usage} ({e})") from None
-        if url.scheme != "redis" or not url.hostname:
-            raise SharedError(f"{usage} (a redis:// URL with a host)")
+            raise SharedError(f"{usage} ({redacted(str(e))})") from None
+        if url.scheme not in ("redis", "rediss") or not url.hostname:
+            raise SharedError(f"{usage} (a redis:// or rediss:// URL with a host)")
         path = url.path.strip("/") or "0"
         if not path.isdigit() or url.query or url.fragment:
             raise SharedError(f"{usage} (the database N is a number, nothing after it)")
-        return cls(url.hostname, port, int(path))
+        password = unquote(url.password) if url.password else os.environ.get(PASSWORD_ENV) or None
+        return cls(url.hostname, port, int(path), url.scheme == "rediss", unquote(url.username) if url.username else None, password)
+
+
+def redacted(text: str) -> str:
+    """A Redis URL as it may be printed: its password replaced by ``***``."""
+    return re.sub(r"^(rediss?://[^:@/]*:)[^@/]*@", r"\1***@", text)
 
 
 def _say(line: str) -> None:
@@ -122,14 +140,18 @@ class CampaignStatus:
         return out
 
 
-def _client(url: RedisUrl) -> Any:
+def _client(url: RedisUrl, ca: str | None = None) -> Any:
     try:
         from redis import Redis
     except ImportError:
         raise SharedError(f"{OPTION} needs the redis client: pip install redis") from None
 
+    if ca is not None and not Path(ca).is_file():
+        raise SharedError(f"{OPTION}-ca {ca}: no such file (the CA certificate a rediss:// server's certificate is checked against)")
+    tls = {"ssl": True, "ssl_ca_certs": ca} if url.tls else {}
     # short timeouts: a host that cannot reach Redis fuzzes on locally rather than wait
-    return Redis(host=url.host, port=url.port, db=url.db, socket_connect_timeout=2.0, socket_timeout=5.0)
+    return Redis(host=url.host, port=url.port, db=url.db, username=url.username, password=url.password, socket_connect_timeout=2.0,
+                 socket_timeout=5.0, **tls)
 
 
 def _lost_errors() -> tuple[type[BaseException], ...]:
@@ -138,21 +160,28 @@ def _lost_errors() -> tuple[type[BaseException], ...]:
     return ConnectionError, TimeoutError, OSError
 
 
-def reach(text: str) -> tuple[RedisUrl, Any]:
-    """The parsed URL and a client that answered a PING; a ``SharedError`` naming the option where
-    the URL is malformed or nothing answers there."""
+def reach(text: str, ca: str | None = None) -> tuple[RedisUrl, Any]:
+    """The parsed URL and a client that answered a PING (over TLS, checked against ``ca``, for
+    ``rediss://``; after AUTH where a password is given); a ``SharedError`` naming the option where
+    the URL is malformed, nothing answers there, or Redis refuses the credentials."""
+    from redis.exceptions import AuthenticationError, ResponseError
+
     url = RedisUrl.parse(text)
-    client = _client(url)
+    client = _client(url, ca)
     try:
         client.ping()
+    except (AuthenticationError, ResponseError) as e:  # NOAUTH, a HELLO refused, WRONGPASS
+        if url.password is None:
+            raise SharedError(f"{OPTION} {url}: Redis asks for a password ({e}): give it in the URL or in {PASSWORD_ENV}") from None
+        raise SharedError(f"{OPTION} {url}: Redis refused the credentials ({e}; the password comes from the URL, else {PASSWORD_ENV})") from None
     except _lost_errors() as e:
         raise SharedError(f"{OPTION} {url}: Redis does not answer there: {e}") from None
     return url, client
 
 
-def status(text: str) -> CampaignStatus:
+def status(text: str, ca: str | None = None) -> CampaignStatus:
     """What the campaign at ``text`` holds: hosts, examples and findings by signature."""
-    url, r = reach(text)
+    url, r = reach(text, ca)
     hosts = tuple(sorted((HostStatus(h.decode(), **json.loads(v)) for h, v in r.hgetall(HOSTS).items()), key=lambda h: h.host))
     keys = [k for k in r.scan_iter(match=EXAMPLES + b"*", count=1000)]
     examples = sum(r.scard(k) for k in keys)
@@ -170,8 +199,8 @@ class SharedCampaign:
     database. Every Redis call goes through ``_do``, which turns a lost connection into local
     work queued for later (and says so), never into an error of the run."""
 
-    def __init__(self, text: str, seed: int, say: Callable[[str], None] = _say) -> None:
-        self.url, self.redis = reach(text)
+    def __init__(self, text: str, seed: int, say: Callable[[str], None] = _say, ca: str | None = None) -> None:
+        self.url, self.redis = reach(text, ca)
         self.seed = seed
         self.say = say
         self.host = f"{socket.gethostname()}:{os.getpid()}"
@@ -190,6 +219,7 @@ class SharedCampaign:
         self.published: set[str] = set()  # case files published (now or once Redis was back; a file saved again is one)
         self.fetched = 0  # examples Redis gave Hypothesis to replay
         self.pulled: list[Path] = []
+        self.refused: dict[str, str] = {}  # cases pulled that the corpus loader would refuse: file name -> the host that published it
         from hypothesis.extra.redis import RedisExampleDatabase
 
         self._redis_examples = RedisExampleDatabase(self.redis, key_prefix=EXAMPLES)
@@ -301,6 +331,7 @@ class SharedCampaign:
         def write(r: Any) -> bool:
             pipe = r.pipeline()  # MULTI/EXEC: a case is never listed under its signature without its text
             pipe.hset(CASES, file, text)
+            pipe.hset(PUBLISHED_BY, file, self.host)
             pipe.sadd(SAVED + signature, file)
             pipe.execute()
             return True
@@ -318,11 +349,19 @@ class SharedCampaign:
         cases = self._do(lambda r: r.hgetall(CASES))
         if cases is None:
             return []
+        by = self._do(lambda r: r.hgetall(PUBLISHED_BY)) or {}
         new = []
         for name, text in sorted(cases.items()):
             target = corpus / Path(name.decode()).name  # a name only: never a path out of the corpus
-            if not target.exists():
-                new.append(_write_file(target, text))
+            if target.exists() or target.name in self.refused:
+                continue
+            problem = _unreadable(target.name, text)
+            if problem is not None:  # checked as the corpus loader checks a file, before anything is written
+                host = by.get(name, b"a host that did not say (an older schedfuzz)").decode(errors="replace")
+                self.refused[target.name] = host
+                self.say(f"refused the case {target.name} published by {host}: {problem}; not written to {corpus}")
+                continue
+            new.append(_write_file(target, text))
         self.pulled += new
         return new
 
@@ -346,6 +385,9 @@ class SharedCampaign:
         lines = [f"{self.url}: host {self.host}, seed {self.seed}: {len(self._mine)} finding(s) claimed, "
                  f"{len(self._theirs)} claimed by other hosts (seen again), {len(self.published)} case(s) published, "
                  f"{self.fetched} example(s) fetched from the shared database, {len(self.pulled)} case(s) pulled into the corpus"]
+        if self.refused:
+            lines.append(f"REFUSED {len(self.refused)} case(s) pulled from Redis that the corpus loader cannot read (not written): "
+                         + ", ".join(f"{name} (published by {host})" for name, host in sorted(self.refused.items())))
         if self.losses:
             lines.append(f"Redis was lost {self.losses} time(s) during the run; this host fuzzed on locally meanwhile"
                          + ("" if self.lost else ", and published what waited once it answered again"))
@@ -357,6 +399,19 @@ class SharedCampaign:
                          + ". The cases are in the local corpus, the examples in the local database.")
         self.redis.close()
         return lines
+
+
+def _unreadable(name: str, data: bytes) -> str | None:
+    """Why a case pulled from Redis cannot be used (``load_case``'s words), or None: it is read
+    from a file of its own name in a folder of its own, never from the corpus."""
+    with tempfile.TemporaryDirectory(prefix="schedfuzz-pulled-") as folder:
+        path = Path(folder) / name
+        path.write_bytes(data)
+        try:
+            load_case(path)
+        except CaseError as e:
+            return e.problem
+    return None
 
 
 def _write_file(target: Path, data: bytes) -> Path:

@@ -11,7 +11,7 @@ from . import UsageError, cli_words
 
 def status(args: argparse.Namespace) -> int:
     try:
-        found = campaign_status(args.db)
+        found = campaign_status(args.db, args.db_ca)
     except SharedError as e:
         raise UsageError(cli_words(e)) from None
     print("\n".join(found.lines(time.time())))

@@ -42,19 +42,24 @@ class RedisServer:
     """``redis-server`` on 127.0.0.1 at a free port, its append-only file in ``folder`` (fsynced at
     every write: what it acknowledged survives a SIGKILL); ``kill`` and ``start`` again on the same port."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, tls: tuple[Path, Path, Path] | None = None, password: str | None = None) -> None:
         self.folder = folder
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tls = tls  # (CA, certificate, key): TLS only, on self.port
+        self.password = password  # requirepass
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         log = open(self.folder / "redis.log", "ab")
-        self.proc = spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.folder), "--save", "",
+        port = ["--port", "0", "--tls-port", str(self.port), "--tls-ca-cert-file", str(self.tls[0]), "--tls-cert-file", str(self.tls[1]),
+                "--tls-key-file", str(self.tls[2]), "--tls-auth-clients", "no"] if self.tls else ["--port", str(self.port)]
+        auth = ["--requirepass", self.password] if self.password else []
+        self.proc = spawn(["redis-server", "--bind", "127.0.0.1", *port, *auth, "--dir", str(self.folder), "--save", "",
                            "--appendonly", "yes", "--appendfsync", "always"], dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while not port_accepts(self.port):
@@ -131,6 +136,11 @@ def status(url: str) -> str:
 def test_a_redis_url_is_checked_and_names_the_option() -> None:
     assert RedisUrl.parse("redis://10.0.0.5:7000/3") == RedisUrl("10.0.0.5", 7000, 3)
     assert str(RedisUrl.parse("redis://cache")) == "redis://cache:6379/0"
+    tls = RedisUrl.parse("rediss://ci:p%40ss@cache.example:6380/2")
+    assert (tls.tls, tls.username, tls.password) == (True, "ci", "p@ss") and str(tls) == "rediss://ci@cache.example:6380/2"
+    with pytest.raises(SharedError) as bad:
+        RedisUrl.parse("rediss://ci:hunter2@cache.example:port/2")
+    assert "hunter2" not in str(bad.value) and "rediss://ci:***@cache.example" in str(bad.value)
     for bad in ("http://h:1/0", "redis://", "redis://h:port/0", "redis://h:1/db", "h:6379"):
         with pytest.raises(SharedError, match=r"--schedfuzz-db .*: write it redis://HOST:PORT/N"):
             RedisUrl.parse(bad)
@@ -226,3 +236,56 @@ def test_killing_redis_mid_run_loses_nothing(redis_server: RedisServer, tmp_path
     assert f"NOT PUBLISHED (Redis at {redis_server.url} is lost): 1 case(s): {saved.name}; 1 claim(s): {SIGNATURE}" in out, out
     assert "Traceback" not in out, out
     assert json.loads(saved.read_text())["signature"] == SIGNATURE
+
+
+def _certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA of the test's own and a certificate it signed for 127.0.0.1: (CA, certificate, key)."""
+    ca, key, cert = folder / "ca.crt", folder / "server.key", folder / "server.crt"
+    run = lambda *args: subprocess.run(["openssl", *args], cwd=folder, capture_output=True, check=True, timeout=60)  # noqa: E731
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", str(ca), "-days", "2", "-subj", "/CN=schedfuzz test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", str(ca), "-CAkey", "ca.key", "-CAcreateserial", "-out", str(cert), "-days", "2",
+        "-extfile", "ext.cnf")
+    return ca, cert, key
+
+
+@needs_redis
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test's certificates")
+def test_a_campaign_over_tls_with_a_password_and_a_malformed_case_refused(tmp_path: Path) -> None:
+    """CI runners reach a hosted Redis: rediss:// with a CA file, AUTH with the password from the
+    URL or from SCHEDFUZZ_DB_PASSWORD (never printed); a server with requirepass and no password
+    is a clear usage error. A case in Redis that the corpus loader cannot read is refused, with the
+    host that published it named, and never written to the corpus."""
+    (tmp_path / "redis").mkdir()
+    ca, cert, key = _certificates(tmp_path / "redis")
+    server = RedisServer(tmp_path / "redis", tls=(ca, cert, key), password="s3cr3t-pw")
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=server.port, password="s3cr3t-pw", ssl=True, ssl_ca_certs=str(ca))
+        client.hset("schedfuzz:cases", "broken-0123456789.json", b'{"format": "schedfuzz-case", "version": 1, "prop')
+        client.hset("schedfuzz:published_by", "broken-0123456789.json", "runner-7:4242")
+        corpus = tmp_path / "a"
+        corpus.mkdir()
+        secret = f"rediss://:s3cr3t-pw@127.0.0.1:{server.port}/0"
+        host = Host([*FUZZ, "--examples", "20", "--policy", "planted:never", "--corpus", ".", "--db", secret, "--db-ca", str(ca)], corpus)
+        out = host.finish()
+        assert host.proc.returncode == 1 and "saved to" in out, out
+        assert "s3cr3t-pw" not in out
+        assert "refused the case broken-0123456789.json published by runner-7:4242: not valid JSON" in out, out
+        assert len(list(case_files(corpus))) == 1 and not (corpus / "broken-0123456789.json").exists()
+        # the password from the environment, for a URL without one (a CI secret)
+        env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "SCHEDFUZZ_DB_PASSWORD": "s3cr3t-pw"}
+        listed = subprocess.run([*SCHEDFUZZ, "campaign", "status", "--db", server.url, "--db-ca", str(ca)], capture_output=True, text=True,
+                                timeout=60, env=env)
+        assert listed.returncode == 0 and f"  {SIGNATURE}\n" in listed.stdout and "s3cr3t-pw" not in listed.stdout, listed.stdout + listed.stderr
+        env.pop("SCHEDFUZZ_DB_PASSWORD")
+        asked = subprocess.run([*SCHEDFUZZ, "campaign", "status", "--db", server.url, "--db-ca", str(ca)], capture_output=True, text=True,
+                               timeout=60, env=env)
+        assert asked.returncode == 2 and "Redis asks for a password" in asked.stderr and "SCHEDFUZZ_DB_PASSWORD" in asked.stderr, asked.stderr
+        wrong = subprocess.run([*SCHEDFUZZ, "campaign", "status", "--db", f"rediss://:nope@127.0.0.1:{server.port}/0", "--db-ca", str(ca)],
+                               capture_output=True, text=True, timeout=60, env=env)
+        assert wrong.returncode == 2 and "refused the credentials" in wrong.stderr and "nope" not in wrong.stderr, wrong.stderr
+    finally:
+        server.close()
