@@ -114,6 +114,16 @@ class Case:
         """A finding saved as found, that nobody has called known (``schedfuzz known``) or fixed."""
         return self.expect == "new"
 
+    def explanation(self) -> str:
+        """What the case's record says of its bug, for a report: the known bug's explanation, or
+        the state that stands in for one (a new finding nobody has triaged, a guard of a fixed bug)."""
+        if self.expected_failure is not None:
+            return self.expected_failure
+        if self.untriaged:
+            return ("Not triaged yet: a new finding nobody has explained. `schedfuzz known CASE --because \"...\"` records "
+                    "the explanation and makes it a known bug.")
+        return "A guard: the bug this case found was fixed; it must not come back (expect: pass)."
+
     @property
     def expected_failure(self) -> str | None:
         """The known bug's description, whatever the version (see ``expected_failure_on``)."""

@@ -473,7 +473,7 @@ def _report(case: Case, scenario: Scenario, version: str, lib: str | None, drawi
     steps = "\n".join(f"{i:3d}. {s.describe()}" + ("   <- the finding" if i == case.step else "") for i, s in enumerate(scenario.steps))
     layout = ", ".join(f"{scenario.layout.name(i)} ({b.kind})" for i, b in enumerate(scenario.layout.backends))
     bounds = {k: v for k, v in case.expect.items() if k in ("since", "fixed_in")} if isinstance(case.expect, dict) else {}
-    return fill("repro_report.md.in", signature=case.signature, message=case.message, expect=case.expected_failure or "(the case holds no explanation yet)",
+    return fill("repro_report.md.in", signature=case.signature, message=case.message, expect=case.explanation(),
                 version=version, lib=case.engine.get("lib", lib or "the built-in"), bounds="; expected within " + json.dumps(bounds) if bounds else "",
                 layout=layout, step=case.step, steps=steps, how=shown_by(case.property),
                 drawing=drawing or "(no step with a graph to draw: ggml died in the step, and the reference predicts that too)",

@@ -35,7 +35,7 @@ from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import base_library, library_folder
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
-from ..llama.builds import BUILT_IN
+from ..llama.builds import BUILT_IN, recorded_build
 from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..llama.calls import STATE_PARTIAL_ONLY
@@ -357,17 +357,24 @@ def _unbracketed(text: str) -> str:
 
 
 def _report(case: Case, w: LlamaWorkload, said: str, how: str, declared: Path | None) -> str:
-    calls = "\n".join(f"{i:3d}. {c.describe()}" + ("   <- the finding" if i == case.step else "") for i, c in enumerate(w.calls))
+    # an abort in llama_init_from_model is its violation's call 0 (``max(call, 0)``), but the call is -1
+    init = "call=init" in case.signature or "llama_init_from_model" in (case.message.splitlines() or [""])[0]
+    at = -1 if init else case.step
+    listed = [(-1, "llama_init_from_model (it reserves the worst case)")] + [(i, c.describe()) for i, c in enumerate(w.calls)]
+    calls = "\n".join(f"{i:3d}. {text}" + ("   <- the finding" if i == at else "") for i, text in listed)
+    where = "`llama_init_from_model`" if init else f"call {case.step}"
+    built = recorded_build(case.engine) or case.engine.get("lib", "a build not recorded")
     return f"""# {case.signature}
 
 {case.message}
 
 ## What happened, in llama.cpp's and ggml's terms
-{case.expected_failure or "(the case holds no explanation yet)"}
+{case.explanation()}
 
-- Found on {case.engine.get("lib", "the built-in llama.cpp")} (ggml {case.engine.get("ggml_version", "?")}).
+- Found on {built} (ggml {case.engine.get("ggml_version", "?")}).
 - The workload: {w.describe()}
-- The calls (the finding is in call {case.step}; -1 is `llama_init_from_model`, which reserves):
+- The devices: {devices_said(w)}
+- The calls (the finding is in {where}; -1 is `llama_init_from_model`, which reserves):
 
 ```
 {calls}
@@ -380,7 +387,7 @@ cmake -S . -B build && cmake --build build && build/repro; echo "exit $?"   # th
 cmake -S . -B mine -DLLAMA_DIR=/path/to/llama.cpp/build/bin [-DLLAMA_SOURCE_DIR=/path/to/llama.cpp]
 cmake --build mine && mine/repro
 ```
-`repro` exits 1 exactly when the finding reproduces in call {case.step} (what shows it: {how}), 0 when it does not,
+`repro` exits 1 exactly when the finding reproduces in {where} (what shows it: {how}), 0 when it does not,
 77 when it could not run. `model.gguf` is the tiny model (and `lora-K.gguf` its adapters), written
 at export time: nothing is written when it runs. It needs llama.cpp and ggml built as shared
 libraries with RPC (`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`). The schedfuzz case is `case.json`.{_declared_note(declared)}
@@ -390,6 +397,17 @@ libraries with RPC (`-DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON`). The schedfuzz case 
 {said or "(not replayed)"}
 ```
 """
+
+
+def devices_said(w: LlamaWorkload) -> str:
+    """The workload's devices as a trigger needs them said: how many RPC and GPU-like devices, and
+    how much memory each GPU-like device was left free (a context that does not fit is a trigger)."""
+    d = w.devices
+    parts = [f"{d.n_rpc} RPC (a CPU behind each, on loopback)"] if d.n_rpc else []
+    if d.gpus:
+        free = (f", left {', '.join(f'{n:,}' for n in d.gpu_free)} bytes free" if d.gpu_free else ", their memory unlimited")
+        parts.append(f"{len(d.gpus)} GPU-like{free}")
+    return "; ".join(parts) + f"; n_gpu_layers {d.n_gpu_layers}" if parts else f"the CPU alone; n_gpu_layers {d.n_gpu_layers}"
 
 
 def _declared_note(folder: Path | None) -> str:

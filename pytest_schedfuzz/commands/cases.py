@@ -19,7 +19,7 @@ from ..campaign.fuzz import Fuzzer
 from ..cases.capture import Captured, CaptureError, capture
 from ..cases.corpus import Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
-from ..engine import Unsupported
+from ..engine import TargetError, Unsupported
 from ..files import atomic_write
 from ..ggml.versions import version_of
 from ..llama.builds import BUILT_IN as LLAMA_BUILT_IN
@@ -328,8 +328,10 @@ def _step_record(fuzzer: Fuzzer, case: Case, scenario: Scenario) -> tuple[Trace,
 
 def export(args: argparse.Namespace) -> int:
     """``schedfuzz export CASE|DIR -o DIR``: each case as a standalone C reproducer with its
-    CMakeLists and REPORT.md (a folder: one reproducer per case, in DIR/CASE-NAME); with
-    ``--check``, each built against the build it was found on and run."""
+    CMakeLists and REPORT.md (a folder: one reproducer per case, in DIR/CASE-NAME), made on the
+    build it was found on (or the one named: ``found_on``); with ``--check``, each built against
+    that build and run. Exit status as ``replay``'s: 1 a case not as expected (or not exported),
+    ``CANNOT_RUN`` one that cannot be made or run on that build."""
     from ..cases.export import ExportError, build_and_run
 
     try:
@@ -337,18 +339,27 @@ def export(args: argparse.Namespace) -> int:
     except CaseError as e:
         return bad_case(e)
     single = len(args.cases) == 1 and not Path(args.cases[0]).is_dir()
-    failed = 0
+    failed = cannot = 0
     for case in cases:
         assert case.path is not None
         out = Path(args.output) if single else Path(args.output) / case.path.stem
         version = str(case.engine.get("ggml_version", "0.25.3"))
-        lib = args.lib or version_of(version).built_in
-        fuzzer = fuzzer_for(argparse.Namespace(**{**vars(args), "lib": lib}))
+        builds = found_on(case, args)
+        if isinstance(builds, str):
+            print(f"{case.path.name}: cannot export it here: {builds}")
+            cannot += 1
+            continue
+        lib, llama_lib = builds[0] or version_of(version).built_in, builds[1]
+        fuzzer = fuzzer_for(argparse.Namespace(**{**vars(args), "lib": lib, "llama_lib": llama_lib}))
         try:
-            _export_one(fuzzer, case, out, lib, version, args.llama_lib)
+            _export_one(fuzzer, case, out, lib, version, llama_lib)
         except ExportError as e:
             print(f"{case.path.name}: not exported: {e}")
             failed += single
+            continue
+        except (Unsupported, TargetError) as e:  # a device, a call or a parameter that build lacks
+            print(f"{case.path.name}: cannot export it on {llama_lib or lib}: {str(e).splitlines()[0]}")
+            cannot += 1
             continue
         finally:
             fuzzer.close()
@@ -360,14 +371,17 @@ def export(args: argparse.Namespace) -> int:
                 print(f"  check: {e}")
                 failed += 1
                 continue
-            expected = case.expected_failure_on(version) is not None
-            built_on = (args.llama_lib or "llama.cpp-0.3.36") if case.llama is not None else lib
-            print(f"  check on {built_on}: {built.verdict} (exit {built.code}); expected: {'reproduces' if expected else 'does not reproduce'}")
+            built_on = (llama_lib or LLAMA_BUILT_IN[0]) if case.llama is not None else lib
+            known = case.expected_failure_on(version, built_on if case.llama is not None else None) is not None
+            expected = known or case.untriaged
+            said = ("reproduces (a known bug)" if known else "reproduces (a new finding, not triaged)" if expected
+                    else "does not reproduce (a guard: its bug was fixed)")
+            print(f"  check on {built_on}: {built.verdict} (exit {built.code}); expected: {said}")
             with (out / "REPORT.md").open("a") as f:
                 f.write(f"\n## Checked\n`schedfuzz export --check` built it against {built_on} (ggml {version}) and ran it: "
                         f"it {built.verdict} (exit {built.code}).\n```\n{built.output[-4000:]}\n```\n")
             failed += built.code != (1 if expected else 0)
-    return 1 if failed else 0
+    return 1 if failed else CANNOT_RUN if cannot else 0
 
 
 def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, llama_lib: str | None) -> None:

@@ -5,6 +5,7 @@ never a bug (``expect: pass``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from pytest_schedfuzz.cases.corpus import Case, load_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run, export_case
-from pytest_schedfuzz.cases.export_llama import export_llama_case
+from pytest_schedfuzz.cases.export_llama import devices_said, export_llama_case
 from pytest_schedfuzz.ggml.build import ggml_source_for
 from pytest_schedfuzz.ggml.lib import base_library, library_folder
 
@@ -278,6 +279,44 @@ def test_a_b11739_reproducer_builds_against_b11739s_libraries_with_its_own_decla
     built = build_and_run(out)
     assert built.code == 1, built.output[-3000:]
     assert said in built.output and f"REPRODUCED: [{case.property}] call {case.step}" in built.output, built.output[-3000:]
+
+
+@pytest.mark.engine
+def test_a_case_is_exported_and_replayed_on_the_build_it_was_found_on_and_says_when_it_cannot_run(tmp_path: Path) -> None:
+    """The MoE cache's case was found on b11739: without --llama-lib, export and replay used to run
+    it on 0.3.36 (a traceback: ``Unsupported: ctx.moe_cache_size``); a GPU-like case named onto
+    b11739 exited 1, the code of a reproduction. Now each runs where its record says, and a case
+    that cannot run on the build named exits CANNOT_RUN (3), saying so."""
+    moe = next(CORPUS.glob("*-398fc80683.json"))
+    out = _cli("export", str(moe), "-o", str(tmp_path / "moe"))
+    assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+    report = (tmp_path / "moe" / "REPORT.md").read_text()
+    assert "- Found on llama.cpp-b11739 (ggml 0.27.0)." in report  # the build, not the machine's cache folder
+    gpu = next(CORPUS.glob("*-be71aa4ab0.json"))  # GPU-like devices: b11739 ships no ggml headers for the device
+    cannot = _cli("replay", str(gpu), "--llama-lib", "llama.cpp-b11739")
+    assert cannot.returncode == 3 and "cannot replay it on this build" in cannot.stdout, cannot.stdout + cannot.stderr
+
+
+@pytest.mark.engine
+def test_a_report_names_the_trigger_without_noise(tmp_path: Path) -> None:
+    """An abort in llama_init_from_model is the finding's call -1 (its violation says call 0); the
+    devices' free memory is said; an untriaged case says so rather than "no explanation yet"; the
+    model's loading dots are not 20 lines of "log: .". The reproducer still reproduces."""
+    case = _case("525922f4eb")
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case.to_json() | {"expect": "new"}))
+    out = tmp_path / "repro"
+    assert _cli("export", str(path), "-o", str(out)).returncode == 0
+    report = (out / "REPORT.md").read_text()
+    assert " -1. llama_init_from_model (it reserves the worst case)   <- the finding" in report
+    assert "the finding is in `llama_init_from_model`" in report and "Not triaged yet" in report and "no explanation yet" not in report
+    assert "- The devices: 1 RPC" in report
+    built = build_and_run(out)
+    assert built.code == 1 and "log: ." not in built.output, built.output[-3000:]
+    gpu = _case("be71aa4ab0")
+    assert gpu.llama is not None and gpu.llama.devices.gpus
+    squeezed = replace(gpu, llama=replace(gpu.llama, devices=replace(gpu.llama.devices, gpu_free=(123_456, 7_890))))
+    assert devices_said(squeezed.llama).startswith("2 GPU-like, left 123,456, 7,890 bytes free")  # type: ignore[arg-type]
 
 
 def test_a_reproducer_with_gpu_like_devices_is_refused_on_a_headerless_build(tmp_path: Path) -> None:
