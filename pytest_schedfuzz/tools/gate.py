@@ -21,7 +21,7 @@ from typing import Any
 
 from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
-from ..cases.corpus import Case, save_case
+from ..cases.corpus import STARTER_CORPUS, Case, save_case
 from ..properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama, without_c_stack
 
 PASS, NA = "pass", "n/a"
@@ -65,7 +65,10 @@ def open_side(label: str, lib: str, config: FuzzConfig, log: Callable[[str], Non
 def run_side(side: Side, fuzzer: Fuzzer, cases: Sequence[Case], properties: Sequence[str], log: Callable[[str], None]) -> None:
     """Replay ``cases`` and fuzz ``properties`` on one side; each finding's case is kept (``Side.cases``)."""
     label = side.label
-    fuzzer.known.cases = [c for c in cases if c.expected_failure is not None]
+    # the known bugs: the starter corpus's (as pytest --schedfuzz knows them) and the corpus's own
+    fuzzer.known.learn(STARTER_CORPUS)
+    learnt = {c.path.resolve() for c in fuzzer.known.cases if c.path is not None}
+    fuzzer.known.cases += [c for c in cases if c.expected_failure is not None and (c.path is None or c.path.resolve() not in learnt)]
     for case in cases:
         row = f"corpus/{case.path.stem if case.path else case.signature}"
         if case.llama is not None and not side.llama:

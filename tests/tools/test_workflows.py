@@ -67,7 +67,7 @@ def test_the_gate_job_fails_on_a_planted_head_fault_and_uploads_the_reports_and_
     workflow = WORKFLOWS / "schedfuzz-gate.yml"
     (workspace / "base").symlink_to(resolve_lib("ggml-0.25.3"))
     (workspace / "head").symlink_to(build_ggml_base("ggml-0.25.3", (CPU_EXPANDS_DOWN,)))
-    status, out = run_steps(workflow, workspace, {"SCHEDFUZZ_GATE_OPTIONS": "--examples 40 --properties matches-reference"})
+    status, out = run_steps(workflow, workspace, {"SCHEDFUZZ_GATE_OPTIONS": "--examples 200 --properties matches-reference"})
     assert status != 0, out[-4000:]
     kept = upload_path(workflow, workspace)
     report = json.loads((kept / "gate.json").read_text())
