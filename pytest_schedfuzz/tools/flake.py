@@ -3,7 +3,8 @@
 The ci job (``--schedfuzz-profile=ci``, ``-n 2``, the starter corpus) runs on each built-in at
 the seeds given (default 0, 0, 1, 2, 3: seed 0 twice, so that one seed's two verdicts can be
 compared), each in a fresh folder with a copy of the corpus. Per build it prints the seeds whose
-runs gave different verdicts (the goal is none: one seed, one verdict), the unconfirmed failures
+runs differ (the goal is none: one seed, one verdict): in verdict, new signatures, corpus failures,
+or the examples each property ran (the ci profile runs by count), the unconfirmed failures
 of every run and their rate per run (failures a fresh worker did not show again: kept, not
 findings), and the new findings beside the corpus's known bugs (a real bug found, or a flake
 that confirmation let through: each is named, to be looked at).
@@ -64,7 +65,8 @@ def ci_job(job: CiJob, seed: int, budget: float, folder: Path) -> dict[str, Any]
     failed = sorted(r.get("corpus", {}).get("fail", []))
     return {"seed": seed, "exit": os.waitstatus_to_exitcode(status), "verdict": r["verdict"], "new": sorted(f["signature"] for f in r["new_findings"]),
             "corpus_failed": failed, "unconfirmed": r["stats"]["unconfirmed"], "unconfirmed_cases": sorted(r["stats"]["unconfirmed_cases"]),
-            "examples": r["stats"]["examples"], "wall_s": time.perf_counter() - t, "cpu_s": usage.ru_utime + usage.ru_stime}
+            "examples": r["stats"]["examples"], "property_examples": r["stats"]["property_examples"], "wall_s": time.perf_counter() - t,
+            "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
 def flake(seeds: tuple[int, ...], budget: float, jobs: tuple[CiJob, ...] = CI_JOBS) -> dict[str, Any]:
@@ -72,19 +74,20 @@ def flake(seeds: tuple[int, ...], budget: float, jobs: tuple[CiJob, ...] = CI_JO
     out: dict[str, Any] = {}
     for job in jobs:
         runs = [ci_job(job, seed, budget, FOLDER / job.name / f"seed-{seed}-run-{k}") for k, seed in enumerate(seeds)]
-        by_seed: dict[int, set[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {}
+        by_seed: dict[int, set[tuple[object, ...]]] = {}
         for r in runs:
-            by_seed.setdefault(r["seed"], set()).add((r["verdict"], tuple(r["new"]), tuple(r["corpus_failed"])))
+            ran = tuple(sorted(r.get("property_examples", {}).items()))
+            by_seed.setdefault(r["seed"], set()).add((r["verdict"], tuple(r["new"]), tuple(r["corpus_failed"]), ran))
         out[job.name] = {"runs": runs, "differing_seeds": sorted(s for s, verdicts in by_seed.items() if len(verdicts) > 1)}
     return out
 
 
 def report_lines(r: dict[str, Any]) -> list[str]:
-    lines = ["flake: the ci job's verdicts at the same seed, unconfirmed failures, new findings (per build):"]
+    lines = ["flake: the ci job's runs at the same seed (verdict, signatures, examples per property), unconfirmed failures, new findings (per build):"]
     for name, v in r.items():
         runs = v["runs"]
         unconfirmed = sum(x["unconfirmed"] for x in runs)
-        lines.append(f"  {name}: {len(runs)} runs (seeds {', '.join(str(x['seed']) for x in runs)}); verdicts differing at one seed: "
+        lines.append(f"  {name}: {len(runs)} runs (seeds {', '.join(str(x['seed']) for x in runs)}); runs differing at one seed: "
                      f"{len(v['differing_seeds'])}" + (f" (seeds {', '.join(map(str, v['differing_seeds']))})" if v["differing_seeds"] else "")
                      + f"; unconfirmed failures {unconfirmed} ({unconfirmed / len(runs):.1f} a run)")
         for x in runs:

@@ -38,7 +38,7 @@ def test_two_ci_runs_at_one_seed_one_beside_a_cpu_hog_give_the_same_report(tmp_p
     """The ci profile used to spend a wall-clock share per property: beside a CPU hog the same
     seed ran other examples (564 against 408 llama.cpp workloads) and could reach another verdict."""
     quiet = _ci_report(tmp_path / "quiet")
-    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(os.cpu_count() or 2)]
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"])]  # one busy core: the run's workers share what is left
     try:
         loaded = _ci_report(tmp_path / "loaded")
     finally:

@@ -29,8 +29,8 @@ def test_the_section_counts_the_seeds_whose_runs_disagree(monkeypatch: pytest.Mo
     r = flake.flake((0, 0, 1), 60, jobs)
     assert r["a"]["differing_seeds"] == [0] and r["b"]["differing_seeds"] == []
     text = "\n".join(flake.report_lines(r))
-    assert "a: 3 runs (seeds 0, 0, 1); verdicts differing at one seed: 1 (seeds 0); unconfirmed failures 3 (1.0 a run)" in text
-    assert "b: 3 runs (seeds 0, 0, 1); verdicts differing at one seed: 0; unconfirmed failures 0 (0.0 a run)" in text
+    assert "a: 3 runs (seeds 0, 0, 1); runs differing at one seed: 1 (seeds 0); unconfirmed failures 3 (1.0 a run)" in text
+    assert "b: 3 runs (seeds 0, 0, 1); runs differing at one seed: 0; unconfirmed failures 0 (0.0 a run)" in text
     assert "new: no-abort[kind=crash]" in text
 
 
