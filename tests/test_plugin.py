@@ -129,11 +129,11 @@ def test_driver_without_rereserve_hits_same_size_reallocs_on_the_engine(fuzz, py
     # invalid tensor included, which leaves more steps than the explanation alone did)
     assert len(case["scenario"]["steps"]) <= 18
     assert len(case["workload"]["model"]["layer_devices"]) == 1
-    # the driver mode is part of the case: replayed from its file alone, it fails again
-    assert case["options"] == {"rereserve": False}
+    # the driver mode is part of the case: replayed from its file alone, the new finding reproduces
+    assert case["options"] == {"rereserve": False} and case["expect"] == "new"
     (path,) = sorted((pytester.path / "corpus").glob("*.json"))
     replay = pytester.run("schedfuzz", "replay", str(path), timeout=300)
-    assert replay.ret == 1 and "verdict: FAIL: [no-same-size-realloc]" in replay.stdout.str(), replay.stdout.str()
+    assert replay.ret == 1 and "verdict: reproduces (a new finding, not triaged)" in replay.stdout.str(), replay.stdout.str()
 
 
 def test_saved_finding_is_replayed_first_and_judges_the_current_policy(fuzz, pytester: pytest.Pytester):
@@ -186,7 +186,7 @@ def test_llama_same_size_reallocs_are_found_from_nothing_saved_and_then_known(py
     assert "llama.cpp: graph reallocs = " in out and "llama-reuse-sound had nothing to check" in out
     again = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-profile", "ci",
                                           "--schedfuzz-properties", "llama-no-abort", "--schedfuzz-examples", "3", timeout=600)
-    assert again.ret != 0 and "fails again, on ggml 0.25.3" in again.stdout.str()
+    assert again.ret != 0 and "reproduces on llama.cpp-0.3.36; nobody has triaged it" in again.stdout.str()
 
 
 def test_the_llama_properties_are_collected_as_one_item(fuzz, pytester: pytest.Pytester):

@@ -204,7 +204,7 @@ def test_missing_tools_and_unknown_glibc_symbols_are_named(tmp_path: Path, monke
 
 def test_replaying_a_gpu_like_case_on_a_headerless_build_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """b11739 ships no ggml headers, so the GPU-like device cannot be built against it: replaying a
-    case with one says so (the case is not replayed: exit 1), not with a traceback."""
+    case with one says so (the case is not replayed: exit 3, no verdict), not with a traceback."""
     from pytest_schedfuzz.cases.corpus import Case, save_case
     from pytest_schedfuzz.cli import main
     from pytest_schedfuzz.model.layout import BackendSpec
@@ -213,7 +213,7 @@ def test_replaying_a_gpu_like_case_on_a_headerless_build_is_a_clear_error(tmp_pa
 
     w = LlamaWorkload(ModelSpec(), Devices(n_rpc=0, gpus=(BackendSpec("gpu"),)))
     path = save_case(tmp_path, Case("llama-no-abort", "llama-no-abort[x]", None, "x", 0, engine={"name": "llama.cpp"}, llama=w))
-    assert main(["replay", "--llama-lib", "llama.cpp-b11739", str(path)]) == 1
+    assert main(["replay", "--llama-lib", "llama.cpp-b11739", str(path)]) == 3
     out = capsys.readouterr()
     assert "  cannot replay it on this build: GPU-like devices: unavailable: " in out.out
     assert "Traceback" not in out.out + out.err
