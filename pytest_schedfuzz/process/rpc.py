@@ -83,10 +83,10 @@ def rpc_commands(lib_dir: str | None) -> tuple[str, ...]:
         text = (ggml_source_for(str(base_library(folder))) / "src" / "ggml-rpc" / "ggml-rpc.cpp").read_text()
     except (BuildError, LibError, OSError):
         return ()
-    body = re.search(r"enum rpc_cmd \{(.*?)\};", text, re.S)
+    body = re.search(r"enum rpc_cmd \{(.*?)\};", text, re.DOTALL)
     if body is None:
         return ()
-    names = re.findall(r"^\s*RPC_CMD_(\w+)\s*(?:=\s*0\s*)?,", body.group(1), re.M)
+    names = re.findall(r"^\s*RPC_CMD_(\w+)\s*(?:=\s*0\s*)?,", body.group(1), re.MULTILINE)
     return tuple(names)
 
 
