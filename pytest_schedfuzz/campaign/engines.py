@@ -208,22 +208,25 @@ class Engines:
         timeout. One that does not come back is counted (``unconfirmed crashes``) and its
         scenario kept in ``.schedfuzz/unconfirmed/`` for a look, and the fresh run's trace is
         judged instead. A timeout is run again with five times the step timeout: a step that
-        a loaded machine only slowed finishes then, a hang does not. ``run``: how the trace was
-        run (``Fuzzer.check``'s), ``self.run`` by default."""
+        a loaded machine only slowed finishes then, a hang does not (one patient run decides). A
+        crash that does not come back at once is run again, each time on a fresh worker, up to
+        ``confirm_runs`` times in all (a crash that comes back only sometimes is still a crash).
+        ``run``: how the trace was run (``Fuzzer.check``'s), ``self.run`` by default."""
         if trace.abort is None or trace.abort.kind not in ("crash", "timeout") or not hasattr(self.target, "close"):
             return trace
-        getattr(self.target, "fresh", self.target.close)()  # the next run starts a fresh worker and fresh servers
         patient = trace.abort.kind == "timeout" and hasattr(self.target, "step_timeout")
         if patient:
             usual = self.target.step_timeout  # type: ignore[attr-defined]
             self.target.step_timeout = usual * CONFIRM_TIMEOUT_FACTOR  # type: ignore[attr-defined]
         try:
-            again = (run or self.run)(scenario)
+            for _ in range(1 if trace.abort.kind == "timeout" else self.config.confirm_runs):
+                getattr(self.target, "fresh", self.target.close)()  # the next run starts a fresh worker and fresh servers
+                again = (run or self.run)(scenario)
+                if again.abort is not None and again.abort.kind == trace.abort.kind:
+                    return again
         finally:
             if patient:
                 self.target.step_timeout = usual  # type: ignore[attr-defined]
-        if again.abort is not None and again.abort.kind == trace.abort.kind:
-            return again
         self._keep_unconfirmed(trace.abort, again.abort, scenario=scenario)
         return again
 
@@ -234,10 +237,11 @@ class Engines:
         first = abort.message.strip().splitlines()[0] if abort.message.strip() else abort.kind
         target = self._llama if llama is not None else self.target
         step = abort.step if isinstance(abort, Abort) else max(abort.call, 0)
-        message = f"{abort.message[-3000:]}\n\non a fresh worker: " + (f"{again.kind}: {again.message[-3000:]}" if again else "ran through")
+        message = (f"{abort.message[-3000:]}\n\non fresh workers ({self.config.confirm_runs} replays), the last: "
+                   + (f"{again.kind}: {again.message[-3000:]}" if again else "ran through"))
         self.keep_unconfirmed(Case("llama-no-abort" if llama is not None else "no-abort", f"unconfirmed {abort.kind}", scenario, message,
                                    step, self.seed, dict(getattr(target, "engine", {}) or {}),
-                                   {"fail": f"did not come back on a fresh worker: {first}"}, llama=llama))
+                                   {"fail": f"did not come back on fresh workers ({self.config.confirm_runs} replays): {first}"}, llama=llama))
 
     def keep_unconfirmed(self, case: Case) -> Path | None:
         """A failure that did not come back on a fresh worker, counted and kept as a case in
@@ -262,21 +266,25 @@ class Engines:
         call timeout; one that does not is counted as unconfirmed, kept as a case, and the fresh
         run (captured as the first was) is judged. So does an abort because an RPC server was gone:
         unreachable at all (an earlier workload killed it) or killed by a signal during this one;
-        fresh servers tell whether this workload is the cause."""
+        fresh servers tell whether this workload is the cause. As for the graph engine, a crash
+        that does not come back at once is run again up to ``confirm_runs`` times in all."""
+
         if trace.abort is None or (trace.abort.kind not in ("crash", "timeout") and not _server_gone(trace.abort)):
             return trace
         target = self.llama_target
         usual = target.call_timeout
         if trace.abort.kind == "timeout":
             target.call_timeout = usual * CONFIRM_TIMEOUT_FACTOR
-        if _server_gone(trace.abort):
-            target.fresh()  # new RPC servers, whatever killed the old ones
         try:
-            again = self.run_llama(workload, logits, capture, on_graph=on_graph)
+            for k in range(1 if trace.abort.kind == "timeout" else self.config.confirm_runs):
+                if _server_gone(trace.abort) or k:
+                    target.fresh()  # new RPC servers (and worker), whatever killed the old ones
+                again = self.run_llama(workload, logits, capture, on_graph=on_graph)
+                if again.abort is not None and again.abort.kind == trace.abort.kind:
+                    return again
         finally:
             target.call_timeout = usual
-        if again.abort is None or again.abort.kind != trace.abort.kind:
-            self._keep_unconfirmed(trace.abort, again.abort, llama=workload)
+        self._keep_unconfirmed(trace.abort, again.abort, llama=workload)
         return again
 
     def close(self) -> None:

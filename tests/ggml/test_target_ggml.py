@@ -608,7 +608,7 @@ def test_a_crash_is_confirmed_on_the_spare_worker_and_fresh_rpc_servers_with_the
     from pytest_schedfuzz.model.trace import Abort, Trace
 
     clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
-    fuzzer = Fuzzer(FuzzConfig(database=None))
+    fuzzer = Fuzzer(FuzzConfig(database=None, confirm_runs=1))  # one replay: the spare's
     try:
         t = fuzzer.engines.target
         assert isinstance(t, GgmlTarget) and t.run(clean).abort is None

@@ -659,37 +659,46 @@ def test_an_rpc_refusal_is_signed_by_the_command_the_server_refused_whatever_cam
 
 def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_again(tmp_path: Path) -> None:
     """As for the graph engine: a timeout is run again with five times the call timeout (a
-    loaded machine passes, a hang does not), a crash again on a fresh worker; what does not come
-    back is counted as unconfirmed, kept as a case the summary lists, and the fresh run, captured
-    as the first one was, is what is judged."""
+    loaded machine passes, a hang does not), a crash again on a fresh worker, up to
+    ``confirm_runs`` times (one that comes back only on the third replay is still a finding);
+    what never comes back is counted as unconfirmed, kept as a case the summary lists, and the
+    last fresh run, captured as the first one was, is what is judged."""
     from pytest_schedfuzz.campaign.engines import CONFIRM_TIMEOUT_FACTOR
     from pytest_schedfuzz.properties import LLAMA_GROUP
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
     from pytest_schedfuzz.campaign.profiles import FuzzConfig
 
     class Flaky:
-        def __init__(self, kind: str, comes_back: bool) -> None:
-            self.call_timeout, self.kind, self.comes_back, self.seen = 60.0, kind, comes_back, []
+        """A llama.cpp target whose workload fails on its first run and again on run ``back`` (0: never)."""
+
+        def __init__(self, kind: str, back: int) -> None:
+            self.call_timeout, self.kind, self.back, self.seen = 60.0, kind, back, []
             self.captured: list[bool] = []
+            self.fresh_workers = 0
+
+        def fresh(self) -> None:
+            self.fresh_workers += 1
 
         def run(self, w: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile=None, on_graph=None) -> LlamaTrace:
             self.seen.append(self.call_timeout)
             self.captured.append(capture)
-            if len(self.seen) == 1 or self.comes_back:
+            if len(self.seen) in (1, self.back):
                 return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)),), LlamaAbort(0, self.kind, "gone"))
             return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", 0, ())))
 
-    for kind in ("timeout", "crash"):
-        for comes_back in (False, True):
+    for kind, comes_back in (("timeout", (0, 2)), ("crash", (0, 2, 4))):
+        for back in comes_back:  # never, on the first replay, on the third (a timeout: one patient replay decides)
             fuzzer = Fuzzer(FuzzConfig(database=None))
-            fuzzer.engines._llama = flaky = Flaky(kind, comes_back)
+            fuzzer.engines._llama = flaky = Flaky(kind, back)
             found = fuzzer.check_llama("llama-no-abort", replace(STEADY, calls=STEADY.calls[:1]))
-            assert bool(found) == comes_back and fuzzer.stats.unconfirmed == (not comes_back)
-            assert flaky.seen == [60.0, 60.0 * (CONFIRM_TIMEOUT_FACTOR if kind == "timeout" else 1)] and flaky.call_timeout == 60.0
+            assert bool(found) == bool(back) and fuzzer.stats.unconfirmed == (not back)
+            replays = back - 1 if back else 1 if kind == "timeout" else fuzzer.config.confirm_runs
+            assert flaky.seen == [60.0] + [60.0 * (CONFIRM_TIMEOUT_FACTOR if kind == "timeout" else 1)] * replays and flaky.call_timeout == 60.0
+            assert flaky.fresh_workers == replays - 1  # after an abort the target starts one itself; after a clean run it is asked to
     # judged by every llama property: the rerun is captured too (llama-matches-reference judges it);
     # the crash that did not come back is a case in .schedfuzz/unconfirmed/, listed by the summary
-    fuzzer = Fuzzer(FuzzConfig(database=tmp_path / "examples"))
-    fuzzer.engines._llama = flaky = Flaky("crash", False)
+    fuzzer = Fuzzer(FuzzConfig(database=tmp_path / "examples", confirm_runs=1))
+    fuzzer.engines._llama = flaky = Flaky("crash", 0)
     fuzzer.check_llama(LLAMA_GROUP, replace(STEADY, calls=STEADY.calls[:1]))
     assert flaky.captured == [True, True]
     (kept,) = (tmp_path / "unconfirmed").glob("*.json")
