@@ -32,16 +32,21 @@ def server_refusal(refused: tuple[str, ...]) -> str | None:
     """The command an RPC server refused, as signatures say it (``refused GRAPH_RECOMPUTE``), from
     what it said (``RpcServers.refusals``): ``rpc_server.c``'s "closed the connection after command
     GRAPH_RECOMPUTE" (ggml's server often refuses without a word); where the build's source is not
-    on disk to name the command's number, the server method that logged why (b11739's
-    ``[graph_recompute] device: 0, graph with uid 67 not found``) names it, so that one cause is one
+    on disk to name the command's number, the last server method that logged before the connection
+    was closed (b11739's ``[graph_recompute] device: 0, graph with uid 67 not found``, after an
+    informational ``[comm_init] device 0 joined pairwise comm``) names it, so that one cause is one
     signature on builds that log and builds that do not. Its words are not part of it (a build
     that logs nothing would sign the same refusal otherwise); the message keeps them. None: no
     server said anything."""
-    lines = [r.split(": ", 1)[-1] for r in refused]
-    closed = [m.group(1) for line in lines if (m := re.match(r"schedfuzz-rpc-server: closed the connection after command (\w+)$", line))]
-    methods = [m.group(1) for line in lines if (m := re.match(r"\[(\w+)\]", line))]
-    named = [c for c in closed if not c.isdigit()] or [m.upper() for m in methods] or closed
-    return f"refused {named[0]}" if named else None
+    method = None  # the last server method that logged before the connection was closed (its words: why)
+    for line in (r.split(": ", 1)[-1] for r in refused):
+        closed = re.match(r"schedfuzz-rpc-server: closed the connection after command (\w+)$", line)
+        if closed:
+            command = closed.group(1)
+            return f"refused {method.upper() if command.isdigit() and method else command}"
+        said = re.match(r"\[(\w+)\]", line)
+        method = said.group(1) if said else method
+    return f"refused {method.upper()}" if method else None
 
 
 _SITE = re.compile(r"(\S*?)([\w.-]+\.(?:c|cpp|h)):(\d+): ")

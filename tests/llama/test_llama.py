@@ -641,7 +641,8 @@ def test_an_rpc_refusal_is_signed_by_the_command_the_server_refused_whatever_cam
     message."""
     rpc = "ggml-rpc.cpp:686: Remote RPC server crashed or returned malformed response"
     silent = ("127.0.0.1:5: schedfuzz-rpc-server: closed the connection after command GRAPH_RECOMPUTE",)
-    numbered = ("127.0.0.1:5: [graph_recompute] device: 0, graph with uid 67 not found",
+    numbered = ("127.0.0.1:5: [comm_init] device 0 joined pairwise comm as rank 0",  # b11739's server, split mode tensor: not why
+                "127.0.0.1:5: [graph_recompute] device: 0, graph with uid 67 not found",
                 "127.0.0.1:5: schedfuzz-rpc-server: closed the connection after command 16")
     signs = set()
     for before, said in ((Call("lora_free", n=0), silent), (Call("seq_rm", n=1), numbered)):
