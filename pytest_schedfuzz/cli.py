@@ -111,7 +111,7 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     gt.set_defaults(func="tools:gate_")
     mu = sub.add_parser("mutate", help="mutation score: the ci profile on ggml 0.25.3 with each scheduler mutant; the kill score")
     mu.add_argument("--mutants", help="comma-separated mutant names (default: all)")
-    mu.add_argument("--budget", type=float, help="seconds of the ci profile per mutant (default: the profile's, 240)")
+    mu.add_argument("--budget", type=float, help="the most seconds the ci profile may run per mutant (default: the profile's cap, 600; it runs by count)")
     mu.add_argument("--corpus", help="the corpus each run replays (a copy; default: ./corpus, else the built-in one)")
     mu.add_argument("--logs", help="write each mutant's pytest output to this folder")
     mu.add_argument("--size-oracle", action="store_true", help="run the ci profile with --schedfuzz-size-oracle")

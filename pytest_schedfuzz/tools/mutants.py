@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..campaign.summary import CUT_SHORT_EXIT
 from ..ggml.build import Patch, build_ggml_base
 from ..properties import GRAPH_PROPERTY_IDS
 from .ci_run import run_ci_profile
@@ -127,6 +128,9 @@ def run_mutant(m: Mutant, corpus: Path, budget: float | None, log: Path | None =
     findings = [f for f in failed if _FINDING.match(f)]
     if proc.returncode == 0:
         verdict, by = "survived", "the ci profile passed"
+    elif proc.returncode == CUT_SHORT_EXIT and not findings:
+        said = next((line for line in out.splitlines() if line.startswith("CUT SHORT: ")), "CUT SHORT")
+        verdict, by = "survived", f"nothing failed in what ran, but the budget cut the ci profile short ({said.split(' in the time')[0]})"
     elif findings:
         verdict, by = "killed", "; ".join(f[:160] for f in findings[:3])
     else:
