@@ -45,6 +45,9 @@ Address = tuple[int, int]  # struct buffer_address: (chunk, offset)
 KEPT_PLAN = "the plan of a reservation that failed to allocate"
 # ... or the plan a ``ggml_gallocr_reserve_n_size`` measurement recorded, having freed the buffers it found too small
 MEASURED_PLAN = "the plan of a reserve_size measurement, whose buffers that had to grow it freed (no_alloc)"
+# where ggml crashes on a NULL buffer, with its callers in ggml-alloc.c: a Release build inlines the
+# static ones, and its C stack then starts at a caller (``properties.aborts.unlike_prediction``)
+NULL_BUFFER_CRASH_AT = "ggml_vbuffer_tensor_alloc < ggml_gallocr_init_tensor < ggml_gallocr_alloc_graph"
 
 
 class AllocAbort(Exception):
@@ -450,7 +453,7 @@ class Gallocr:
         buf = self.buffers[talloc.buffer_id]
         if buf is None:
             raise NullBufferCrash(
-                f"SIGSEGV in ggml_vbuffer_tensor_alloc: the {self.bufts[talloc.buffer_id].name} buffer planned to hold "
+                f"SIGSEGV in {NULL_BUFFER_CRASH_AT}: the {self.bufts[talloc.buffer_id].name} buffer planned to hold "
                 f"{t.name} is NULL: {self.unfit}")
         chunk, offset = talloc.addr
         if chunk >= len(buf):  # ggml_backend_buffer_get_base(NULL chunk)

@@ -14,6 +14,7 @@ from ..engine import TargetError, Unsupported
 from ..model.graph_spec import TensorSpec
 from ..model.layout import BackendSpec
 from ..model.shapes import Geometry
+from ..model.trace import RELEASE
 from ..process.channel import Channel
 from .build import BuildError, build_fake_gpu, build_helpers, ggml_source_location
 from .lib import import_ggml, loaded_library_path
@@ -211,6 +212,9 @@ class Ggml:
         # where it exists, every realloc of the scheduler is read from it (``said``, per step)
         self.set_realloc_callback = getattr(self.lib, "ggml_backend_sched_set_realloc_callback", None)
         self.said: list[tuple[bool, bool]] = []  # (backend_ids_changed, graph_size_changed), in order
+        # whether ggml logs its re-plans (a build without NDEBUG): set by the worker's start-up probe; a
+        # Release build with the callback is observed through it alone (``record.StepRecording``)
+        self.logs_reallocs = True
         if self.set_realloc_callback is not None:
             self.set_realloc_callback.argtypes = [ctypes.c_void_p, REALLOC_CALLBACK, ctypes.c_void_p]
             self.set_realloc_callback.restype = None
@@ -285,6 +289,8 @@ class Ggml:
             "bindings": self.bindings,
             # the seeds' ggml tells each realloc decision through a callback; older ones only log them
             "realloc_callback": "observed" if self.set_realloc_callback is not None else "absent (decisions derived from the graph-size formula)",
+            # what tells a re-plan: ggml's debug log (reasons, ggml-alloc's own re-plans), or in a Release build the callback alone
+            "realloc_log": "logged" if self.logs_reallocs else RELEASE,
             "gpu_device": self.gpu_device(),
             # the graph programs' encoder: "C", or why programs are encoded in Python (slower, the same)
             "program_encoder": encoder if isinstance(encoder := native_encoder(), str) else "C",

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..engine import TargetError
 from ..model.scenario import Scenario
-from ..model.trace import ReallocEvent, SizeCounts, Split, StepRecord
+from ..model.trace import UNOBSERVABLE, ReallocEvent, SizeCounts, Split, StepRecord
 from .engine import OBSERVE_SPLITS, Built, Ggml
 
 UNKNOWN_BACKEND = -2  # observe.c's index for a backend pointer not among the scenario's
@@ -92,7 +92,9 @@ class StepRecording:
         counts = SizeCounts(n_nodes, n_leafs, n_splits, sum(len(s.inputs) for s in splits), *self.eng.input_leafs(built, n_copies), n_copies, n_dep_nodes)
         prev, self.counts = self.counts, counts
         events = tuple(ReallocEvent(index, r.via, r.backend_ids_changed, n_splits, r.reason) for r in log.reallocs)
-        if self.eng.set_realloc_callback is not None:
+        if not self.eng.logs_reallocs:  # a Release build: the callback alone tells the scheduler's re-plans
+            events = tuple(ReallocEvent(index, "sched", ids, n_splits, UNOBSERVABLE, ggml_size_changed=size) for ids, size in self.eng.said)
+        elif self.eng.set_realloc_callback is not None:
             events = self._with_ggml_decisions(index, events)
         return StepRecord(
             index,

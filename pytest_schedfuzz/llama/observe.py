@@ -19,6 +19,7 @@ from typing import Any
 
 from ..ggml.engine import VIEW_OP_NAMES
 from ..ggml.schedlog import SchedLog
+from ..model.trace import UNOBSERVABLE
 from ..process.channel import Channel
 from . import graph_records
 from .structs import CGraphHead, RawTensor
@@ -26,8 +27,6 @@ from .structs import CGraphHead, RawTensor
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET,
  HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END) = range(16)  # sched_hook.c
-# ggml-alloc's reason for a re-plan where a Release build (NDEBUG) does not log it
-UNOBSERVABLE = "unobservable in a Release build"
 # ggml-alloc's reason naming a node llama.cpp left unnamed (ggml_build_forward_expand names it node_N)
 UNNAMED_NODE = re.compile(r"node (node_\d+) is not valid")
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}

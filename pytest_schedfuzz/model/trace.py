@@ -40,6 +40,13 @@ class SizeCounts:
     n_dep_nodes: int = 0  # what the backends' graph_optimize asked to keep alive makes (GPU-like devices report it)
 
 
+# ggml-alloc's reason for a re-plan where a Release build (NDEBUG) does not log it: the scheduler's
+# decision is then told by ggml's realloc callback alone, and ggml-alloc's own re-plans not at all
+UNOBSERVABLE = "unobservable in a Release build"
+# ``Trace.engine["realloc_log"]`` of such a build (``ggml.engine.Ggml.info``): judges compare only what it tells
+RELEASE = "unlogged: a Release build; the scheduler's re-plans from ggml's realloc callback, ggml-alloc's reasons and own re-plans unobservable"
+
+
 @dataclass(frozen=True)
 class ReallocEvent:
     """An alloc that found its plan invalid and re-reserved.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model.scenario import GRAPH_STEP_KINDS, Scenario
-from ..model.trace import ReallocEvent, StepRecord, Trace
+from ..model.trace import RELEASE, ReallocEvent, StepRecord, Trace
 from .aborts import unlike_prediction
 from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation, normalize_reason
 
@@ -15,11 +15,20 @@ def _event_key(e: ReallocEvent) -> tuple[object, ...]:
     return (e.step, e.via, e.backend_ids_changed, e.same_size, normalize_reason(e.reason))
 
 
+def _event_keys(events: tuple[ReallocEvent, ...], logged: bool) -> list[tuple[object, ...]]:
+    """Re-plans as compared: every field where the engine logs them; where it does not (a Release
+    build: ``engine.RELEASE``), what ggml's realloc callback tells, the scheduler's re-plans
+    without ggml-alloc's reason, and none of ggml-alloc's own (single-buffer) re-plans."""
+    if logged:
+        return [_event_key(e) for e in events]
+    return [(e.step, e.backend_ids_changed, e.same_size) for e in events if e.via == "sched"]
+
+
 def _first_diff(a: tuple[object, ...], b: tuple[object, ...]) -> int:
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], str]) -> tuple[str, str] | None:
+def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], str], logged: bool = True) -> tuple[str, str] | None:
     if r.node_backends and p.node_backends and r.node_backends != p.node_backends:
         k = _first_diff(r.node_backends, p.node_backends)
         name = p.node_names[k] if k < len(p.node_names) else "?"
@@ -39,7 +48,7 @@ def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], s
     if r.kind in GRAPH_STEP_KINDS and (r.n_copies, r.n_nodes, r.n_leafs) != (p.n_copies, p.n_nodes, p.n_leafs):
         return "graph-copy", (f"the scheduled graph copy: engine n_copies {r.n_copies}, {r.n_nodes} nodes, {r.n_leafs} leafs; "
                               f"reference n_copies {p.n_copies}, {p.n_nodes} nodes, {p.n_leafs} leafs")
-    ek, pk = [_event_key(e) for e in r.events], [_event_key(e) for e in p.events]
+    ek, pk = _event_keys(r.events, logged), _event_keys(p.events, logged)
     if ek != pk:
         return "events", f"realloc events: engine {[e.describe() for e in r.events]}, reference {[e.describe() for e in p.events]}"
     if r.kind in GRAPH_STEP_KINDS and r.ok != p.ok:
@@ -56,8 +65,9 @@ def _compare_record(r: StepRecord, p: StepRecord, layout_name: Callable[[int], s
 def matches_reference(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
     """Assignment, splits, graph_size, the graph copy, realloc events, whether allocation
     succeeded and each backend's compute buffer size equal the reference's prediction."""
+    logged = trace.engine.get("realloc_log") != RELEASE
     for r, p in zip(trace.records, prediction.records):
-        diff = _compare_record(r, p, scenario.layout.name)
+        diff = _compare_record(r, p, scenario.layout.name, logged)
         if diff:
             what, msg = diff
             return [Violation("matches-reference", r.index, f"{scenario.steps[r.index].describe()}: {msg}", {"what": what})]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..model.scenario import Scenario
 
-from ..model.trace import Trace
+from ..model.trace import UNOBSERVABLE, Trace
 
 
 # the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
@@ -171,3 +171,16 @@ def normalize_reason(reason: str) -> str:
     """Input copies are named ``BACKEND#src#copy``; backend names differ between the engine
     (``RPC[host:port]``) and the reference, so compare them without the backend."""
     return _COPY.sub(r"*#\1#\2", reason)
+
+
+def reasons_agree(engine: str, reference: str) -> bool:
+    """The engine's and the reference's reasons for one re-plan agree: equal without the backend
+    names, or the engine's unobservable (a Release build logs none: its callback tells the decision
+    alone, which is compared on its own)."""
+    return engine == UNOBSERVABLE or normalize_reason(engine) == normalize_reason(reference)
+
+
+def told_reason(engine: str, reference: str | None) -> str:
+    """The reason a signature names a re-plan by: the engine's, or, where a Release build cannot
+    tell it, the reference's prediction for the same re-plan (derived: ``reasons_agree`` held)."""
+    return reference if engine == UNOBSERVABLE and reference is not None else engine

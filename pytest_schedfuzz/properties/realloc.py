@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..sim.driver import topology
-from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation, normalize_reason, reason_kind
+from .base import ENGINE, REFERENCE, Draws, Export, PropertyEntry, Violation, reason_kind, reasons_agree, told_reason
 
 
 def _last_claim(scenario: Scenario, step: int) -> int | None:
@@ -51,15 +51,15 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
         lost_by, topo = "-", None
         if p is None:
             why, kind = "the engine re-planned although the reference says the plan was still valid (engine bug)", "engine"
-        elif (normalize_reason(p.reason), p.same_size) != (normalize_reason(ev.reason), ev.same_size):
+        elif not reasons_agree(ev.reason, p.reason) or p.same_size != ev.same_size:
             why, kind = f"engine and reference disagree about this step's event (engine bug): the reference predicts {p.describe()}", "engine"
-        elif replans and (q is None or normalize_reason(q.reason) != normalize_reason(replans[0].reason)):
+        elif replans and (q is None or not reasons_agree(replans[0].reason, q.reason)):
             k = replans[0].step
             predicts = f"the reference predicts {q.describe()}" if q is not None else "the reference predicts no re-plan there"
             why = (f"the reservation of step {claim} ({claimed}) was lost by step {k}'s re-plan ({replans[0].reason}), where {predicts} "
                    f"(engine bug, in between)")
             kind = "engine"
-            lost_by = f"{scenario.steps[k].kind} {reason_kind(replans[0].reason)}"
+            lost_by = f"{scenario.steps[k].kind} {reason_kind(told_reason(replans[0].reason, q.reason if q else None))}"
         elif replans:
             k = replans[0].step
             # the same op program with other assignments (op offload by batch size), or another graph
@@ -68,11 +68,12 @@ def no_same_size_realloc(scenario: Scenario, trace: Trace, prediction: Trace) ->
             why = (f"the reservation of step {claim} ({claimed}) was lost: step {k} re-planned for "
                    f"{scenario.steps[k].graph} ({replans[0].reason}), {switch}")
             kind = "lost"
-            lost_by = f"{scenario.steps[k].kind} {reason_kind(replans[0].reason)}"
+            lost_by = f"{scenario.steps[k].kind} {reason_kind(told_reason(replans[0].reason, q.reason if q else None))}"
         else:
             why = f"the reservation of step {claim} ({claimed}) does not dominate {graph}: {p.reason}"
             kind = "not-dominating"
-        facts = {"explained": kind, "invalid": reason_kind(ev.reason), "lost_by": lost_by}
+        # a Release build tells no reason: the reference's for the same re-plan names it (``told_reason``)
+        facts = {"explained": kind, "invalid": reason_kind(told_reason(ev.reason, p.reason if p else None)), "lost_by": lost_by}
         if kind == "lost":
             # the re-plan that lost the reservation is the cause; which tensor then shows it
             # invalid depends on the graphs (kept in the message)
