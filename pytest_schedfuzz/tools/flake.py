@@ -4,7 +4,8 @@ The ci job (``--schedfuzz-profile=ci``, ``-n 2``, the starter corpus) runs on ea
 the seeds given (default 0, 0, 1, 2, 3: seed 0 twice, so that one seed's two verdicts can be
 compared), each in a fresh folder with a copy of the corpus. Per build it prints the seeds whose
 runs differ (the goal is none: one seed, one verdict): in verdict, new signatures, corpus failures,
-or the examples each property ran (the ci profile runs by count), the unconfirmed failures
+or the examples that ran of those asked for (the ci profile runs by count; the examples an
+unconfirmed failure's shrinking tried are not counted), the unconfirmed failures
 of every run and their rate per run (failures a fresh worker did not show again: kept, not
 findings), and the new findings beside the corpus's known bugs (a real bug found, or a flake
 that confirmation let through: each is named, to be looked at).
@@ -65,7 +66,8 @@ def ci_job(job: CiJob, seed: int, budget: float, folder: Path) -> dict[str, Any]
     failed = sorted(r.get("corpus", {}).get("fail", []))
     return {"seed": seed, "exit": os.waitstatus_to_exitcode(status), "verdict": r["verdict"], "new": sorted(f["signature"] for f in r["new_findings"]),
             "corpus_failed": failed, "unconfirmed": r["stats"]["unconfirmed"], "unconfirmed_cases": sorted(r["stats"]["unconfirmed_cases"]),
-            "examples": r["stats"]["examples"], "property_examples": r["stats"]["property_examples"], "wall_s": time.perf_counter() - t,
+            "examples": r["stats"]["examples"], "ran": r["stats"]["examples_asked"] - r["stats"]["examples_cut"],
+            "property_examples": r["stats"]["property_examples"], "wall_s": time.perf_counter() - t,
             "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
@@ -76,14 +78,13 @@ def flake(seeds: tuple[int, ...], budget: float, jobs: tuple[CiJob, ...] = CI_JO
         runs = [ci_job(job, seed, budget, FOLDER / job.name / f"seed-{seed}-run-{k}") for k, seed in enumerate(seeds)]
         by_seed: dict[int, set[tuple[object, ...]]] = {}
         for r in runs:
-            ran = tuple(sorted(r.get("property_examples", {}).items()))
-            by_seed.setdefault(r["seed"], set()).add((r["verdict"], tuple(r["new"]), tuple(r["corpus_failed"]), ran))
+            by_seed.setdefault(r["seed"], set()).add((r["verdict"], tuple(r["new"]), tuple(r["corpus_failed"]), r.get("ran")))
         out[job.name] = {"runs": runs, "differing_seeds": sorted(s for s, verdicts in by_seed.items() if len(verdicts) > 1)}
     return out
 
 
 def report_lines(r: dict[str, Any]) -> list[str]:
-    lines = ["flake: the ci job's runs at the same seed (verdict, signatures, examples per property), unconfirmed failures, new findings (per build):"]
+    lines = ["flake: the ci job's runs at the same seed (verdict, signatures, examples run of those asked), unconfirmed failures, new findings (per build):"]
     for name, v in r.items():
         runs = v["runs"]
         unconfirmed = sum(x["unconfirmed"] for x in runs)
