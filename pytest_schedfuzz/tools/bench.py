@@ -308,6 +308,7 @@ def ci_rate(budget: float, lib: str | None) -> dict[str, Any]:
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     shutil.copytree(corpus, d / "corpus")
+    (d / "pytest.ini").write_text("[pytest]\n")  # its own rootdir, not the checkout's (``flake.ci_job``)
     cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-budget={budget:g}", "--schedfuzz-seed=0",
            "-m", "schedfuzz", "-n", "2", "-q", "-p", "no:cacheprovider", "--schedfuzz-corpus", "corpus", "--schedfuzz-report", "report.json",
            *([f"--schedfuzz-lib={lib}"] if lib else [])]

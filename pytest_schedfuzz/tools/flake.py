@@ -51,6 +51,9 @@ def ci_job(job: CiJob, seed: int, budget: float, folder: Path) -> dict[str, Any]
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     shutil.copytree(corpus, folder / "corpus")
+    # its own rootdir: inside a checkout, pytest would take the checkout's (its pyproject.toml), and the
+    # run would save its findings in the checkout's corpus, which the next run copies
+    (folder / "pytest.ini").write_text("[pytest]\n")
     cmd = [sys.executable, "-m", "pytest", "--schedfuzz", "--schedfuzz-profile=ci", f"--schedfuzz-budget={budget:g}", f"--schedfuzz-seed={seed}",
            "-m", "schedfuzz", "-n", "2", "-q", "-p", "no:cacheprovider", "--schedfuzz-corpus", "corpus", "--schedfuzz-report", "report.json",
            *job.options]
