@@ -226,20 +226,27 @@ def test_crash_signatures_name_the_assert_that_raised_them() -> None:
 
 
 @pytest.mark.engine
-def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target) -> None:
+def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target, monkeypatch: pytest.MonkeyPatch) -> None:
     """200 drawn workloads: each one's context comes up and decodes (backend samplers included,
     as llama-server makes them: sampler chains), or it is a finding; no call is left unmade, and
     every generated dimension reaches a successful decode (the llama.cpp explored statistics)."""
     from hypothesis import Phase, seed
+    from hypothesis.internal.conjecture import providers
+
+    # Hypothesis also draws constants of the modules loaded (a suite run loads more of them than this
+    # test alone, and each change to the project changes them): without them, the 200 draws of the
+    # seed below are the same wherever the test runs
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants(
+        integers=providers.SortedSet(), floats=providers.SortedSet(key=providers.float_to_int), bytes=providers.SortedSet(),
+        strings=providers.SortedSet()))
 
     from pytest_schedfuzz.campaign.stats import Stats, llama_features
     from pytest_schedfuzz.properties.llama import unmade_calls
 
     stats, dead, found = Stats(), [], set()
 
-    # one whose 200 draws decode each asserted dimension (re-picked when spec steps came, and for split mode tensor), run
-    # alone and with tests/ collected: Hypothesis also draws constants of the project's modules loaded
-    @seed(1)
+    # one whose 200 draws decode each asserted dimension (re-picked when the modules' constants were left out)
+    @seed(4)
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/llama/test_llama_gpu.py
     def run(w: LlamaWorkload) -> None:
