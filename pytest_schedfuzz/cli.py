@@ -150,6 +150,21 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     su.add_argument("--export", metavar="DIR", help="save each finding as a case and export its C reproducer into DIR")
     su.add_argument("--check", action="store_true", help="with --export: build each reproducer and run it")
     su.set_defaults(func="tools:seed_users")
+    for name, helps in (("bisect", "the first (or last) llama.cpp build whose replay of a case shows its bug: published builds by range, or your builds"),
+                        ("matrix", "the corpus's known llama.cpp bugs on each build: a Markdown table of what reproduces where")):
+        hp = sub.add_parser(name, help=helps)
+        if name == "bisect":
+            hp.add_argument("case", help="a llama.cpp case file")
+        else:
+            hp.add_argument("cases", nargs="*", default=["corpus"], help="case files or corpus folders (default: ./corpus)")
+            hp.add_argument("-o", "--output", metavar="FILE.md", help="write the table to this Markdown file too")
+            hp.add_argument("--title", help="a first line for --output (a page heading and its introduction)")
+        hp.add_argument("--from", dest="first", metavar="bNNNN", help="the oldest published build of the range (llama.cpp-bNNNN or bNNNN)")
+        hp.add_argument("--to", dest="last", default=UPSTREAM, metavar="bNNNN", help=f"the newest (default: {UPSTREAM})")
+        hp.add_argument("--builds", action="append", metavar="BUILD[,BUILD...]",
+                        help="the builds instead, the oldest first: published names, built-ins or library folders; repeatable")
+        hp.add_argument("--runs", type=int, default=3, help="replays of a case before it counts as not reproduced on a build (default 3)")
+        hp.set_defaults(func=f"history:{name}")
     return parser, sub.choices
 
 

@@ -345,7 +345,8 @@ class Campaign:
             info = self.llama_info = self.fuzzer.engines.llama_target.start()
             if verbose:
                 lines.append(f"llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
-                             f"realloc callback: {info.get('realloc_callback', '?')}; build: {info.get('build', '?')}; "
+                             f"realloc callback: {info.get('realloc_callback', '?')}; allocator calls: {info.get('allocator_calls', '?')}; "
+                             f"build: {info.get('build', '?')}; "
                              f"struct layouts from {info.get('declarations', '?')} (checked: {info.get('layouts_checked', '?')})")
             if info.get("absent_calls"):
                 lines.append(f"llama.cpp: call kinds this build lacks a function of, absent from its workloads: {info['absent_calls']}")
@@ -355,7 +356,7 @@ class Campaign:
 
             _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
             if note:
-                lines.append(f"llama.cpp: {note}")
+                lines.append(f"llama.cpp: {note}; llama-matches-reference does not judge this build")
         if self.fuzzer.rules_note:
             lines.append(self.fuzzer.rules_note)
         n = len(self.fuzzer.known.cases)

@@ -126,9 +126,14 @@ class Checks:
     def against_reference(self, workload: LlamaWorkload, trace: LlamaTrace) -> list[props.Violation]:
         """llama-matches-reference: the workload's graphs, captured, predicted by the reference with
         the rules of llama.cpp's ggml. A workload whose graphs no scenario can say is counted
-        (``llama_not_captured``, by cause), not judged."""
-        rules, _ = rules_for(trace.engine.get("ggml_version"))
+        (``llama_not_captured``, by cause), not judged; so is every workload of a ggml version the
+        reference has no rules for (another version's rules would judge it)."""
+        rules, note = rules_for(trace.engine.get("ggml_version"))
         found: list[props.Violation] = []
+        if note is not None:
+            unjudged = f"ggml {trace.engine.get('ggml_version')}: no reference rules"
+            self.stats.llama_not_captured[unjudged] = self.stats.llama_not_captured.get(unjudged, 0) + 1
+            return found
         for context in (0, 1) if workload.draft else (0,):  # the draft context's graphs are a scenario of their own
             try:
                 captured = capture(workload, trace, context)
@@ -219,13 +224,14 @@ class Checks:
         p = self.predict(scenario)
         return [v.signature() for v in props.no_same_size_realloc(scenario, p, p)]
 
-    def replay(self, case: Case) -> list[props.Violation]:
+    def replay(self, case: Case, strict: bool = False) -> list[props.Violation]:
         """Check one saved case (no Hypothesis). A case with a workload is played again by
         this run's driver, so that it judges the current policy, not the recorded decisions.
         A race (its signature says ``race=``) shows only when the threads interleave so: it is
         played up to ``RACE_TRIES`` times before it counts as not reproduced; a llama.cpp crash, or
         an abort signed by an RPC server's fate (``server=``), is played again on a fresh worker and
-        fresh servers, as the campaign confirmed it, before it does."""
+        fresh servers, as the campaign confirmed it, before it does. With ``strict``, a llama.cpp
+        case the build cannot run raises ``Unsupported`` instead of showing nothing."""
         if case.llama is not None:
             try:
                 found = self.check_llama(case.property, case.llama)
@@ -238,6 +244,8 @@ class Checks:
                     found = self.check_llama(case.property, case.llama)
                 return found
             except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
+                if strict:  # a build that cannot run the case (``tools.history``): no verdict, said by the caller
+                    raise
                 return []
         return self.check_until_shown(case, self.scenario_for(case))
 

@@ -111,10 +111,11 @@ class Fuzzer(Checks):
         if props.is_llama(prop):
             info = self.engines.llama_target.start()
             gpus = MAX_GPU if info.get("gpu_device", "available") == "available" else 0
+            rpc = 0 if info.get("rpc_round_trip", "").startswith("absent") else min(2, p.max_rpc)  # RPC devices where the build can serve them
             # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
             absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
                 frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
-            return llama_workloads(p.llama_layers, min(2, p.max_rpc), p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent)
+            return llama_workloads(p.llama_layers, rpc, p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent)
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws

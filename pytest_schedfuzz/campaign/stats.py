@@ -79,6 +79,8 @@ class Stats:
     llama_sched_reserves: int = 0  # llama.cpp's sched_reserve lines seen (reuse is observable only with them)
     llama_realloc_observed: int = 0  # same-size decisions read from ggml's realloc callback
     llama_realloc_derived: int = 0  # ... derived from ggml's graph-size formula (a ggml without the callback)
+    llama_realloc_allocator: int = 0  # ... of which the re-plan itself was told by ggml-alloc's interposed calls (a Release build)
+    llama_realloc_allocator_agreed: int = 0  # re-plans ggml's callback or log told, and ggml-alloc's interposed calls the same
     llama_counted: int = 0  # reallocations llama.cpp counted itself (the seeds' counters), each checked
     llama_perf_counted: int = 0  # workloads whose llama_perf_context counts reallocations (upstream), checked at the end
     llama_out_of_memory: int = 0  # contexts or adapters llama.cpp could not make on GPU-like devices left little free memory
@@ -129,6 +131,8 @@ class Stats:
                         self.llama_reallocs_changed += 1
                     self.llama_realloc_observed += s.observed
                     self.llama_realloc_derived += not s.observed
+                    self.llama_realloc_allocator += s.allocator
+                    self.llama_realloc_allocator_agreed += s.allocator_agreed
                     self.llama_counted += s.llama_n_same is not None
         self.llama_graphs_reused += int(trace.perf.get("n_reused", 0))
         self.llama_perf_counted += "n_reallocs_same" in trace.perf and trace.abort is None
@@ -250,7 +254,9 @@ class Stats:
                 + (f" ({self.llama_rebuilds_unjudged} on a llama.cpp without can_reuse: its compute buffers re-reserved, not judged by "
                    "llama-reuse-complete)" if self.llama_rebuilds_unjudged else ""),
                 f"llama.cpp: realloc decisions observed from ggml's realloc callback = {self.llama_realloc_observed}, "
-                f"derived from ggml's graph-size formula = {self.llama_realloc_derived}; counted by llama.cpp itself and checked = {self.llama_counted}; "
+                f"derived from ggml's graph-size formula = {self.llama_realloc_derived} (of which re-plans told by ggml-alloc's "
+                f"interposed calls, a Release build = {self.llama_realloc_allocator}); told by ggml and held against its "
+                f"interposed allocator calls = {self.llama_realloc_allocator_agreed}; counted by llama.cpp itself and checked = {self.llama_counted}; "
                 f"workloads whose perf data (n_reallocs_same/_diff) was checked = {self.llama_perf_counted}",
                 "llama.cpp explored (workloads with it / that decoded; a call kind: / that llama.cpp accepted): "
                 + ", ".join(f"{k} {n}/{self.llama_decoded.get(k, 0)}" for k, n in sorted(self.llama_explored.items())),

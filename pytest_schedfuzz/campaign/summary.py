@@ -77,10 +77,12 @@ def fit(line: str) -> str:
     return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
 
 
-def decisions(observed: int, derived: int) -> str:
+def decisions(observed: int, derived: int, allocator: int = 0) -> str:
     """How the reallocations' same-size decisions were known: read from ggml's realloc callback
-    (observed), or derived from ggml's graph-size formula."""
-    return f"reallocs: {observed} observed (ggml's callback), {derived} derived (graph-size formula)"
+    (observed), or derived from ggml's graph-size formula; and how many of the derived ones were
+    re-plans told by ggml-alloc's interposed calls alone (a Release build without the callback)."""
+    told = f"; {allocator} of them re-plans told by ggml-alloc's calls" if allocator else ""
+    return f"reallocs: {observed} observed (ggml's callback), {derived} derived (graph-size formula{told})"
 
 
 def ran_lines(facts: Facts, stats: Stats) -> list[str]:
@@ -94,7 +96,7 @@ def ran_lines(facts: Facts, stats: Stats) -> list[str]:
     if facts.llama is not None:
         build = facts.llama.get("build", "?").split(" (")[0]
         lines.append(f"ran: {short_path(facts.llama_lib)} ({build}, ggml {facts.llama.get('ggml_version', '?')}); "
-                     f"{decisions(stats.llama_realloc_observed, stats.llama_realloc_derived)}")
+                     f"{decisions(stats.llama_realloc_observed, stats.llama_realloc_derived, stats.llama_realloc_allocator)}")
     lines.append(f"reference: {facts.reference}")
     return lines
 

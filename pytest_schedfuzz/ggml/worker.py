@@ -93,15 +93,17 @@ def probe_scenario() -> Scenario:
     )
 
 
-def callback_probe(eng: Ggml) -> list[tuple[bool, bool]]:
-    """A Release build's proof that its realloc callback tells the scheduler's re-plans: two CPU
-    backends (two compute buffers, which ggml-alloc cannot re-plan by itself), a reservation for a
-    one-op graph, then an allocation of a two-op one, which must re-plan; the decisions the
-    callback reported for that allocation."""
+def replan_probe(eng: Ggml) -> list[tuple[bool, bool]]:
+    """A scheduler re-plan made to be seen: two CPU backends (two compute buffers, which ggml-alloc
+    cannot re-plan by itself), a reservation for a one-op graph, then an allocation of a two-op
+    one, which must re-plan. Returns the decisions ggml's realloc callback reported for that
+    allocation (none where the build has no callback); a Release build's proof that its callback,
+    or the llama.cpp worker's interposed allocator calls (``sched_hook.c``), tell the re-plans."""
     g = eng.g
     backends = [g.ggml_backend_cpu_init() for _ in range(2)]
     sched = g.ggml_backend_sched_new((g.ggml_backend_t_ctypes * 2)(*backends), None, 2, 64, False, True)
-    eng.set_realloc_callback(sched, eng._realloc_cb, None)
+    if eng.set_realloc_callback is not None:
+        eng.set_realloc_callback(sched, eng._realloc_cb, None)
     ctx = g.ggml_init(g.ggml_init_params(mem_size=16 * g.ggml_tensor_overhead() + 2 * g.ggml_graph_overhead(), mem_buffer=None, no_alloc=True))
     try:
         x = g.ggml_new_tensor_2d(ctx, g.GGML_TYPE_F32, 8, 2)
@@ -169,7 +171,7 @@ def main() -> None:
         # a Release build (NDEBUG) logs no re-plan: observed through ggml's realloc callback, where it has one that works
         # (ggml's own figures' worker, GGML_SCHED_DEBUG_REALLOC, aborts at any re-plan: the main worker proves it)
         oracle = bool(os.environ.get("GGML_SCHED_DEBUG_REALLOC"))
-        said = [(False, True)] if oracle else callback_probe(eng) if eng.set_realloc_callback is not None else []
+        said = [(False, True)] if oracle else replan_probe(eng) if eng.set_realloc_callback is not None else []
         if not said or eng.set_realloc_callback is None:
             chan.send({"fatal": no_realloc_fix(eng.info()["lib"]) + ("" if eng.set_realloc_callback is None else
                        " (its realloc callback reported no re-plan either, for a graph that must re-plan)")})

@@ -5,6 +5,8 @@ ggml for ``--schedfuzz-lib``. Names only, importing nothing: how each is found o
 
 from __future__ import annotations
 
+import re
+
 SEED_LLAMA = "llama.cpp-0.3.36-seed"  # llama.cpp 0.3.36 with the patch set of patches/<SEED_LLAMA>/
 SEED_GGML = "ggml-0.25.3-seed"  # its ggml
 UPSTREAM = "llama.cpp-b11739"  # upstream b11739 as published: a Release build with ggml's realloc callback
@@ -15,12 +17,21 @@ ABOUT = {
     UPSTREAM: "upstream, Release, prebuilt",
 }
 BUILT_IN = tuple(ABOUT)
+# any published upstream build by its build number (published.py fetches it): llama.cpp-b11548
+PUBLISHED = re.compile(r"llama\.cpp-b(?P<number>\d+)")
+
+
+def is_published(name: object) -> bool:
+    """Whether ``name`` names a published upstream build (``llama.cpp-b11548``, the built-in
+    ``llama.cpp-b11739`` too)."""
+    return isinstance(name, str) and PUBLISHED.fullmatch(name) is not None
 
 
 def build_name(given: str | None, lib_dir: object) -> str:
     """The name a run's llama.cpp goes by in expectations (a case's ``known_on``): the built-in's
-    name (the default's where none is given), else "build at DIR" for a user's folder."""
-    if given is None or given in ABOUT:
+    or the published build's name (the default's where none is given), else "build at DIR" for a
+    user's folder."""
+    if given is None or given in ABOUT or is_published(given):
         return given or BUILT_IN[0]
     return f"build at {lib_dir}"
 
@@ -40,7 +51,8 @@ def recorded_build(engine: dict[str, str] | object) -> str | None:
     if get("llama_build"):
         return str(get("llama_build"))
     lib = str(get("lib", ""))
-    for name in (SEED_LLAMA, UPSTREAM):
-        if f"/{name}-" in lib:
-            return name
+    if f"/{SEED_LLAMA}-" in lib:
+        return SEED_LLAMA
+    if found := re.search(r"/(llama\.cpp-b\d+)-[0-9a-f]+/", lib):
+        return found[1]
     return BUILT_IN[0] if "/llama_cpp/lib/" in lib else None

@@ -26,7 +26,7 @@ from .structs import CGraphHead, RawTensor
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET,
- HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END) = range(16)  # sched_hook.c
+ HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END, HOOK_GALLOC_ALLOC, HOOK_GALLOC_RESERVE) = range(18)  # sched_hook.c
 # ggml-alloc's reason naming a node llama.cpp left unnamed (ggml_build_forward_expand names it node_N)
 UNNAMED_NODE = re.compile(r"node (node_\d+) is not valid")
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
@@ -46,6 +46,20 @@ MAX_BUFFERS = 256  # distinct buffers of one captured graph (sched_hook.c's grap
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
                        r"retrying without pipeline parallelism|Flash Attention (?:enabled|not supported)|"
                        r"MoE cache size = |MoE cache is disabled|MoE cache budget is too small")
+
+
+def allocator_replan(calls: list[str]) -> bool | None:
+    """The re-plan ``ggml_backend_sched_alloc_splits`` made, read from ggml-alloc's calls in one
+    scheduler alloc (``sched_hook.c``): None for none; else its ``backend_ids_changed``, true when
+    ``ggml_gallocr_reserve_n`` came without a failed ``ggml_gallocr_alloc_graph`` before it
+    (alloc_splits does not try to allocate when the backend ids changed).
+
+    >>> allocator_replan(["alloc"]), allocator_replan(["failed", "reserve", "alloc"]), allocator_replan(["reserve", "alloc"])
+    (None, False, True)
+    """
+    if "reserve" not in calls:
+        return None
+    return calls.index("reserve") == 0 or calls[calls.index("reserve") - 1] != "failed"
 
 
 class HarnessError(RuntimeError):
@@ -320,6 +334,8 @@ class Observation(GraphReading):
         self.split: dict[str, Any] | None = None  # what the last split_graph did
         self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
         self.observing: set[int] = set()  # sched ids whose realloc decisions ggml reports (its callback)
+        self.galloc: list[str] = []  # ggml-alloc's calls in this scheduler alloc: "alloc", "failed", "reserve" (interposed)
+        self.allocator_observed = False  # the start-up probe saw alloc_splits call ggml-alloc through the hook (worker.Llama)
         self.llama_said: dict[str, int] | None = None  # llama.cpp's trace of that reallocation (the seeds' build)
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self.capturing = False  # read every graph handed to reserve/alloc whole (cases.capture)
@@ -372,6 +388,22 @@ class Observation(GraphReading):
         except Exception:
             self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
 
+    def _allocator_decision(self, rec: dict[str, Any]) -> None:
+        """The re-plan ggml-alloc's interposed calls tell for a scheduler alloc: the decision itself
+        on a Release build without the realloc callback; elsewhere held against what the callback
+        or ggml's Debug log told, a difference being the harness's error (the call is not judged)."""
+        replan = allocator_replan(self.galloc)
+        told = rec.get("realloc") if rec.get("realloc", {}).get("via") == "sched" else None
+        if told is None and replan is not None and not self.logs_reallocs and self.said is None:
+            rec["realloc"] = {"via": "sched", "backend_ids_changed": replan, "reason": UNOBSERVABLE, "allocator": True}
+        elif (told is None) != (replan is None) or told is not None and told["backend_ids_changed"] != replan:
+            said = "none" if told is None else f"backend_ids_changed = {int(told['backend_ids_changed'])}"
+            raise RuntimeError(f"ggml-alloc's calls in alloc (call {self.call}: {', '.join(self.galloc) or 'none'}) tell "
+                               f"{'no re-plan' if replan is None else f'a re-plan, backend_ids_changed = {int(replan)}'}; ggml's "
+                               f"{'realloc callback' if self.said is not None else 'debug log'} told {said}")
+        elif replan is not None:
+            told["allocator_agreed"] = True  # ggml's callback or log told it, and the allocator's calls the same
+
     def _unnamed_node(self, graph: int, name: str) -> str:
         """What an unnamed node (``node_N``) is: its op as ggml describes it (``ggml_op_desc``:
         the unary op for GGML_OP_UNARY) and its role, the names of its sources (a source unnamed
@@ -410,7 +442,11 @@ class Observation(GraphReading):
             self.sched_events.append({"kind": "free", "sched": self.scheds.get(sched, -1)})
         elif phase in OUTER:
             self.outer, self.split, self.said, self.llama_said = OUTER[phase], None, None, None
+            self.galloc = []
             self.log.begin()
+        elif phase in (HOOK_GALLOC_ALLOC, HOOK_GALLOC_RESERVE):
+            if self.outer == "alloc":  # sched_reserve's reserve_n is a reservation, not a re-plan
+                self.galloc.append("reserve" if phase == HOOK_GALLOC_RESERVE else "alloc" if a else "failed")
         elif phase == HOOK_REALLOC_OWNER:
             # llama.cpp registered a realloc callback of its own (the seeds' sched_new): it counts
             sid = self.scheds[sched]
@@ -454,6 +490,8 @@ class Observation(GraphReading):
             elif self.said is not None and not self.logs_reallocs:
                 # a Release build: ggml's realloc callback alone tells the decision; ggml-alloc's reason is compiled out
                 rec["realloc"] = {"via": "sched", "backend_ids_changed": self.said["backend_ids_changed"], "reason": UNOBSERVABLE}
+            if kind == "alloc" and self.allocator_observed:
+                self._allocator_decision(rec)
             if rec.get("realloc", {}).get("backend_ids_changed"):
                 rec["realloc"]["moved"] = self.split["moved"]
                 rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]

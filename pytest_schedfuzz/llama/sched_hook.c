@@ -14,6 +14,14 @@
  * wrapped: ggml itself then tells the worker, at each re-reservation, whether the backend
  * assignment and the graph size changed (HOOK_REALLOC), before llama.cpp's callback runs.
  *
+ * ggml-alloc's ggml_gallocr_alloc_graph and ggml_gallocr_reserve_n are interposed too: the
+ * scheduler's alloc_splits calls them through libggml-base's PLT, so that the re-plan decision
+ * is seen on any build, a Release one without the callback included. In a scheduler alloc, a
+ * reserve_n after an alloc_graph that failed is a re-plan for a graph that no longer fits; a
+ * reserve_n with no alloc_graph before it is one for changed backend ids (alloc_splits does
+ * not try to allocate then). ggml-alloc's own re-plan of a single buffer happens inside
+ * alloc_graph and is not reported (HOOK_GALLOC_*, at depth 0 only).
+ *
  * It includes no ggml header: the hook reads the graph through ggml's own public functions. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -35,6 +43,7 @@ enum {
     HOOK_REALLOC = 10, HOOK_REALLOC_OWNER = 11,
     HOOK_SET_TENSOR_BACKEND = 12, HOOK_RESET = 13,
     HOOK_COMPUTE_BEGIN = 14, HOOK_COMPUTE_END = 15,
+    HOOK_GALLOC_ALLOC = 16, HOOK_GALLOC_RESERVE = 17,
 };
 
 static schedfuzz_hook_t hook = NULL;
@@ -171,6 +180,41 @@ int ggml_backend_sched_graph_compute_async(void * sched, void * graph) {
     int status = f(sched, graph);
     if (hook) hook(HOOK_COMPUTE_END, sched, graph, status, 0, 0);
     return status;
+}
+
+/* ggml-alloc's calls, counted for the worker's start-up probe (schedfuzz_galloc_counts) and reported
+ * at their end, outermost only: a reserve_n ggml_gallocr_alloc_graph makes by itself is not the
+ * scheduler's */
+static int galloc_depth;
+static long galloc_counts[3];  /* alloc_graph calls, of which failed, reserve_n calls (outermost) */
+
+void schedfuzz_galloc_counts(long * out) { memcpy(out, galloc_counts, sizeof galloc_counts); }
+
+bool ggml_gallocr_alloc_graph(void * galloc, void * graph) {
+    static graph_fn f;
+    if (!f) f = (graph_fn) real("ggml_gallocr_alloc_graph");
+    galloc_depth++;
+    bool ok = f(galloc, graph);
+    galloc_depth--;
+    if (galloc_depth == 0) {
+        galloc_counts[0]++;
+        galloc_counts[1] += !ok;
+        if (hook) hook(HOOK_GALLOC_ALLOC, galloc, graph, ok, 0, 0);
+    }
+    return ok;
+}
+
+bool ggml_gallocr_reserve_n(void * galloc, void * graph, const int * node_buffer_ids, const int * leaf_buffer_ids) {
+    static bool (*f)(void *, void *, const int *, const int *);
+    if (!f) f = (bool (*)(void *, void *, const int *, const int *)) real("ggml_gallocr_reserve_n");
+    galloc_depth++;
+    bool ok = f(galloc, graph, node_buffer_ids, leaf_buffer_ids);
+    galloc_depth--;
+    if (galloc_depth == 0) {
+        galloc_counts[2]++;
+        if (hook) hook(HOOK_GALLOC_RESERVE, galloc, graph, ok, 0, 0);
+    }
+    return ok;
 }
 
 /* the backend (its index among the scheduler's; -1: none) ggml's split_graph gave each of the

@@ -30,7 +30,8 @@ from ..process.crash import build_preload, with_preload
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from . import declarations
-from .builds import BUILT_IN, UPSTREAM, build_name
+from .builds import BUILT_IN, UPSTREAM, build_name, is_published
+from .published import published_folder
 from .gguf_models import write_lora, write_model
 from .seed import build_llama_seed
 from .upstream import is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
@@ -54,9 +55,12 @@ def default_lib_dir() -> Path:
 def resolve_lib_dir(lib_dir: str | os.PathLike[str] | None) -> Path:
     """The folder holding libllama.so and its libggml*.so: ``None`` or ``llama.cpp-0.3.36`` for
     llama-cpp-python's, ``llama.cpp-0.3.36-seed`` for the seeds' build (made on first use,
-    minutes, then cached), or a folder; a clear ``TargetError`` otherwise."""
+    minutes, then cached), ``llama.cpp-bNNNN`` for a published upstream build (fetched on first
+    use, seconds), or a folder; a clear ``TargetError`` otherwise."""
     if lib_dir == UPSTREAM:
         return upstream_lib_dir()
+    if is_published(lib_dir):  # any other published build: its wheel fetched on first use
+        return prebuilt_lib_dir(published_folder(str(lib_dir)), str(lib_dir))
     if lib_dir == BUILT_IN[1]:
         try:
             return build_llama_seed()
@@ -176,7 +180,10 @@ class LlamaTarget(WorkerTarget):
         return LlamaTrace.from_messages(calls, None, self.engine, result)
 
     def _servers_for(self, n: int) -> list[str]:
-        """``RpcServers.ensure``, on a worker none of whose servers died since it used them."""
+        """``RpcServers.ensure``, on a worker none of whose servers died since it used them; a
+        build without ggml's RPC library cannot have RPC devices (``Unsupported``, as its worker says)."""
+        if n and not (self.lib_dir / "libggml-rpc.so").exists():
+            raise Unsupported(f"RPC devices: this build has no RPC library (no libggml-rpc.so in {self.lib_dir})")
         if self._worker is not None and self.servers.gone(self._used.get(self._worker, ())):
             # a server it used died idle (nobody charged: ``ensure`` says so when it is asked for next): its
             # models live there, and any workload, a CPU-only one too, would meet the dead server freeing them

@@ -42,8 +42,10 @@ from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
 PACKAGE, DISTRIBUTION, VERSION = "llama_cpp_py_sync", "llama-cpp-py-sync", "0.11739"
 INSTALL_HINT = "the README's install command (pip install -r requirements.txt -e .) installs it"
-# the libraries the harness loads, by the stem of their names (the wheel's libmtmd is not one)
-LIBRARIES = ("libllama", "libggml-base", "libggml", "libggml-cpu", "libggml-rpc")
+# the libraries the harness loads, by the stem of their names (the wheel's libmtmd is not one); a
+# build without the RPC library (wheels before b11327) runs the workloads without RPC devices
+LIBRARIES = ("libllama", "libggml-base", "libggml", "libggml-cpu")
+OPTIONAL_LIBRARIES = ("libggml-rpc",)
 # the newest glibc version the wheel needs, and the functions of that version the shim defines
 NEEDED_GLIBC = (2, 38)
 C23_SYMBOLS = ("__isoc23_strtol", "__isoc23_strtoul", "__isoc23_strtoull", "__isoc23_sscanf")
@@ -80,7 +82,7 @@ class _VersionNeed:
 
 def upstream_lib_dir() -> Path:
     """The library folder of ``llama.cpp-b11739``: ``prebuilt_lib_dir`` of the installed package."""
-    return prebuilt_lib_dir(_package_dir())
+    return prebuilt_lib_dir(_package_dir(), UPSTREAM)
 
 
 def is_prebuilt(folder: Path) -> bool:
@@ -93,27 +95,28 @@ def is_prebuilt(folder: Path) -> bool:
     return lib.is_file() and any(_too_new(n.version, _glibc_version()) for n in _version_needs(lib.read_bytes()))
 
 
-def prebuilt_lib_dir(folder: Path) -> Path:
+def prebuilt_lib_dir(folder: Path, name: str = "llama.cpp-prebuilt") -> Path:
     """A library folder for prebuilt libraries in ``folder`` (made on first use, about a second,
-    then reused): ``libllama.so``, ``libggml-base.so``, ``libggml.so``, ``libggml-cpu.so``,
-    ``libggml-rpc.so`` as links to their ``.so.0`` files, copies of ``folder``'s, patched to load
+    then reused), named ``name`` and a digest: ``libllama.so``, ``libggml-base.so``, ``libggml.so``,
+    ``libggml-cpu.so``, ``libggml-rpc.so`` (where it has one) as links to their ``.so.0`` files, copies of ``folder``'s, patched to load
     on this machine's glibc where they need a newer one; the binding's declarations beside them
     (``llama.cdef``) where ``folder`` has a binding. The folder's name is keyed by the libraries'
     bytes, this module's source (the patching), the shim's and the glibc it was made for. It is
     made in a temporary folder and renamed into place, so that of concurrent processes (pytest-xdist
     workers) the first to finish puts its folder there, and the others use it and discard theirs."""
     sources = {stem: next((p for p in (folder / f"{stem}.so.0", folder / f"{stem}.so") if p.is_file()), folder / f"{stem}.so.0")
-               for stem in LIBRARIES}
-    missing = [path.name for path in sources.values() if not path.is_file()]
+               for stem in (*LIBRARIES, *OPTIONAL_LIBRARIES)}
+    missing = [path.name for stem, path in sources.items() if not path.is_file() and stem in LIBRARIES]
     if missing:
         raise TargetError(f"prebuilt llama.cpp libraries in {folder}: no {', '.join(missing)} there")
+    sources = {stem: path for stem, path in sources.items() if path.is_file()}
     glibc = _glibc_version()
     binding = folder / BINDING_CDEF[0]
     digest = hashlib.sha1(Path(__file__).read_bytes() + SHIM_SOURCE.read_bytes())
     digest.update(f"glibc {glibc}".encode() + (binding.read_bytes() if binding.is_file() else b""))
     for path in sources.values():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    out = cache_dir() / "builds" / f"{UPSTREAM if folder == _installed_dir() else 'llama.cpp-prebuilt'}-{digest.hexdigest()[:16]}"
+    out = cache_dir() / "builds" / f"{name}-{digest.hexdigest()[:16]}"
     if out.is_dir():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +152,7 @@ def upstream_cdef() -> str:
     return binding_cdef(_package_dir() / BINDING_CDEF[0])
 
 
-def _installed_dir() -> Path | None:
+def installed_dir() -> Path | None:
     """The installed package's folder, None where it is not installed."""
     spec = importlib.util.find_spec(PACKAGE)
     return Path(list(spec.submodule_search_locations)[0]) if spec is not None and spec.submodule_search_locations else None
@@ -157,7 +160,7 @@ def _installed_dir() -> Path | None:
 
 def _package_dir() -> Path:
     """The installed ``llama_cpp_py_sync`` package's folder, found without importing it."""
-    folder = _installed_dir()
+    folder = installed_dir()
     if folder is None:
         raise TargetError(f"{UPSTREAM} is the libraries of {DISTRIBUTION}=={VERSION}, which is not installed: {INSTALL_HINT}")
     installed = importlib.metadata.version(DISTRIBUTION)

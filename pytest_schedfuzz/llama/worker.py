@@ -47,7 +47,7 @@ from typing import Any
 from ..engine import gc_paused
 from ..ggml.engine import CPU_THREADS, Ggml, gpu_device
 from ..ggml.lib import import_ggml, loaded_library_path
-from ..ggml.worker import no_realloc_fix, probe_scenario, run_scenario
+from ..ggml.worker import no_realloc_fix, probe_scenario, replan_probe, run_scenario
 from ..model.llama import OPTIONAL_PARAMS, SAMPLER_CHAINS, ContextParams, LlamaWorkload
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
@@ -102,10 +102,14 @@ class Llama(Observation, Placement, Calls):
         declare_sched_functions(glib)
         self.glib = glib
         # the RPC client's round trip before a context is freed (``synchronize_servers``), as the build declares it (ggml-rpc.h)
-        self.rpc_memory = L.ggml_backend_rpc_get_device_memory if L.has("ggml_backend_rpc_get_device_memory") else None
-        self.rpc = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so"))
-        self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
-        self.rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+        # (a build without ggml's RPC library, such as the wheels before b11327, runs the workloads without RPC devices)
+        rpc = os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so")
+        self.rpc_library = os.path.isfile(rpc)
+        self.rpc_memory = L.ggml_backend_rpc_get_device_memory if L.has("ggml_backend_rpc_get_device_memory") and self.rpc_library else None
+        if self.rpc_library:
+            self.rpc = ctypes.CDLL(rpc)
+            self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+            self.rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
         glib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
         glib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         glib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
@@ -178,12 +182,17 @@ class Llama(Observation, Placement, Calls):
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
             # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
             "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
-            else "absent (decisions derived from the graph-size formula)",
-            # a Release build tells its decisions through the callback alone, without ggml-alloc's reasons
-            "build": "Debug (ggml-alloc logs its reasons)" if self.logs_reallocs else "Release (NDEBUG: decisions from the callback, reasons unobservable)",
+            else "absent (graph sizes derived from the graph-size formula)",
+            # a Release build tells its decisions through the callback or the allocator calls, without ggml-alloc's reasons
+            "build": "Debug (ggml-alloc logs its reasons)" if self.logs_reallocs else "Release (NDEBUG: decisions from the "
+            f"{'callback' if hasattr(self.glib, 'ggml_backend_sched_set_realloc_callback') else 'interposed allocator calls'}, reasons unobservable)",
+            # the scheduler's calls of ggml-alloc, interposed: the re-plans of any build, held against the callback or the log
+            "allocator_calls": "observed" if self.allocator_observed else "not seen (the scheduler binds ggml-alloc directly)",
             "gpu_device": gpu_device(),
             # before a context is freed, one round trip per RPC server (synchronize_servers)
-            "rpc_round_trip": "ggml_backend_rpc_get_device_memory" if self.rpc_memory is not None else "absent (RPC workloads refused)",
+            "rpc_round_trip": "ggml_backend_rpc_get_device_memory" if self.rpc_memory is not None else
+            "absent (RPC workloads refused): " + ("the build declares no ggml_backend_rpc_get_device_memory" if self.rpc_library
+                                                  else "the build has no RPC library (libggml-rpc.so)"),
         }
 
     def context_params(self, c: ContextParams) -> Any:
@@ -336,6 +345,8 @@ class Llama(Observation, Placement, Calls):
             return f"draft mtp: {loaded_library_path('libllama')} lacks llama_batch_ext or the NextN functions (speculative.py)"
         if w.devices.gpus and self.fake is None and (why := gpu_device()) != "available":
             return f"GPU-like devices: {why}"
+        if w.devices.n_rpc and not self.rpc_library:
+            return f"RPC devices: this build has no RPC library (no libggml-rpc.so beside {loaded_library_path('libllama')})"
         if w.devices.n_rpc and self.rpc_memory is None:
             return (f"RPC devices: {self.declarations} declares no ggml_backend_rpc_get_device_memory, the round trip that charges a "
                     "server's crash on a workload's last graph to that workload")
@@ -369,20 +380,41 @@ def prefork() -> None:
         L.has(cname.split()[-1])
 
 
+def allocator_probe(probe: Ggml) -> tuple[bool, list[tuple[bool, bool]]]:
+    """Whether this process sees ggml-alloc's calls from the scheduler (``sched_hook.c`` interposes
+    them): ``replan_probe``'s re-plan must show as a reservation's ``reserve_n``, then an
+    ``alloc_graph`` that fails, a ``reserve_n`` and one that succeeds. With what ggml's realloc
+    callback said of that re-plan (empty where the build has none)."""
+    counts = ctypes.CDLL(None).schedfuzz_galloc_counts
+    before, after = (ctypes.c_long * 3)(), (ctypes.c_long * 3)()
+    counts(before)
+    said = replan_probe(probe)
+    counts(after)
+    return [a - b for a, b in zip(after, before)] == [2, 1, 2], said
+
+
 def main() -> None:
     chan = Channel(os.dup(1))
     os.dup2(2, 1)
     die_with_parent()
     try:
-        # a Release build (NDEBUG) logs no reallocation: its decisions are observed only where ggml tells
-        # them through its realloc callback; without it every verdict would be a false pass
+        # a Release build (NDEBUG) logs no reallocation: its decisions are observed where ggml tells them through
+        # its realloc callback, or where its scheduler calls ggml-alloc through the hook; without either every
+        # verdict would be a false pass
         probe = Ggml(chan)
         logs_reallocs = any(r.events for r in run_scenario(probe, probe_scenario(), [], None))
         base = loaded_library_path("libggml-base")
-        if not logs_reallocs and not hasattr(ctypes.CDLL(base), "ggml_backend_sched_set_realloc_callback"):
-            chan.send({"fatal": no_realloc_fix(base) + " (or use a build whose ggml has ggml_backend_sched_set_realloc_callback)"})
+        allocator, said = allocator_probe(probe)
+        if said and allocator and said[0][0]:
+            chan.send({"fatal": f"the start-up re-plan of {base}: its realloc callback said backend_ids_changed = 1, its "
+                                "allocator calls a failed alloc_graph and a reserve_n (backend ids unchanged)"})
+            return
+        if not logs_reallocs and not said and not allocator:
+            chan.send({"fatal": no_realloc_fix(base) + " (or use a build whose ggml has ggml_backend_sched_set_realloc_callback, "
+                                "or whose scheduler calls ggml_gallocr_alloc_graph and ggml_gallocr_reserve_n through its PLT)"})
             return
         eng = Llama(chan, logs_reallocs)  # its log and abort callbacks replace the probe's
+        eng.allocator_observed = allocator
     except declarations.DeclarationsError as e:
         chan.send({"fatal": str(e)})
         return

@@ -48,6 +48,8 @@ class SchedCall:
     # ggml's own realloc decision, from its realloc callback (None: this ggml has none)
     ggml_ids_changed: bool | None = None
     ggml_size_changed: bool | None = None
+    allocator: bool = False  # the re-plan was told by ggml-alloc's interposed calls alone (a Release build without the callback)
+    allocator_agreed: bool = False  # ... or told by ggml's callback or log, and its interposed calls told the same
     max_nodes: int = 0
     parallel: bool = False
     op_offload: bool = False
@@ -108,7 +110,8 @@ class SchedCall:
             splits=tuple((str(b), int(n)) for b, n in d.get("splits", ())),
             realloc=bool(r), backend_ids_changed=bool(r.get("backend_ids_changed", False)), realloc_reason=str(r.get("reason", "")), moved=str(r.get("moved", "")),
             invalid_node=str(r.get("invalid_node", "")),
-            moved_by_offload=bool(r.get("moved_by_offload", False)),
+            moved_by_offload=bool(r.get("moved_by_offload", False)), allocator=bool(r.get("allocator", False)),
+            allocator_agreed=bool(r.get("allocator_agreed", False)),
             ggml_ids_changed=bool(said["backend_ids_changed"]) if said else None, ggml_size_changed=bool(said["graph_size_changed"]) if said else None,
             max_nodes=int(d.get("max_nodes", 0)), parallel=bool(d.get("parallel", False)), op_offload=bool(d.get("op_offload", False)),
             observes_realloc=bool(d.get("observes_realloc", False)), owner_counts=bool(d.get("owner_counts", False)),

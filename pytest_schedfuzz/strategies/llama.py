@@ -152,7 +152,7 @@ def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tu
 @st.composite
 def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: int = MAX_GPU, tensor: bool = False) -> Devices:
     """Where the model goes: 0..``max_rpc`` RPC and 0..``max_gpu`` GPU-like devices (at least one
-    device), all or some layers, llama.cpp's split by free memory or a ``tensor_split`` (a share
+    device where the build can have one; the CPU alone where it can have none), all or some layers, llama.cpp's split by free memory or a ``tensor_split`` (a share
     may be zero, as ``-ts 1,0``: a device that holds no layer); with GPU-like devices also split
     mode layer or none (``main_gpu``), and in a quarter of those workloads each tensor overrides
     and little free memory; with ``tensor`` (the model and context allow it) split mode tensor in a
@@ -165,7 +165,7 @@ def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: 
         free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
         return Devices(n_rpc=0, n_gpu_layers=99, gpus=gpus_, gpu_free=free)
     n_gpu = draw(st.integers(0, max_gpu)) if max_gpu else 0
-    n_rpc = draw(st.integers(0 if n_gpu else 1, max_rpc))
+    n_rpc = draw(st.integers(0 if n_gpu or not max_rpc else 1, max_rpc))  # no device at all: a build that can have none (CPU only)
     gpus_ = tuple(draw(llama_gpus()) for _ in range(n_gpu))
     n = n_rpc + n_gpu
     all_layers = draw(st.integers(0, 3)) > 0
