@@ -22,6 +22,7 @@ from ..ggml.schedlog import SchedLog
 from ..model.trace import UNOBSERVABLE
 from ..process.channel import Channel
 from . import graph_records
+from .allocator import allocator_decision
 from .structs import CGraphHead, RawTensor
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
@@ -46,20 +47,6 @@ MAX_BUFFERS = 256  # distinct buffers of one captured graph (sched_hook.c's grap
 PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buffer type overridden to|pipeline parallelism enabled|"
                        r"retrying without pipeline parallelism|Flash Attention (?:enabled|not supported)|"
                        r"MoE cache size = |MoE cache is disabled|MoE cache budget is too small")
-
-
-def allocator_replan(calls: list[str]) -> bool | None:
-    """The re-plan ``ggml_backend_sched_alloc_splits`` made, read from ggml-alloc's calls in one
-    scheduler alloc (``sched_hook.c``): None for none; else its ``backend_ids_changed``, true when
-    ``ggml_gallocr_reserve_n`` came without a failed ``ggml_gallocr_alloc_graph`` before it
-    (alloc_splits does not try to allocate when the backend ids changed).
-
-    >>> allocator_replan(["alloc"]), allocator_replan(["failed", "reserve", "alloc"]), allocator_replan(["reserve", "alloc"])
-    (None, False, True)
-    """
-    if "reserve" not in calls:
-        return None
-    return calls.index("reserve") == 0 or calls[calls.index("reserve") - 1] != "failed"
 
 
 class HarnessError(RuntimeError):
@@ -388,22 +375,6 @@ class Observation(GraphReading):
         except Exception:
             self.errors.append(f"the scheduler hook failed in call {self.call}: " + traceback.format_exc())
 
-    def _allocator_decision(self, rec: dict[str, Any]) -> None:
-        """The re-plan ggml-alloc's interposed calls tell for a scheduler alloc: the decision itself
-        on a Release build without the realloc callback; elsewhere held against what the callback
-        or ggml's Debug log told, a difference being the harness's error (the call is not judged)."""
-        replan = allocator_replan(self.galloc)
-        told = rec.get("realloc") if rec.get("realloc", {}).get("via") == "sched" else None
-        if told is None and replan is not None and not self.logs_reallocs and self.said is None:
-            rec["realloc"] = {"via": "sched", "backend_ids_changed": replan, "reason": UNOBSERVABLE, "allocator": True}
-        elif (told is None) != (replan is None) or told is not None and told["backend_ids_changed"] != replan:
-            said = "none" if told is None else f"backend_ids_changed = {int(told['backend_ids_changed'])}"
-            raise RuntimeError(f"ggml-alloc's calls in alloc (call {self.call}: {', '.join(self.galloc) or 'none'}) tell "
-                               f"{'no re-plan' if replan is None else f'a re-plan, backend_ids_changed = {int(replan)}'}; ggml's "
-                               f"{'realloc callback' if self.said is not None else 'debug log'} told {said}")
-        elif replan is not None:
-            told["allocator_agreed"] = True  # ggml's callback or log told it, and the allocator's calls the same
-
     def _unnamed_node(self, graph: int, name: str) -> str:
         """What an unnamed node (``node_N``) is: its op as ggml describes it (``ggml_op_desc``:
         the unary op for GGML_OP_UNARY) and its role, the names of its sources (a source unnamed
@@ -491,7 +462,8 @@ class Observation(GraphReading):
                 # a Release build: ggml's realloc callback alone tells the decision; ggml-alloc's reason is compiled out
                 rec["realloc"] = {"via": "sched", "backend_ids_changed": self.said["backend_ids_changed"], "reason": UNOBSERVABLE}
             if kind == "alloc" and self.allocator_observed:
-                self._allocator_decision(rec)
+                allocator_decision(rec, self.galloc, self.call, told_by=None if self.logs_reallocs else
+                                   "callback" if rec["sched"] in self.observing else "")
             if rec.get("realloc", {}).get("backend_ids_changed"):
                 rec["realloc"]["moved"] = self.split["moved"]
                 rec["realloc"]["moved_by_offload"] = self.split["moved_by_offload"]

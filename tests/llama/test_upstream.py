@@ -23,6 +23,7 @@ from pytest_schedfuzz.llama.declarations import CDEF_FILE
 from pytest_schedfuzz.llama.upstream import (
     C23_SYMBOLS,
     LIBRARIES,
+    OPTIONAL_LIBRARIES,
     NEEDED_GLIBC,
     SHIM,
     UPSTREAM,
@@ -163,7 +164,7 @@ def test_making_the_folder_leaves_the_installed_package_as_it_was(tmp_path: Path
     assert len(folders) == 1
     (folder,) = folders
     assert sorted(p.name for p in (tmp_path / "builds").iterdir()) == [folder.name]  # no staging folder left
-    names = [f"{stem}.so{suffix}" for stem in LIBRARIES for suffix in ("", ".0")] + [SHIM] * OLD_GLIBC + [CDEF_FILE]
+    names = [f"{stem}.so{suffix}" for stem in (*LIBRARIES, *OPTIONAL_LIBRARIES) for suffix in ("", ".0")] + [SHIM] * OLD_GLIBC + [CDEF_FILE]
     assert sorted(p.name for p in folder.iterdir()) == sorted(names)
     assert _installed_files() == installed
 
