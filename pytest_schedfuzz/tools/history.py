@@ -7,11 +7,15 @@ A build either judges a case or cannot, as ``git bisect skip`` has it: it cannot
 libraries, declarations or observation refused, with the reason), or it cannot run the case (a
 device, a call or a context parameter it lacks). A case reproduces where its signature shows
 in one of ``runs`` replays, each on the same worker but a crash's on a fresh one
-(``Checks.replay``); it does not where none of them shows it.
+(``Checks.replay``); it does not where none of them shows it. A build whose crash stacks are
+shorter (a Release build inlines static functions) may sign the same abort without its C stack
+and ``site``: the signatures then compare without them (``across_builds``), and the judgement
+says so (``exact`` false).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +24,12 @@ from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import STARTER_CORPUS, Case
 from ..engine import TargetError, Unsupported
+from ..properties import without_c_stack
 from ..llama.builds import is_published
 from ..llama.published import build_facts, number, published_names
 
 HAS, HAS_NOT, CANNOT = "reproduces", "does not", "cannot judge"
+FOLDER = re.compile(r"/[^\s:,;()]+/")  # a path's folders, left out of a matrix's notes
 
 
 @dataclass(frozen=True)
@@ -33,9 +39,21 @@ class Judged:
     build: str
     verdict: str  # HAS, HAS_NOT or CANNOT
     detail: str  # the replay that showed it, how many did not, or why the build cannot judge
+    exact: bool = True  # HAS: the very signature; false: the same but for the C stack and its site (``across_builds``)
 
     def line(self) -> str:
         return f"{describe(self.build)}: {self.verdict} ({self.detail})"
+
+
+def across_builds(signature: str) -> str:
+    """A signature without what a build's crash stack decides: the C stack's frames and the
+    ``site`` of an abort (a Release build's stack may lack the static function a Debug build's
+    names).
+
+    >>> across_builds("p[kind=abort,message=ggml.c: GGML_ASSERT(x) failed,phase=llama.cpp,site=ggml_mul_mat]")
+    'p[kind=abort,message=ggml.c: GGML_ASSERT(x) failed,phase=llama.cpp]'
+    """
+    return re.sub(r",site=[^,\]]+", "", without_c_stack(signature))
 
 
 def describe(build: str) -> str:
@@ -93,8 +111,12 @@ class Builds:
             return Judged(build, CANNOT, fuzzer)
         try:
             for k in range(self.runs):
-                if any(v.signature() == case.signature for v in fuzzer.replay(case, strict=True)):
+                found = [v.signature() for v in fuzzer.replay(case, strict=True)]
+                if case.signature in found:
                     return Judged(build, HAS, f"replay {k + 1} of {self.runs} showed it")
+                alike = [sig for sig in found if across_builds(sig) == across_builds(case.signature)]
+                if alike:
+                    return Judged(build, HAS, f"replay {k + 1} of {self.runs} showed it, signed {alike[0]}", exact=False)
         except Unsupported as e:
             return Judged(build, CANNOT, " ".join(str(e).split())[:400])
         except TargetError as e:
@@ -199,9 +221,10 @@ def render_matrix(m: Matrix, made_by: str) -> str:
     notes: dict[str, int] = {}
 
     def cell(j: Judged) -> str:
-        if j.verdict == CANNOT:
-            return f"–[^{notes.setdefault(j.detail, len(notes) + 1)}]"
-        return "yes" if j.verdict == HAS else "no"
+        if j.verdict == CANNOT:  # one note per reason, whichever build's folder it names
+            why = FOLDER.sub("", j.detail)
+            return f"–[^{notes.setdefault(why, len(notes) + 1)}]"
+        return ("yes" if j.exact else "yes*") if j.verdict == HAS else "no"
 
     short = [b.replace("llama.cpp-", "") for b in m.builds]
     lines = ["| build | llama.cpp commit | packed | ggml | re-plans observed by | RPC devices |", "|---|---|---|---|---|---|"]
@@ -220,7 +243,8 @@ def render_matrix(m: Matrix, made_by: str) -> str:
         name = case.path.stem if case.path else case.signature
         lines.append(f"| `{case.signature}`<br>{name} | " + " | ".join(cell(j) for j in judged)
                      + f" | {'—' if newest is None else 'yes' if newest else 'no'} | {since} |")
-    lines += ["", f"Made by `{made_by}`. yes: the case's signature showed; no: it did not in any replay; –: the build cannot "
-                  "judge the case:", ""]
+    lines += ["", f"Made by `{made_by}`. yes: the case's signature showed; yes*: the same signature but for the C stack and its "
+                  "site, which this build's stacks do not name (a Release build inlines static functions), so that causes told apart "
+                  "by their site elsewhere are one here; no: it did not in any replay; –: the build cannot judge the case:", ""]
     lines += [f"[^{n}]: {why}" for why, n in notes.items()]
     return "\n".join(lines) + "\n"
