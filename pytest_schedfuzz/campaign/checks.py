@@ -63,6 +63,15 @@ class Checks:
             self._rules, self.rules_note = rules_for(self.engines.ggml_version(llama=False) or NEWEST.version)
         return self._rules
 
+    def unjudged(self, prop: str) -> str | None:
+        """Why ``prop`` does not judge this run's ggml (None where it does): matches-reference needs
+        the reference's rules for the loaded ggml's version, unless the user gave a reference of
+        their own (``--schedfuzz-reference``); another version's rules would judge it."""
+        if prop != "matches-reference" or self.config.reference is not None:
+            return None
+        self.rules  # noqa: B018 -- reads the loaded ggml's version: sets rules_note
+        return f"{prop} does not judge this ggml: {self.rules_note}" if self.rules_note else None
+
     def _reference(self, scenario: Scenario) -> Trace:
         return reference_predict(scenario, rules=self.rules)
 
@@ -97,7 +106,10 @@ class Checks:
         known = self.known.signatures(True)
         found, reruns = switches_told_apart(workload, found, self.engines.run_llama, known)
         self.stats.llama_switch_reruns += reruns
-        if self.confirm_llama and trace.engine.get("realloc_callback") != "observed" and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
+        # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) is compiled out of a Release build (NDEBUG): there, without the
+        # callback, a same-size decision stays derived, unconfirmed
+        confirmable = trace.engine.get("realloc_callback") != "observed" and trace.engine.get("build", "Debug").startswith("Debug")
+        if self.confirm_llama and confirmable and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
             # a new same-size finding is reported once ggml's own check confirms it (``observed``)
             extra = observed.confirm_llama_same_size(workload, trace, lambda w: self.engines.llama_debug_realloc().run(w))
             self.stats.ggml_same_size_confirmed += not extra

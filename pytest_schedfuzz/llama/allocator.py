@@ -1,8 +1,10 @@
 """The scheduler's re-plans as ggml-alloc's calls tell them: ``sched_hook.c`` interposes
 ``ggml_gallocr_alloc_graph`` and ``ggml_gallocr_reserve_n``, which ``ggml_backend_sched_alloc_splits``
-calls through libggml-base's PLT, and reports those a scheduler alloc makes (``worker.Llama``
-proves at its start that it sees them). On a Release build without ggml's realloc callback they
-are the decision; elsewhere they are held against what the callback or ggml's Debug log told.
+calls through libggml-base's PLT, and ``ggml_gallocr_reserve``, with which
+``ggml_gallocr_alloc_graph`` re-plans a single buffer by itself ("own"); it reports those a
+scheduler alloc makes (``worker.Llama`` proves at its start that it sees them). On a Release
+build they are the decisions ggml tells nobody else (a callback tells the scheduler's, not
+ggml-alloc's own); elsewhere they are held against what the callback or ggml's Debug log told.
 """
 
 from __future__ import annotations
@@ -28,18 +30,26 @@ def allocator_replan(calls: list[str]) -> bool | None:
 
 
 def allocator_decision(rec: dict[str, Any], calls: list[str], call: int, told_by: str | None) -> None:
-    """Put the re-plan ggml-alloc's ``calls`` tell into a scheduler alloc's record ``rec``:
-    the decision itself where nothing else told it (``told_by`` ""); else, where ggml's Debug log
-    (``told_by`` None) or its realloc callback ("callback") told it, held against it, a
-    difference being the harness's error (the call is not judged)."""
-    replan = allocator_replan(calls)
-    told = rec.get("realloc") if rec.get("realloc", {}).get("via") == "sched" else None
-    if told is None and replan is not None and told_by == "":
+    """Put the re-plans ggml-alloc's ``calls`` tell into a scheduler alloc's record ``rec``:
+    the scheduler's where nothing else told it (``told_by`` ""), ggml-alloc's own where no log
+    did (``told_by`` "" or "callback"); what ggml's Debug log (``told_by`` None) or its realloc
+    callback ("callback": the scheduler's re-plans) told, held against them, a difference being
+    the harness's error (the call is not judged)."""
+    replan, own = allocator_replan(calls), "own" in calls
+    told = rec.get("realloc")
+    sched = told if told is not None and told.get("via") == "sched" else None
+    if told_by == "" and replan is not None:
         rec["realloc"] = {"via": "sched", "backend_ids_changed": replan, "reason": UNOBSERVABLE, "allocator": True}
-    elif (told is None) != (replan is None) or told is not None and told["backend_ids_changed"] != replan:
-        said = "none" if told is None else f"backend_ids_changed = {int(told['backend_ids_changed'])}"
+        return
+    if told_by != "" and ((sched is None) != (replan is None) or sched is not None and sched["backend_ids_changed"] != replan):
+        said = "none" if sched is None else f"backend_ids_changed = {int(sched['backend_ids_changed'])}"
         raise RuntimeError(f"ggml-alloc's calls in alloc (call {call}: {', '.join(calls) or 'none'}) tell "
                            f"{'no re-plan' if replan is None else f'a re-plan, backend_ids_changed = {int(replan)}'}; ggml's "
                            f"{'realloc callback' if told_by == 'callback' else 'debug log'} told {said}")
+    if told_by is None and own != (told is not None and told.get("via") == "gallocr"):
+        raise RuntimeError(f"ggml-alloc's calls in alloc (call {call}: {', '.join(calls)}) tell "
+                           f"{'a' if own else 'no'} re-plan of its single buffer; ggml's debug log told {'none' if own else 'one'}")
+    if told is None and own:  # a Release build: ggml-alloc re-planned its single buffer, which nothing else tells
+        rec["realloc"] = {"via": "gallocr", "backend_ids_changed": False, "reason": UNOBSERVABLE, "allocator": True}
     elif told is not None:
         told["allocator_agreed"] = True  # ggml's callback or log told it, and the allocator's calls the same

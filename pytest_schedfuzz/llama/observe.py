@@ -27,7 +27,7 @@ from .structs import CGraphHead, RawTensor
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
  HOOK_RESERVE_SIZE_BEGIN, HOOK_RESERVE_SIZE_END, HOOK_REALLOC, HOOK_REALLOC_OWNER, HOOK_SET_TENSOR_BACKEND, HOOK_RESET,
- HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END, HOOK_GALLOC_ALLOC, HOOK_GALLOC_RESERVE) = range(18)  # sched_hook.c
+ HOOK_COMPUTE_BEGIN, HOOK_COMPUTE_END, HOOK_GALLOC_ALLOC, HOOK_GALLOC_RESERVE, HOOK_GALLOC_OWN) = range(19)  # sched_hook.c
 # ggml-alloc's reason naming a node llama.cpp left unnamed (ggml_build_forward_expand names it node_N)
 UNNAMED_NODE = re.compile(r"node (node_\d+) is not valid")
 OUTER = {HOOK_RESERVE_BEGIN: "reserve", HOOK_ALLOC_BEGIN: "alloc", HOOK_RESERVE_SIZE_BEGIN: "reserve_size"}
@@ -415,9 +415,9 @@ class Observation(GraphReading):
             self.outer, self.split, self.said, self.llama_said = OUTER[phase], None, None, None
             self.galloc = []
             self.log.begin()
-        elif phase in (HOOK_GALLOC_ALLOC, HOOK_GALLOC_RESERVE):
+        elif phase in (HOOK_GALLOC_ALLOC, HOOK_GALLOC_RESERVE, HOOK_GALLOC_OWN):
             if self.outer == "alloc":  # sched_reserve's reserve_n is a reservation, not a re-plan
-                self.galloc.append("reserve" if phase == HOOK_GALLOC_RESERVE else "alloc" if a else "failed")
+                self.galloc.append({HOOK_GALLOC_RESERVE: "reserve", HOOK_GALLOC_OWN: "own"}.get(phase) or ("alloc" if a else "failed"))
         elif phase == HOOK_REALLOC_OWNER:
             # llama.cpp registered a realloc callback of its own (the seeds' sched_new): it counts
             sid = self.scheds[sched]

@@ -20,7 +20,8 @@
  * reserve_n after an alloc_graph that failed is a re-plan for a graph that no longer fits; a
  * reserve_n with no alloc_graph before it is one for changed backend ids (alloc_splits does
  * not try to allocate then). ggml-alloc's own re-plan of a single buffer happens inside
- * alloc_graph and is not reported (HOOK_GALLOC_*, at depth 0 only).
+ * alloc_graph, through ggml_gallocr_reserve (its PLT too): reported as such (HOOK_GALLOC_OWN),
+ * and its inner reserve_n is not.
  *
  * It includes no ggml header: the hook reads the graph through ggml's own public functions. */
 #define _GNU_SOURCE
@@ -43,7 +44,7 @@ enum {
     HOOK_REALLOC = 10, HOOK_REALLOC_OWNER = 11,
     HOOK_SET_TENSOR_BACKEND = 12, HOOK_RESET = 13,
     HOOK_COMPUTE_BEGIN = 14, HOOK_COMPUTE_END = 15,
-    HOOK_GALLOC_ALLOC = 16, HOOK_GALLOC_RESERVE = 17,
+    HOOK_GALLOC_ALLOC = 16, HOOK_GALLOC_RESERVE = 17, HOOK_GALLOC_OWN = 18,
 };
 
 static schedfuzz_hook_t hook = NULL;
@@ -201,6 +202,18 @@ bool ggml_gallocr_alloc_graph(void * galloc, void * graph) {
         galloc_counts[1] += !ok;
         if (hook) hook(HOOK_GALLOC_ALLOC, galloc, graph, ok, 0, 0);
     }
+    return ok;
+}
+
+/* ggml_gallocr_alloc_graph re-planning its single buffer by itself: the reserve it calls */
+bool ggml_gallocr_reserve(void * galloc, void * graph) {
+    static graph_fn f;
+    if (!f) f = (graph_fn) real("ggml_gallocr_reserve");
+    bool own = galloc_depth == 1;  /* inside alloc_graph (a reserve of a caller's own is reported as its reserve_n) */
+    galloc_depth += own;
+    bool ok = f(galloc, graph);
+    galloc_depth -= own;
+    if (own && hook) hook(HOOK_GALLOC_OWN, galloc, graph, ok, 0, 0);
     return ok;
 }
 

@@ -173,7 +173,7 @@ def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: 
     if split and not any(split):
         split = (1.0, *split[1:])
     # placement as users set it: split mode none only with GPU-like devices, tensor where it may be
-    modes = ("layer", "layer", "none" if n > 1 and gpus_ else "layer") + (("tensor",) if tensor else ())
+    modes = ("layer", "layer", "none" if n > 1 and gpus_ else "layer") + (("tensor",) if tensor and n else ())
     mode = draw(sampled(modes)) if len(set(modes)) > 1 else "layer"
     main_gpu = draw(st.integers(0, n - 1)) if mode == "none" else 0
     free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if gpus_ and draw(st.integers(0, 3)) == 0 else ()

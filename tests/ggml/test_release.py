@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.files import cache_dir
 from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, load_case
 from pytest_schedfuzz.llama.upstream import upstream_lib_dir
 from pytest_schedfuzz.model.trace import RELEASE, UNOBSERVABLE, ReallocEvent, StepRecord
 from pytest_schedfuzz.properties.agreement import _compare_record
+
+pytest_plugins = ["pytester"]
+CACHE = cache_dir()  # read at import, before pytester moves HOME (and with it the default cache)
 
 
 @pytest.mark.engine
@@ -25,8 +29,12 @@ def test_the_graph_properties_run_on_b11739s_ggml_with_decisions_observed() -> N
     try:
         info = fuzzer.engines.info()
         assert info["ggml_version"] == "0.27.0" and info["realloc_log"] == RELEASE
-        for prop in ("matches-reference", "no-same-size-realloc", "no-abort"):
+        for prop in ("no-same-size-realloc", "no-abort"):
             assert fuzzer.fuzz(prop) is None, prop
+        # the reference has no rules of 0.27.0 (its source is not published): matches-reference does not judge it
+        assert fuzzer.unjudged("matches-reference") == ("matches-reference does not judge this ggml: the reference does not model "
+                                                        "ggml 0.27.0: it uses the rules of ggml 0.26.0, the nearest it knows")
+        assert fuzzer.unjudged("no-abort") is None
         assert fuzzer.stats.realloc_observed > 0  # the scheduler's decisions, from the callback
         # the known reserve_size crash: a Release build inlines ggml_vbuffer_tensor_alloc, so its C stack
         # starts at ggml_gallocr_alloc_graph; the reference names that caller too: the same signature as on Debug
@@ -49,3 +57,19 @@ def test_a_release_builds_replans_are_compared_by_what_its_callback_tells() -> N
     moved = StepRecord(1, "alloc", events=(ReallocEvent(1, "sched", True, 2, UNOBSERVABLE, ggml_size_changed=False),))
     diff = _compare_record(moved, reference, name, logged=False)
     assert diff is not None and diff[0] == "events"  # the backend ids the callback says changed
+
+
+@pytest.mark.engine
+def test_matches_reference_is_not_run_on_a_ggml_the_reference_has_no_rules_for(pytester: pytest.Pytester,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """ggml 0.27.0's source is not published, so the reference has no rules of it: its item is
+    skipped with the reason (neither a pass nor a verdict by 0.26.0's rules), the header says so,
+    and the other properties run."""
+    monkeypatch.setenv("SCHEDFUZZ_CACHE", str(CACHE))
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", "--schedfuzz-seed=1", "-rs",
+                                           f"--schedfuzz-lib={upstream_lib_dir()}", "--schedfuzz-properties=matches-reference,no-abort",
+                                           timeout=600)
+    out = result.stdout.str()
+    result.assert_outcomes(passed=1, skipped=1)
+    assert "matches-reference does not judge this ggml: the reference does not model ggml 0.27.0" in out
+    assert "the nearest it knows; matches-reference does not judge it (not run)" in out
