@@ -80,7 +80,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("properties", "comma-separated property ids to fuzz (default: all)", metavar="IDS"),
     Option("lib", f"the ggml under test: {_ggml_built_ins()}, or your build's library folder", metavar="NAME|DIR",
            env="SCHEDFUZZ_GGML_LIB"),
-    Option("llama-lib", f"the llama.cpp under test: {_llama_built_ins()}, or your build's library folder, e.g. build/bin",
+    Option("llama-lib", f"the llama.cpp under test: {_llama_built_ins()}, any published build by name (llama.cpp-bNNNN, fetched on first use), or your build's library folder, e.g. build/bin",
            metavar="NAME|DIR", env="SCHEDFUZZ_LLAMA_LIB"),
     Option("target", "your implementation under test as MODULE:FACTORY (default: the real ggml)", metavar="MODULE:FACTORY"),
     Option("policy", "the scheduler reuse policy MODULE:CALLABLE(new, cur) -> bool (default: can_reuse)", metavar="MODULE:CALLABLE"),

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from ..cases.corpus import CaseError
-from ..tools.history import HAS, Builds, bisect as bisect_builds, builds_between, known_bugs, matrix as make_matrix, render_matrix
+from ..tools.history import HAS, Builds, builds_between, known_bugs, render_matrix
+from ..tools.history import bisect as bisect_builds
+from ..tools.history import matrix as make_matrix
 from . import UsageError, bad_case, load_all
 
 
@@ -53,18 +55,18 @@ def bisect(args: argparse.Namespace) -> int:
 
 
 def matrix(args: argparse.Namespace) -> int:
-    """The known llama.cpp bugs of the corpus (one case per signature) on each build, as a
+    """The known llama.cpp bugs of the corpus (by signature) on each build, as a
     Markdown page (``--output``) and on stdout."""
     try:
-        cases = known_bugs(load_all(args.cases))
+        bugs = known_bugs(load_all(args.cases))
     except CaseError as e:
         return bad_case(e)
-    if not cases:
+    if not bugs:
         raise UsageError(f"{', '.join(args.cases)}: no llama.cpp case with a known bug (expect: fail)")
     builds = _builds(args)
     engines = Builds(args.runs, _log, [Path(p) for p in args.cases if Path(p).is_dir()])
     try:
-        m = make_matrix(cases, builds, engines, _log)
+        m = make_matrix(bugs, builds, engines, _log)
     finally:
         engines.close()
     made_by = "schedfuzz matrix " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "schedfuzz matrix"

@@ -31,11 +31,11 @@ from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from . import declarations
 from .builds import BUILT_IN, UPSTREAM, build_name, is_published
-from .published import published_folder
 from .gguf_models import write_lora, write_model
+from .graph_records import RecentGraphs
+from .published import published_folder
 from .seed import build_llama_seed
 from .upstream import is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
-from .graph_records import RecentGraphs
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
 HOOK_SOURCE = Path(__file__).with_name("sched_hook.c")

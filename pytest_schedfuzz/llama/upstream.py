@@ -35,8 +35,7 @@ from pathlib import Path
 
 from ..engine import TargetError
 from ..files import cache_dir
-from ..ggml.build import BuildError
-from ..ggml.build import run_tool
+from ..ggml.build import BuildError, run_tool
 from .builds import UPSTREAM
 from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
@@ -235,7 +234,7 @@ def _patch_for_old_glibc(lib: Path, glibc: tuple[int, int], patchelf: str) -> No
 
 def _sections(data: bytes | bytearray) -> list[_Section]:
     if data[:6] != b"\x7fELF\x02\x01":  # magic, ELFCLASS64, ELFDATA2LSB
-        raise TargetError(f"prebuilt llama.cpp: a library is not a 64-bit little-endian ELF file")
+        raise TargetError("prebuilt llama.cpp: a library is not a 64-bit little-endian ELF file")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     headers = (struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum))

@@ -24,9 +24,9 @@ from ..campaign.fuzz import Fuzzer
 from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import STARTER_CORPUS, Case
 from ..engine import TargetError, Unsupported
-from ..properties import without_c_stack
 from ..llama.builds import is_published
 from ..llama.published import build_facts, number, published_names
+from ..properties import without_c_stack
 
 HAS, HAS_NOT, CANNOT = "reproduces", "does not", "cannot judge"
 FOLDER = re.compile(r"/[^\s:,;()]+/")  # a path's folders, left out of a matrix's notes
@@ -184,39 +184,45 @@ def bisect(builds: Sequence[str], judge: Callable[[str], Judged]) -> Bisected:
                 f"{describe(builds[bad])}{skipped}")
 
 
-def known_bugs(cases: Sequence[Case]) -> list[Case]:
-    """One llama.cpp case per known bug's signature (the first by file name), for a matrix: the
-    corpus keeps several cases of some signatures (found on other builds or runs)."""
-    chosen: dict[str, Case] = {}
+def known_bugs(cases: Sequence[Case]) -> list[tuple[str, tuple[Case, ...]]]:
+    """The llama.cpp cases of each known bug's signature (by file name), for a matrix: the corpus
+    keeps several cases of some signatures, found on other builds or runs, and a build that
+    cannot run one (a GPU-like device, a context parameter it lacks) may run another."""
+    bugs: dict[str, list[Case]] = {}
     for case in sorted(cases, key=lambda c: str(c.path)):
         if case.llama is not None and isinstance(case.expect, dict):
-            chosen.setdefault(case.signature, case)
-    return list(chosen.values())
+            bugs.setdefault(case.signature, []).append(case)
+    return [(signature, tuple(group)) for signature, group in bugs.items()]
 
 
 @dataclass(frozen=True)
 class Matrix:
-    """Cases by builds: each cell a ``Judged``; each build's start-up facts."""
+    """Known bugs by builds: each cell a ``Judged``; each build's start-up facts."""
 
     builds: tuple[str, ...]
     info: dict[str, dict[str, str]]
-    rows: tuple[tuple[Case, tuple[Judged, ...]], ...]
+    rows: tuple[tuple[str, tuple[Case, ...], tuple[Judged, ...]], ...]  # signature, its cases, a judgement per build
 
 
-def matrix(cases: Sequence[Case], builds: Sequence[str], engines: Builds, log: Callable[[str], None] = lambda _: None) -> Matrix:
-    """Every case judged on every build, a build at a time (its worker started once)."""
+def matrix(bugs: Sequence[tuple[str, tuple[Case, ...]]], builds: Sequence[str], engines: Builds,
+           log: Callable[[str], None] = lambda _: None) -> Matrix:
+    """Every known bug judged on every build, a build at a time (its worker started once): by its
+    first case the build can judge."""
     cells: dict[tuple[int, str], Judged] = {}
     for build in builds:
-        for i, case in enumerate(cases):
-            cells[i, build] = engines.judge(case, build)
-            log(f"{build}: {case.path.name if case.path else i}: {cells[i, build].verdict}")
+        for i, (signature, cases) in enumerate(bugs):
+            for case in cases:
+                cells[i, build] = engines.judge(case, build)
+                if cells[i, build].verdict != CANNOT:
+                    break
+            log(f"{build}: {signature}: {cells[i, build].verdict}")
     return Matrix(tuple(builds), {b: engines.info(b) for b in builds},
-                  tuple((case, tuple(cells[i, b] for b in builds)) for i, case in enumerate(cases)))
+                  tuple((sig, cases, tuple(cells[i, b] for b in builds)) for i, (sig, cases) in enumerate(bugs)))
 
 
 def render_matrix(m: Matrix, made_by: str) -> str:
-    """The matrix as a Markdown page: the builds, then a row per known bug with "yes" where it
-    reproduces, "no" where it does not and a numbered note where the build cannot judge it;
+    """The matrix as a Markdown page: the builds, then a row per known bug with "yes" where one of
+    its cases reproduces, "no" where none does and a numbered note where the build can judge none;
     then, per bug, whether the newest judged build still has it and since which build."""
     notes: dict[str, int] = {}
 
@@ -234,14 +240,13 @@ def render_matrix(m: Matrix, made_by: str) -> str:
                     else "interposed allocator calls" if info.get("allocator_calls") == "observed" else "ggml's debug log")
         rpc = "—" if not info else "no" if info.get("rpc_round_trip", "").startswith("absent") else "yes"
         lines.append(f"| {b} | {facts.commit[:9] if facts else ''} | {facts.packed if facts else ''} | {info.get('ggml_version', '')} | {observed} | {rpc} |")
-    lines += ["", "| known bug (case) | " + " | ".join(short) + " | in the newest judged | oldest with it |",
+    lines += ["", "| known bug (signature; its cases in the corpus) | " + " | ".join(short) + " | in the newest judged | oldest with it |",
               "|---|" + "---|" * len(short) + "---|---|"]
-    for case, judged in m.rows:
+    for signature, cases, judged in m.rows:
         seen = [j for j in judged if j.verdict != CANNOT]
         newest = seen[-1].verdict == HAS if seen else None
         since = next((j.build.replace("llama.cpp-", "") for j in seen if j.verdict == HAS), "")
-        name = case.path.stem if case.path else case.signature
-        lines.append(f"| `{case.signature}`<br>{name} | " + " | ".join(cell(j) for j in judged)
+        lines.append(f"| `{signature}`; {len(cases)} | " + " | ".join(cell(j) for j in judged)
                      + f" | {'—' if newest is None else 'yes' if newest else 'no'} | {since} |")
     lines += ["", f"Made by `{made_by}`. yes: the case's signature showed; yes*: the same signature but for the C stack and its "
                   "site, which this build's stacks do not name (a Release build inlines static functions), so that causes told apart "

@@ -17,14 +17,14 @@ from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, load_case
 from pytest_schedfuzz.cli import main
 from pytest_schedfuzz.engine import TargetError, Unsupported
-from pytest_schedfuzz.llama.builds import UPSTREAM, build_name, recorded_build
 from pytest_schedfuzz.llama.allocator import allocator_decision
+from pytest_schedfuzz.llama.builds import UPSTREAM, build_name, recorded_build
 from pytest_schedfuzz.llama.published import build_facts
 from pytest_schedfuzz.llama.target import resolve_lib_dir
 from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.properties import LLAMA_GROUP
-from pytest_schedfuzz.tools.history import CANNOT, HAS, HAS_NOT, Judged, Matrix, bisect, known_bugs, render_matrix
+from pytest_schedfuzz.tools.history import CANNOT, HAS, HAS_NOT, Judged, bisect, known_bugs, matrix, render_matrix
 
 NO_CALLBACK = "llama.cpp-b11548"  # ggml 0.26.0: RPC, no realloc callback
 NO_RPC = "llama.cpp-b11067"  # ggml 0.24.0: no RPC library
@@ -75,8 +75,8 @@ def test_a_release_build_without_the_callback_has_every_replan_observed_by_the_a
 def test_the_allocator_calls_agree_with_the_callback_and_the_debug_log_on_every_replan(lib: str) -> None:
     """On b11739 ggml's callback tells each re-plan, on 0.3.36 (Debug) ggml's log: the interposed
     allocator calls are held against either on every re-plan of the known bugs' workloads."""
-    cases = [c for c in known_bugs([load_case(p) for p in sorted(STARTER_CORPUS.glob("llama-no-same-size-realloc-*.json"))])
-             if c.llama is not None and not c.llama.devices.gpus][:12]
+    bugs = known_bugs([load_case(p) for p in sorted(STARTER_CORPUS.glob("llama-no-same-size-realloc-*.json"))])
+    cases = [c for _, group in bugs for c in group if not c.llama.devices.gpus][:12]
     f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
     try:
         assert f.engines.llama_target.start()["allocator_calls"] == "observed"
@@ -159,13 +159,26 @@ def test_bisect_with_both_ends_alike_judges_every_build_before_saying_every_buil
     assert bisect(builds, _judge(dict.fromkeys(builds, CANNOT))).conclusion == "no build could judge it"
 
 
-def test_the_matrix_page_says_what_reproduces_where_and_why_a_build_cannot_judge() -> None:
-    case = load_case(MOE_CACHE)
-    builds = ("llama.cpp-b1", "llama.cpp-b2", "llama.cpp-b3")
-    row = (Judged(builds[0], CANNOT, "no moe_cache_size"), Judged(builds[1], HAS, ""), Judged(builds[2], HAS_NOT, ""))
-    page = render_matrix(Matrix(builds, {}, ((case, row),)), "schedfuzz matrix corpus")
-    assert f"| `{case.signature}`<br>{MOE_CACHE.stem} | –[^1] | yes | no | no | b2 |" in page
-    assert "[^1]: no moe_cache_size" in page and "Made by `schedfuzz matrix corpus`" in page
+def test_the_matrix_judges_a_bug_by_a_case_each_build_can_run_and_says_why_where_none() -> None:
+    moe, norm = load_case(MOE_CACHE), load_case(NORM)
+    bugs = known_bugs([moe, norm, load_case(STARTER_CORPUS / "llama-no-same-size-realloc-explained-lost-lost-by-decode-cha-4d6247404c.json")])
+    assert [(sig, [c.path.stem[-10:] for c in cases]) for sig, cases in bugs] == [
+        (norm.signature, ["4d6247404c", "248e731fec"]), (moe.signature, ["b57c6a6102"])]
+
+    class Engines:  # the first norm case cannot run on b1; its second can
+        def judge(self, case: Any, build: str) -> Judged:
+            if case is bugs[0][1][0] and build == "llama.cpp-b1" or case is moe and build == "llama.cpp-b1":
+                return Judged(build, CANNOT, f"no moe_cache_size in /c/builds/{build}-0a/libllama.so")
+            return Judged(build, HAS if build == "llama.cpp-b2" else HAS_NOT, "")
+
+        def info(self, build: str) -> dict[str, str]:
+            return {}
+
+    m = matrix(bugs, ["llama.cpp-b1", "llama.cpp-b2", "llama.cpp-b3"], Engines())  # type: ignore[arg-type]
+    page = render_matrix(m, "schedfuzz matrix corpus")
+    assert f"| `{norm.signature}`; 2 | no | yes | no | no | b2 |" in page
+    assert f"| `{moe.signature}`; 1 | –[^1] | yes | no | no | b2 |" in page
+    assert "[^1]: no moe_cache_size in libllama.so" in page and "Made by `schedfuzz matrix corpus`" in page
 
 
 @pytest.mark.engine

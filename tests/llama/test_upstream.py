@@ -23,8 +23,8 @@ from pytest_schedfuzz.llama.declarations import CDEF_FILE
 from pytest_schedfuzz.llama.upstream import (
     C23_SYMBOLS,
     LIBRARIES,
-    OPTIONAL_LIBRARIES,
     NEEDED_GLIBC,
+    OPTIONAL_LIBRARIES,
     SHIM,
     UPSTREAM,
     upstream_cdef,
