@@ -39,7 +39,7 @@ from ..llama.builds import BUILT_IN, recorded_build
 from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..llama.calls import STATE_PARTIAL_ONLY
-from ..model.llama import CPU_DEVICE, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
+from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
@@ -210,14 +210,14 @@ def _context_params(w: LlamaWorkload) -> str:
              f"cp.op_offload = {str(c.op_offload).lower()}; cp.offload_kqv = {str(c.offload_kqv).lower()}; cp.kv_unified = {str(c.kv_unified).lower()};",
              f"cp.type_k = {_KV_TYPE[c.type_k]}; cp.type_v = {_KV_TYPE[c.type_v]};", f"cp.embeddings = {str(c.embeddings).lower()};",
              f"cp.pooling_type = {_POOLING[c.pooling] if c.embeddings else 'LLAMA_POOLING_TYPE_UNSPECIFIED'};",
-             f"cp.n_outputs_max = {c.n_outputs_max}; cp.n_outputs_max_per_seq = {c.n_outputs_max_per_seq};", "cp.no_perf = false;"]
+             "cp.no_perf = false;"]
     if c.backend_samplers:
         chain = f"chain_{c.sampler_chain.replace('-', '_')}()"
         lines.append(f"static struct llama_sampler_seq_config seqs[{c.n_seq_max}]; "
                      f"for (int s = 0; s < {c.n_seq_max}; s++) {{ seqs[s].seq_id = s; seqs[s].sampler = {chain}; }}")
         lines.append(f"cp.samplers = seqs; cp.n_samplers = {c.n_seq_max};")
-    if c.moe_cache_size:  # a field of the builds that have the MoE cache (export_llama_case refuses the others)
-        lines.append(f"cp.moe_cache_size = {c.moe_cache_size};")
+    # the optional fields, where set: fields of the builds that have them (export_llama_case refuses the others)
+    lines += [f"cp.{name} = {getattr(c, name)};" for name in OPTIONAL_PARAMS if getattr(c, name)]
     return textwrap.indent("\n".join(lines), "    ")
 
 
@@ -225,8 +225,6 @@ def _lacking_params(folder: Path, w: LlamaWorkload) -> list[str]:
     """The optional context parameters (``OPTIONAL_PARAMS``) ``w`` sets that the build in
     ``folder`` does not declare in its ``llama_context_params`` (its own declarations)."""
     from ..llama.declarations import find, parse
-    from ..model.llama import OPTIONAL_PARAMS
-
     wanted = [p for p in OPTIONAL_PARAMS if getattr(w.ctx, p)]
     if not wanted:
         return []

@@ -205,7 +205,6 @@ class Llama(Observation, Placement, Calls):
         p.type_k, p.type_v = KV_TYPE[c.type_k], KV_TYPE[c.type_v]
         p.embeddings = c.embeddings
         p.pooling_type = POOLING[c.pooling] if c.embeddings else L.LLAMA_POOLING_TYPE_UNSPECIFIED
-        p.n_outputs_max, p.n_outputs_max_per_seq = c.n_outputs_max, c.n_outputs_max_per_seq
         p.no_perf = False
         for name in OPTIONAL_PARAMS:  # where the build has it (``unsupported`` refused a workload setting one it lacks)
             if name not in self.absent_params:

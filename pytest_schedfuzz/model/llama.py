@@ -55,7 +55,10 @@ NO_TENSOR_SPLIT = frozenset((
 # context parameters only some builds' llama_context_params have: the worker passes one only where
 # the build declares it, and a build without it refuses a workload that sets it (``Unsupported``);
 # the strategies draw it only for a build that has it (``llama_workloads(absent=...)``)
-OPTIONAL_PARAMS = ("moe_cache_size",)  # b11739's MoE cache (bytes, 0 = off); 0.3.36 has none
+# context parameters some builds' llama_context_params lack (a build's own declarations say which; 0, the
+# default, is how a workload leaves one unset): b11739's MoE cache (bytes, 0 = off; 0.3.36 has none), the
+# output limits (n_outputs_max since b10335 or so, n_outputs_max_per_seq after it)
+OPTIONAL_PARAMS = ("moe_cache_size", "n_outputs_max", "n_outputs_max_per_seq")
 CPU_DEVICE = -1  # a tensor override's device: the CPU (else an index into the model's devices)
 MAX_CALLS = 64
 MAX_CTX = 4096

@@ -29,7 +29,7 @@ from ..llama.published import build_facts, number, published_names
 from ..properties import without_c_stack
 
 HAS, HAS_NOT, CANNOT = "reproduces", "does not", "cannot judge"
-FOLDER = re.compile(r"/[^\s:,;()]+/")  # a path's folders, left out of a matrix's notes
+FOLDER = re.compile(r"/[^\s:,;()]+/|llama\.cpp-b\d+-[0-9a-f]{16}")  # a path's folders, left out of a matrix's notes
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ def render_matrix(m: Matrix, made_by: str) -> str:
 
     def cell(j: Judged) -> str:
         if j.verdict == CANNOT:  # one note per reason, whichever build's folder it names
-            why = FOLDER.sub("", j.detail)
+            why = FOLDER.sub("", j.detail).replace(" in )", ")")
             return f"–[^{notes.setdefault(why, len(notes) + 1)}]"
         return ("yes" if j.exact else "yes*") if j.verdict == HAS else "no"
 
