@@ -10,13 +10,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .campaign.profiles import PROFILES
+from .builds.names import SEED_LLAMA, UPSTREAM
 from .commands import UsageError
 from .engine import TargetError
-from .ggml.versions import BUILT_IN
-from .llama.builds import SEED_LLAMA, UPSTREAM
+from .model.versions import BUILT_IN
 from .options import add_to_argparse, did_you_mean
-
+from .profiles import PROFILES
 
 ENGINE = ("target", "lib", "llama-lib", "policy", "rereserve")  # the options of the commands that run cases
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .campaign.profiles import PROFILES
-from .ggml.versions import BUILT_IN
-from .llama.builds import ABOUT as LLAMA_BUILT_IN
-from .llama.builds import SEED_GGML
+from .builds.names import ABOUT as LLAMA_BUILT_IN
+from .builds.names import SEED_GGML
+from .model.versions import BUILT_IN
+from .profiles import PROFILES
 
 
 @dataclass(frozen=True)

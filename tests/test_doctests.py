@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.cases.corpus", "pytest_schedfuzz.properties.base",
            "pytest_schedfuzz.properties.aborts", "pytest_schedfuzz.properties.llama_replan", "pytest_schedfuzz.properties.llama_logits",
-           "pytest_schedfuzz.ggml.versions"]
+           "pytest_schedfuzz.model.versions"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -124,7 +124,7 @@ def _family_by_prefix(source: str, where: str) -> list[str]:
 
 
 def test_a_propertys_family_comes_from_the_registry() -> None:
-    """The property ids and every list of them come from ``properties.base.REGISTRY``: no module
+    """The property ids and every list of them come from ``properties.registry.REGISTRY``: no module
     tells a llama property by its prefix, and a planted one is caught."""
     assert _family_by_prefix('if prop.startswith("llama-"):\n    pass\n', "planted") == ["planted:1"]
     found = [x for path in sorted(PACKAGE.rglob("*.py")) for x in _family_by_prefix(path.read_text(), str(path.relative_to(PACKAGE)))]
@@ -172,7 +172,7 @@ VERSIONS_TABLE = PACKAGE / "ggml" / "versions.py"
 
 def _version_tests(source: str, where: str) -> list[str]:
     """Places that tell a ggml version by a literal prefix (``version.startswith("0.15.")``)
-    instead of asking the versions table (``ggml.versions.version_of``)."""
+    instead of asking the versions table (``model.versions.version_of``)."""
     def literal(a: ast.AST) -> list[str]:
         return [e.value for e in (a.elts if isinstance(a, ast.Tuple) else [a]) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
 
@@ -358,19 +358,21 @@ def _built_ins_named(text: str) -> dict[str, set[str]]:
 
 def test_the_built_ins_named_by_ci_and_docs_are_the_tables() -> None:
     """``.ci/run``, the README and the docs write built-ins' names by hand: each must be one of
-    ``ggml.versions.BUILT_IN`` (or the seeds' ggml) and ``llama.builds.BUILT_IN``, so none goes
-    stale when a version changes; a planted stale name is caught."""
-    from pytest_schedfuzz.ggml.versions import BUILT_IN
-    from pytest_schedfuzz.llama.builds import BUILT_IN as LLAMA_BUILT_IN
-    from pytest_schedfuzz.llama.builds import SEED_GGML
+    ``model.versions.BUILT_IN`` (or the seeds' ggml) and ``builds.names.BUILT_IN`` (or a published
+    build: ``llama.cpp-bNNNN``, the form too), so none goes stale when a version changes; a planted
+    stale name is caught."""
+    from pytest_schedfuzz.builds.names import BUILT_IN as LLAMA_BUILT_IN
+    from pytest_schedfuzz.builds.names import SEED_GGML, is_published
+    from pytest_schedfuzz.model.versions import BUILT_IN
 
     known = {"lib": {*BUILT_IN, SEED_GGML}, "llama-lib": set(LLAMA_BUILT_IN)}
-    planted = _built_ins_named("pytest --schedfuzz-lib=ggml-0.14.0 -q\n| `--schedfuzz-llama-lib llama.cpp-0.3.36\\|llama.cpp-b1\\|DIR` |")
-    assert planted == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-0.3.36", "llama.cpp-b1"}}
-    assert {k: v - known[k] for k, v in planted.items()} == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-b1"}}
+    planted = _built_ins_named("pytest --schedfuzz-lib=ggml-0.14.0 -q\n| `--schedfuzz-llama-lib llama.cpp-0.3.36\\|llama.cpp-0.3.35\\|DIR` |")
+    assert planted == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-0.3.36", "llama.cpp-0.3.35"}}
+    assert {k: v - known[k] for k, v in planted.items()} == {"lib": {"ggml-0.14.0"}, "llama-lib": {"llama.cpp-0.3.35"}}
     named = [(path.name, _built_ins_named(path.read_text())) for path in [ROOT / ".ci" / "run", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
     assert {k for _, n in named for k, v in n.items() if v} == {"lib", "llama-lib"}  # the scan reads .ci/run's and the docs' names
-    stale = [(name, k, sorted(v - known[k])) for name, n in named for k, v in n.items() if v - known[k]]
+    published = {v for _, n in named for v in n.get("llama-lib", ()) if is_published(v) or v == "llama.cpp-bNNNN"}
+    stale = [(name, k, sorted(v - known[k] - published)) for name, n in named for k, v in n.items() if v - known[k] - published]
     assert stale == []
 
 
@@ -430,3 +432,79 @@ def test_a_property_is_one_entry_in_its_module() -> None:
         if p.judge is not None:
             module = p.judge.__module__.removeprefix("pytest_schedfuzz.").replace(".", "/") + ".py"
             assert declared[p.id][0].startswith(module + ":"), (p.id, declared[p.id], module)
+
+
+# The rooms, from the bottom (docs/architecture.md): a module imports its own room and those below
+# it, never one above. Top-level modules are rooms of their own.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("model",),  # plain data
+    ("files", "engine", "redis_url", "profiles"),  # what everything shares: files, the targets' errors, the run's configuration
+    ("compiled", "builds"),  # the reference's compiled modules; the builds under test and how they are had
+    ("reference", "process"),  # the oracle; the processes the engines run in
+    ("ggml", "sim"),  # the graph engine; the simulated llama_context
+    ("llama",),  # llama.cpp, built on ggml's
+    ("strategies", "properties"),
+    ("cases",),
+    ("options",),
+    ("campaign",),
+    ("tools", "commands"),
+    ("cli", "plugin", "session", "items", "__init__"),  # the front ends
+)
+
+
+def _room(module: str) -> str | None:
+    """The room of a module of ours: ``reference``, a package of ``pytest_schedfuzz`` or one of
+    its top-level modules; None for anything else."""
+    parts = module.split(".")
+    if parts[0] == "reference":
+        return "reference"
+    if parts[0] != "pytest_schedfuzz":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports_up(modules: dict[str, tuple[str, bool]]) -> list[str]:
+    """Each import (at module level or inside a function) of a room above the importer's, and of a
+    room the layers do not name: "importer -> imported"."""
+    layer = {room: k for k, rooms in enumerate(LAYERS) for room in rooms}
+    out = []
+    for name, (source, package) in sorted(modules.items()):
+        here = name.split(".") if package else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom):
+                targets = [".".join((here[: len(here) - node.level + 1] if node.level else []) + ([node.module] if node.module else []))]
+                targets = [f"{targets[0]}.{a.name}" for a in node.names] if node.module is None else targets
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                room, own = _room(target), _room(name)
+                if room is None or own is None or room == own:
+                    continue
+                if room not in layer or own not in layer or layer[room] > layer[own]:
+                    out.append(f"{name} -> {target}")
+    return out
+
+
+def test_no_module_imports_a_room_above_its_own() -> None:
+    planted = {"pytest_schedfuzz.model.x": ("from ..campaign import fuzz\n", False),
+               "pytest_schedfuzz.process.y": ("def f():\n    from ..ggml.lib import import_ggml\n", False),
+               "pytest_schedfuzz.llama.z": ("from ..ggml import engine\nfrom ..builds.names import UPSTREAM\n", False),
+               "pytest_schedfuzz.newroom.w": ("from ..model import trace\n", False)}
+    assert _imports_up(planted) == ["pytest_schedfuzz.model.x -> pytest_schedfuzz.campaign",
+                                    "pytest_schedfuzz.newroom.w -> pytest_schedfuzz.model",
+                                    "pytest_schedfuzz.process.y -> pytest_schedfuzz.ggml.lib"]
+    modules = {}
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if package else parts)] = (path.read_text(), package)
+    assert _imports_up(modules) == []
+
+
+def test_the_architecture_page_names_the_layers_in_order() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    order = page[page.index("## Layers"):].split("\n## ")[0]
+    positions = [order.index(f"`{room}") for rooms in LAYERS for room in rooms if room != "__init__"]
+    assert positions == sorted(positions), "docs/architecture.md's layers are not in LAYERS' order"

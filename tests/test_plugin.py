@@ -307,7 +307,7 @@ def test_a_known_bug_does_not_mask_another_of_the_same_kind(fuzz, pytester: pyte
 @pytest.fixture(scope="module")
 def release_lib() -> Path:
     """Built before pytester moves HOME (and with it the build cache) to a fresh folder."""
-    from pytest_schedfuzz.ggml.build import build_ggml_base
+    from pytest_schedfuzz.builds.compile import build_ggml_base
 
     return build_ggml_base("ggml-0.25.3", build_type="Release")
 
@@ -379,8 +379,8 @@ def test_ctrl_c_while_shrinking_stops_at_once_and_keeps_the_case(monkeypatch: py
     was not replayed on a fresh worker, so it is not a finding), and ``interrupted`` tells the
     plugin (and the CLI) to stop there."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.cases.corpus import load_case
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=tmp_path / "examples", examples=50, seed=1))
     real, seen = fuzzer.check, {"failed": False, "after": 0}
@@ -527,9 +527,9 @@ def test_one_options_table_makes_both_front_ends_with_help_for_each() -> None:
     """pytest's schedfuzz group (with ini keys) and ``schedfuzz run`` have the options of
     ``options.OPTIONS``, no more and no fewer, each with its help (every command's every
     argument has help too); the profile's help says what each profile is."""
-    from pytest_schedfuzz.campaign.profiles import PROFILES
     from pytest_schedfuzz.cli import build_parser
     from pytest_schedfuzz.options import OPTIONS, pytest_flags
+    from pytest_schedfuzz.profiles import PROFILES
 
     helped = subprocess.run([sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, timeout=120).stdout
     assert set(re.findall(r"(?<![\w-])(--(?:no-)?schedfuzz[\w-]*)", helped)) == set(pytest_flags())

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..options import Given, Option, in_user_words
+from ..profiles import FuzzConfig
 from ..properties import PROPERTY_IDS, fuzz_units, is_llama
 from . import summary
 from .fuzz import Finding, Fuzzer
-from .profiles import FuzzConfig
 from .stats import Stats
 
 
@@ -305,8 +305,8 @@ class Campaign:
     def facts(self) -> summary.Facts:
         """What ran, as the summary and the report say it (the engines already started)."""
         from .. import compiled
+        from ..builds.names import BUILT_IN as LLAMA_BUILT_IN
         from ..ggml.lib import DEFAULT_LIB
-        from ..llama.builds import BUILT_IN as LLAMA_BUILT_IN
 
         importlib.import_module("reference")  # its status is set when it is imported
         fuzzer, config = self.fuzzer, self.config

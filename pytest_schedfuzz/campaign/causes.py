@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from .. import properties as props
 from ..model.llama import LlamaWorkload, WorkloadError
+from ..model.llama_calls import SWITCHES
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
-from ..model.llama_calls import SWITCHES
 from ..properties.aborts import NO_ABORT
 from ..properties.llama import llama_no_same_size_realloc
 from ..properties.values import SAME_VALUES

@@ -22,6 +22,7 @@ from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Trace
+from ..profiles import FuzzConfig
 from ..properties.captured import llama_matches_reference
 from ..properties.llama import LLAMA_CHECKS, cpu_run_violations, llama_same_logits, out_of_memory, unmade_calls
 from ..properties.llama_logits import compares_logits, cpu_only, logit_pairs
@@ -30,7 +31,6 @@ from . import observed
 from .causes import causes_told_apart, switches_told_apart
 from .engines import Deferred, Engines
 from .known import KnownBugs
-from .profiles import FuzzConfig
 from .stats import Stats
 
 # ggml 0.15.3's asynchronous race shows in about half the replays on an idle machine, in one of

@@ -21,8 +21,8 @@ from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import Abort, Trace
+from ..profiles import FuzzConfig
 from ..properties import derived
-from .profiles import FuzzConfig
 from .stats import Stats
 
 CONFIRM_TIMEOUT_FACTOR = 5  # a timeout's confirmation run waits this many times longer per step

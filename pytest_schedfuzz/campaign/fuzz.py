@@ -29,6 +29,7 @@ from .. import properties as props
 from ..engine import TargetError, Unsupported, gc_paused, gc_young_threshold
 from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
+from ..profiles import FuzzConfig, load_spec
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
 from ..strategies.captured import captured_scenarios, captured_workloads
@@ -38,7 +39,6 @@ from .checks import Checks, Predict
 from .confirm import FLAKY, Confirmation, Finding, ViolationFound, confirmed_finding, keep_unconfirmed
 from .engines import Engines
 from .known import KnownBugs
-from .profiles import FuzzConfig, load_spec
 from .stats import Stats
 
 if TYPE_CHECKING:

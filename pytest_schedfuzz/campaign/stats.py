@@ -308,7 +308,7 @@ def features(scenario: Scenario) -> list[str]:
         "flash attention": "flash attention" in kinds,
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
-        # llama.cpp's own order (``strategies.captured_workloads``): its reservation before every ubatch
+        # llama.cpp's own order (``strategies.captured.captured_workloads``): its reservation before every ubatch
         "llama.cpp's graphs after llama.cpp's reservation (captured)": _after_reservation(scenario),
         # the pool's second size of ubatch and KV cache (``captures.CONTEXTS``)
         f"llama.cpp's graphs of n_ubatch {CONTEXTS[1].n_ubatch}, n_ctx {CONTEXTS[1].n_ctx} (captured)": any(

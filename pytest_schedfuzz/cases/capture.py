@@ -27,9 +27,10 @@ import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from ..model.captured import Captured, CapturedStep
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendLayout, BackendSpec
 from ..model.llama import LlamaWorkload
@@ -50,30 +51,6 @@ class CaptureError(ValueError):
     def __init__(self, message: str, kind: str = "other") -> None:
         super().__init__(message)
         self.kind = kind
-
-
-@dataclass(frozen=True)
-class CapturedStep:
-    """What ggml did at one reserve or alloc inside llama.cpp: the backend (index in the layout)
-    of each node and leaf of the graph (in ggml's order), its splits and compute buffer sizes."""
-
-    step: int  # in the scenario
-    call: int  # the llama.cpp call it happened in (-1: the context's constructor)
-    kind: str  # reserve | alloc | split
-    node_backends: tuple[int, ...]
-    leaf_backends: tuple[int, ...]
-    n_splits: int
-    buffer_sizes: tuple[int, ...]
-    realloc: bool
-
-
-@dataclass(frozen=True)
-class Captured:
-    scenario: Scenario
-    steps: tuple[CapturedStep, ...]
-    ops: Mapping[str, int]  # ggml op (GLU and UNARY by their kind) -> nodes with it, over all graphs
-    # the step where ggml aborted inside llama.cpp (the scenario's last), the call, ggml's message; None: none did
-    abort: tuple[int, int, str] | None = None
 
 
 def _f32(word: int) -> float:

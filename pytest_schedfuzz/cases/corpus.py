@@ -26,8 +26,8 @@ import jsonschema
 
 from reference.versions import version_key
 
+from ..builds.names import recorded_build
 from ..files import atomic_write
-from ..llama.builds import recorded_build
 from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError, nelements
@@ -132,7 +132,7 @@ class Case:
     def known_builds(self) -> tuple[str, ...] | None:
         """The llama.cpp builds this case's bug is known on: its ``expect``'s ``known_on``, else (a
         case saved before builds were named) the build its engine record names
-        (``builds.recorded_build``); None for a graph case, a guard, or a build not named."""
+        (``builds.names.recorded_build``); None for a graph case, a guard, or a build not named."""
         if self.llama is None or not isinstance(self.expect, Mapping):
             return None
         if "known_on" in self.expect:

@@ -34,17 +34,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..builds.compile import ggml_source_for
 from ..ggml import values
-from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, ggml_source_for
+from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
-from ..ggml.lib import base_library, library_folder
-from ..ggml.versions import version_of
+from ..builds.installed import base_library
+from ..ggml.lib import library_folder
 from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendSpec
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord
+from ..model.versions import version_of
 from ..properties.base import Export
 from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama
 from .corpus import Case

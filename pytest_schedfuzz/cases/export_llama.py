@@ -29,25 +29,27 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from ..builds.compile import BuildError, ggml_source_for
+from ..builds.names import BUILT_IN, recorded_build
 from ..engine import TargetError
-from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE, BuildError, ggml_source_for
+from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.engine import CPU_THREADS
-from ..ggml.lib import base_library, library_folder
+from ..builds.installed import base_library
+from ..ggml.lib import library_folder
+from ..llama.calls import STATE_PARTIAL_ONLY
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
-from ..llama.builds import BUILT_IN, recorded_build
 from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
-from ..llama.calls import STATE_PARTIAL_ONLY
 from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
-from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama
 from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
+from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama
 from .corpus import Case
-from .templates import fill, text
 from .export import ExportError, c_string, death_condition, gpu_config, gpu_declarations
+from .templates import fill, text
 
 EXPORTED = tuple(p for p in EXPORTED_IDS if is_llama(p))  # the llama.cpp properties a C program shows
 _KV_TYPE = {"f16": "GGML_TYPE_F16", "f32": "GGML_TYPE_F32", "q8_0": "GGML_TYPE_Q8_0"}

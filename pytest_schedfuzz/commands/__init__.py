@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..campaign.fuzz import Fuzzer
-from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case
 from ..options import from_argparse, in_user_words
+from ..profiles import FuzzConfig
 from ..properties import PROPERTY_IDS
 
 

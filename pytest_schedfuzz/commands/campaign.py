@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..campaign.shared import SharedError, status as campaign_status
+from ..campaign.shared import SharedError
+from ..campaign.shared import status as campaign_status
 from . import UsageError, cli_words
 
 

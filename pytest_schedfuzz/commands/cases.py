@@ -15,18 +15,19 @@ from typing import Any
 
 from reference.versions import rules_for
 
+from ..builds.names import BUILT_IN as LLAMA_BUILT_IN
+from ..builds.names import recorded_build
 from ..campaign.fuzz import Fuzzer
-from ..cases.capture import Captured, CaptureError, capture
+from ..cases.capture import CaptureError, capture
 from ..cases.corpus import Case, CaseError, load_case, save_case
 from ..cases.verdict import judge_replay
 from ..engine import TargetError, Unsupported
 from ..files import atomic_write
-from ..ggml.versions import version_of
-from ..llama.builds import BUILT_IN as LLAMA_BUILT_IN
-from ..llama.builds import recorded_build
+from ..model.captured import Captured
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord, Trace
+from ..model.versions import version_of
 from ..properties.agreement import MATCHES_REFERENCE
 from ..properties.captured import llama_matches_reference
 from ..properties.registry import ENTRIES

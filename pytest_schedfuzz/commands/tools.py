@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..campaign.profiles import PROFILES, FuzzConfig
 from ..cases.corpus import CaseError, case_files
+from ..profiles import PROFILES, FuzzConfig
 from . import UsageError, bad_case, cli_words, load_all, properties_arg
 
 
@@ -27,7 +27,7 @@ def corpus_arg(given: str | None) -> Path:
 
 
 def gate_(args: argparse.Namespace) -> int:
-    from ..campaign.profiles import new_seed
+    from ..profiles import new_seed
     from ..tools.gate import gate
 
     props = properties_arg(args.properties)
@@ -80,8 +80,10 @@ def bench(args: argparse.Namespace) -> int:
 
 def device(args: argparse.Namespace) -> int:
     """Build the GPU-like device for each ggml named (a built-in, or a build's library folder)."""
-    from ..ggml.build import BuildError, build_fake_gpu
-    from ..ggml.lib import BUILT_IN, LibError, base_library, library_folder
+    from ..builds.compile import BuildError
+    from ..ggml.build import build_fake_gpu
+    from ..builds.installed import LibError, base_library
+    from ..ggml.lib import BUILT_IN, library_folder
 
     for name in args.lib or BUILT_IN:
         try:
@@ -139,9 +141,9 @@ def compare_builds(args: argparse.Namespace) -> int:
 def seed_users(args: argparse.Namespace) -> int:
     """``schedfuzz seeds``: seed 000's users' servers (``campaign.seed_users``) on each build, with
     every llama.cpp property; exit 0 (a report: the findings are in it, and in the corpus's run)."""
+    from ..builds.names import BUILT_IN
     from ..campaign.fuzz import Fuzzer
     from ..campaign.seed_users import USERS, lines, replay
-    from ..llama.builds import BUILT_IN
     from ..properties.base import LLAMA_GROUP
 
     rows = []

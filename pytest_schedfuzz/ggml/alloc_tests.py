@@ -18,9 +18,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..builds.compile import compiler, ggml_source_for, run_tool
+from ..builds.installed import base_library
 from ..files import atomic_write, cache_dir
-from .build import _compiler, ggml_source_for, run_tool
-from .installed import base_library
 
 ALLOC_TESTS_SOURCE = Path(__file__).with_name("alloc_tests.c")
 
@@ -44,7 +44,7 @@ def build_alloc_tests(lib_dir: Path) -> Path:
     out = cache_dir() / "alloc_tests" / digest / "schedfuzz-alloc-tests"
     if out.exists():
         return out
-    cc = _compiler("ggml's allocator tests")
+    cc = compiler("ggml's allocator tests")
 
     def compile_to(tmp: Path) -> None:
         # ggml-impl.h (ggml_op_can_inplace) defines static helpers the program does not use

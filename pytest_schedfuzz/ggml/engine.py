@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from ..builds.compile import BuildError, ggml_source_location
 from ..engine import TargetError, Unsupported
 from ..model.graph_spec import TensorSpec
 from ..model.layout import BackendSpec
 from ..model.shapes import Geometry
 from ..model.trace import RELEASE
 from ..process.channel import Channel
-from .build import BuildError, build_fake_gpu, build_helpers, ggml_source_location
+from .build import build_fake_gpu, build_helpers
 from .lib import import_ggml, loaded_library_path
 from .program import GraphProgram, native_encoder
 from .schedlog import SchedLog

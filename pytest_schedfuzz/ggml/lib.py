@@ -21,15 +21,16 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from ..files import cache_dir
-from ..llama.builds import SEED_GGML
-from ..llama.seed import build_llama_seed
-from ..process.children import PARENT_ENV
-from .build import BuildError
+from ..builds.compile import BuildError
+
 # LibError, base_library and BUILT_IN (the newest first: the default engine): also what the plugin
 # and the CLI import from here
-from .installed import LibError, base_library, ggml_python_dir, has_ggml, installed_folder
-from .versions import BUILT_IN
+from ..builds.installed import LibError, ggml_python_dir, has_ggml, installed_folder
+from ..builds.names import SEED_GGML
+from ..builds.seed import build_llama_seed
+from ..files import cache_dir
+from ..model.versions import BUILT_IN
+from ..process.children import PARENT_ENV
 
 LIB_ENV = "SCHEDFUZZ_GGML_LIB"
 
@@ -53,7 +54,7 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
 
 
 DEFAULT_LIB = BUILT_IN[0]
-# ggml 0.25.3 with the seeds' patch set (llama.seed.build_llama_seed: the libraries of llama.cpp-0.3.36-seed),
+# ggml 0.25.3 with the seeds' patch set (builds.seed.build_llama_seed: the libraries of llama.cpp-0.3.36-seed),
 # compiled on first use, so not one of BUILT_IN (which the CLI and tests walk through)
 SEED_LIB = SEED_GGML
 # where a build keeps its shared libraries, below the folder a user names

@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, ClassVar
 
+from ..builds.compile import BuildError
 from ..engine import Unsupported
 from ..model.graph_spec import GraphSpec, TensorSpec, tensor_from_row
-from .build import BuildError, build_encoder
-from .versions import version_of
+from ..model.versions import version_of
+from .build import build_encoder
 
 # the ops whose record fields ``_op_record`` fills (a shape, integer or real parameters);
 # every other op's are zeros

@@ -24,6 +24,7 @@ from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from .kept import SentSpecs
 from .lib import LIB_ENV, child_env, resolve_lib
+from .rpc_program import RpcProgram
 
 WORKER = "pytest_schedfuzz.ggml.worker"
 
@@ -57,7 +58,7 @@ class GgmlTarget(WorkerTarget):
         self.bare = bare  # benchmarks: the scheduler without debug output, no splits recorded
         self.debug_realloc = debug_realloc
         self.start_timeout = start_timeout
-        self.servers = RpcServers(self.lib_dir)
+        self.servers = RpcServers(RpcProgram(self.lib_dir))
         self._runs = 0  # scenarios run (each RPC server's last client is named by its number)
         self.engine: dict[str, str] = {}
         self._sent: weakref.WeakKeyDictionary[Worker, SentSpecs] = weakref.WeakKeyDictionary()  # what each worker keeps (``kept``)

@@ -43,21 +43,27 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
+from ..builds.compile import OPTIMIZE
 from ..engine import TargetError, Unsupported, gc_paused
 from ..model.graph_spec import GraphBuilder
 from ..model.layout import BackendLayout
 from ..model.scenario import Scenario, SchedParams, Step
 from ..model.trace import StepRecord
-from .backends import RpcUnreachable
-from .build import OPTIMIZE
 from ..process.channel import Channel
 from ..process.children import die_with_parent
+from .backends import RpcUnreachable
 from .engine import OBSERVE_SPLITS, Ggml, coverage_build, gcov_dump
 from .kept import KeptSpecs
+from .lib import import_ggml
 from .run import ScenarioRun
 
-
 THAWED = 500  # requests between full collections (``main``)
+
+
+def prefork() -> None:
+    """What the fork server does once for all the workers it forks (``forkserver.serve``): the
+    bindings and ggml's libraries, mapped once for every worker."""
+    import_ggml()
 
 
 def no_realloc_fix(lib: str) -> str:

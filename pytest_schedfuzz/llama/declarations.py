@@ -22,9 +22,9 @@ its declared types allow. What cannot be established is refused, naming what is 
 from __future__ import annotations
 
 import ast
+import ctypes
 import hashlib
 import os
-import ctypes
 import platform
 import re
 import subprocess

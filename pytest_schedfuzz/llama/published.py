@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from ..builds.names import PUBLISHED, UPSTREAM
 from ..engine import TargetError
 from ..files import cache_dir
-from .builds import PUBLISHED, UPSTREAM
 from .upstream import installed_dir
 
 DISTRIBUTION, PACKAGE = "llama-cpp-py-sync", "llama_cpp_py_sync"

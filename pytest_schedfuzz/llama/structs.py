@@ -16,7 +16,7 @@ from . import graph_records
 
 class CGraphHead(ctypes.Structure):
     """The leading fields of ``struct ggml_cgraph`` (ggml-impl.h; unchanged from 0.15.3 to 0.26.0).
-    The struct is private to ggml and no header a build ships declares it: ``Llama.check_graph_head``
+    The struct is private to ggml and no header a build ships declares it: ``graph_head_wrong``
     checks it against the loaded library before any workload."""
 
     _fields_ = [

@@ -20,21 +20,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..builds.compile import BuildError
+from ..builds.names import BUILT_IN, UPSTREAM, build_name, is_published
+from ..builds.seed import build_llama_seed
 from ..engine import TargetError, Unsupported
 from ..files import cache_dir
-from ..ggml.build import BuildError
 from ..ggml.lib import child_env, lib_overlay
+from ..ggml.rpc_program import RpcProgram
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
 from ..process.crash import build_preload, with_preload
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
 from . import declarations
-from .builds import BUILT_IN, UPSTREAM, build_name, is_published
 from .gguf_models import write_lora, write_model
 from .graph_records import RecentGraphs
 from .published import published_folder
-from .seed import build_llama_seed
 from .upstream import is_prebuilt, prebuilt_lib_dir, upstream_lib_dir
 
 LIB_ENV = "SCHEDFUZZ_LLAMA_LIB"
@@ -99,7 +100,7 @@ class LlamaTarget(WorkerTarget):
         self.debug_realloc = debug_realloc
         self.hook = build_preload(HOOK_SOURCE)
         self.models = cache_dir() / "models"
-        self.servers = RpcServers(str(self.lib_dir))
+        self.servers = RpcServers(RpcProgram(str(self.lib_dir)))
         self.recent_graphs = RecentGraphs()  # captured graphs' tensors, made once for the workloads that capture them again
         self.engine: dict[str, str] = {}
         self._used: weakref.WeakKeyDictionary[Worker, set[str]] = weakref.WeakKeyDictionary()  # the servers each worker sent work

@@ -33,10 +33,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..builds.compile import BuildError, run_tool
+from ..builds.names import UPSTREAM
 from ..engine import TargetError
 from ..files import cache_dir
-from ..ggml.build import BuildError, run_tool
-from .builds import UPSTREAM
 from .declarations import BINDING_CDEF, CDEF_FILE, binding_cdef
 
 PACKAGE, DISTRIBUTION, VERSION = "llama_cpp_py_sync", "llama-cpp-py-sync", "0.11739"

@@ -371,7 +371,9 @@ def prefork() -> None:
     parse of llama.h, and of each type a worker names, cost every worker about 0.25 s of CPU at
     its start (a known abort restarts it every few workloads). Every declared function and the
     structs they pass are bound here, by name too (``Bindings.__getattr__``); nothing of ggml or
-    llama.cpp is initialized. A failure is left for the worker's own start to report."""
+    llama.cpp is initialized (ggml-python's bindings and libraries are mapped, as the graph
+    engine's fork server maps them). A failure is left for the worker's own start to report."""
+    import_ggml()
     _, L = bindings()
     for name in dir(L.clib):
         L.has(name)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .layout import BackendSpec
+
 # the calls (one entry per kind) and what the workload's modules name from here
 from .llama_calls import CALL_KINDS, MAX_DRAFT, MAX_LORAS, OUTPUTS, SAMPLER_CHAINS, Call, Checking, Part, check_calls  # noqa: F401
 from .llama_model import RECURRENT_KINDS, LoraSpec, ModelSpec

@@ -4,14 +4,15 @@ A worker dies with every ggml abort and crash, and a known bug can abort every f
 fresh Python process then spends about 0.25 s of CPU importing this package, numpy and
 ggml-python before its first step (in a ci run a graph property started 35 workers in 40 s: a
 fifth of its CPU time). The fork server, started once per worker module and environment
-(``children.spawn``: in its own session, dying with its parent), imports MODULE, ggml-python's
-bindings and the PRELOAD modules (llama-cpp-python's, for the llama.cpp worker) once, in the
-worker's order, and forks each new worker from itself; the worker then runs ``MODULE.main()`` as
+(``children.spawn``: in its own session, dying with its parent), imports MODULE and the PRELOAD
+modules (CFFI, for the llama.cpp worker) once, runs MODULE's ``prefork()`` (which maps its
+engine's bindings and libraries), and forks each new worker from itself; it knows no engine: the worker then runs ``MODULE.main()`` as
 ``python -m MODULE`` would, in a new session, with the stdin, stdout and stderr its parent passed
 (``SCM_RIGHTS``). Nothing of ggml is initialized before the fork (no backend, no thread), so each
 worker starts from what a fresh process would have, at the server's addresses (not the RPC
 servers: ``rpc`` says why). A MODULE's ``prefork()``, where it has one, runs once before any fork:
-what every worker would otherwise do first (the llama.cpp worker's parse of llama.h).
+what every worker would otherwise do first (ggml-python's bindings, the llama.cpp worker's parse
+of llama.h).
 
 Protocol on the ``SOCK_SEQPACKET`` socket ``FD``, one message each way per request, fields
 separated by NUL:
@@ -37,7 +38,6 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from ..ggml.lib import import_ggml
 from .children import PARENT_ENV, die_with_parent, kill_group, spawn
 
 _FDS = 3
@@ -70,10 +70,10 @@ def _wait(pid: int, seconds: float) -> int | None:
 
 def serve(sock: socket.socket, name: str, preload: list[str]) -> None:
     module = importlib.import_module(name)
-    import_ggml()  # the bindings and ggml's libraries, mapped once for every worker
     for other in preload:
         importlib.import_module(other)
-    prefork = getattr(module, "prefork", None)  # what every worker would do first, done once here
+    # what every worker would do first (the engine's bindings and libraries mapped), done once here
+    prefork = getattr(module, "prefork", None)
     if prefork is not None:
         try:
             prefork()

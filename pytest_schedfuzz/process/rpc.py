@@ -1,8 +1,8 @@
 """Local ggml RPC servers.
 
-Each server is ``schedfuzz-rpc-server 127.0.0.1:P THREADS`` (``ggml/rpc_server.c``, linked
-against the ggml under test: ``build.build_rpc_server``) in its own session (so its own process
-group), listening on a free loopback port. A server is ready once it is alive and a listening
+Each server is ``schedfuzz-rpc-server 127.0.0.1:P THREADS``, a program of the engine's
+(``ServerProgram``: ``ggml.rpc_program.RpcProgram``, ``ggml/rpc_server.c`` linked against the ggml
+under test), in its own session (so its own process group), listening on a free loopback port. A server is ready once it is alive and a listening
 socket on its port is its own (``owns_listener``: not a stranger's that took the port);
 ``ggml_backend_rpc_init`` on a port that is not listening yet fails inside ggml, so we poll
 rather than sleep. Servers are stopped on ``close()`` and, as every child, at interpreter exit
@@ -22,7 +22,6 @@ buffer handle of one server would then name a buffer of another too (the starter
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -34,12 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
-from ..ggml.build import BuildError, build_rpc_server, ggml_source_for
-from ..ggml.engine import CPU_THREADS
-from ..ggml.installed import LibError, base_library, installed_folder
-from ..ggml.lib import child_env
 from .children import KILLED_FROM_OUTSIDE, describe_exit, exiting, kill_group, spawn
 
 
@@ -73,21 +68,19 @@ _SERVER_OWN = re.compile(r"(Accepted client connection|Client connection closed|
 _CLOSED_AFTER = re.compile(r"schedfuzz-rpc-server: closed the connection after command (\d+)$")
 
 
-@functools.cache
-def rpc_commands(lib_dir: str | None) -> tuple[str, ...]:
-    """The RPC commands by number, as the build's own ``ggml-rpc.cpp`` declares them
-    (``enum rpc_cmd``: ``GRAPH_COMPUTE`` for ``RPC_CMD_GRAPH_COMPUTE``); empty where the build's
-    source is not on disk (a prebuilt release): its commands are then said by number."""
-    try:
-        folder = Path(lib_dir) if lib_dir else installed_folder("ggml-0.15.3")
-        text = (ggml_source_for(str(base_library(folder))) / "src" / "ggml-rpc" / "ggml-rpc.cpp").read_text()
-    except (BuildError, LibError, OSError):
-        return ()
-    body = re.search(r"enum rpc_cmd \{(.*?)\};", text, re.DOTALL)
-    if body is None:
-        return ()
-    names = re.findall(r"^\s*RPC_CMD_(\w+)\s*(?:=\s*0\s*)?,", body.group(1), re.MULTILINE)
-    return tuple(names)
+class ServerProgram(Protocol):
+    """What the servers are, as the engine under test has them built: the program (built on first
+    use; ``RpcServerError`` where it cannot be), the environment it needs to load its ggml, the
+    threads it computes with, and the RPC commands by number as its ggml declares them (empty
+    where its source is not on disk: they are then said by number)."""
+
+    threads: int
+
+    def program(self) -> Path: ...
+
+    def environment(self) -> Mapping[str, str]: ...
+
+    def commands(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -147,10 +140,9 @@ class RpcServers:
     ``SCHEDFUZZ_RPC_CRASH_AT_COMPUTE``, ``rpc_server.c``).
     """
 
-    def __init__(self, lib_dir: str | None = None, threads: int = CPU_THREADS, start_timeout: float = 30.0, attempts: int = 3,
+    def __init__(self, server: ServerProgram, start_timeout: float = 30.0, attempts: int = 3,
                  env: Mapping[str, str] | None = None) -> None:
-        self.lib_dir = lib_dir
-        self.threads = threads
+        self.server = server
         self.start_timeout = start_timeout
         self.attempts = attempts
         self.env = dict(env or {})
@@ -231,11 +223,11 @@ class RpcServers:
 
     def _named(self, line: str) -> str:
         """``rpc_server.c``'s "closed the connection after command N" with the command's name
-        from this build's ``enum rpc_cmd`` (``rpc_commands``), where its source is on disk."""
+        from this build's ``enum rpc_cmd`` (``ServerProgram.commands``), where its source is on disk."""
         m = _CLOSED_AFTER.match(line)
         if m is None:
             return line
-        names = rpc_commands(self.lib_dir)
+        names = self.server.commands()
         n = int(m.group(1))
         return f"schedfuzz-rpc-server: closed the connection after command {names[n] if n < len(names) else n}"
 
@@ -317,10 +309,7 @@ class RpcServers:
     @cached_property
     def program(self) -> Path:
         """The server program for this ggml, built on first use (cached across runs)."""
-        try:
-            return build_rpc_server(self.lib_dir)
-        except BuildError as e:
-            raise RpcServerError(f"could not build the ggml RPC server: {e}") from None
+        return self.server.program()
 
     def _start(self) -> _Server:
         problems: list[str] = []
@@ -328,8 +317,8 @@ class RpcServers:
         for _ in range(self.attempts):
             port = free_port()
             log = open(self._logdir / f"rpc-{port}.log", "w+b")
-            cmd = [str(self.program), f"127.0.0.1:{port}", str(self.threads)]
-            proc = spawn(cmd, child_env(self.lib_dir) | self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            cmd = [str(self.program), f"127.0.0.1:{port}", str(self.server.threads)]
+            proc = spawn(cmd, {**self.server.environment(), **self.env}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             server = _Server(port, proc, log)
             try:
                 if self._wait_ready(server):

@@ -48,7 +48,6 @@ from .reuse import fresh_variant, reuse_complete, reuse_equivalent, reuse_sound
 from .values import as_forced_view, as_race, forced_views, same_values, synchronous_variant, unforced_views_variant
 
 
-
 def _graph_property(entry: PropertyEntry) -> Property:
     assert entry.draws is not None and entry.judge is not None, f"{entry.id}: a graph property is drawn and judged"
     return Property(entry.id, entry.needs, entry.draws, entry.judge)

@@ -12,9 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..model.scenario import Scenario
-
 from ..model.trace import UNOBSERVABLE, Trace
-
 
 # the llama.cpp properties are fuzzed as one unit: each workload runs once, judged by all of them
 LLAMA_GROUP = "llama.cpp"

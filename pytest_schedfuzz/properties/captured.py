@@ -10,7 +10,7 @@ llama.cpp, the reference must predict that abort at that step.
 
 from __future__ import annotations
 
-from ..cases.capture import Captured
+from ..model.captured import Captured
 from ..model.llama import LlamaWorkload
 from ..model.trace import Trace
 from .base import CAPTURED, PropertyEntry, Violation

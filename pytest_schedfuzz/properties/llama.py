@@ -36,10 +36,23 @@ from ..model.scenario import SchedParams
 from .aborts import NO_ABORT, at_site, with_c_stack
 from .base import CPU_ONLY, Export, PropertyEntry, Violation
 from .llama_logits import LOGITS_TOLERANCE, decode_pairs, logit_pairs, logits_difference
+from .llama_replan import (
+    BY_BATCH,
+    META_DEVICES,
+    META_TENSORS,
+    batch_class,
+    call_kind,
+    call_name,
+    graph_kind,
+    invalid_reason,
+    outgrown,
+    replan_reason,
+    replan_trigger,
+    topology_cause,
+    what_grew,
+)
 from .realloc import NO_SAME_SIZE_REALLOC
 from .sites import RPC_FAILED, server_death, server_refusal, site_key
-from .llama_replan import (BY_BATCH, META_DEVICES, META_TENSORS, batch_class, call_kind, call_name, graph_kind, invalid_reason, outgrown, replan_reason,
-                           replan_trigger, topology_cause, what_grew)
 
 
 def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:

@@ -13,7 +13,6 @@ import numpy as np
 from ..model.llama import Devices, LlamaWorkload
 from ..model.llama_trace import CallRecord, LlamaTrace
 
-
 # the GPU-like device computes with the CPU backend's kernels: the same workload gives the same
 # logits to the last bit on every layout measured (RPC, GPU-like, overrides, pipeline parallelism,
 # ops a device refuses); the CPU-only run resolves flash attention as the devices' run did

@@ -8,8 +8,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from ..builds.seed import kept_source
 from ..files import cache_dir
-from ..llama.seed import kept_source
 
 # the RPC client's check for every server failure: its site is wherever the client first noticed
 # the failure (another call in another ggml version), not where anything went wrong
@@ -126,7 +126,7 @@ def _lines(source: Path) -> list[str]:
 
 
 def _source_file(path: str) -> Path | None:
-    """``path`` if it exists, else the copy a seeds build kept (``llama.seed.kept_source``), else the
+    """``path`` if it exists, else the copy a seeds build kept (``builds.seed.kept_source``), else the
     same file in the cached source distribution whose name pip's build folder carries
     (``/tmp/pip-install-*/ggml-python_<hash>/vendor/...``)."""
     if Path(path).is_file():

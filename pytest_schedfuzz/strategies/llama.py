@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
+from ..model.layout import BackendSpec
 from ..model.llama import (
     CPU_DEVICE,
     FLASH_ATTN,
@@ -30,7 +31,6 @@ from ..model.llama import (
     all_experts_bytes,
     expert_bytes,
 )
-from ..model.layout import BackendSpec
 from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, LoraSpec, ModelSpec
 from . import gpus, sampled
 

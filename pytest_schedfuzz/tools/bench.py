@@ -40,12 +40,12 @@ from reference.sched import Scheduler
 
 from .. import compiled
 from ..campaign.fuzz import Fuzzer
-from ..campaign.profiles import FuzzConfig
 from ..engine import gc_paused
 from ..ggml.target import GgmlTarget
 from ..model.graph_spec import GraphSpec
 from ..model.layout import BackendLayout
 from ..model.scenario import Scenario, SchedParams, Step
+from ..profiles import FuzzConfig
 from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from ..sim.models import ModelShape, llama_graph
 from .flake import flake

@@ -1,6 +1,6 @@
 """``schedfuzz coverage``: how much of ggml's scheduler and allocator a run reaches.
 
-A built-in ggml's ``libggml-base`` is rebuilt with gcc's ``--coverage`` (``build.build_ggml_base``:
+A built-in ggml's ``libggml-base`` is rebuilt with gcc's ``--coverage`` (``builds.compile.build_ggml_base``:
 Debug, as the install builds it, its source and ``.gcno`` kept), the chosen profile runs on it in a
 fresh folder with a copy of the corpus (as ``schedfuzz mutate`` runs it; the graph properties and
 the llama.cpp properties' captured graphs run on the instrumented library, llama.cpp's own
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..ggml.build import build_ggml_base, coverage_build
+from ..builds.compile import build_ggml_base, coverage_build
 from .ci_run import run_ci_profile
 
 SOURCES = ("ggml-backend.cpp", "ggml-alloc.c")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..llama.builds import SEED_GGML, SEED_LLAMA, UPSTREAM
+from ..builds.names import SEED_GGML, SEED_LLAMA, UPSTREAM
 
 
 @dataclass(frozen=True)

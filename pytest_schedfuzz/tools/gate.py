@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..campaign.fuzz import Fuzzer
-from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import STARTER_CORPUS, Case, save_case
+from ..profiles import FuzzConfig
 from ..properties import LLAMA_PROPERTY_IDS, PROPERTY_IDS, fuzz_units, is_llama, without_c_stack
 
 PASS, NA = "pass", "n/a"

@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..builds.names import is_published
 from ..campaign.fuzz import Fuzzer
-from ..campaign.profiles import FuzzConfig
 from ..cases.corpus import STARTER_CORPUS, Case
 from ..engine import TargetError, Unsupported
-from ..llama.builds import is_published
 from ..llama.published import build_facts, number, published_names
+from ..profiles import FuzzConfig
 from ..properties import without_c_stack
 
 HAS, HAS_NOT, CANNOT = "reproduces", "does not", "cannot judge"

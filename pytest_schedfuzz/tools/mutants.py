@@ -1,7 +1,7 @@
 """``schedfuzz mutate``: a mutation score of the harness against the real scheduler.
 
 Each mutant is one small change to ggml 0.25.3's ``ggml-backend.cpp`` or ``ggml-alloc.c`` (the
-scheduler and the allocator), built into its own ``libggml-base`` (``build.build_ggml_base``).
+scheduler and the allocator), built into its own ``libggml-base`` (``builds.compile.build_ggml_base``).
 The ci profile then runs on it, in a fresh folder with a copy of the corpus, exactly as a
 pre-merge job would (``pytest --schedfuzz --schedfuzz-profile=ci``). A mutant is killed when
 that run reports a finding (or a corpus case that no longer behaves), and survives when it
@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..builds.compile import Patch, build_ggml_base
 from ..campaign.summary import CUT_SHORT_EXIT
-from ..ggml.build import Patch, build_ggml_base
 from ..properties import GRAPH_PROPERTY_IDS
 from .ci_run import run_ci_profile
 

@@ -10,8 +10,8 @@ import gc
 import pytest
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.engine import gc_paused
+from pytest_schedfuzz.profiles import FuzzConfig
 from reference.predict import predict
 
 

@@ -32,9 +32,9 @@ def test_a_ctrl_c_while_the_engines_close_is_noted_and_leaves_nothing_running() 
     """A Ctrl-C that lands while the engines close (a run that has just saved its finding) does
     not cut the closing short: it is noted (the CLI then exits 130), and no worker, fork server
     or RPC server is left running."""
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.model.layout import BackendLayout
     from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
+    from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 
     graph = llama_graph(ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1), 4, 16)

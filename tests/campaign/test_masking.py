@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pytest_schedfuzz.campaign.causes import causes_told_apart
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import Case
 from pytest_schedfuzz.cases.verdict import judge_replay
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Abort, StepRecord, Trace
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import POLICY_PROPERTY_IDS, PROPERTIES, Violation, fuzz_units, matches_reference, no_abort
 from reference.alloc import KEPT_PLAN
 

@@ -12,13 +12,13 @@ import pytest
 
 from pytest_schedfuzz.campaign import observed
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
+from pytest_schedfuzz.profiles import FuzzConfig
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 

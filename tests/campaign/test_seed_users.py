@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.campaign.seed_users import USERS, Replayed, counts, lines, replay
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaTrace, SchedCall
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties.base import LLAMA_GROUP
 
 

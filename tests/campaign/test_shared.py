@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.campaign.shared import RedisUrl, SharedError
+from pytest_schedfuzz.redis_url import RedisUrl, SharedError
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.process.children import kill_group, spawn
 from pytest_schedfuzz.process.rpc import free_port, port_accepts

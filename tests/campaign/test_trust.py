@@ -42,7 +42,7 @@ def _fuzzer_with_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replay
     whose confirmation replays answer in turn with ``replays``: ``same`` (the real check),
     ``other`` (another violation) or ``pass``."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.properties import Violation
 
     fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=tmp_path / ".schedfuzz" / "examples", examples=20, seed=1))
@@ -98,7 +98,7 @@ def test_a_flaky_failure_is_unconfirmed_not_a_finding(tmp_path: Path, monkeypatc
     """Found once and not again on Hypothesis's own replay of the example (its FlakyFailure):
     kept with its message, counted, never a finding."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     fuzzer = Fuzzer(FuzzConfig(policy="planted:never", database=tmp_path / ".schedfuzz" / "examples", examples=20, seed=1))
     real, calls = fuzzer.check, {"n": 0}

@@ -460,7 +460,7 @@ def test_an_abort_finding_names_the_file_line_and_function_of_the_check_that_fir
     """ggml prints the check's file and line (from its build folder, which pip deleted); the
     function is read from that line of the cached source distribution."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     case = load_case(next(CORPUS.glob("no-abort-kind-abort-message-ggml-backend-cpp-ggml-assert-n-g-9523a46d7b.json")))
     fuzzer = Fuzzer(FuzzConfig(database=None, lib="ggml-0.15.3"))

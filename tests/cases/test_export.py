@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.builds.compile import ggml_source_for
 from pytest_schedfuzz.cases.corpus import Case, load_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run, export_case
 from pytest_schedfuzz.cases.export_llama import devices_said, export_llama_case
-from pytest_schedfuzz.ggml.build import ggml_source_for
-from pytest_schedfuzz.ggml.lib import base_library, library_folder
+from pytest_schedfuzz.builds.installed import base_library
+from pytest_schedfuzz.ggml.lib import library_folder
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 SCHEDFUZZ = [sys.executable, "-m", "pytest_schedfuzz.cli"]
@@ -133,9 +134,9 @@ def test_a_matches_reference_reproducer_carries_the_prediction_and_exits_0_once_
     MoE graph: exported with that reference, the program shows ggml's assignment of the node
     against the prediction it carries and exits 1; exported with the true reference, 0."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.cases.capture import capture
     from pytest_schedfuzz.cases.corpus import save_case
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     llama = _case("4d6247404c")
     assert llama.llama is not None
@@ -163,11 +164,11 @@ def test_a_reuse_equivalent_reproducer_runs_the_steps_again_with_fresh_scheduler
     """A scheduler kept across a change of ``parallel`` (the harness's own finding, once): the
     reused one's buffers are smaller than a fresh one's; the program runs both and says so."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.cases.corpus import save_case
     from pytest_schedfuzz.model.graph_spec import GraphBuilder
     from pytest_schedfuzz.model.layout import BackendLayout
     from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     b = GraphBuilder()
     y = b.op("mul_mat", b.weight("w", (16, 16), device=0), b.input("x", (16, 8)), name="y")

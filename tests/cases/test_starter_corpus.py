@@ -12,8 +12,8 @@ import pytest
 
 from pytest_schedfuzz.campaign.checks import RACE_TRIES
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import Case, case_files, load_case
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.sim.driver import Driver
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"

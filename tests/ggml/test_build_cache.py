@@ -1,4 +1,4 @@
-"""Cached builds (``ggml.build.publish_build``): several processes asking for one build at once
+"""Cached builds (``builds.compile.publish_build``): several processes asking for one build at once
 (pytest-xdist workers, a campaign's hosts) get it built once, and none deletes a folder another
 is building in."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.ggml.build import publish_build
+from pytest_schedfuzz.builds.compile import publish_build
 
 
 def _make_slowly(folder: Path) -> None:

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.ggml.program import GraphProgram, encode, encode_rows, native_encoder
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.strategies import scenarios
 
 ROOT = Path(__file__).resolve().parents[2]

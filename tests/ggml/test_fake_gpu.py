@@ -16,16 +16,19 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from pytest_schedfuzz.builds.compile import build_ggml_base
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import case_files, load_case
-from pytest_schedfuzz.ggml.build import build_fake_gpu, build_ggml_base
-from pytest_schedfuzz.ggml.lib import base_library, library_folder
+from pytest_schedfuzz.ggml.build import build_fake_gpu
+from pytest_schedfuzz.builds.installed import base_library
+from pytest_schedfuzz.ggml.lib import library_folder
 from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.values import compared as values_compared
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Trace
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import (
     forced_views,
     fresh_variant,
@@ -39,7 +42,6 @@ from pytest_schedfuzz.properties import (
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import Driver, Reconfigure, Ubatch, Workload
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
-from pytest_schedfuzz.ggml.values import compared as values_compared
 from pytest_schedfuzz.strategies import scenarios, workloads
 from pytest_schedfuzz.tools.mutants import mutant
 from reference.predict import predict

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, load_case
 from pytest_schedfuzz.files import cache_dir
 from pytest_schedfuzz.llama.upstream import upstream_lib_dir
 from pytest_schedfuzz.model.trace import RELEASE, UNOBSERVABLE, ReallocEvent, StepRecord
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties.agreement import _compare_record
 
 pytest_plugins = ["pytester"]

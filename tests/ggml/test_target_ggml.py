@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.builds.installed import shared_library
 from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
 from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
-from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
-from pytest_schedfuzz.ggml.installed import shared_library
 from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib
+from pytest_schedfuzz.ggml.rpc_program import RpcProgram
+from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout
@@ -224,7 +225,7 @@ def test_rpc_servers_are_programs_linked_against_the_ggml_under_test(lib: str, t
     the very ggml files the worker loads (those of their sonames: ``lib.lib_overlay``), RPC
     library included; a folder with no RPC library is a clear error naming it."""
     folder = library_folder(lib)
-    with RpcServers(resolve_lib(lib)) as servers:
+    with RpcServers(RpcProgram(resolve_lib(lib))) as servers:
         servers.ensure(2)
         for pid in servers.pids:
             maps = Path(f"/proc/{pid}/maps").read_text()
@@ -235,7 +236,7 @@ def test_rpc_servers_are_programs_linked_against_the_ggml_under_test(lib: str, t
     for f in folder.glob("libggml*.so*"):
         if "rpc" not in f.name:
             (tmp_path / f.name).symlink_to(f.resolve())
-    with RpcServers(str(tmp_path)) as servers, pytest.raises(RpcServerError, match=f"{tmp_path}: no libggml-rpc.so there"):
+    with RpcServers(RpcProgram(str(tmp_path))) as servers, pytest.raises(RpcServerError, match=f"{tmp_path}: no libggml-rpc.so there"):
         servers.ensure(1)
 
 
@@ -540,7 +541,7 @@ def test_dead_waits_for_no_healthy_server_and_reports_a_crashed_one(monkeypatch:
     """``RpcServers.dead`` after a healthy scenario returns at once (it used to give every server
     0.2 s to die: 13-16% of a ci ``matches-reference`` run); a crashed server, zombie or reaped,
     is reported with its signal."""
-    with RpcServers() as servers:
+    with RpcServers(RpcProgram()) as servers:
         servers.ensure(2)
         slept: list[float] = []
         with monkeypatch.context() as m:
@@ -604,8 +605,8 @@ def test_a_crash_is_confirmed_on_the_spare_worker_and_fresh_rpc_servers_with_the
     fork server that forked the crashed one (it never initializes ggml), so that no Python
     process has to start; a crash that does not come back is unconfirmed."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.model.trace import Abort, Trace
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     clean = scenario(RPC_CPU, {"A": llama_graph(TWO_LAYERS, 4, 16)}, sched_new(), Step("compute", "A"))
     fuzzer = Fuzzer(FuzzConfig(database=None, confirm_runs=1))  # one replay: the spare's
@@ -630,8 +631,8 @@ def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_p
     and a hang is still a finding; the step timeout is restored after."""
     from pytest_schedfuzz.campaign.engines import CONFIRM_TIMEOUT_FACTOR
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.model.trace import Abort, Trace
+    from pytest_schedfuzz.profiles import FuzzConfig
 
     class Slow:
         """Times out under the usual timeout, finishes under a longer one."""

@@ -17,15 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from test_llama_gpu import ASYNC, workload
 
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.campaign.stats import features
-from pytest_schedfuzz.cases.capture import Captured, CaptureError, capture, covered_ops, graph_spec, layout_of, llama_names
+from pytest_schedfuzz.cases.capture import CaptureError, capture, covered_ops, graph_spec, layout_of, llama_names
 from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.model.captured import Captured
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import PROPERTIES
 from pytest_schedfuzz.properties.base import reason_kind
 from pytest_schedfuzz.properties.captured import llama_matches_reference

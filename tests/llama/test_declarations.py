@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.llama import declarations, upstream
 from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
-from pytest_schedfuzz.llama.builds import UPSTREAM
 from pytest_schedfuzz.llama.upstream import upstream_lib_dir
 from pytest_schedfuzz.model.llama import LlamaWorkload
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
+
 
 def test_each_build_is_read_from_its_own_declarations() -> None:
     old, new = declarations.find(default_lib_dir()), declarations.find(upstream_lib_dir())

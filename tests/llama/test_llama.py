@@ -289,8 +289,8 @@ def test_a_context_that_does_not_initialize_is_a_finding_not_a_pass() -> None:
 
 def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.engine import TargetError
+    from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     w = replace(STEADY, calls=(decode((0, 4, "last")), Call("seq_rm", seq=0, n=2)))
@@ -327,8 +327,8 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
 
 def test_the_reference_judges_the_captured_graphs_while_llama_cpp_runs_the_cpu_only_workload() -> None:
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.model.layout import BackendSpec
+    from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     w = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
@@ -358,8 +358,8 @@ def test_a_cpu_only_run_is_kept_for_the_next_workload_with_the_same_model_contex
     their devices (what a mutation often changes): the second is compared with the kept run, and a
     difference is still found; a CPU-only run that aborted is not kept."""
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
     from pytest_schedfuzz.model.layout import BackendSpec
+    from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
     one = replace(STEADY, devices=Devices(n_rpc=0, n_gpu_layers=99, gpus=(BackendSpec("gpu"),)))
@@ -471,10 +471,10 @@ def test_crashes_in_different_functions_are_different_findings(tmp_path) -> None
     import subprocess
     import sys
 
-    from pytest_schedfuzz.process.crash import CRASH_HOOK, build_preload, stack_line, with_preload
     from pytest_schedfuzz.ggml.lib import resolve_lib
     from pytest_schedfuzz.model.scenario import Scenario
     from pytest_schedfuzz.model.trace import Abort, Trace
+    from pytest_schedfuzz.process.crash import CRASH_HOOK, build_preload, stack_line, with_preload
     from pytest_schedfuzz.properties import no_abort
 
     lib = Path(resolve_lib(None)) / "libggml-base.so"
@@ -677,9 +677,9 @@ def test_a_llama_cpp_crash_or_timeout_counts_only_if_a_fresh_worker_sees_it_agai
     what never comes back is counted as unconfirmed, kept as a case the summary lists, and the
     last fresh run, captured as the first one was, is what is judged."""
     from pytest_schedfuzz.campaign.engines import CONFIRM_TIMEOUT_FACTOR
-    from pytest_schedfuzz.properties import LLAMA_GROUP
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.profiles import FuzzConfig
+    from pytest_schedfuzz.properties import LLAMA_GROUP
 
     class Flaky:
         """A llama.cpp target whose workload fails on its first run and again on run ``back`` (0: never)."""

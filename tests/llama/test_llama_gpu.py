@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.campaign.stats import llama_observed
+from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.layout import BackendSpec
 from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
-from pytest_schedfuzz.campaign.stats import llama_observed
-from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama_trace import LlamaAbort
+from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_run_violations, llama_no_abort, llama_same_logits, out_of_memory
 from pytest_schedfuzz.properties.llama_logits import cpu_only, logit_pairs
 
@@ -271,7 +271,7 @@ def test_a_context_that_does_not_fit_is_judged_on_the_scheduler_calls_made_befor
     the summary counts the context as judged, not as skipped."""
     from pytest_schedfuzz.campaign import checks
     from pytest_schedfuzz.campaign.fuzz import Fuzzer
-    from pytest_schedfuzz.campaign.profiles import FuzzConfig
+    from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
 
     full = workload(Devices(n_rpc=0, gpus=(ASYNC, ASYNC), gpu_free=(300_000, 300_000)))

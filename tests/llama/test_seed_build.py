@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.ggml.build import BuildError, Patch, source_tree
-from pytest_schedfuzz.llama.builds import SEED_GGML, SEED_LLAMA
-from pytest_schedfuzz.llama.seed import PATCHES, build_llama_seed, kept_source, patch_command, seed_patch_files
+from pytest_schedfuzz.builds.compile import BuildError, Patch, source_tree
+from pytest_schedfuzz.builds.names import SEED_GGML, SEED_LLAMA
+from pytest_schedfuzz.builds.seed import PATCHES, build_llama_seed, kept_source, patch_command, seed_patch_files
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 from pytest_schedfuzz.properties.sites import check_site
 
@@ -142,8 +142,10 @@ def test_libllama_traces_and_counts_reallocations(seed_lib: Path) -> None:
 
 @pytest.mark.engine
 def test_the_names_resolve_to_the_build(seed_lib: Path) -> None:
-    from pytest_schedfuzz.ggml.build import build_fake_gpu, ggml_source_location
-    from pytest_schedfuzz.ggml.lib import LibError, base_library, resolve_lib
+    from pytest_schedfuzz.builds.compile import ggml_source_location
+    from pytest_schedfuzz.ggml.build import build_fake_gpu
+    from pytest_schedfuzz.builds.installed import LibError, base_library
+    from pytest_schedfuzz.ggml.lib import resolve_lib
     from pytest_schedfuzz.llama.target import resolve_lib_dir
 
     assert resolve_lib(SEED_GGML) == str(seed_lib)

@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
 from pytest_schedfuzz.campaign.stats import Stats, llama_features
+from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.cases.corpus import Case, load_case, save_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run
 from pytest_schedfuzz.cases.export_llama import export_llama_case
 from pytest_schedfuzz.engine import Unsupported
-from pytest_schedfuzz.llama.builds import UPSTREAM
-from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.model.llama import (
     CPU_DEVICE,
     Call,
@@ -35,6 +34,7 @@ from pytest_schedfuzz.model.llama import (
     all_experts_bytes,
 )
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, unmade_calls

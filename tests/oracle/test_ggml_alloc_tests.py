@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from pytest_schedfuzz.builds.compile import source_tree
+from pytest_schedfuzz.builds.installed import installed_folder
 from pytest_schedfuzz.ggml.alloc_tests import AllocTestsCrash, build_alloc_tests, run_alloc_tests
-from pytest_schedfuzz.ggml.build import source_tree
-from pytest_schedfuzz.ggml.installed import installed_folder
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import SchedParams

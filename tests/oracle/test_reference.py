@@ -17,8 +17,8 @@ from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.shapes import nbytes
 from pytest_schedfuzz.model.trace import StepRecord
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
-from reference.backends import Backends
 from reference import graph as reference_graph
+from reference.backends import Backends
 from reference.graph import CGraph, Topology, forward_order, tensor_graph
 from reference.params import can_reuse
 from reference.predict import predict

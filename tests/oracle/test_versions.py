@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_schedfuzz.builds.compile import build_ggml_base
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
-from pytest_schedfuzz.ggml.build import build_ggml_base
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.model.trace import Trace
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
@@ -265,9 +265,9 @@ def test_each_built_in_ggml_is_one_entry_of_the_versions_table_and_has_the_refer
     """A ggml version is one entry of ``ggml/versions.py`` (its built-in's name and source, the API
     the engine and the exporter write calls for) and its ``Rules`` here, under the same version;
     the built-in names and sources are derived from the table."""
-    from pytest_schedfuzz.ggml.build import SOURCES
+    from pytest_schedfuzz.builds.compile import SOURCES
     from pytest_schedfuzz.ggml.lib import BUILT_IN
-    from pytest_schedfuzz.ggml.versions import VERSIONS, version_of
+    from pytest_schedfuzz.model.versions import VERSIONS, version_of
 
     assert all(v.version in RULES for v in VERSIONS)
     assert BUILT_IN == ("ggml-0.25.3", "ggml-0.15.3") and all(SOURCES[v.built_in] == v.source for v in VERSIONS)

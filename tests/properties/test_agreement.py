@@ -185,7 +185,6 @@ def test_reserve_size_measures_what_the_reference_predicts(engine: GgmlTarget):
 
     from pytest_schedfuzz.model.layout import BackendSpec
     from pytest_schedfuzz.sim.models import ModelShape, llama_graph
-
     from pytest_schedfuzz.strategies import fit_max_size
 
     m = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=2)

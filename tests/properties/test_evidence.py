@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_schedfuzz.builds.compile import source_tree
 from pytest_schedfuzz.campaign.known import KnownBugs
 from pytest_schedfuzz.campaign.stats import Stats
 from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, Case, case_files, load_case
-from pytest_schedfuzz.ggml.build import source_tree
 from pytest_schedfuzz.ggml.values import difference
 from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.model.llama_model import ModelSpec
@@ -24,9 +24,9 @@ from pytest_schedfuzz.properties.aborts import no_abort
 from pytest_schedfuzz.properties.llama import llama_no_abort, llama_reuse_complete, llama_reuse_sound, scheduler_reuses
 from pytest_schedfuzz.properties.llama_logits import logits_difference
 from pytest_schedfuzz.properties.realloc import no_same_size_realloc
+from pytest_schedfuzz.properties.sites import check_site
 from pytest_schedfuzz.sim.driver import Driver, can_reuse
 from reference.predict import predict
-from pytest_schedfuzz.properties.sites import check_site
 
 NAN, INF = math.nan, math.inf
 

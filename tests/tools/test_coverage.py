@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.builds.compile import build_ggml_base, coverage_build
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.campaign.profiles import FuzzConfig
-from pytest_schedfuzz.ggml.build import build_ggml_base, coverage_build
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
+from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.tools.coverage import lines, measure, own_counts, zero_counts
 
 Held = Callable[[str], tuple[Path, Path]]

@@ -1,7 +1,7 @@
 """``schedfuzz gate`` between two builds: what head fixed is listed, what head broke fails it.
 
 The broken head is ggml 0.25.3 rebuilt from its vendored source with a scheduler bug planted
-(``build.build_ggml_base``): pass 2's "expand gpu down" no longer skips the CPU, so CPU
+(``builds.compile.build_ggml_base``): pass 2's "expand gpu down" no longer skips the CPU, so CPU
 assignments spread down the graph before the other backends' do.
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.builds.compile import build_ggml_base
 from pytest_schedfuzz.cases.corpus import Case, load_case
 from pytest_schedfuzz.cli import main
-from pytest_schedfuzz.ggml.build import build_ggml_base
 from pytest_schedfuzz.properties.base import Violation
 from pytest_schedfuzz.tools.gate import Side, check_claims, compare
 from pytest_schedfuzz.tools.mutants import MUTANTS
@@ -115,7 +115,7 @@ def test_the_ci_recipes_cmake_line_configures_a_vendored_ggml(tree: str, tmp_pat
     import shlex
     import subprocess
 
-    from pytest_schedfuzz.ggml.build import source_tree
+    from pytest_schedfuzz.builds.compile import source_tree
 
     lines = (Path(__file__).parents[2] / "docs" / "ci.md").read_text().splitlines()
     i = next(k for k, x in enumerate(lines) if x.strip().startswith("cmake -S $tree -B $tree/build"))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_schedfuzz.builds.compile import source_tree
 from pytest_schedfuzz.cli import main
-from pytest_schedfuzz.ggml.build import source_tree
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
 
@@ -50,7 +50,7 @@ def test_pass3_ignoring_unreadable_srcs_is_caught_where_the_graph_has_it() -> No
     device), which its graphs almost never combine. Where a graph does, matches-reference
     catches it: the add forced to the CPU reads the RPC matmul, and the mutant upgrades it to
     the device, which cannot read it."""
-    from pytest_schedfuzz.ggml.build import build_ggml_base
+    from pytest_schedfuzz.builds.compile import build_ggml_base
     from pytest_schedfuzz.ggml.target import GgmlTarget
     from pytest_schedfuzz.model.graph_spec import GraphBuilder
     from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_schedfuzz.ggml.build import build_ggml_base
+from pytest_schedfuzz.builds.compile import build_ggml_base
 from pytest_schedfuzz.ggml.lib import resolve_lib
 from pytest_schedfuzz.tools.mutants import MUTANTS
 

@@ -106,7 +106,7 @@ class FuzzConfig:
         if self.target is not None:
             load_spec(self.target, "--schedfuzz-target")
         if self.shared is not None:
-            from .shared import RedisUrl
+            from .redis_url import RedisUrl
 
             RedisUrl.parse(self.shared)
 

@@ -4,7 +4,7 @@ know of it. A new version is one entry here (and, for the reference, its ``Rules
 reference reads and the harness never does).
 
 * ``built_in``: its name for ``--schedfuzz-lib`` (``ggml-<version>``); the first is the default;
-* ``source``: where the built-in's source comes from (``build.source_tree``): the distribution
+* ``source``: where the built-in's source comes from (``builds.compile.source_tree``): the distribution
   whose sdist vendors it, its version, and the ggml folder inside the sdist;
 * ``has_top_k``, ``ssm_scan_takes_k``: the API the graph engine (``graph.c``'s encoding,
   ``program.encode``) and the exporter's builders (``cases.export``) write calls for.
