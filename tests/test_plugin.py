@@ -337,14 +337,16 @@ def test_keep_going_collects_several_distinct_findings_of_one_property(fuzz, pyt
     assert all(sig in out for sig in signatures)
 
 
-def test_a_release_llama_build_is_refused_with_the_fix(pytester: pytest.Pytester, release_lib: Path):
-    """libllama over a Release libggml-base: the llama.cpp target refuses at startup, a usage
-    error saying how to rebuild; never a false "fixed" (XPASS) or 0 / 0 reallocs."""
-    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-llama-lib={release_lib}",
-                                           "--schedfuzz-properties", "llama-no-abort", timeout=300)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+def test_a_release_llama_build_without_the_callback_is_observed_through_the_allocator_calls(pytester: pytest.Pytester, release_lib: Path):
+    """libllama over a Release libggml-base (no realloc log, no realloc callback): the worker
+    sees the scheduler's calls of ggml-alloc (``llama.allocator``) and takes every re-plan from
+    them, said in the header and the statistics; never a false "fixed" (XPASS) or 0 / 0 reallocs."""
+    result = pytester.runpytest_subprocess("--schedfuzz", "-p", "no:cacheprovider", f"--schedfuzz-llama-lib={release_lib}", "-v",
+                                           "--schedfuzz-seed=1", "--schedfuzz-properties", "llama-no-abort,llama-counters-agree", timeout=300)
     out = result.stdout.str() + result.stderr.str()
-    assert "compiled out (NDEBUG)" in out and "Traceback" not in out
+    assert "allocator calls: observed" in out and "Release (NDEBUG: decisions from the interposed allocator calls" in out
+    told = re.search(r"re-plans told by ggml-alloc's interposed calls, a Release build = (\d+)", out)
+    assert told and int(told.group(1)) > 0 and "Traceback" not in out
 
 
 @pytest.mark.parametrize("where", ["/nonexistent", "empty"])

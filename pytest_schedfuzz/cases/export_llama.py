@@ -205,7 +205,9 @@ def _draft_model(w: LlamaWorkload) -> str:
     return textwrap.indent(block, "    ").rstrip("\n")
 
 
-def _context_params(w: LlamaWorkload) -> str:
+def _context_params(w: LlamaWorkload, declared: frozenset[str]) -> str:
+    """The context's parameters as C: an optional one (``OPTIONAL_PARAMS``) wherever the build
+    declares it (0 too: it need not be the build's default) or the workload sets it."""
     c = w.ctx
     lines = [f"cp.n_ctx = {c.n_ctx}; cp.n_batch = {c.n_batch}; cp.n_ubatch = {c.n_ubatch}; cp.n_seq_max = {c.n_seq_max};",
              f"cp.n_threads = cp.n_threads_batch = {CPU_THREADS};", f"cp.flash_attn_type = {_FLASH[c.flash_attn]};",
@@ -218,20 +220,23 @@ def _context_params(w: LlamaWorkload) -> str:
         lines.append(f"static struct llama_sampler_seq_config seqs[{c.n_seq_max}]; "
                      f"for (int s = 0; s < {c.n_seq_max}; s++) {{ seqs[s].seq_id = s; seqs[s].sampler = {chain}; }}")
         lines.append(f"cp.samplers = seqs; cp.n_samplers = {c.n_seq_max};")
-    # the optional fields, where set: fields of the builds that have them (export_llama_case refuses the others)
-    lines += [f"cp.{name} = {getattr(c, name)};" for name in OPTIONAL_PARAMS if getattr(c, name)]
+    # the optional fields (export_llama_case refuses a workload setting one the build lacks)
+    lines += [f"cp.{name} = {getattr(c, name)};" for name in OPTIONAL_PARAMS if name in declared or getattr(c, name)]
     return textwrap.indent("\n".join(lines), "    ")
 
 
-def _lacking_params(folder: Path, w: LlamaWorkload) -> list[str]:
-    """The optional context parameters (``OPTIONAL_PARAMS``) ``w`` sets that the build in
-    ``folder`` does not declare in its ``llama_context_params`` (its own declarations)."""
+def _declared_params(folder: Path) -> frozenset[str]:
+    """The optional context parameters (``OPTIONAL_PARAMS``) the build in ``folder`` declares in
+    its ``llama_context_params`` (its own declarations)."""
     from ..llama.declarations import find, parse
-    wanted = [p for p in OPTIONAL_PARAMS if getattr(w.ctx, p)]
-    if not wanted:
-        return []
+
     declared = {name for name, _ in parse(find(folder)).typeof("struct llama_context_params").fields}
-    return [f"ctx.{p} {getattr(w.ctx, p)}" for p in wanted if p not in declared]
+    return frozenset(p for p in OPTIONAL_PARAMS if p in declared)
+
+
+def _lacking_params(declared: frozenset[str], w: LlamaWorkload) -> list[str]:
+    """The optional context parameters ``w`` sets that the build does not declare."""
+    return [f"ctx.{p} {getattr(w.ctx, p)}" for p in OPTIONAL_PARAMS if getattr(w.ctx, p) and p not in declared]
 
 
 def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str = "", trace: LlamaTrace | None = None) -> list[Path]:
@@ -277,7 +282,8 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     calls = "\n".join(_call(i, c) for i, c in enumerate(w.calls))
     variants = [("the calls, as the case has them", w)] + ([("the same calls on the CPU alone (llama-same-logits compares the two)", cpu_only(w, trace))]
                                                           if export.verdict == "logits" else [])
-    lacking = _lacking_params(folder, w)
+    declared = _declared_params(folder)
+    lacking = _lacking_params(declared, w)
     if lacking:
         raise ExportError(f"{case.path}: the workload sets {', '.join(lacking)}, which the llama_context_params of {folder} has no "
                           "field for; export it against a build that has it (--llama-lib)")
@@ -312,7 +318,7 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         draft_mtp=int(w.draft == "mtp"), recurrent=int(w.model.kind in RECURRENT_KINDS),
         run_calls="\n".join(fill(
             "llama_run_calls.c.in",
-            what=what, variant=k, devices=_devices(v), model_params=_model_params(v.devices, v.draft == "mtp"), draft_model=_draft_model(v), context_params=_context_params(v), calls=calls, watch=watch,
+            what=what, variant=k, devices=_devices(v), model_params=_model_params(v.devices, v.draft == "mtp"), draft_model=_draft_model(v), context_params=_context_params(v, declared), calls=calls, watch=watch,
             gpu_free=", ".join(str(x) for x in v.devices.gpu_free) or "0", n_gpu_free=len(v.devices.gpu_free), n_gpus=len(v.devices.gpus),
             n_rpc=v.devices.n_rpc) for k, (what, v) in enumerate(variants))
         + ("" if len(variants) > 1 else "static void run_calls_1(void) { run_calls_0(); }\n"),

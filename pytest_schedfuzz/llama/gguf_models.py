@@ -38,7 +38,15 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
     w.add_context_length(spec.n_ctx_train)
     w.add_embedding_length(spec.n_embd)
     w.add_block_count(spec.n_layer + spec.n_nextn)  # the NextN layers are the last blocks
-    if spec.kind != "mamba2":  # mamba2 has neither FFN nor attention: no feed_forward_length, head_count
+    if spec.kind == "nemotron":
+        # nemotron-h.cpp: a layer is recurrent iff its head_count_kv and feed_forward_length are 0; an
+        # attention layer has head_count_kv, an MLP layer feed_forward_length; layer norms use f_norm_eps
+        roles = [spec.layer_role(il) for il in range(spec.n_layer)]
+        w.add_feed_forward_length([spec.n_ff if r == "mlp" else 0 for r in roles])
+        w.add_head_count(spec.n_head)
+        w.add_head_count_kv([spec.n_head_kv if r == "attention" else 0 for r in roles])
+        w.add_layer_norm_eps(1e-5)
+    elif spec.kind != "mamba2":  # mamba2 has neither FFN nor attention: no feed_forward_length, head_count
         w.add_feed_forward_length(spec.n_ff)
         w.add_head_count(spec.n_head)
         if spec.kind == "hybrid":
@@ -89,6 +97,9 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
         w.add_tensor(p + "attn_norm.weight", norm())
         if spec.kind == "mtp":
             _add_glm4moe_layer(w, spec, p, weight, norm, nextn=il >= spec.n_layer)
+            continue
+        if spec.kind == "nemotron":
+            _add_nemotron_h_layer(w, spec, p, weight, rng, spec.layer_role(il))
             continue
         if spec.is_recurrent(il):
             _add_mamba2_mixer(w, spec, p, weight, rng)
@@ -141,6 +152,22 @@ def _add_glm4moe_layer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, norm
         w.add_tensor(p + "nextn.eh_proj.weight", weight(e, 2 * e))
         for name in ("enorm", "hnorm", "shared_head_norm"):
             w.add_tensor(p + f"nextn.{name}.weight", norm())
+
+
+def _add_nemotron_h_layer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, rng: np.random.Generator, role: str) -> None:
+    """A Nemotron-H layer after its ``attn_norm`` (``llama_model_nemotron_h::load_arch_tensors``):
+    a Mamba-2 mixer, attention without an FFN, or an MLP of ``ffn_up`` and ``ffn_down`` alone."""
+    e, kv, ff = spec.n_embd, spec.head_dim * spec.n_head_kv, spec.n_ff
+    if role == "mamba2":
+        _add_mamba2_mixer(w, spec, p, weight, rng)
+    elif role == "attention":
+        w.add_tensor(p + "attn_q.weight", weight(e, e))
+        w.add_tensor(p + "attn_k.weight", weight(kv, e))
+        w.add_tensor(p + "attn_v.weight", weight(kv, e))
+        w.add_tensor(p + "attn_output.weight", weight(e, e))
+    else:
+        w.add_tensor(p + "ffn_up.weight", weight(ff, e))
+        w.add_tensor(p + "ffn_down.weight", weight(e, ff))
 
 
 def _add_mamba2_mixer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, rng: np.random.Generator) -> None:

@@ -94,9 +94,10 @@ def is_prebuilt(folder: Path) -> bool:
     return lib.is_file() and any(_too_new(n.version, _glibc_version()) for n in _version_needs(lib.read_bytes()))
 
 
-def prebuilt_lib_dir(folder: Path, name: str = "llama.cpp-prebuilt") -> Path:
+def prebuilt_lib_dir(folder: Path, name: str | None = None) -> Path:
     """A library folder for prebuilt libraries in ``folder`` (made on first use, about a second,
-    then reused), named ``name`` and a digest: ``libllama.so``, ``libggml-base.so``, ``libggml.so``,
+    then reused), named ``name`` (by default ``llama.cpp-b11739`` for the installed package's
+    folder, else ``llama.cpp-prebuilt``) and a digest: ``libllama.so``, ``libggml-base.so``, ``libggml.so``,
     ``libggml-cpu.so``, ``libggml-rpc.so`` (where it has one) as links to their ``.so.0`` files, copies of ``folder``'s, patched to load
     on this machine's glibc where they need a newer one; the binding's declarations beside them
     (``llama.cdef``) where ``folder`` has a binding. The folder's name is keyed by the libraries'
@@ -115,6 +116,7 @@ def prebuilt_lib_dir(folder: Path, name: str = "llama.cpp-prebuilt") -> Path:
     digest.update(f"glibc {glibc}".encode() + (binding.read_bytes() if binding.is_file() else b""))
     for path in sources.values():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    name = name or (UPSTREAM if folder == installed_dir() else "llama.cpp-prebuilt")  # the installed b11739 named so by any path
     out = cache_dir() / "builds" / f"{name}-{digest.hexdigest()[:16]}"
     if out.is_dir():
         return out

@@ -44,9 +44,13 @@ KIND_ARCHS: dict[str, tuple[str, ...]] = {
     # GLM-4.5 (LLM_ARCH_GLM4_MOE): MoE layers with a shared expert, then one NextN (MTP) layer; the
     # smallest architecture that both 0.3.36 and b11739 load with an MTP draft graph (it must be MoE)
     "mtp": ("glm4moe",),
+    # Nemotron-H (LLM_ARCH_NEMOTRON_H): Mamba-2, attention and MLP layers, one kind each; its recurrent
+    # state rolls back by snapshots (llm_arch_supports_rs_rollback: the context's n_rs_seq)
+    "nemotron": ("nemotron_h",),
 }
 EXPERT_KINDS = ("moe", "mtp")
-RECURRENT_KINDS = ("mamba2", "hybrid")
+RECURRENT_KINDS = ("mamba2", "hybrid", "nemotron")
+ROLLBACK_KINDS = ("nemotron",)  # the recurrent kinds whose architecture llama.cpp rolls back by snapshots (n_rs_seq)
 
 # the Mamba-2 sizes (fields of ModelSpec added with the recurrent kinds: to_json leaves them out
 # at their defaults, so the JSON, file name and bytes of a dense or moe spec are as before)
@@ -81,6 +85,11 @@ class ModelSpec:
     are unused there (still checked against their bounds). hybrid: ``attn_layers`` distinct
     layer indices in increasing order, at least one, and at least one recurrent layer left
     (so n_layer >= 2); it is ``()`` for every other kind. Neither recurrent kind has experts.
+
+    nemotron (``arch`` "nemotron_h"): the layers ``attn_layers`` are attention layers (no FFN of
+    their own); the others alternate, in order, a Mamba-2 layer and an MLP layer (``n_ff``, ReLU²,
+    no gate), as Nemotron-H interleaves them (``layer_role``); at least one attention and one
+    Mamba-2 layer. Every layer has only its input norm.
 
     mtp: ``n_layer`` MoE layers (experts as moe's, ``n_ff`` each expert's and the one shared
     expert's FFN size, sigmoid routing with a bias), then one NextN layer (``blk.{n_layer}``, a
@@ -139,9 +148,18 @@ class ModelSpec:
         """NextN (MTP) layers after the trunk's ``n_layer``."""
         return 1 if self.kind == "mtp" else 0
 
+    def layer_role(self, il: int) -> str:
+        """What layer ``il`` is: "mamba2", "attention" (with its FFN, but in nemotron), or "mlp"
+        (nemotron's MLP-only layers: the second of each pair of its other layers)."""
+        if self.kind == "mamba2" or (self.kind in ("hybrid", "nemotron") and il not in self.attn_layers):
+            if self.kind == "nemotron" and sum(1 for k in range(il) if k not in self.attn_layers) % 2:
+                return "mlp"
+            return "mamba2"
+        return "attention"
+
     def is_recurrent(self, il: int) -> bool:
         """Whether layer ``il`` is a Mamba-2 layer."""
-        return self.kind == "mamba2" or (self.kind == "hybrid" and il not in self.attn_layers)
+        return self.layer_role(il) == "mamba2"
 
     @property
     def n_params(self) -> int:
@@ -158,7 +176,11 @@ class ModelSpec:
         d_in_proj = self.ssm_inner + self.ssm_conv_dim + self.ssm_heads
         # norm, in_proj, conv1d weight and bias, dt bias, A, D, grouped norm, out_proj
         ssm = e + e * d_in_proj + (self.ssm_conv + 1) * self.ssm_conv_dim + 3 * self.ssm_heads + self.ssm_inner + self.ssm_inner * e
-        per_layer = [ssm if self.kind == "mamba2" else ssm + e + ffn if self.is_recurrent(il) else attn + ffn for il in range(self.n_layer)]
+        if self.kind == "nemotron":  # an input norm each; attention without the FFN norm; MLP of up and down
+            roles = {"mamba2": ssm, "attention": attn - e, "mlp": e + 2 * e * self.n_ff}
+            per_layer = [roles[self.layer_role(il)] for il in range(self.n_layer)]
+        else:
+            per_layer = [ssm if self.kind == "mamba2" else ssm + e + ffn if self.is_recurrent(il) else attn + ffn for il in range(self.n_layer)]
         nextn = self.n_nextn * (attn + ffn + 2 * e * e + 3 * e)  # a full layer, eh_proj and its three norms
         return 2 * self.n_vocab * e + e + sum(per_layer) + nextn
 
@@ -204,7 +226,7 @@ class ModelSpec:
             for name in _SSM_BOUNDS:
                 if getattr(self, name) != _DEFAULTS[name]:
                     raise ValueError(f"{name}: only for a recurrent model (kind {' or '.join(RECURRENT_KINDS)}); {self.kind} keeps {_DEFAULTS[name]}, got {getattr(self, name)}")
-        if self.kind == "hybrid":
+        if self.kind in ("hybrid", "nemotron"):
             a = self.attn_layers
             if not a or list(a) != sorted(set(a)) or not 0 <= a[0] <= a[-1] < self.n_layer or len(a) == self.n_layer:
                 raise ValueError(f"attn_layers: increasing distinct layers of 0..{self.n_layer - 1}, at least one, and not all of them, got {list(a)}")
@@ -232,6 +254,9 @@ class ModelSpec:
         experts = f", {self.n_expert} experts top-{self.n_expert_used}" if self.has_experts else ""
         experts += ", a shared expert and an MTP (NextN) layer" if self.kind == "mtp" else ""
         hybrid = f", attention in layers {list(self.attn_layers)}, the others {ssm}" if self.kind == "hybrid" else ""
+        if self.kind == "nemotron":
+            roles = [self.layer_role(il) for il in range(self.n_layer)]
+            hybrid = f", layers {'/'.join({'mamba2': 'M', 'attention': 'A', 'mlp': 'F'}[r] for r in roles)} (Mamba-2, attention, MLP), {ssm}"
         return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv}, n_ff {self.n_ff}{experts}{hybrid}"
 
     @classmethod

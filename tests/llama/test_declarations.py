@@ -149,10 +149,11 @@ def test_0336_and_b11739_run_one_workload_side_by_side() -> None:
 
 
 @pytest.mark.engine
-def test_b11739s_graphs_are_captured_whole_and_predicted_by_the_reference() -> None:
+def test_b11739s_graphs_are_captured_whole_and_replayed_but_not_judged_by_another_versions_rules() -> None:
     """b11739 copies its input embeddings (``inp_mixed_embd``) with ``ggml_dup``: its graphs are
     captured whole, DUP included; the graph engine builds them and ggml places every node as
-    ggml 0.27.0 did inside llama.cpp, and the reference with its rules (0.26.0's) predicts it."""
+    ggml 0.27.0 did inside llama.cpp. The reference has no rules of 0.27.0 (its source is not
+    published): llama-matches-reference does not judge the workload, and counts it so."""
     f = Fuzzer(FuzzConfig(database=None, llama_lib=UPSTREAM))
     f.llama_judged = ("llama-matches-reference",)
     try:
@@ -165,7 +166,7 @@ def test_b11739s_graphs_are_captured_whole_and_predicted_by_the_reference() -> N
         assert [(records[s.step].node_backends, records[s.step].n_splits) for s in captured.steps] == \
                [(s.node_backends, s.n_splits) for s in captured.steps]
         assert f.check_llama("llama-matches-reference", w) == []
-        assert f.stats.llama_captured == 1 and f.stats.llama_captured_nodes > 500 and not f.stats.llama_not_captured
+        assert f.stats.llama_captured == 0 and f.stats.llama_not_captured == {"ggml 0.27.0: no reference rules": 1}
     finally:
         f.close()
 

@@ -87,7 +87,7 @@ def test_the_allocator_calls_agree_with_the_callback_and_the_debug_log_on_every_
                 continue
         s = f.stats
         assert s.llama_realloc_allocator == 0
-        assert s.llama_realloc_allocator_agreed == s.llama_reallocs_same + s.llama_reallocs_changed > 20
+        assert s.llama_realloc_allocator_agreed == s.llama_reallocs_same + s.llama_reallocs_changed > 10
     finally:
         f.close()
 
