@@ -12,7 +12,8 @@ from ..cases.capture import CAPTURED_LABEL
 from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec
 from ..model.llama import LlamaWorkload, all_experts_bytes
-from ..model.llama_trace import LlamaTrace
+from ..model.llama_model import RECURRENT_KINDS, ROLLBACK_KINDS
+from ..model.llama_trace import CallRecord, LlamaTrace
 from ..model.scenario import Scenario
 from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
@@ -105,7 +106,7 @@ class Stats:
         self.llama_workloads += 1
         decoded = any(c.kind == "decode" and c.rc == 0 for c in trace.calls)
         made = {c.index for c in trace.calls if c.rc == 0}
-        for f in llama_features(workload) + llama_observed(trace):
+        for f in llama_features(workload) + llama_observed(trace, workload):
             self.llama_explored[f] = self.llama_explored.get(f, 0) + 1
             self.llama_decoded[f] = self.llama_decoded.get(f, 0) + decoded
         for kind in filter(None, str(trace.engine.get("absent_calls", "")).split(",")):  # a dead dimension, with its reason
@@ -402,14 +403,19 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         "speculative steps, n-gram drafts": not w.draft and any(x.kind == "spec" for x in w.calls),
         "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n for x in w.calls),
         "checkpoints": any(x.kind == "checkpoint" for x in w.calls),
+        # recurrent-state snapshots, where the architecture rolls back by them (llama.cpp clamps n_rs_seq to 0 elsewhere)
+        "n_rs_seq > 0": c.n_rs_seq > 0 and m.kind in ROLLBACK_KINDS,
+        "last positions dropped on a recurrent model (seq_rm)": m.kind in RECURRENT_KINDS and any(x.kind == "seq_rm" and x.n > 0 for x in w.calls),
     }
     return out + [k for k, v in checks.items() if v]
 
 
-def llama_observed(trace: LlamaTrace) -> list[str]:
+def llama_observed(trace: LlamaTrace, w: LlamaWorkload | None = None) -> list[str]:
     """What llama.cpp's scheduler was seen doing in a run (as ggml and llama.cpp report it), for
     the same line: pipeline parallelism, its fallback, op offload, flash attention "auto" resolved
-    off, the meta device of split mode tensor, the MoE cache made and used."""
+    off, the meta device of split mode tensor, the MoE cache made and used, a recurrent state
+    rolled back by a snapshot, and (with the workload ``w``) a batch that fits one ubatch which
+    llama.cpp computed in several: split per sequence (an equal split)."""
     init = [s for c in trace.calls if c.kind == "init" for s in c.sched if s.kind == "new"]
     calls = [s for _, s in trace.sched_calls()]
     checks = {
@@ -424,8 +430,21 @@ def llama_observed(trace: LlamaTrace) -> list[str]:
         # device, which the scheduler copies through llama.cpp's copy callback (llama_moe_cache::copy)
         "observed: moe cache made": any("MoE cache size = " in x for c in trace.calls if c.kind == "init" for x in c.log),
         "observed: moe cache slot map copied to a device": any(x.startswith("moe_cache.slot_map") for s in calls for x in s.offloaded),
+        # llama_memory_seq_rm dropped a recurrent state's last positions (n_rs_seq): llama.cpp's own answer
+        "observed: snapshot rollback": any(c.rollback == "snapshot" for c in trace.calls),
+        "observed: ubatch split per sequence": w is not None and any(_split_per_sequence(w, c) for c in trace.calls),
     }
     return [k for k, v in checks.items() if v]
+
+
+def _split_per_sequence(w: LlamaWorkload, record: CallRecord) -> bool:
+    """Whether llama.cpp computed a decode of several sequences that fits one ubatch in several
+    graphs (the target context's allocations): it split the batch by sequence."""
+    if record.kind != "decode" or not 0 <= record.index < len(w.calls):
+        return False
+    call = w.calls[record.index]
+    allocs = sum(1 for s in record.sched if s.kind == "alloc" and not s.context)
+    return len(call.parts) > 1 and call.n_tokens() <= w.ctx.n_ubatch and allocs > 1
 
 
 # what merge, as_dict and delta carry: every counter and every per-key count of Stats

@@ -44,6 +44,7 @@ class Calls:
     embeddings: bool
     backend_samplers: bool
     recurrent: bool
+    rolled_back: str  # "snapshot", "checkpoint", "positions": how the call being made rolled a sequence back
     checkpoints: dict[int, tuple[Any, int]]
     model_for_loras: Any
     lora_paths: list[str]
@@ -66,6 +67,8 @@ class Calls:
         rec: dict[str, Any] = {"index": i, "kind": kind, "rc": rc, "sched": self.sched_events}
         if error:
             rec["error"] = error
+        if self.rolled_back:  # how llama.cpp let the call roll a sequence back (``_make_spec``, ``_make_seq_rm``)
+            rec["rollback"], self.rolled_back = self.rolled_back, ""
         if kind == "init":
             rec["log"], self.placement = self.placement, self.placement[: self.n_model_lines]
         if self.logits:
@@ -132,8 +135,10 @@ class Calls:
                 rc = self.mtp.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n)])
             if rc:
                 return rc
-        # a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL)
-        saved = self._checkpoint(ctx, mem, seq) if self.recurrent and call.accept < call.n else None
+        # a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL),
+        # unless its recurrent state keeps enough snapshots for the drafts (llama-server's RS: draft <= n_rs_seq)
+        by_snapshot = self.recurrent and call.n <= self.rs_seq(ctx)
+        saved = self._checkpoint(ctx, mem, seq) if self.recurrent and call.accept < call.n and not by_snapshot else None
         rc = self._decode(ctx, mem, (Part(seq, 1 + call.n, "all"),))
         if rc or call.accept == call.n:
             return rc
@@ -142,10 +147,17 @@ class Calls:
             self.mtp.accept(seq, call.accept)
             L.llama_memory_seq_rm(self.mtp.mem, seq, keep, -1)
         if L.llama_memory_seq_rm(mem, seq, keep, -1):
+            self.rolled_back = "snapshot" if self.recurrent else "positions"
             return 0
         if saved is None or not self._restore(ctx, mem, seq, *saved):
             return f"the rollback of the rejected drafts failed (llama_memory_seq_rm{', then the checkpoint' if saved else ''})"
+        self.rolled_back = "checkpoint"
         return self._decode(ctx, mem, (Part(seq, call.accept + 1, "none"),))  # the accepted tokens again
+
+    def rs_seq(self, ctx: Any) -> int:
+        """The context's recurrent-state snapshots per sequence, as llama.cpp has it (``llama_n_rs_seq``:
+        0 where the architecture does not roll back by them); 0 on a build without the call."""
+        return int(self.L.llama_n_rs_seq(ctx)) if self.L.has("llama_n_rs_seq") else 0
 
     def _checkpoint(self, ctx: Any, mem: Any, seq: int) -> tuple[Any, int]:
         """``seq``'s state as llama-server checkpoints it (``PARTIAL_ONLY``), and its last position."""
@@ -199,7 +211,10 @@ class Calls:
     def _make_seq_rm(self, ctx: Any, mem: Any, call: Call) -> int:
         end = self.L.llama_memory_seq_pos_max(mem, call.seq) + 1
         p0 = 0 if call.n < 0 else max(0, end - call.n)
-        return int(not self.L.llama_memory_seq_rm(mem, call.seq, p0, -1))
+        done = bool(self.L.llama_memory_seq_rm(mem, call.seq, p0, -1))
+        if done and self.recurrent and 0 < p0:  # a recurrent state's last positions dropped: by a snapshot
+            self.rolled_back = "snapshot"
+        return int(not done)
 
     def _make_seq_cp(self, ctx: Any, mem: Any, call: Call) -> int:
         self.L.llama_memory_seq_cp(mem, call.seq, call.dst, -1, -1)

@@ -250,6 +250,7 @@ class Llama(Observation, Placement, Calls):
         self.embeddings, self.backend_samplers, self.logits = w.ctx.embeddings, w.ctx.backend_samplers, []
         self.checkpoints: dict[int, tuple[Any, int]] = {}  # seq -> its saved state and last position
         self.recurrent = w.model.kind in RECURRENT_KINDS
+        self.rolled_back = ""  # how llama.cpp let the call being made roll a sequence back (``Calls.end``)
         ctx = None
         self.computed_in = -1  # the last call in which a scheduler computed (its crash is charged there: ``synchronize_servers``)
         try:

@@ -26,7 +26,7 @@ from .layout import BackendSpec
 
 # the calls (one entry per kind) and what the workload's modules name from here
 from .llama_calls import CALL_KINDS, MAX_DRAFT, MAX_LORAS, OUTPUTS, SAMPLER_CHAINS, Call, Checking, Part, check_calls  # noqa: F401
-from .llama_model import RECURRENT_KINDS, LoraSpec, ModelSpec
+from .llama_model import RECURRENT_KINDS, ROLLBACK_KINDS, LoraSpec, ModelSpec
 from .shapes import SpecError
 
 FLASH_ATTN = ("off", "on", "auto")
@@ -53,13 +53,14 @@ NO_TENSOR_SPLIT = frozenset((
     "grok", "mpt", "plamo2", "minicpm3", "gemma3n", "mamba", "mamba2", "jamba", "falcon-h1", "olmo2", "olmoe", "deepseek2", "deepseek32",
     "hy_v4", "dots3note", "glm-dsa", "bitnet", "t5", "nemotron_h", "nemotron_h_moe", "granitehybrid", "minimax-01", "minimax-m2",
     "minimax-m3", "mistral4", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen3tts", "qwen4exp"))
-# context parameters only some builds' llama_context_params have: the worker passes one only where
-# the build declares it, and a build without it refuses a workload that sets it (``Unsupported``);
-# the strategies draw it only for a build that has it (``llama_workloads(absent=...)``)
-# context parameters some builds' llama_context_params lack (a build's own declarations say which; 0, the
-# default, is how a workload leaves one unset): b11739's MoE cache (bytes, 0 = off; 0.3.36 has none), the
-# output limits (n_outputs_max since b10335 or so, n_outputs_max_per_seq after it)
-OPTIONAL_PARAMS = ("moe_cache_size", "n_outputs_max", "n_outputs_max_per_seq")
+# context parameters some builds' llama_context_params lack (a build's own declarations say which; 0 is
+# how a workload leaves one unset): the worker passes one only where the build declares it, a build
+# without it refuses a workload that sets it (``Unsupported``), and the strategies draw it only for a
+# build that has it (``llama_workloads(absent=...)``). b11739's MoE cache (bytes, 0 = off; 0.3.36 has
+# none), the output limits (b10335 has no n_outputs_max_per_seq), the recurrent state's snapshots for
+# rollback (n_rs_seq, for the architectures llama.cpp rolls back by them: ``ROLLBACK_KINDS``)
+OPTIONAL_PARAMS = ("moe_cache_size", "n_outputs_max", "n_outputs_max_per_seq", "n_rs_seq")
+MAX_RS_SEQ = 8  # snapshots per sequence drawn at most (llama-server sets its largest draft)
 CPU_DEVICE = -1  # a tensor override's device: the CPU (else an index into the model's devices)
 MAX_CALLS = 64
 MAX_CTX = 4096
@@ -177,6 +178,10 @@ class ContextParams:
     # layers whose experts are host weights (``-ot exps=CPU``, ``-ncmoe``) while the layer runs on a
     # device; llama.cpp uploads the selected ones through ggml's copy callback (0: no cache)
     moe_cache_size: int = 0
+    # recurrent-state snapshots per sequence (llama-server: its largest draft, for MTP and the like):
+    # llama_memory_seq_rm of a sequence's last n <= n_rs_seq positions rolls a recurrent state back
+    # by one, where the architecture supports it (llm_arch_supports_rs_rollback; elsewhere clamped to 0)
+    n_rs_seq: int = 0
 
     def outputs_max(self) -> int:
         return self.n_outputs_max or self.n_batch
@@ -292,6 +297,9 @@ class LlamaWorkload:
             need(self.model.n_expert > 0, f"ctx.moe_cache_size {c.moe_cache_size}: needs a mixture-of-experts model, not a {self.model.kind} one")
             need(dv.n_devices >= 1, f"ctx.moe_cache_size {c.moe_cache_size}: needs a device of GPU type (RPC or GPU-like) for the cache")
             need(not tensor, f"ctx.moe_cache_size {c.moe_cache_size}: llama.cpp's MoE cache does not support split mode tensor")
+        # llama.cpp keeps a sequence's last n_rs_seq + 1 tokens in one ubatch (llama_memory_recurrent::init_batch)
+        need(0 <= c.n_rs_seq <= MAX_RS_SEQ and (c.n_rs_seq == 0 or c.n_rs_seq < c.n_ubatch),
+             f"ctx.n_rs_seq {c.n_rs_seq}: 0..{MAX_RS_SEQ}, and less than n_ubatch {c.n_ubatch} (a sequence's last n_rs_seq + 1 tokens share a ubatch)")
         need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
         need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
         need(self.draft in DRAFTS, f"draft {self.draft!r}: one of {', '.join(map(repr, DRAFTS))}")
@@ -307,7 +315,8 @@ class LlamaWorkload:
                 a.validate(self.model)
             except ValueError as e:
                 raise WorkloadError(f"loras[{k}]: {e}") from None
-        check_calls(self.calls, Checking(c, len(self.loras), self.model.kind, self.model.kind in RECURRENT_KINDS, tensor, need))
+        rs_seq = c.n_rs_seq if self.model.kind in ROLLBACK_KINDS else 0  # llama.cpp clamps it to 0 elsewhere
+        check_calls(self.calls, Checking(c, len(self.loras), self.model.kind, self.model.kind in RECURRENT_KINDS, tensor, need, rs_seq=rs_seq))
 
     def describe(self) -> str:
         m, c, dv = self.model, self.ctx, self.devices

@@ -84,6 +84,8 @@ class Checking:
     loaded: set[int] = field(default_factory=set)  # adapters loaded
     attached: int = 0  # mask of the adapters attached
     saved: set[int] = field(default_factory=set)  # sequences with a checkpoint
+    rs_seq: int = 0  # the recurrent state's snapshots per sequence (n_rs_seq, where the model rolls back by them)
+    pending: set[int] = field(default_factory=set)  # sequences rolled back by a snapshot since their last decode (single use)
 
 
 def _nothing(call: Call, where: str, st: Checking) -> None:
@@ -121,6 +123,7 @@ def _check_decode(call: Call, where: str, st: Checking) -> None:
     need(call.n_tokens() <= c.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {c.n_batch}")
     need(st.causal or call.n_tokens() <= c.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
     need(call.n_outputs() <= c.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {c.outputs_max()}")
+    st.pending -= set(seqs)  # a decode uses the rolled-back state
 
 
 def _check_spec(call: Call, where: str, st: Checking) -> None:
@@ -130,10 +133,17 @@ def _check_spec(call: Call, where: str, st: Checking) -> None:
     need(verify <= c.n_batch and verify <= c.outputs_max_per_seq() and verify <= c.outputs_max(),
          f"{where}: verifying {verify} tokens needs n_batch and n_outputs_max (per seq) >= {verify}")
     need(st.causal or verify <= c.n_ubatch, f"{where}: {verify} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
+    st.pending.discard(call.seq)  # its verification decodes the sequence; its own rollback is its own
 
 
 def _drops_last_positions(call: Call, where: str, st: Checking) -> None:
-    # llama.cpp cannot drop a recurrent state's last positions: llama_memory_seq_rm returns false
+    # llama.cpp cannot drop a recurrent state's last positions (llama_memory_seq_rm returns false), but
+    # by a snapshot: at most n_rs_seq of them, once between two decodes of the sequence
+    if st.recurrent and st.rs_seq:
+        st.need(call.n <= st.rs_seq and call.seq not in st.pending,
+                f"{where}: a recurrent state rolls back by at most n_rs_seq {st.rs_seq} positions, once between two decodes")
+        st.pending.add(call.seq)
+        return
     st.need(not st.recurrent, f"{where}: a {st.model_kind} model's recurrent state cannot drop its last positions (checkpoint and restore instead)")
 
 

@@ -134,6 +134,9 @@ class CallRecord:
     log: tuple[str, ...] = ()
     # decode, when asked for (llama-same-logits): the logits of its first and last output
     logits: tuple[tuple[float, ...], ...] = ()
+    # how llama.cpp let the call roll a sequence back: "snapshot" (a recurrent state's last positions
+    # dropped by llama_memory_seq_rm, n_rs_seq), "checkpoint" (restored), "positions" (an attention cache's)
+    rollback: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,6 @@ class LlamaTrace:
     @staticmethod
     def from_messages(calls: list[Mapping[str, Any]], abort: LlamaAbort | None, engine: Mapping[str, str], perf: Mapping[str, int]) -> LlamaTrace:
         records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"]), tuple(c.get("error", ())),
-                                   tuple(c.get("log", ())), tuple(tuple(r) for r in c.get("logits", ())))
+                                   tuple(c.get("log", ())), tuple(tuple(r) for r in c.get("logits", ())), str(c.get("rollback", "")))
                         for c in calls)
         return LlamaTrace(records, abort, dict(engine), dict(perf))

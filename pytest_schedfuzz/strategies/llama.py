@@ -13,6 +13,7 @@ from ..model.llama import (
     FLASH_ATTN,
     KV_TYPES,
     MAX_DRAFT,
+    MAX_RS_SEQ,
     MAX_GPU,
     MAX_LORAS,
     MAX_RPC,
@@ -31,7 +32,7 @@ from ..model.llama import (
     all_experts_bytes,
     expert_bytes,
 )
-from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, LoraSpec, ModelSpec
+from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, ROLLBACK_KINDS, LoraSpec, ModelSpec
 from . import gpus, sampled
 
 FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid, mtp
@@ -67,18 +68,19 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3, families: tuple[str, ...] 
 
 
 def _recurrent(draw: st.DrawFn, spec: ModelSpec, kind: str) -> ModelSpec:
-    """``spec`` made a Mamba-2 or hybrid model of the same width: a head size dividing the
-    inner size (2 * n_embd), groups dividing the heads, and for the hybrid at least one layer of
-    each kind (so at least two layers)."""
+    """``spec`` made a Mamba-2, hybrid or Nemotron-H model of the same width: a head size dividing
+    the inner size (2 * n_embd), groups dividing the heads, and for the hybrids at least one layer
+    of each kind (so at least two layers; three for Nemotron-H, whose MLP layers are its third)."""
     inner = 2 * spec.n_embd
     head_dim = draw(sampled(tuple(d for d in (8, 16, 32) if inner % d == 0)))
     groups = draw(sampled(tuple(g for g in (1, 2) if (inner // head_dim) % g == 0)))
     ssm = {"ssm_state": draw(sampled((16, 32))), "ssm_conv": draw(sampled((2, 4))), "ssm_groups": groups, "ssm_head_dim": head_dim}
     if kind == "mamba2":
         return replace(spec, kind="mamba2", arch="mamba2", n_expert=0, n_expert_used=0, **ssm)
-    n_layer = max(2, spec.n_layer)
+    # hybrid (granitehybrid), or nemotron (nemotron_h: the other layers alternate Mamba-2 and MLP)
+    n_layer = max(2 if kind == "hybrid" else 3, spec.n_layer)
     attn = tuple(sorted(draw(st.sets(st.integers(0, n_layer - 1), min_size=1, max_size=n_layer - 1))))
-    return replace(spec, kind="hybrid", arch="granitehybrid", n_layer=n_layer, n_expert=0, n_expert_used=0,
+    return replace(spec, kind=kind, arch=KIND_ARCHS[kind][0], n_layer=n_layer, n_expert=0, n_expert_used=0,
                    n_ff=spec.n_ff if spec.kind == "dense" else 32, attn_layers=attn, **ssm)
 
 
@@ -200,8 +202,9 @@ class _Server:
     """What ``server_calls`` has made so far, and one method per kind of thing a server does next
     (each draws what it needs, in a fixed order)."""
 
-    def __init__(self, ctx: ContextParams, n_loras: int, recurrent: bool, max_calls: int) -> None:
+    def __init__(self, ctx: ContextParams, n_loras: int, recurrent: bool, max_calls: int, rs_seq: int = 0) -> None:
         self.ctx, self.n_loras, self.recurrent, self.max_calls = ctx, n_loras, recurrent, max_calls
+        self.rs_seq = rs_seq if recurrent else 0  # the recurrent state's snapshots: it rolls back this many positions
         self.calls: list[Call] = []
         self.active: set[int] = set()
         self.loaded: set[int] = set()
@@ -234,7 +237,7 @@ class _Server:
         seq = draw(sampled(tuple(sorted(self.active))))
         n = draw(st.integers(2, max(2, min(self.per_seq, self.total, self.ctx.n_batch))))
         out = "all" if n <= min(self.per_seq, self.total) else "last"
-        if self.recurrent:
+        if self.recurrent and not self.rs_seq:
             # a recurrent state cannot drop its last positions: llama-server checkpoints the
             # slot before the draft, restores it on a rejection and decodes the accepted tokens again
             self.calls += [Call("checkpoint", seq=seq), Call("decode", (Part(seq, n, out),))]
@@ -242,7 +245,9 @@ class _Server:
             if accepted < n - 1:
                 self.calls += [Call("restore", seq=seq), Call("decode", (Part(seq, accepted + 1, "last"),))]
             return
-        rejected = draw(st.integers(0, n - 1))
+        # a recurrent state with snapshots (n_rs_seq) drops at most that many positions (llama-server's RS);
+        # a speculative step with more drafts than that is rolled back from a checkpoint (``Calls._make_spec``)
+        rejected = draw(st.integers(0, n - 1 if not self.rs_seq else min(n - 1, self.rs_seq)))
         if out == "all" and n - 1 <= MAX_DRAFT:
             # one speculative step (``Call`` ``spec``): n - 1 drafted (by the draft context, else
             # n-gram tables), n verified, the rejected rolled back in every context
@@ -317,13 +322,14 @@ class _Server:
 
 
 @st.composite
-def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0, recurrent: bool = False) -> tuple[Call, ...]:
+def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_loras: int = 0, recurrent: bool = False,
+                 rs_seq: int = 0) -> tuple[Call, ...]:
     """What a server does between requests (``_Server``): prompts chunked to ``n_batch``,
     single-token decode of all active slots in one batch, speculative drafts verified and rolled
     back (speculative steps), slot reuse, ``seq_cp``/``seq_keep``, context shifts and per-request switches, and with
     ``n_loras`` adapters their loading at start (as ``--lora`` does), per-request sets and
     run-time loads and frees. Outputs per batch and per sequence stay within the context's limits."""
-    server = _Server(ctx, n_loras, recurrent, max_calls)
+    server = _Server(ctx, n_loras, recurrent, max_calls, rs_seq)
     server.loaded = set(range(draw(st.integers(0, n_loras)))) if n_loras else set()
     server.calls += [Call("lora_load", n=k) for k in sorted(server.loaded)]
     for _ in range(draw(st.integers(1, max_calls))):
@@ -377,8 +383,11 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     model = draw(model_specs(max_layers, families))
     ctx = draw(context_params(model.head_dim))
     ctx = replace(ctx, **{name: 0 for name in OPTIONAL_PARAMS if name in absent})  # a field the build lacks: unset
+    if model.kind in ROLLBACK_KINDS and "n_rs_seq" not in absent and ctx.n_ubatch > 1 and draw(st.integers(0, 2)):
+        # snapshots for rollback, as llama-server sets them (its largest draft): one, or several
+        ctx = replace(ctx, n_rs_seq=draw(st.integers(1, min(MAX_RS_SEQ, ctx.n_ubatch - 1))))
     adapters = draw(loras(model))
-    calls = draw(server_calls(ctx, max_calls, len(adapters), model.kind in RECURRENT_KINDS))
+    calls = draw(server_calls(ctx, max_calls, len(adapters), model.kind in RECURRENT_KINDS, ctx.n_rs_seq if model.kind in ROLLBACK_KINDS else 0))
     if absent:
         calls = tuple(c for c in calls if c.kind not in absent) or (Call("decode", (Part(0, 1, "last"),)),)
     tensor = model.arch not in NO_TENSOR_SPLIT and ctx.flash_attn != "off" and not ctx.backend_samplers

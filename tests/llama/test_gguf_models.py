@@ -35,8 +35,12 @@ LARGE_HYBRID = ModelSpec(arch="granitehybrid", kind="hybrid", n_layer=6, n_embd=
                          attn_layers=(2, 5), seed=11)
 # GLM-4.5 style: two MoE layers with a shared expert, then the MTP (NextN) layer
 MTP = ModelSpec(arch="glm4moe", kind="mtp", n_ff=32, n_expert=4, n_expert_used=2)
-ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, MTP]
-IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid", "mtp"]
+# Nemotron-H: Mamba-2, MLP, attention, Mamba-2 (the architecture llama.cpp rolls back by snapshots)
+NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, attn_layers=(2,))
+LARGE_NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=8, n_embd=128, n_head=8, n_head_kv=2, n_ff=256, ssm_groups=2,
+                           ssm_head_dim=32, attn_layers=(3, 7), seed=13)
+ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, MTP, NEMOTRON, LARGE_NEMOTRON]
+IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid", "mtp", "nemotron", "large-nemotron"]
 
 # computed before the recurrent kinds were added: their fields must not change a dense or moe
 # spec's JSON, file name (cache key) or bytes (else FORMAT_VERSION must be bumped)
@@ -262,6 +266,24 @@ def test_hybrid_tensor_layout(tmp_path: Path):
     assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
 
 
+def test_nemotron_h_tensor_layout(tmp_path: Path):
+    """nemotron_h (src/models/nemotron-h.cpp): head_count_kv and feed_forward_length per layer,
+    both 0 marking a Mamba-2 layer; attention layers without an FFN, MLP layers of up and down
+    alone, every layer with its input norm only; layer_norm_epsilon required."""
+    spec = dataclasses.replace(NEMOTRON, n_layer=5, attn_layers=(1,))
+    assert [spec.layer_role(il) for il in range(5)] == ["mamba2", "attention", "mlp", "mamba2", "mlp"]
+    shapes, r = _layout(write_model(spec, tmp_path))
+    assert r.fields["nemotron_h.attention.head_count_kv"].contents() == [0, 2, 0, 0, 0]
+    assert r.fields["nemotron_h.feed_forward_length"].contents() == [0, 0, spec.n_ff, 0, spec.n_ff]
+    assert r.fields["nemotron_h.attention.layer_norm_epsilon"].contents() == pytest.approx(1e-5)
+    for il, role in enumerate(spec.layer_role(i) for i in range(5)):
+        layer = sorted(n.split(".", 2)[2] for n in shapes if n.startswith(f"blk.{il}."))
+        assert ("ssm_in.weight" in layer) == (role == "mamba2") and ("attn_q.weight" in layer) == (role == "attention")
+        assert ("ffn_up.weight" in layer) == (role == "mlp") and "ffn_norm.weight" not in layer and "ffn_gate.weight" not in layer
+    assert shapes["blk.2.ffn_down.weight"] == [spec.n_ff, spec.n_embd] and shapes["blk.2.ffn_up.weight"] == [spec.n_embd, spec.n_ff]
+    assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
+
+
 def test_mtp_tensor_layout(tmp_path: Path):
     """glm4moe (src/models/glm4-moe.cpp): block_count counts the NextN layer, the last block;
     every layer has a router bias and a shared expert; the NextN layer its projection of
@@ -382,7 +404,8 @@ SERVER_LIKE = (
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("spec", [MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID], ids=["mamba2", "hybrid", "large-mamba2", "large-hybrid"])
+@pytest.mark.parametrize("spec", [MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, NEMOTRON, LARGE_NEMOTRON],
+                         ids=["mamba2", "hybrid", "large-mamba2", "large-hybrid", "nemotron", "large-nemotron"])
 @pytest.mark.parametrize("devices", [Devices(n_rpc=1), Devices(n_rpc=0, n_gpu_layers=0)], ids=["rpc", "cpu"])
 def test_recurrent_models_decode_server_traffic(target, spec: ModelSpec, devices: Devices) -> None:
     """Through the worker: every call returns 0, on an RPC device and on the CPU, with 3 sequences."""

@@ -1,0 +1,87 @@
+"""Hybrid servers as users run them: a Nemotron-H model, whose recurrent state llama.cpp rolls
+back by snapshots (``n_rs_seq``), on 0.3.36 and on b11739. A speculative step whose drafts fit the
+snapshots, and a ``seq_rm`` of a sequence's last positions, roll the state back by one
+(llama_memory_recurrent::seq_rm); more drafts than snapshots are rolled back from a checkpoint, as
+llama-server does (its RS mode). A batch of several sequences that fits one ubatch is computed
+per sequence (an equal split). Each shows in ``explored`` as llama.cpp did it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pytest_schedfuzz.builds.names import UPSTREAM
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.profiles import FuzzConfig
+from pytest_schedfuzz.properties import LLAMA_GROUP
+from pytest_schedfuzz.properties.derived import llama_trace
+
+NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(2,))
+CTX = ContextParams(n_ctx=256, n_batch=16, n_ubatch=8, n_seq_max=2, n_rs_seq=3)
+
+
+def decode(*parts: tuple[int, int, str]) -> Call:
+    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
+
+
+# a prompt on each slot, one step of 3 drafts with 1 accepted (2 rolled back: <= n_rs_seq), a rejected
+# draft dropped with seq_rm, then one of 5 drafts (more than the snapshots: a checkpoint), then both
+# slots' next tokens in one batch that fits a ubatch, unequal (an equal split computes it per sequence)
+CALLS = (decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=3, accept=1), decode((1, 3, "all")),
+         Call("seq_rm", seq=1, n=2), decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=0),
+         decode((0, 1, "last"), (1, 3, "last")))
+SERVED = LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, CALLS)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("lib", ["llama.cpp-0.3.36", UPSTREAM])
+def test_a_nemotron_h_server_rolls_back_by_snapshots_and_splits_per_sequence(lib: str) -> None:
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
+    try:
+        # judged by every property: the one finding is the lost reservation of a topology switch (a per-sequence
+        # ubatch's graph after the worst case; the corpus's cases of it: docs/findings.md), no abort, no harness error
+        found = {v.signature() for v in f.check_llama(LLAMA_GROUP, SERVED)}
+        assert all(sig.startswith("llama-no-same-size-realloc[explained=lost") and "topology=switch" in sig for sig in found), found
+        trace = llama_trace(f.engines.run_llama(SERVED))
+        assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
+        rollbacks = {c.index: c.rollback for c in trace.calls if c.rollback}
+        assert rollbacks == {2: "snapshot", 4: "snapshot", 6: "checkpoint"}, rollbacks
+        decoded = f.stats.llama_decoded
+        for row in ("model nemotron", "n_rs_seq > 0", "observed: snapshot rollback", "observed: ubatch split per sequence",
+                    "last positions dropped on a recurrent model (seq_rm)"):
+            assert decoded.get(row, 0) == 1, (row, decoded)
+    finally:
+        f.close()
+
+
+@pytest.mark.engine
+def test_without_snapshots_the_same_drafts_roll_back_from_checkpoints() -> None:
+    """n_rs_seq 0: every speculative step's rollback is a checkpoint restored (llama-server's
+    FULL), and a seq_rm of the last positions is no workload (validate refuses it)."""
+    calls = tuple(c for c in CALLS if c.kind != "seq_rm")
+    w = replace(SERVED, ctx=replace(CTX, n_rs_seq=0), calls=calls)
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        trace = llama_trace(f.engines.run_llama(w))
+        assert {c.rollback for c in trace.calls if c.kind == "spec"} == {"checkpoint"}
+        assert "observed: snapshot rollback" not in f.stats.llama_decoded
+    finally:
+        f.close()
+    with pytest.raises(WorkloadError, match="cannot drop its last positions"):
+        replace(SERVED, ctx=replace(CTX, n_rs_seq=0)).validate()
+
+
+@pytest.mark.parametrize("ctx, calls, why", [
+    (replace(CTX, n_rs_seq=8), CALLS, "less than n_ubatch 8"),
+    (CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=4)), "at most n_rs_seq 3 positions"),
+    (CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=1), Call("seq_rm", seq=0, n=1)), "once between two decodes"),
+])
+def test_validate_holds_llama_cpps_rollback_limits(ctx: ContextParams, calls: tuple[Call, ...], why: str) -> None:
+    with pytest.raises(WorkloadError, match=why):
+        LlamaWorkload(NEMOTRON, Devices(n_rpc=1), ctx, calls).validate()
+    # the same rollback twice with a decode between is a workload
+    LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=1), decode((0, 1, "last")),
+                                                    Call("seq_rm", seq=0, n=1))).validate()
