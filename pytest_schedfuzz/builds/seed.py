@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..files import cache_dir
-from .names import SEED_GGML, SEED_LLAMA
 from .compile import OPTIMIZE, BuildError, Patch, publish_build, replace_texts, run_tool, source_tree
+from .names import SEED_GGML, SEED_LLAMA
 
 # the seeds' system (builds.SEED_LLAMA): llama.cpp 0.3.36 with the patch set of patches/<SEED_LLAMA>/,
 # and its ggml (builds.SEED_GGML)

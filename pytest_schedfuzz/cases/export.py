@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..builds.compile import ggml_source_for
+from ..builds.installed import base_library
 from ..ggml import values
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
-from ..builds.installed import base_library
 from ..ggml.lib import library_folder
 from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec, TensorSpec

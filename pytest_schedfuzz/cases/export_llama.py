@@ -30,11 +30,11 @@ import textwrap
 from pathlib import Path
 
 from ..builds.compile import BuildError, ggml_source_for
+from ..builds.installed import base_library
 from ..builds.names import BUILT_IN, recorded_build
 from ..engine import TargetError
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.engine import CPU_THREADS
-from ..builds.installed import base_library
 from ..ggml.lib import library_folder
 from ..llama.calls import STATE_PARTIAL_ONLY
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding

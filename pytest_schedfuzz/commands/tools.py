@@ -81,8 +81,8 @@ def bench(args: argparse.Namespace) -> int:
 def device(args: argparse.Namespace) -> int:
     """Build the GPU-like device for each ggml named (a built-in, or a build's library folder)."""
     from ..builds.compile import BuildError
-    from ..ggml.build import build_fake_gpu
     from ..builds.installed import LibError, base_library
+    from ..ggml.build import build_fake_gpu
     from ..ggml.lib import BUILT_IN, library_folder
 
     for name in args.lib or BUILT_IN:

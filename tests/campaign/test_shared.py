@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_schedfuzz.redis_url import RedisUrl, SharedError
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.process.children import kill_group, spawn
 from pytest_schedfuzz.process.rpc import free_port, port_accepts
+from pytest_schedfuzz.redis_url import RedisUrl, SharedError
 
 pytest_plugins = ["pytester"]
 

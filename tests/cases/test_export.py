@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.builds.compile import ggml_source_for
+from pytest_schedfuzz.builds.installed import base_library
 from pytest_schedfuzz.cases.corpus import Case, load_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run, export_case
 from pytest_schedfuzz.cases.export_llama import devices_said, export_llama_case
-from pytest_schedfuzz.builds.installed import base_library
 from pytest_schedfuzz.ggml.lib import library_folder
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"

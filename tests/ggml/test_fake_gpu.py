@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from pytest_schedfuzz.builds.compile import build_ggml_base
+from pytest_schedfuzz.builds.installed import base_library
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.ggml.build import build_fake_gpu
-from pytest_schedfuzz.builds.installed import base_library
 from pytest_schedfuzz.ggml.lib import library_folder
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.ggml.values import compared as values_compared

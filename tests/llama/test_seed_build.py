@@ -143,8 +143,8 @@ def test_libllama_traces_and_counts_reallocations(seed_lib: Path) -> None:
 @pytest.mark.engine
 def test_the_names_resolve_to_the_build(seed_lib: Path) -> None:
     from pytest_schedfuzz.builds.compile import ggml_source_location
-    from pytest_schedfuzz.ggml.build import build_fake_gpu
     from pytest_schedfuzz.builds.installed import LibError, base_library
+    from pytest_schedfuzz.ggml.build import build_fake_gpu
     from pytest_schedfuzz.ggml.lib import resolve_lib
     from pytest_schedfuzz.llama.target import resolve_lib_dir
 
