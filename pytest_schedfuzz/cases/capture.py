@@ -112,12 +112,14 @@ OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, An
     "EXP": ("exp", lambda s: s[:1], lambda t: {}),
     "SIGMOID": ("sigmoid", lambda s: s[:1], lambda t: {}),
     "STEP": ("step", lambda s: s[:1], lambda t: {}),
+    "RELU": ("relu", lambda s: s[:1], lambda t: {}),
+    "SQR": ("sqr", lambda s: s[:1], lambda t: {}),
     "CUMSUM": ("cumsum", lambda s: s[:1], lambda t: {}),
     "FILL": ("fill", lambda s: s[:1], lambda t: {"value": _f32(_word(t, 0))}),
     "SSM_CONV": ("ssm_conv", lambda s: s[:2], lambda t: {}),
     "SSM_SCAN": ("ssm_scan", lambda s: s[:7], lambda t: {"k": _word(t, 0)}),
 }
-UNARY_OPS = frozenset({"SILU", "EXP", "SIGMOID", "STEP"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
+UNARY_OPS = frozenset({"SILU", "EXP", "SIGMOID", "STEP", "RELU"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
 
 

@@ -107,7 +107,7 @@ def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
         return f"ggml_{op}_inplace({x})"
     if op == "pad":
         return f"ggml_pad_ext(ctx, {a[0]}, {', '.join(str(int(v)) for v in P('pad'))})"
-    if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "cumsum", "mul_mat_id", "set_rows"):
+    if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "relu", "sqr", "cumsum", "mul_mat_id", "set_rows"):
         return f"ggml_{op}({x})"
     if op == "top_k":
         if not version_of(version).has_top_k:

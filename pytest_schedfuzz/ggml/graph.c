@@ -29,7 +29,7 @@ typedef void C; /* struct ggml_context */
     X(ggml_fill) X(ggml_fill_inplace) X(ggml_cast) X(ggml_scale) X(ggml_scale_inplace) \
     X(ggml_add_inplace) X(ggml_mul_inplace) X(ggml_div_inplace) X(ggml_silu_inplace) \
     X(ggml_pad_ext) X(ggml_argmax) X(ggml_ssm_conv) X(ggml_sub) X(ggml_sum) X(ggml_log) X(ggml_exp) X(ggml_sigmoid) \
-    X(ggml_step) X(ggml_cumsum) X(ggml_top_k) X(ggml_ssm_scan) X(ggml_get_rows) X(ggml_mul_mat) \
+    X(ggml_step) X(ggml_relu) X(ggml_sqr) X(ggml_cumsum) X(ggml_top_k) X(ggml_ssm_scan) X(ggml_get_rows) X(ggml_mul_mat) \
     X(ggml_add) X(ggml_mul) X(ggml_div) X(ggml_cpy) X(ggml_silu) X(ggml_transpose) X(ggml_view_tensor) \
     X(ggml_sum_rows) X(ggml_dup) X(ggml_cont) X(ggml_cont_4d) X(ggml_argsort) X(ggml_clamp) X(ggml_glu) \
     X(ggml_glu_split) X(ggml_mul_mat_id) X(ggml_set_rows) X(ggml_rms_norm) X(ggml_rope_ext) \
@@ -45,7 +45,7 @@ static void *fns[N_FNS];
 /* The ops a record may build, in the order of ``engine.GraphProgram.OPS`` (checked at load). */
 #define OPS(X) \
     X(leaf) X(persistent) X(fill) X(cast) X(pad) X(argmax) X(ssm_conv) X(sub) X(sum) X(log) X(exp) X(sigmoid) \
-    X(step) X(cumsum) X(top_k) X(ssm_scan) X(get_rows) X(mul_mat) X(add) X(mul) X(div) X(cpy) X(silu) \
+    X(step) X(relu) X(sqr) X(cumsum) X(top_k) X(ssm_scan) X(get_rows) X(mul_mat) X(add) X(mul) X(div) X(cpy) X(silu) \
     X(transpose) X(view_tensor) X(sum_rows) X(dup) X(cont) X(argsort) X(clamp) X(glu) X(mul_mat_id) X(set_rows) \
     X(scale) X(rms_norm) X(rope) X(soft_max_ext) X(flash_attn_ext) X(concat) X(permute) X(reshape) X(view)
 #define OP_ENUM(name) OP_##name,
@@ -144,6 +144,8 @@ static T *construct(C *ctx, const int64_t *r, const double *f, T *const *a, int 
     case OP_exp: return CALL(ggml_exp, t_t, ctx, a[0]);
     case OP_sigmoid: return CALL(ggml_sigmoid, t_t, ctx, a[0]);
     case OP_step: return CALL(ggml_step, t_t, ctx, a[0]);
+    case OP_relu: return CALL(ggml_relu, t_t, ctx, a[0]);
+    case OP_sqr: return CALL(ggml_sqr, t_t, ctx, a[0]);
     case OP_cumsum: return CALL(ggml_cumsum, t_t, ctx, a[0]);
     case OP_top_k: return CALL(ggml_top_k, t_ti, ctx, a[0], (int)p[0]);
     case OP_ssm_scan:

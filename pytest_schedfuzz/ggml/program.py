@@ -32,7 +32,7 @@ class GraphProgram:
     it) and four doubles; the names, NUL-ended; the op_params words; the roots as indices."""
 
     OPS: ClassVar[tuple[str, ...]] = (
-        "leaf", "persistent", "fill", "cast", "pad", "argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "cumsum", "top_k",
+        "leaf", "persistent", "fill", "cast", "pad", "argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "relu", "sqr", "cumsum", "top_k",
         "ssm_scan", "get_rows", "mul_mat", "add", "mul", "div", "cpy", "silu", "transpose", "view_tensor", "sum_rows", "dup",
         "cont", "argsort", "clamp", "glu", "mul_mat_id", "set_rows", "scale", "rms_norm", "rope", "soft_max_ext", "flash_attn_ext",
         "concat", "permute", "reshape", "view")

@@ -321,6 +321,8 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
     "exp": (1, frozenset()),
     "sigmoid": (1, frozenset()),
     "step": (1, frozenset()),
+    "relu": (1, frozenset()),
+    "sqr": (1, frozenset()),
     "cumsum": (1, frozenset()),
     "fill": (1, frozenset()),
     "cast": (1, frozenset()),
@@ -330,7 +332,7 @@ ARITY: dict[str, tuple[int, frozenset[int]]] = {
 OPS = frozenset(ARITY)
 # what ``ggml_op_name`` calls each op's node (silu is a unary op)
 GGML_OP_NAMES: dict[str, str] = {
-    op: {"silu": "UNARY", "exp": "UNARY", "sigmoid": "UNARY", "step": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE", "cast": "CPY"}.get(op, op.upper())
+    op: {"silu": "UNARY", "exp": "UNARY", "sigmoid": "UNARY", "step": "UNARY", "relu": "UNARY", "soft_max_ext": "SOFT_MAX", "view_tensor": "NONE", "cast": "CPY"}.get(op, op.upper())
     for op in OPS
 } | {"none": "NONE"}
 # ``ggml_view_tensor`` keeps op NONE and no src: ggml's graph makes it a leaf that views a tensor
@@ -430,7 +432,7 @@ INFER: dict[str, Inferrer] = {
     "sum_rows": lambda a, args, names, p: _sum_rows(a),
     "argsort": lambda a, args, names, p: _argsort(a),
     "glu": lambda a, args, names, p: _glu(a, args[1]),
-    **{op: _unary_of(op) for op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "sigmoid", "step")},
+    **{op: _unary_of(op) for op in ("scale", "rms_norm", "silu", "clamp", "log", "exp", "sigmoid", "step", "relu", "sqr")},
     "rope": lambda a, args, names, p: _rope(a, args[1], args[2]),  # type: ignore[arg-type]
     "soft_max_ext": lambda a, args, names, p: _soft_max_ext(a, args[1]),
     "flash_attn_ext": lambda a, args, names, p: _flash_attn_ext(a, args[1], args[2], args[3]),  # type: ignore[arg-type]

@@ -85,3 +85,18 @@ def test_validate_holds_llama_cpps_rollback_limits(ctx: ContextParams, calls: tu
     # the same rollback twice with a decode between is a workload
     LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=1), decode((0, 1, "last")),
                                                     Call("seq_rm", seq=0, n=1))).validate()
+
+
+@pytest.mark.engine
+def test_the_nemotron_h_graphs_are_captured_and_predicted_by_the_reference() -> None:
+    """Its MLP's ReLU² (RELU, SQR) joined the graph engine, the capture and the C export: on
+    0.3.36 the workload's graphs, snapshots and per-sequence ubatches included, are captured whole
+    and the reference places every node as ggml did."""
+    f = Fuzzer(FuzzConfig(database=None))
+    f.llama_judged = ("llama-matches-reference",)
+    try:
+        assert f.check_llama("llama-matches-reference", SERVED) == []
+        assert f.stats.llama_captured == 1 and f.stats.llama_captured_nodes > 1000 and not f.stats.llama_not_captured
+        assert {"RELU", "SQR", "SSM_SCAN", "SSM_CONV"} <= set(f.stats.captured_ops)
+    finally:
+        f.close()
