@@ -22,3 +22,15 @@ def pytest_configure(config: pytest.Config) -> None:
     (``pytest --schedfuzz`` without paths: this folder is not collected) runs compiled."""
     if not (config.getoption("schedfuzz") and config.args_source == pytest.Config.ArgsSource.TESTPATHS):
         os.environ["SCHEDFUZZ_REFERENCE"] = "source"
+
+
+@pytest.fixture
+def no_module_constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis also draws constants of the modules loaded (a suite run loads more of them than a
+    test alone, and every change to the project changes them): without them, a test's draws under a
+    fixed seed are the same wherever it runs, and after any change elsewhere."""
+    from hypothesis.internal.conjecture import providers
+
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants(
+        integers=providers.SortedSet(), floats=providers.SortedSet(key=providers.float_to_int), bytes=providers.SortedSet(),
+        strings=providers.SortedSet()))

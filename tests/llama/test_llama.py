@@ -226,24 +226,11 @@ def test_crash_signatures_name_the_assert_that_raised_them() -> None:
 
 
 @pytest.mark.engine
-def without_module_constants(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hypothesis also draws constants of the modules loaded (a suite run loads more of them than a
-    test alone, and every change to the project changes them): without them, a test's draws under a
-    fixed seed are the same wherever it runs."""
-    from hypothesis.internal.conjecture import providers
-
-    monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants(
-        integers=providers.SortedSet(), floats=providers.SortedSet(key=providers.float_to_int), bytes=providers.SortedSet(),
-        strings=providers.SortedSet()))
-
-
-def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target, no_module_constants: None) -> None:
     """200 drawn workloads: each one's context comes up and decodes (backend samplers included,
     as llama-server makes them: sampler chains), or it is a finding; no call is left unmade, and
     every generated dimension reaches a successful decode (the llama.cpp explored statistics)."""
     from hypothesis import Phase, seed
-
-    without_module_constants(monkeypatch)
 
     from pytest_schedfuzz.campaign.stats import Stats, llama_features
     from pytest_schedfuzz.properties.llama import unmade_calls
@@ -737,13 +724,11 @@ def test_a_partial_rollback_of_a_recurrent_model_is_refused_and_a_restore_needs_
 
 
 @pytest.mark.engine
-def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_back_by_its_checkpoint(target, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mamba-2, the hybrid and glm4moe with its MTP layer beside the dense and MoE llamas: 80
+def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_back_by_its_checkpoint(target, no_module_constants: None) -> None:
+    """Mamba-2, the hybrids and glm4moe with its MTP layer beside the dense and MoE llamas: 80
     drawn workloads of every family decode, speculative steps among them; a rejected draft on a recurrent model is restored from its checkpoint (the call
     llama.cpp accepts) and its accepted tokens decoded again."""
     from hypothesis import Phase, seed
-
-    without_module_constants(monkeypatch)
 
     from pytest_schedfuzz.campaign.stats import Stats
     from pytest_schedfuzz.properties.llama import unmade_calls
@@ -751,7 +736,7 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
 
     stats = Stats()
 
-    @seed(1)  # (without the modules' constants) one whose 80 draws decode each family and call kind twice
+    @seed(5)  # (without the modules' constants) one whose 80 draws decode each family and call kind twice (re-picked for Nemotron-H)
     @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
     @given(llama_workloads(max_rpc=1, families=FAMILIES))
     def run(w: LlamaWorkload) -> None:
@@ -760,7 +745,8 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
         assert unmade_calls(w, trace) == [], w.describe()
 
     run()
-    for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "model mtp", "call checkpoint", "call restore", "call spec"):
+    for shown in ("model dense", "model moe", "model mamba2", "model hybrid", "model mtp", "model nemotron", "call checkpoint", "call restore",
+                  "call spec"):
         assert stats.llama_decoded.get(shown, 0) >= 2, (shown, stats.llama_explored.get(shown))
 
 
