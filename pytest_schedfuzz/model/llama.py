@@ -297,9 +297,11 @@ class LlamaWorkload:
             need(self.model.n_expert > 0, f"ctx.moe_cache_size {c.moe_cache_size}: needs a mixture-of-experts model, not a {self.model.kind} one")
             need(dv.n_devices >= 1, f"ctx.moe_cache_size {c.moe_cache_size}: needs a device of GPU type (RPC or GPU-like) for the cache")
             need(not tensor, f"ctx.moe_cache_size {c.moe_cache_size}: llama.cpp's MoE cache does not support split mode tensor")
-        # llama.cpp keeps a sequence's last n_rs_seq + 1 tokens in one ubatch (llama_memory_recurrent::init_batch)
-        need(0 <= c.n_rs_seq <= MAX_RS_SEQ and (c.n_rs_seq == 0 or c.n_rs_seq < c.n_ubatch),
-             f"ctx.n_rs_seq {c.n_rs_seq}: 0..{MAX_RS_SEQ}, and less than n_ubatch {c.n_ubatch} (a sequence's last n_rs_seq + 1 tokens share a ubatch)")
+        # llama.cpp keeps a sequence's last n_rs_seq + 1 tokens in one ubatch (llama_memory_recurrent::init_batch),
+        # and asserts n_ubatch > n_rs_seq + 1 at the first decode (llama_batch_allocr::split_equal); the context takes any
+        need(0 <= c.n_rs_seq <= MAX_RS_SEQ and (c.n_rs_seq == 0 or c.n_rs_seq + 1 < c.n_ubatch),
+             f"ctx.n_rs_seq {c.n_rs_seq}: 0..{MAX_RS_SEQ}, and n_ubatch {c.n_ubatch} > n_rs_seq + 1 (a sequence's last n_rs_seq + 1 tokens "
+             "share a ubatch, and split_equal asserts it)")
         need(len(self.calls) <= MAX_CALLS, f"calls: {len(self.calls)} calls, at most {MAX_CALLS}")
         need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
         need(self.draft in DRAFTS, f"draft {self.draft!r}: one of {', '.join(map(repr, DRAFTS))}")

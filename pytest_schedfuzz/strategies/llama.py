@@ -383,9 +383,9 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     model = draw(model_specs(max_layers, families))
     ctx = draw(context_params(model.head_dim))
     ctx = replace(ctx, **{name: 0 for name in OPTIONAL_PARAMS if name in absent})  # a field the build lacks: unset
-    if model.kind in ROLLBACK_KINDS and "n_rs_seq" not in absent and ctx.n_ubatch > 1 and draw(st.integers(0, 2)):
-        # snapshots for rollback, as llama-server sets them (its largest draft): one, or several
-        ctx = replace(ctx, n_rs_seq=draw(st.integers(1, min(MAX_RS_SEQ, ctx.n_ubatch - 1))))
+    if model.kind in ROLLBACK_KINDS and "n_rs_seq" not in absent and ctx.n_ubatch > 2 and draw(st.integers(0, 2)):
+        # snapshots for rollback, as llama-server sets them (its largest draft): one, or several (n_ubatch > n_rs_seq + 1)
+        ctx = replace(ctx, n_rs_seq=draw(st.integers(1, min(MAX_RS_SEQ, ctx.n_ubatch - 2))))
     adapters = draw(loras(model))
     calls = draw(server_calls(ctx, max_calls, len(adapters), model.kind in RECURRENT_KINDS, ctx.n_rs_seq if model.kind in ROLLBACK_KINDS else 0))
     if absent:
