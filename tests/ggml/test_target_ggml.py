@@ -662,7 +662,7 @@ def test_a_timeout_counts_only_if_a_fresh_worker_hangs_too_with_five_times_the_p
 OP_CASES: list[tuple[str, tuple[str | None, ...], dict[str, object]]] = [
     ("sub", ("x", "y"), {}), ("div", ("x", "y"), {}), ("add", ("x", "y"), {"inplace": True}), ("mul", ("x", "y"), {"inplace": True}),
     ("scale", ("x",), {"scale": 0.5, "inplace": True}), ("silu", ("x",), {"inplace": True}), ("sum", ("x",), {}), ("log", ("x",), {}),
-    ("exp", ("x",), {}), ("sigmoid", ("x",), {}), ("dup", ("x",), {}), ("step", ("x",), {}), ("cumsum", ("x",), {}), ("argmax", ("x",), {}), ("argsort", ("x",), {"order": 1}),
+    ("exp", ("x",), {}), ("sigmoid", ("x",), {}), ("dup", ("x",), {}), ("step", ("x",), {}), ("relu", ("x",), {}), ("sqr", ("x",), {}), ("cumsum", ("x",), {}), ("argmax", ("x",), {}), ("argsort", ("x",), {"order": 1}),
     ("clamp", ("x",), {"min": -0.5, "max": 0.25}), ("sum_rows", ("x",), {}), ("concat", ("x", "y"), {"dim": 1}),
     ("pad", ("x",), {"pad": (1, 0, 0, 2, 0, 0, 0, 0)}), ("cast", ("x",), {"type": "f16"}), ("fill", ("x",), {"value": 3.0}),
     ("fill", ("x",), {"value": 2.0, "inplace": True}), ("glu", ("x", None), {"glu": 2, "swapped": True}), ("glu", ("x", "y"), {"glu": 0}),
