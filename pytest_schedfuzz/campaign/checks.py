@@ -75,15 +75,16 @@ class Checks:
     def _reference(self, scenario: Scenario) -> Trace:
         return reference_predict(scenario, rules=self.rules)
 
-    def check_llama(self, prop: str, workload: LlamaWorkload) -> list[props.Violation]:
+    def check_llama(self, prop: str, workload: LlamaWorkload, cpu_run: bool = False) -> list[props.Violation]:
         """Every violation of ``prop`` (``LLAMA_GROUP``: of every property in ``llama_judged``)
         on one run of a workload on llama.cpp. An abort is reported by llama-no-abort only:
         llama.cpp aborts on some configurations at once, and that one bug must not stop the
         search for reallocations. A call the harness could not make is a ``TargetError``, never
-        a pass (``unmade_calls``)."""
+        a pass (``unmade_calls``). The CPU-only run llama-same-logits compares with is made where
+        a judged property needs it, or ``cpu_run`` asks for it (a replayed case found there)."""
         judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
         needs = frozenset().union(*(props.ENTRIES[p].needs for p in judged if p in props.ENTRIES))
-        logits = props.CPU_ONLY in needs and compares_logits(workload)
+        logits = (props.CPU_ONLY in needs or cpu_run) and compares_logits(workload)
         capture = props.CAPTURED in needs
         # the captured graphs are made into specs and the reference's graphs as they come, while
         # llama.cpp goes on with the workload
@@ -126,11 +127,12 @@ class Checks:
             unmade = unmade_calls(cpu_w, cpu)
             if unmade:
                 raise TargetError("harness error (not llama.cpp): the CPU-only run: " + "; ".join(unmade) + f"\nworkload: {cpu_w.describe()}")
-            found += cpu_run_violations(workload, trace, cpu_w, cpu)
-            rows = sum(1 for _ in logit_pairs(trace, cpu))  # compared, not attempted
-            self.stats.llama_logits_compared += rows > 0
-            self.stats.llama_logit_rows += rows
-            found += llama_same_logits(workload, trace, cpu)
+            found += [v for v in cpu_run_violations(workload, trace, cpu_w, cpu) if v.property in judged]
+            if "llama-same-logits" in judged:
+                rows = sum(1 for _ in logit_pairs(trace, cpu))  # compared, not attempted
+                self.stats.llama_logits_compared += rows > 0
+                self.stats.llama_logit_rows += rows
+                found += llama_same_logits(workload, trace, cpu)
         elif reference is not None:
             found += reference.result()
         return found
@@ -245,15 +247,17 @@ class Checks:
         fresh servers, as the campaign confirmed it, before it does. With ``strict``, a llama.cpp
         case the build cannot run raises ``Unsupported`` instead of showing nothing."""
         if case.llama is not None:
+            # a case found in llama-same-logits' CPU-only run is replayed with that run
+            cpu_run = f"run={props.CPU_ONLY}" in case.signature
             try:
-                found = self.check_llama(case.property, case.llama)
+                found = self.check_llama(case.property, case.llama, cpu_run)
                 if ("kind=crash" in case.signature or "server=" in case.signature) and all(v.signature() != case.signature for v in found):
                     # confirmed on a fresh worker (and servers), it may need one: what earlier
                     # workloads left in the worker's memory can hide a crash (a kernel reading a
                     # slice nothing wrote), and a server they left busy moves the phase in which
                     # the client notices a refusal
                     self.engines.llama_target.fresh()
-                    found = self.check_llama(case.property, case.llama)
+                    found = self.check_llama(case.property, case.llama, cpu_run)
                 return found
             except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
                 if strict:  # a build that cannot run the case (``tools.history``): no verdict, said by the caller

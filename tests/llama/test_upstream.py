@@ -218,3 +218,21 @@ def test_replaying_a_gpu_like_case_on_a_headerless_build_is_a_clear_error(tmp_pa
     out = capsys.readouterr()
     assert "  cannot replay it on this build: GPU-like devices: unavailable: " in out.out
     assert "Traceback" not in out.out + out.err
+
+
+@pytest.mark.engine
+def test_a_crash_of_the_cpu_only_run_replays_with_that_run() -> None:
+    """A llama-no-abort case found in llama-same-logits' CPU-only run (``run=cpu-only``) is
+    replayed with that run, though llama-no-abort alone does not need it: without it the replay
+    would call the bug fixed (XPASS)."""
+    from pytest_schedfuzz.campaign.fuzz import Fuzzer
+    from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, load_case
+    from pytest_schedfuzz.profiles import FuzzConfig
+
+    case = load_case(STARTER_CORPUS / "llama-no-abort-call-decode-kind-crash-message-the-worker-was-bac6cc7e4e.json")
+    assert "run=cpu-only" in case.signature
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=UPSTREAM))
+    try:
+        assert case.signature in {v.signature() for v in f.replay(case)}
+    finally:
+        f.close()
