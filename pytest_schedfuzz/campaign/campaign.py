@@ -166,6 +166,7 @@ class Campaign:
         fuzzer = self.fuzzer
         before = fuzzer.stats.as_dict()
         if why := fuzzer.unjudged(unit.prop):
+            fuzzer.stats.unjudged[why] = fuzzer.stats.unjudged.get(why, 0) + 1
             return Fuzzed((), (), None, fuzzer.stats.delta(before), why)
         reports: list[str] = []
         found: list[summary.Found] = []

@@ -62,6 +62,7 @@ class Stats:
     findings: dict[str, int] = field(default_factory=dict)
     property_examples: dict[str, int] = field(default_factory=dict)  # examples run by each property item (llama.cpp: the unit)
     short_items: dict[str, int] = field(default_factory=dict)  # item -> examples it judged, for items below their floor (not passed)
+    unjudged: dict[str, int] = field(default_factory=dict)  # "property: why" -> items not run: it does not judge this build (``Checks.unjudged``)
     short_floors: dict[str, int] = field(default_factory=dict)  # ... and its floor (``Profile.min_examples``)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature

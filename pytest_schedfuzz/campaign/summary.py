@@ -148,6 +148,8 @@ def lines(facts: Facts, stats: Stats, found: Sequence[Found], corpus: Mapping[st
         out.append("known bugs seen again: none")
     if stats.short_items:
         out.append(f"below their floor of examples, not passed: {', '.join(sorted(stats.short_items))}")
+    if stats.unjudged:
+        out.append(f"not run, not passed (they do not judge this build): {'; '.join(sorted(stats.unjudged))}")
     if stats.rpc_servers_lost:
         out.append(f"RPC servers found dead that no workload was charged for: {sum(stats.rpc_servers_lost.values())} (-v lists their last clients)")
     if stats.unconfirmed:

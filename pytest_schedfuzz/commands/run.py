@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{unit.name}: interrupted (Ctrl-C)", flush=True)
                     break
                 if not fuzzed.reports:
-                    print(f"{unit.name}: " + ("ok" if fuzzed.short is None else f"not passed: {fuzzed.short[2]}"), flush=True)
+                    said = f"not run: {fuzzed.unjudged}" if fuzzed.unjudged else "ok" if fuzzed.short is None else f"not passed: {fuzzed.short[2]}"
+                    print(f"{unit.name}: {said}", flush=True)
         finally:
             campaign.close()
     if fuzzer.interrupted:  # pressed while fuzzing, a case was saved or the engines closed: the verdict says so

@@ -73,3 +73,4 @@ def test_matches_reference_is_not_run_on_a_ggml_the_reference_has_no_rules_for(p
     result.assert_outcomes(passed=1, skipped=1)
     assert "matches-reference does not judge this ggml: the reference does not model ggml 0.27.0" in out
     assert "the nearest it knows; matches-reference does not judge it (not run)" in out
+    assert "not run, not passed (they do not judge this build): matches-reference does not judge this ggml" in out  # the summary too
