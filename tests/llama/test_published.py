@@ -47,7 +47,7 @@ def test_a_published_build_is_fetched_by_name_and_named_by_what_its_package_says
 
 
 def test_a_build_number_nobody_published_is_refused_with_where_the_builds_are_listed() -> None:
-    with pytest.raises(TargetError, match="pip could not fetch llama-cpp-py-sync==0.3.*pip index versions llama-cpp-py-sync"):
+    with pytest.raises(TargetError, match="pip could not download llama-cpp-py-sync==0.3 \\(a wheel\\)(.|\\n)*pip index versions llama-cpp-py-sync"):
         resolve_lib_dir("llama.cpp-b3")
 
 
