@@ -196,3 +196,20 @@ def test_bisect_of_a_graph_case_or_without_a_range_is_a_usage_error(capsys: pyte
     assert "a graph case: bisect runs llama.cpp cases" in capsys.readouterr().err
     assert main(["bisect", str(MOE_CACHE), "--to", "b11739"]) == 2
     assert "--from (and --to) name published builds" in capsys.readouterr().err
+
+
+@pytest.mark.engine
+def test_a_build_of_ggml_0_24_is_judged_by_its_own_rules() -> None:
+    """b11067 carries ggml 0.24.0, whose rules the reference has (0.25.3's without pass 6): its
+    captured graphs are predicted with them, not with another version's (no header note)."""
+    dense = ModelSpec(kind="dense", n_layer=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=32)
+    calls = (Call("decode", (Part(0, 8, "last"),)), Call("decode", (Part(0, 1, "last"), Part(1, 2, "last"))))
+    w = LlamaWorkload(dense, Devices(n_rpc=0), ContextParams(n_seq_max=2), calls)
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=NO_RPC))
+    f.llama_judged = ("llama-matches-reference",)
+    try:
+        assert f.engines.llama_target.start()["ggml_version"] == "0.24.0"
+        assert f.check_llama("llama-matches-reference", w) == []
+        assert f.stats.llama_captured == 1 and f.stats.llama_captured_nodes > 100 and not f.stats.llama_not_captured
+    finally:
+        f.close()
