@@ -1,5 +1,5 @@
 """GGUF files of the tiny models (``model.llama_model``: llama dense and MoE, mamba2,
-granitehybrid, glm4moe with an MTP layer), written with the ``gguf`` package's own writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
+granitehybrid, nemotron_h, lfm2, glm4moe with an MTP layer), written with the ``gguf`` package's own writer: deterministic weights, the self-made vocabulary, into a content-addressed cache (one file
 per spec, written atomically so that pytest-xdist workers can share the cache), and LoRA
 adapters for them."""
 
@@ -46,6 +46,14 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
         w.add_head_count(spec.n_head)
         w.add_head_count_kv([spec.n_head_kv if r == "attention" else 0 for r in roles])
         w.add_layer_norm_eps(1e-5)
+    elif spec.kind == "lfm2":
+        # lfm2.cpp: a layer is a short convolution iff its head_count_kv is 0; the convolution's width
+        # is shortconv.l_cache (its state keeps l_cache - 1 columns); no Mamba-2 keys
+        w.add_feed_forward_length(spec.n_ff)
+        w.add_head_count(spec.n_head)
+        w.add_head_count_kv([0 if spec.is_recurrent(il) else spec.n_head_kv for il in range(spec.n_layer)])
+        w.add_shortconv_l_cache(spec.ssm_conv)
+        w.add_rope_freq_base(10000.0)
     elif spec.kind != "mamba2":  # mamba2 has neither FFN nor attention: no feed_forward_length, head_count
         w.add_feed_forward_length(spec.n_ff)
         w.add_head_count(spec.n_head)
@@ -64,7 +72,7 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
         w.add_expert_feed_forward_length(spec.n_ff)
         w.add_expert_shared_count(1)
         w.add_nextn_predict_layers(spec.n_nextn)
-    if spec.kind in RECURRENT_KINDS:
+    if spec.kind in RECURRENT_KINDS and spec.kind != "lfm2":
         w.add_ssm_conv_kernel(spec.ssm_conv)
         w.add_ssm_inner_size(spec.ssm_inner)
         w.add_ssm_state_size(spec.ssm_state)
@@ -101,7 +109,9 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
         if spec.kind == "nemotron":
             _add_nemotron_h_layer(w, spec, p, weight, rng, spec.layer_role(il))
             continue
-        if spec.is_recurrent(il):
+        if spec.kind == "lfm2":
+            _add_lfm2_mixer(w, spec, p, weight, spec.layer_role(il))
+        elif spec.is_recurrent(il):
             _add_mamba2_mixer(w, spec, p, weight, rng)
             if spec.kind == "mamba2":
                 continue  # the residual adds the mixer's output: no FFN
@@ -120,7 +130,8 @@ def _write_gguf(spec: ModelSpec, path: Path) -> None:
             w.add_tensor(p + "ffn_gate.weight", weight(ff, e))
             w.add_tensor(p + "ffn_up.weight", weight(ff, e))
             w.add_tensor(p + "ffn_down.weight", weight(e, ff))
-    w.add_tensor("output_norm.weight", norm())
+    # LFM2's final norm is named token_embd_norm (LLM_TENSOR_OUTPUT_NORM_LFM2)
+    w.add_tensor("token_embd_norm.weight" if spec.kind == "lfm2" else "output_norm.weight", norm())
     w.add_tensor("output.weight", weight(spec.n_vocab, e))
 
     w.write_header_to_file()
@@ -152,6 +163,24 @@ def _add_glm4moe_layer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, norm
         w.add_tensor(p + "nextn.eh_proj.weight", weight(e, 2 * e))
         for name in ("enorm", "hnorm", "shared_head_norm"):
             w.add_tensor(p + f"nextn.{name}.weight", norm())
+
+
+def _add_lfm2_mixer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, role: str) -> None:
+    """An LFM2 layer's mixer after its ``attn_norm`` (``llama_model_lfm2::load_arch_tensors``):
+    attention with RMS norms of q and k (a head's width each), or a gated short convolution:
+    ``in_proj`` to the chunks B, C and x, the kernels ``conv`` ({l_cache, n_embd}), ``out_proj``."""
+    e, kv = spec.n_embd, spec.head_dim * spec.n_head_kv
+    if role == "attention":
+        w.add_tensor(p + "attn_q.weight", weight(e, e))
+        w.add_tensor(p + "attn_k.weight", weight(kv, e))
+        w.add_tensor(p + "attn_v.weight", weight(kv, e))
+        w.add_tensor(p + "attn_output.weight", weight(e, e))
+        w.add_tensor(p + "attn_q_norm.weight", np.ones(spec.head_dim, dtype=np.float32))
+        w.add_tensor(p + "attn_k_norm.weight", np.ones(spec.head_dim, dtype=np.float32))
+    else:
+        w.add_tensor(p + "shortconv.in_proj.weight", weight(3 * e, e))
+        w.add_tensor(p + "shortconv.conv.weight", weight(e, spec.ssm_conv) * np.float32(10))  # ne {l_cache, n_embd}
+        w.add_tensor(p + "shortconv.out_proj.weight", weight(e, e))
 
 
 def _add_nemotron_h_layer(w: gguf.GGUFWriter, spec: ModelSpec, p: str, weight, rng: np.random.Generator, role: str) -> None:

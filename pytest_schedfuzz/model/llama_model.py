@@ -1,7 +1,8 @@
 """The tiny models llama.cpp runs, as plain data: a ``ModelSpec`` names a model of llama.cpp's
 "llama" architecture (dense or Mixtral-style mixture of experts), a pure recurrent Mamba-2
-("mamba2"), a hybrid of attention and Mamba-2 layers ("granitehybrid") or a GLM-4.5-style mixture
-of experts with a multi-token-prediction (NextN) layer ("glm4moe", kind "mtp"), with a self-made
+("mamba2"), a hybrid of attention and Mamba-2 layers ("granitehybrid"), the hybrids whose state
+llama.cpp rolls back by snapshots (Nemotron-H's "nemotron_h", LFM2's "lfm2") or a GLM-4.5-style
+mixture of experts with a multi-token-prediction (NextN) layer ("glm4moe", kind "mtp"), with a self-made
 SentencePiece-style vocabulary (``TOKENS``); a ``LoraSpec`` a LoRA adapter for it. The files are
 written by ``llama.gguf_models``."""
 
@@ -47,10 +48,17 @@ KIND_ARCHS: dict[str, tuple[str, ...]] = {
     # Nemotron-H (LLM_ARCH_NEMOTRON_H): Mamba-2, attention and MLP layers, one kind each; its recurrent
     # state rolls back by snapshots (llm_arch_supports_rs_rollback: the context's n_rs_seq)
     "nemotron": ("nemotron_h",),
+    # LFM2 (LLM_ARCH_LFM2): attention layers (with q/k norms) among gated short-convolution layers,
+    # each with a SwiGLU FFN; its convolution state rolls back by snapshots too, and it has a tensor split
+    "lfm2": ("lfm2",),
 }
 EXPERT_KINDS = ("moe", "mtp")
-RECURRENT_KINDS = ("mamba2", "hybrid", "nemotron")
-ROLLBACK_KINDS = ("nemotron",)  # the recurrent kinds whose architecture llama.cpp rolls back by snapshots (n_rs_seq)
+RECURRENT_KINDS = ("mamba2", "hybrid", "nemotron", "lfm2")
+ROLLBACK_KINDS = ("nemotron", "lfm2")  # the recurrent kinds whose architecture llama.cpp rolls back by snapshots (n_rs_seq)
+# the kinds whose ``attn_layers`` name their attention layers among recurrent (or MLP) ones
+HYBRID_KINDS = ("hybrid", "nemotron", "lfm2")
+# a layer's roles that keep a recurrent state (``ModelSpec.layer_role``)
+RECURRENT_ROLES = ("mamba2", "shortconv")
 
 # the Mamba-2 sizes (fields of ModelSpec added with the recurrent kinds: to_json leaves them out
 # at their defaults, so the JSON, file name and bytes of a dense or moe spec are as before)
@@ -90,6 +98,11 @@ class ModelSpec:
     their own); the others alternate, in order, a Mamba-2 layer and an MLP layer (``n_ff``, ReLU²,
     no gate), as Nemotron-H interleaves them (``layer_role``); at least one attention and one
     Mamba-2 layer. Every layer has only its input norm.
+
+    lfm2 (``arch`` "lfm2"): the layers ``attn_layers`` are attention layers with RMS norms of q
+    and k, the others gated short convolutions (``in_proj`` to three chunks B, C, x; a causal
+    convolution of width ``ssm_conv``, llama.cpp's ``shortconv.l_cache``; ``out_proj``), every
+    layer with a SwiGLU FFN; the Mamba-2 sizes but ``ssm_conv`` keep their defaults.
 
     mtp: ``n_layer`` MoE layers (experts as moe's, ``n_ff`` each expert's and the one shared
     expert's FFN size, sigmoid routing with a bias), then one NextN layer (``blk.{n_layer}``, a
@@ -149,17 +162,20 @@ class ModelSpec:
         return 1 if self.kind == "mtp" else 0
 
     def layer_role(self, il: int) -> str:
-        """What layer ``il`` is: "mamba2", "attention" (with its FFN, but in nemotron), or "mlp"
-        (nemotron's MLP-only layers: the second of each pair of its other layers)."""
-        if self.kind == "mamba2" or (self.kind in ("hybrid", "nemotron") and il not in self.attn_layers):
+        """What layer ``il`` is: "mamba2", "shortconv" (lfm2's recurrent layers), "attention"
+        (with its FFN, but in nemotron), or "mlp" (nemotron's MLP-only layers: the second of each
+        pair of its other layers)."""
+        if self.kind == "lfm2":
+            return "attention" if il in self.attn_layers else "shortconv"
+        if self.kind == "mamba2" or (self.kind in HYBRID_KINDS and il not in self.attn_layers):
             if self.kind == "nemotron" and sum(1 for k in range(il) if k not in self.attn_layers) % 2:
                 return "mlp"
             return "mamba2"
         return "attention"
 
     def is_recurrent(self, il: int) -> bool:
-        """Whether layer ``il`` is a Mamba-2 layer."""
-        return self.layer_role(il) == "mamba2"
+        """Whether layer ``il`` keeps a recurrent state (a Mamba-2 or short-convolution layer)."""
+        return self.layer_role(il) in RECURRENT_ROLES
 
     @property
     def n_params(self) -> int:
@@ -178,6 +194,9 @@ class ModelSpec:
         ssm = e + e * d_in_proj + (self.ssm_conv + 1) * self.ssm_conv_dim + 3 * self.ssm_heads + self.ssm_inner + self.ssm_inner * e
         if self.kind == "nemotron":  # an input norm each; attention without the FFN norm; MLP of up and down
             roles = {"mamba2": ssm, "attention": attn - e, "mlp": e + 2 * e * self.n_ff}
+            per_layer = [roles[self.layer_role(il)] for il in range(self.n_layer)]
+        elif self.kind == "lfm2":  # both norms and the FFN each; q/k norms of a head; convolution, in_proj to 3 chunks, out_proj
+            roles = {"attention": attn + 2 * self.head_dim + ffn, "shortconv": 2 * e + ffn + self.ssm_conv * e + 4 * e * e}
             per_layer = [roles[self.layer_role(il)] for il in range(self.n_layer)]
         else:
             per_layer = [ssm if self.kind == "mamba2" else ssm + e + ffn if self.is_recurrent(il) else attn + ffn for il in range(self.n_layer)]
@@ -222,11 +241,15 @@ class ModelSpec:
                 raise ValueError(f"ssm_head_dim: must divide the inner size 2*n_embd={self.ssm_inner}, got {self.ssm_head_dim}")
             if self.ssm_heads % self.ssm_groups:
                 raise ValueError(f"ssm_groups: must divide the {self.ssm_heads} heads (ggml's ssm_scan), got {self.ssm_groups}")
+            if self.kind == "lfm2":
+                for name in set(_SSM_BOUNDS) - {"ssm_conv"}:
+                    if getattr(self, name) != _DEFAULTS[name]:
+                        raise ValueError(f"{name}: lfm2 has no Mamba-2 layer and keeps {_DEFAULTS[name]}, got {getattr(self, name)}")
         else:
             for name in _SSM_BOUNDS:
                 if getattr(self, name) != _DEFAULTS[name]:
                     raise ValueError(f"{name}: only for a recurrent model (kind {' or '.join(RECURRENT_KINDS)}); {self.kind} keeps {_DEFAULTS[name]}, got {getattr(self, name)}")
-        if self.kind in ("hybrid", "nemotron"):
+        if self.kind in HYBRID_KINDS:
             a = self.attn_layers
             if not a or list(a) != sorted(set(a)) or not 0 <= a[0] <= a[-1] < self.n_layer or len(a) == self.n_layer:
                 raise ValueError(f"attn_layers: increasing distinct layers of 0..{self.n_layer - 1}, at least one, and not all of them, got {list(a)}")
@@ -257,6 +280,8 @@ class ModelSpec:
         if self.kind == "nemotron":
             roles = [self.layer_role(il) for il in range(self.n_layer)]
             hybrid = f", layers {'/'.join({'mamba2': 'M', 'attention': 'A', 'mlp': 'F'}[r] for r in roles)} (Mamba-2, attention, MLP), {ssm}"
+        if self.kind == "lfm2":
+            hybrid = f", attention in layers {list(self.attn_layers)}, the others short convolutions of width {self.ssm_conv}"
         return f"{self.kind} {self.arch}: {self.n_layer} layers, n_embd {self.n_embd}, heads {self.n_head}/{self.n_head_kv}, n_ff {self.n_ff}{experts}{hybrid}"
 
     @classmethod

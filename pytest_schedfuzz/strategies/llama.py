@@ -35,7 +35,7 @@ from ..model.llama import (
 from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, ROLLBACK_KINDS, LoraSpec, ModelSpec
 from . import gpus, sampled
 
-FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid, mtp
+FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid, mtp, nemotron, lfm2
 
 
 @st.composite
@@ -68,17 +68,20 @@ def model_specs(draw: st.DrawFn, max_layers: int = 3, families: tuple[str, ...] 
 
 
 def _recurrent(draw: st.DrawFn, spec: ModelSpec, kind: str) -> ModelSpec:
-    """``spec`` made a Mamba-2, hybrid or Nemotron-H model of the same width: a head size dividing
-    the inner size (2 * n_embd), groups dividing the heads, and for the hybrids at least one layer
-    of each kind (so at least two layers; three for Nemotron-H, whose MLP layers are its third)."""
+    """``spec`` made a Mamba-2, hybrid, Nemotron-H or LFM2 model of the same width: a head size
+    dividing the inner size (2 * n_embd), groups dividing the heads, and for the hybrids at least
+    one layer of each kind (so at least two layers; three for Nemotron-H, whose MLP layers are its
+    third)."""
     inner = 2 * spec.n_embd
     head_dim = draw(sampled(tuple(d for d in (8, 16, 32) if inner % d == 0)))
     groups = draw(sampled(tuple(g for g in (1, 2) if (inner // head_dim) % g == 0)))
     ssm = {"ssm_state": draw(sampled((16, 32))), "ssm_conv": draw(sampled((2, 4))), "ssm_groups": groups, "ssm_head_dim": head_dim}
     if kind == "mamba2":
         return replace(spec, kind="mamba2", arch="mamba2", n_expert=0, n_expert_used=0, **ssm)
-    # hybrid (granitehybrid), or nemotron (nemotron_h: the other layers alternate Mamba-2 and MLP)
-    n_layer = max(2 if kind == "hybrid" else 3, spec.n_layer)
+    if kind == "lfm2":  # short convolutions of LFM2's width (3) or another: no Mamba-2 sizes
+        ssm = {"ssm_conv": draw(sampled((3, 2, 4)))}
+    # hybrid (granitehybrid), lfm2, or nemotron (nemotron_h: the other layers alternate Mamba-2 and MLP)
+    n_layer = max(3 if kind == "nemotron" else 2, spec.n_layer)
     attn = tuple(sorted(draw(st.sets(st.integers(0, n_layer - 1), min_size=1, max_size=n_layer - 1))))
     return replace(spec, kind=kind, arch=KIND_ARCHS[kind][0], n_layer=n_layer, n_expert=0, n_expert_used=0,
                    n_ff=spec.n_ff if spec.kind == "dense" else 32, attn_layers=attn, **ssm)

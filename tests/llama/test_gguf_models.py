@@ -39,8 +39,12 @@ MTP = ModelSpec(arch="glm4moe", kind="mtp", n_ff=32, n_expert=4, n_expert_used=2
 NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, attn_layers=(2,))
 LARGE_NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=8, n_embd=128, n_head=8, n_head_kv=2, n_ff=256, ssm_groups=2,
                            ssm_head_dim=32, attn_layers=(3, 7), seed=13)
-ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, MTP, NEMOTRON, LARGE_NEMOTRON]
-IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid", "mtp", "nemotron", "large-nemotron"]
+# LFM2: short convolution, attention, short convolution (its state rolls back by snapshots too)
+LFM2 = ModelSpec(arch="lfm2", kind="lfm2", n_layer=3, attn_layers=(1,), ssm_conv=3)
+LARGE_LFM2 = ModelSpec(arch="lfm2", kind="lfm2", n_layer=6, n_embd=128, n_head=8, n_head_kv=2, n_ff=256, attn_layers=(2, 4, 5), ssm_conv=4, seed=17)
+ALL = [DENSE, MOE, LARGE_DENSE, LARGE_MOE, MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, MTP, NEMOTRON, LARGE_NEMOTRON, LFM2, LARGE_LFM2]
+IDS = ["dense", "moe", "large-dense", "large-moe", "mamba2", "hybrid", "large-mamba2", "large-hybrid", "mtp", "nemotron", "large-nemotron",
+       "lfm2", "large-lfm2"]
 
 # computed before the recurrent kinds were added: their fields must not change a dense or moe
 # spec's JSON, file name (cache key) or bytes (else FORMAT_VERSION must be bumped)
@@ -284,6 +288,35 @@ def test_nemotron_h_tensor_layout(tmp_path: Path):
     assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
 
 
+def test_lfm2_tensor_layout(tmp_path: Path):
+    """lfm2 (src/models/lfm2.cpp): head_count_kv per layer, 0 marking a short convolution (in_proj
+    to three chunks, kernels {l_cache, n_embd}, out_proj); attention with q/k norms of a head's
+    width; an FFN and both norms in every layer; shortconv.l_cache and no Mamba-2 keys; the final
+    norm named token_embd_norm."""
+    spec = dataclasses.replace(LFM2, n_layer=4, attn_layers=(1, 3), ssm_conv=2)
+    assert [spec.layer_role(il) for il in range(4)] == ["shortconv", "attention", "shortconv", "attention"]
+    assert [spec.is_recurrent(il) for il in range(4)] == [True, False, True, False]
+    shapes, r = _layout(write_model(spec, tmp_path))
+    e = spec.n_embd
+    assert r.fields["lfm2.attention.head_count_kv"].contents() == [0, 2, 0, 2]
+    assert r.fields["lfm2.shortconv.l_cache"].contents() == 2
+    assert not any(k.startswith("lfm2.ssm.") for k in r.fields)
+    for il in range(4):
+        layer = {n.split(".", 2)[2] for n in shapes if n.startswith(f"blk.{il}.")}
+        assert {"attn_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"} <= layer
+        assert ("shortconv.conv.weight" in layer) == spec.is_recurrent(il) != ("attn_q_norm.weight" in layer)
+    assert shapes["blk.0.shortconv.in_proj.weight"] == [e, 3 * e] and shapes["blk.0.shortconv.conv.weight"] == [2, e]
+    assert shapes["blk.1.attn_k_norm.weight"] == [spec.head_dim] and "token_embd_norm.weight" in shapes and "output_norm.weight" not in shapes
+    assert sum(math.prod(s) for s in shapes.values()) == spec.n_params
+
+
+def test_lfm2_keeps_the_mamba2_sizes_at_their_defaults() -> None:
+    with pytest.raises(ValueError, match="ssm_state: lfm2 has no Mamba-2 layer"):
+        dataclasses.replace(LFM2, ssm_state=32).validate()
+    with pytest.raises(ValueError, match="attn_layers"):
+        dataclasses.replace(LFM2, attn_layers=(0, 1, 2)).validate()
+
+
 def test_mtp_tensor_layout(tmp_path: Path):
     """glm4moe (src/models/glm4-moe.cpp): block_count counts the NextN layer, the last block;
     every layer has a router bias and a shared expert; the NextN layer its projection of
@@ -404,8 +437,8 @@ SERVER_LIKE = (
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("spec", [MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, NEMOTRON, LARGE_NEMOTRON],
-                         ids=["mamba2", "hybrid", "large-mamba2", "large-hybrid", "nemotron", "large-nemotron"])
+@pytest.mark.parametrize("spec", [MAMBA2, HYBRID, LARGE_MAMBA2, LARGE_HYBRID, NEMOTRON, LARGE_NEMOTRON, LFM2, LARGE_LFM2],
+                         ids=["mamba2", "hybrid", "large-mamba2", "large-hybrid", "nemotron", "large-nemotron", "lfm2", "large-lfm2"])
 @pytest.mark.parametrize("devices", [Devices(n_rpc=1), Devices(n_rpc=0, n_gpu_layers=0)], ids=["rpc", "cpu"])
 def test_recurrent_models_decode_server_traffic(target, spec: ModelSpec, devices: Devices) -> None:
     """Through the worker: every call returns 0, on an RPC device and on the CPU, with 3 sequences."""

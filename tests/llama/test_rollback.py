@@ -1,5 +1,6 @@
-"""Hybrid servers as users run them: a Nemotron-H model, whose recurrent state llama.cpp rolls
-back by snapshots (``n_rs_seq``), on 0.3.36 and on b11739. A speculative step whose drafts fit the
+"""Hybrid servers as users run them: a Nemotron-H model (Mamba-2 layers) and an LFM2 model (short
+convolutions), whose recurrent state llama.cpp rolls back by snapshots (``n_rs_seq``), on 0.3.36
+and on b11739. A speculative step whose drafts fit the
 snapshots, and a ``seq_rm`` of a sequence's last positions, roll the state back by one
 (llama_memory_recurrent::seq_rm); more drafts than snapshots are rolled back from a checkpoint, as
 llama-server does (its RS mode). A batch of several sequences that fits one ubatch is computed
@@ -20,6 +21,7 @@ from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
 
 NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(2,))
+LFM2 = ModelSpec(arch="lfm2", kind="lfm2", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(1,), ssm_conv=3)
 CTX = ContextParams(n_ctx=256, n_batch=16, n_ubatch=8, n_seq_max=2, n_rs_seq=3)
 
 
@@ -38,19 +40,21 @@ SERVED = LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, CALLS)
 
 @pytest.mark.engine
 @pytest.mark.parametrize("lib", ["llama.cpp-0.3.36", UPSTREAM])
-def test_a_nemotron_h_server_rolls_back_by_snapshots_and_splits_per_sequence(lib: str) -> None:
+@pytest.mark.parametrize("model", [NEMOTRON, LFM2], ids=["nemotron_h", "lfm2"])
+def test_a_hybrid_server_rolls_back_by_snapshots_and_splits_per_sequence(lib: str, model: ModelSpec) -> None:
+    served = replace(SERVED, model=model)
     f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
     try:
         # judged by every property: the one finding is the lost reservation of a topology switch (a per-sequence
         # ubatch's graph after the worst case; the corpus's cases of it: docs/findings.md), no abort, no harness error
-        found = {v.signature() for v in f.check_llama(LLAMA_GROUP, SERVED)}
+        found = {v.signature() for v in f.check_llama(LLAMA_GROUP, served)}
         assert all(sig.startswith("llama-no-same-size-realloc[explained=lost") and "topology=switch" in sig for sig in found), found
-        trace = llama_trace(f.engines.run_llama(SERVED))
+        trace = llama_trace(f.engines.run_llama(served))
         assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
         rollbacks = {c.index: c.rollback for c in trace.calls if c.rollback}
         assert rollbacks == {2: "snapshot", 4: "snapshot", 6: "checkpoint"}, rollbacks
         decoded = f.stats.llama_decoded
-        for row in ("model nemotron", "n_rs_seq > 0", "observed: snapshot rollback", "observed: ubatch split per sequence",
+        for row in (f"model {model.kind}", "n_rs_seq > 0", "observed: snapshot rollback", "observed: ubatch split per sequence",
                     "last positions dropped on a recurrent model (seq_rm)"):
             assert decoded.get(row, 0) == 1, (row, decoded)
     finally:
@@ -88,15 +92,18 @@ def test_validate_holds_llama_cpps_rollback_limits(ctx: ContextParams, calls: tu
 
 
 @pytest.mark.engine
-def test_the_nemotron_h_graphs_are_captured_and_predicted_by_the_reference() -> None:
-    """Its MLP's ReLU² (RELU, SQR) joined the graph engine, the capture and the C export: on
-    0.3.36 the workload's graphs, snapshots and per-sequence ubatches included, are captured whole
-    and the reference places every node as ggml did."""
+@pytest.mark.parametrize("model, ops", [(NEMOTRON, {"RELU", "SQR", "SSM_SCAN", "SSM_CONV"}), (LFM2, {"SSM_CONV", "CONCAT", "TRANSPOSE"})],
+                         ids=["nemotron_h", "lfm2"])
+def test_the_hybrid_graphs_are_captured_and_predicted_by_the_reference(model: ModelSpec, ops: set[str]) -> None:
+    """Nemotron-H's MLP's ReLU² (RELU, SQR) joined the graph engine, the capture and the C export;
+    LFM2's short convolution is made of ops the engine had: on 0.3.36 the workload's graphs,
+    snapshots and per-sequence ubatches included, are captured whole and the reference places
+    every node as ggml did."""
     f = Fuzzer(FuzzConfig(database=None))
     f.llama_judged = ("llama-matches-reference",)
     try:
-        assert f.check_llama("llama-matches-reference", SERVED) == []
+        assert f.check_llama("llama-matches-reference", replace(SERVED, model=model)) == []
         assert f.stats.llama_captured == 1 and f.stats.llama_captured_nodes > 1000 and not f.stats.llama_not_captured
-        assert {"RELU", "SQR", "SSM_SCAN", "SSM_CONV"} <= set(f.stats.captured_ops)
+        assert ops <= set(f.stats.captured_ops)
     finally:
         f.close()
