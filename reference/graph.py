@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from pytest_schedfuzz.model.graph_spec import GraphSpec
-from pytest_schedfuzz.model.shapes import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS, is_contiguous, nbytes
+from pytest_schedfuzz.model.ops import GGML_OP_NAMES, LEAF_VIEW_OPS, VIEW_OPS
+from pytest_schedfuzz.model.shapes import is_contiguous, nbytes
 
 
 def tensor_graph(spec: GraphSpec) -> nx.DiGraph:

@@ -76,14 +76,14 @@ def test_the_plugin_imports_nothing_of_the_project_without_the_flag() -> None:
         assert not _ours(module or ""), f"plugin.py imports {module} at load time"
 
 
-def _call_kind_tables(source: str, where: str) -> list[str]:
-    """Places in ``source`` that branch or key on three or more llama.cpp call kinds: an if/elif
-    chain comparing a kind with them, or a dict literal keyed by them. Each kind is one entry of
-    ``model.llama_calls.CALLS``, and such a place is a second table of kinds."""
-    from pytest_schedfuzz.model.llama_calls import CALL_KINDS
+def _kind_tables(source: str, where: str, names: frozenset[str], what: str, literals: bool = False) -> list[str]:
+    """Places in ``source`` that branch or key on three or more of ``names`` (the kinds of one
+    table): an if/elif chain comparing with them, a dict literal keyed by them, and with
+    ``literals`` a tuple, list or set literal of four or more. Each kind is one entry of its
+    table, and such a place is a second table of kinds."""
 
     def kinds(node: ast.AST) -> set[str]:
-        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in CALL_KINDS}
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in names}
 
     out = []
     tree = ast.parse(source)
@@ -97,10 +97,46 @@ def _call_kind_tables(source: str, where: str) -> list[str]:
                     break
                 branch = branch.orelse[0]
             if len(seen) >= 3:
-                out.append(f"{where}:{node.lineno}: an if/elif over the call kinds {sorted(seen)}")
-        elif isinstance(node, ast.Dict) and len({k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in CALL_KINDS}) >= 3:
-            out.append(f"{where}:{node.lineno}: a dict keyed by call kinds")
+                out.append(f"{where}:{node.lineno}: an if/elif over the {what} {sorted(seen)}")
+        elif isinstance(node, ast.Dict) and len({k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names}) >= 3:
+            out.append(f"{where}:{node.lineno}: a dict keyed by {what}")
+        elif literals and isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            listed = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names}
+            if len(listed) >= 4:
+                out.append(f"{where}:{node.lineno}: a list of the {what} {sorted(listed)}")
     return out
+
+
+def _call_kind_tables(source: str, where: str) -> list[str]:
+    """``_kind_tables`` of the llama.cpp call kinds (``model.llama_calls.CALLS``)."""
+    from pytest_schedfuzz.model.llama_calls import CALL_KINDS
+
+    return _kind_tables(source, where, frozenset(CALL_KINDS), "call kinds")
+
+
+def _graph_op_tables(source: str, where: str) -> list[str]:
+    """``_kind_tables`` of the graph ops (``model.ops.OPS``), literal lists included."""
+    from pytest_schedfuzz.model.ops import OPS
+
+    return _kind_tables(source, where, frozenset(OPS), "graph ops", literals=True)
+
+
+def test_a_graph_op_is_one_entry_of_one_table() -> None:
+    """A graph op is one entry of ``model.ops.OPS`` (its shape rule, record, ggml calls, capture):
+    no other module lists, keys or branches on the ops, and ``graph.c`` names none (its op C is
+    written from the table by ``ggml.graph_ops``); a planted dispatch and a planted list are caught."""
+    planted = 'def c(op):\n    if op == "add":\n        pass\n    elif op in ("mul", "div"):\n        pass\n'
+    assert len(_graph_op_tables(planted, "planted")) == 1
+    assert len(_graph_op_tables('SIMPLE = ("argmax", "sub", "sum", "log")\n', "planted")) == 1
+    # the graph strategy's growers (``strategies._GROW``) are named for what they draw, some for an op
+    allowed = {PACKAGE / "model" / "ops.py", PACKAGE / "strategies" / "__init__.py"}
+    found = [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
+             for x in _graph_op_tables(path.read_text(), str(path.relative_to(PACKAGE)))]
+    assert found == []
+    from pytest_schedfuzz.model.ops import OPS
+
+    graph_c = (PACKAGE / "ggml" / "graph.c").read_text()
+    assert [op for op in OPS if f"OP_{op}:" in graph_c or f"X(ggml_{op})" in graph_c or f"X({op})" in graph_c] == []
 
 
 def test_call_kinds_are_branched_on_only_in_their_table() -> None:
@@ -113,6 +149,16 @@ def test_call_kinds_are_branched_on_only_in_their_table() -> None:
     found = [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
              for x in _call_kind_tables(path.read_text(), str(path.relative_to(PACKAGE)))]
     assert found == []
+
+
+def test_every_call_kind_and_draft_action_has_its_worker_method() -> None:
+    """A call kind (``CALLS``) and a draft action (``DRAFT_ACTIONS``) are each one table entry with
+    its C; the worker's method each names is there."""
+    from pytest_schedfuzz.llama.worker import Llama
+    from pytest_schedfuzz.model.llama_calls import CALLS, DRAFT_ACTIONS
+
+    assert [k for k, c in CALLS.items() if not callable(getattr(Llama, c.make, None))] == []
+    assert [a for a in DRAFT_ACTIONS if not callable(getattr(Llama, f"_draft_{a}", None))] == []
 
 
 def _family_by_prefix(source: str, where: str) -> list[str]:

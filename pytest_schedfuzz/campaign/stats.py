@@ -14,8 +14,8 @@ from ..model.graph_spec import GraphSpec
 from ..model.llama import LlamaWorkload, all_experts_bytes
 from ..model.llama_model import RECURRENT_KINDS, ROLLBACK_KINDS
 from ..model.llama_trace import CallRecord, LlamaTrace
+from ..model.ops import GGML_OP_NAMES
 from ..model.scenario import Scenario
-from ..model.shapes import GGML_OP_NAMES
 from ..model.trace import Trace
 from ..properties.llama import rebuilds
 from .captures import CONTEXTS

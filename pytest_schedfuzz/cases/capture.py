@@ -9,7 +9,7 @@ and each backend's compute buffer size. This module turns that into a ``Scenario
   workload's settings, the CPU last);
 * each distinct graph as a ``GraphSpec``: the leafs (weights and KV cache on the device whose
   buffer type holds them, inputs), then the nodes in ggml's order, each as the op of the graph
-  engine that ggml's constructor makes (``OP_TABLE``) with llama.cpp's own ``op_params`` words,
+  engine that ggml's constructor makes (``ops.CAPTURED``) with llama.cpp's own ``op_params`` words,
   handed to ``ggml_build_forward_expand`` one by one so that the engine's graph has ggml's order;
 * the steps in order: ``sched_new`` with its params, each reserve, each alloc, and each
   ``split`` (llama.cpp calling ``ggml_backend_sched_split_graph`` itself: its flash-attention
@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import functools
 import re
-import struct
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..model import ops
 from ..model.captured import Captured, CapturedStep
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendLayout, BackendSpec
 from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
 from ..model.scenario import Scenario, SchedParams, Step
-from ..model.shapes import ARITY, INPLACE, TYPES, VIEW_OPS, SpecError
+from ..model.shapes import TYPES, SpecError
 
 TENSOR_FLAG_INPUT, TENSOR_FLAG_OUTPUT = 1, 2
 BUFFER_USAGE_WEIGHTS = 1
@@ -53,15 +53,6 @@ class CaptureError(ValueError):
         self.kind = kind
 
 
-def _f32(word: int) -> float:
-    return float(struct.unpack("<f", struct.pack("<i", word))[0])
-
-
-def _word(t: Mapping[str, Any], i: int) -> int:
-    params = t.get("op_params", [])
-    return int(params[i]) if i < len(params) else 0
-
-
 def _dims(ne: Sequence[int]) -> int:
     """ggml's ``n_dims``: up to the last dimension above 1."""
     n = len(ne)
@@ -76,65 +67,23 @@ def _shape(ne: Sequence[int]) -> tuple[int, ...]:
 
 
 Args = tuple[str | None, ...]
-# ggml op name (``ggml_op_desc`` for UNARY and GLU) -> the graph engine's op, its arguments in
-# the constructor's call order from ggml's src[], and its parameters; ``view`` and ``reshape``
-# are _view_args's (they need the source's geometry)
-OP_TABLE: dict[str, tuple[str, Callable[[Args], Args], Callable[[Mapping[str, Any]], dict[str, Any]]]] = {
-    "GET_ROWS": ("get_rows", lambda s: s[:2], lambda t: {}),
-    "MUL_MAT": ("mul_mat", lambda s: s[:2], lambda t: {}),
-    "MUL_MAT_ID": ("mul_mat_id", lambda s: s[:3], lambda t: {}),
-    "ADD": ("add", lambda s: s[:2], lambda t: {}),
-    "MUL": ("mul", lambda s: s[:2], lambda t: {}),
-    "DIV": ("div", lambda s: s[:2], lambda t: {}),
-    "RMS_NORM": ("rms_norm", lambda s: s[:1], lambda t: {"eps": _f32(_word(t, 0))}),
-    "SCALE": ("scale", lambda s: s[:1], lambda t: {"scale": _f32(_word(t, 0))}),
-    "SILU": ("silu", lambda s: s[:1], lambda t: {}),
-    "ROPE": ("rope", lambda s: (s[0], s[1], s[2] if len(s) > 2 else None), lambda t: {"n_dims": _word(t, 1), "mode": _word(t, 2)}),
-    "SOFT_MAX": ("soft_max_ext", lambda s: (s[0], s[1] if len(s) > 1 else None), lambda t: {"scale": _f32(_word(t, 0)), "max_bias": _f32(_word(t, 1))}),
-    "FLASH_ATTN_EXT": ("flash_attn_ext", lambda s: (s[0], s[1], s[2], s[3] if len(s) > 3 else None),
-                       lambda t: {"scale": _f32(_word(t, 0)), "max_bias": _f32(_word(t, 1)), "logit_softcap": _f32(_word(t, 2))}),
-    "SET_ROWS": ("set_rows", lambda s: (s[2], s[0], s[1]), lambda t: {}),  # ggml_set_rows(a, b, c) stores {b, c, a}
-    "CPY": ("cpy", lambda s: s[:2], lambda t: {}),
-    "CONT": ("cont", lambda s: s[:1], lambda t: {}),
-    "DUP": ("dup", lambda s: s[:1], lambda t: {}),
-    "PERMUTE": ("permute", lambda s: s[:1], lambda t: {"axes": tuple(_word(t, i) for i in range(4))}),
-    "TRANSPOSE": ("transpose", lambda s: s[:1], lambda t: {}),
-    "CONCAT": ("concat", lambda s: s[:2], lambda t: {"dim": _word(t, 0)}),
-    "SUM_ROWS": ("sum_rows", lambda s: s[:1], lambda t: {}),
-    "ARGSORT": ("argsort", lambda s: s[:1], lambda t: {"order": _word(t, 0)}),
-    "CLAMP": ("clamp", lambda s: s[:1], lambda t: {"min": _f32(_word(t, 0)), "max": _f32(_word(t, 1))}),
-    "PAD": ("pad", lambda s: s[:1], lambda t: {"pad": tuple(_word(t, i) for i in range(8))}),
-    "ARGMAX": ("argmax", lambda s: s[:1], lambda t: {}),
-    "TOP_K": ("top_k", lambda s: s[:1], lambda t: {"k": int(t["ne"][0])}),
-    "SUB": ("sub", lambda s: s[:2], lambda t: {}),
-    "SUM": ("sum", lambda s: s[:1], lambda t: {}),
-    "LOG": ("log", lambda s: s[:1], lambda t: {}),
-    "EXP": ("exp", lambda s: s[:1], lambda t: {}),
-    "SIGMOID": ("sigmoid", lambda s: s[:1], lambda t: {}),
-    "STEP": ("step", lambda s: s[:1], lambda t: {}),
-    "RELU": ("relu", lambda s: s[:1], lambda t: {}),
-    "SQR": ("sqr", lambda s: s[:1], lambda t: {}),
-    "CUMSUM": ("cumsum", lambda s: s[:1], lambda t: {}),
-    "FILL": ("fill", lambda s: s[:1], lambda t: {"value": _f32(_word(t, 0))}),
-    "SSM_CONV": ("ssm_conv", lambda s: s[:2], lambda t: {}),
-    "SSM_SCAN": ("ssm_scan", lambda s: s[:7], lambda t: {"k": _word(t, 0)}),
-}
-UNARY_OPS = frozenset({"SILU", "EXP", "SIGMOID", "STEP", "RELU"})  # GGML_OP_UNARY's kinds above (ggml_op_desc names them)
+# GGML_OP_UNARY's kinds the graph engine makes (``ggml_op_desc`` names them)
+UNARY_OPS = frozenset(op.ggml_desc for op in ops.CAPTURED.values() if op.unary)
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK")  # enum ggml_glu_op, in order
 
 
 @functools.cache
 def _n_srcs(op: str, kind: str) -> int:
-    """How many src[] the graph engine's constructor of ``kind`` sets (``shapes.ARITY``); more is
+    """How many src[] the graph engine's constructor of ``kind`` sets (``Op.arity``); more is
     an input this module does not know (e.g. attention sinks), none an op it does not know."""
-    ours = {"VIEW": "view", "RESHAPE": "reshape", "GLU": "glu"}.get(op) or (OP_TABLE[kind][0] if kind in OP_TABLE else None)
-    return ARITY[ours][0] if ours is not None else 0
+    ours = {"VIEW": "view", "RESHAPE": "reshape", "GLU": "glu"}.get(op) or (ops.CAPTURED[kind].name if kind in ops.CAPTURED else None)
+    return ops.OPS[ours].arity if ours is not None else 0
 
 
 def covered_ops() -> list[str]:
     """The ggml ops a captured graph may hold (the table of docs/llama.md)."""
-    ops = [f"UNARY ({k})" if k in UNARY_OPS else k for k in OP_TABLE]
-    return sorted([*ops, "VIEW", "RESHAPE", "CPY (ggml_cast)", *(f"GLU ({g})" for g in GLU_OPS)])
+    names = [f"UNARY ({k})" if k in UNARY_OPS else k for k in ops.CAPTURED]
+    return sorted([*names, "VIEW", "RESHAPE", "CPY (ggml_cast)", *(f"GLU ({g})" for g in GLU_OPS)])
 
 
 def _unique_names(tensors: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -304,16 +253,16 @@ def _node(t: Mapping[str, Any], name: str, ref: Mapping[str, str], cap_of: Mappi
     elif op == "GLU":
         if kind not in GLU_OPS:
             raise CaptureError(f"node {t['name']!r}: GLU op {kind} is not one the graph engine makes", kind=f"op {kind}")
-        ours, args, params = "glu", (srcs[0], srcs[1] if len(srcs) > 1 else None), {"glu": GLU_OPS.index(kind), "swapped": bool(_word(t, 1))}
+        ours, args, params = "glu", (srcs[0], srcs[1] if len(srcs) > 1 else None), {"glu": GLU_OPS.index(kind), "swapped": bool(ops.word(t, 1))}
     else:
-        if kind not in OP_TABLE:
+        if kind not in ops.CAPTURED:
             raise CaptureError(f"node {t['name']!r}: op {kind} is not one the graph engine makes (covered: {', '.join(covered_ops())})", kind=f"op {kind}")
-        ours, pick, param_of = OP_TABLE[kind]
-        args, params = pick(srcs), param_of(t)
+        entry = ops.CAPTURED[kind]
+        ours, args, params = entry.name, entry.args_of(srcs), entry.params_of(t)
         if ours == "cont" and list(t["ne"]) != list(cap_of[str(srcs[0])]["ne"]):
             params = {"ne": _shape(t["ne"])}  # ggml_cont_Nd
-        if t.get("view_src") and ours not in VIEW_OPS | {"set_rows", "cpy"}:  # ggml_<op>_inplace: the result views src 0
-            if ours not in INPLACE:
+        if t.get("view_src") and ours not in ops.VIEW_OPS | {"set_rows", "cpy"}:  # ggml_<op>_inplace: the result views src 0
+            if ours not in ops.INPLACE:
                 raise CaptureError(f"node {t['name']!r}: {kind} viewing {t['view_src']}, an in-place form the graph engine does not make", kind=f"in-place {kind}")
             params = params | {"inplace": True}
     return TensorSpec(name, op=ours, type=str(t["type"]), ne=_shape(t["ne"]), args=args,
@@ -382,7 +331,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace, context: int = 0) -> Cap
     specs: list[tuple[str, GraphSpec]] = []
     steps: list[Step] = []
     seen: list[CapturedStep] = []
-    ops: dict[str, int] = {}
+    op_counts: dict[str, int] = {}
     live: int | None = None
     aborted: tuple[int, int, str] | None = None
     for call, s in calls:
@@ -415,7 +364,7 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace, context: int = 0) -> Cap
             graphs[key] = name
             for t in cap["nodes"]:
                 k = str(t["desc"]) if t["op"] in ("UNARY", "GLU") else str(t["op"])
-                ops[k] = ops.get(k, 0) + 1
+                op_counts[k] = op_counts.get(k, 0) + 1
         steps.append(Step(s.kind, graphs[key]))
         if s.aborted:  # ggml aborted in this call: nothing of it was observed but the abort
             assert trace.abort is not None
@@ -427,4 +376,4 @@ def capture(workload: LlamaWorkload, trace: LlamaTrace, context: int = 0) -> Cap
         raise CaptureError("no reserve or alloc was captured", kind="nothing captured")
     scenario = Scenario(layout, tuple(specs), tuple(steps))
     scenario.validate()
-    return Captured(scenario, tuple(seen), ops, aborted)
+    return Captured(scenario, tuple(seen), op_counts, aborted)

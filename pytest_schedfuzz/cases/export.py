@@ -41,6 +41,7 @@ from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.cpu_only import tensor_key
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import library_folder
+from ..model import ops
 from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendSpec
@@ -92,68 +93,44 @@ def _c_float(x: object) -> str:
     return f"{v!r}f"
 
 
+# the record's type codes as the exporter encodes them: positions in ``_TYPES``, written back as their names
+_TYPE_CODES = {name: i for i, name in enumerate(_TYPES)}
+
+
+def _c_arg(tok: str, a: Sequence[str], ne: Sequence[int], ints: Sequence[int], reals: Sequence[float]) -> str:
+    """A build's argument (``ops``' tokens) as a C expression of the reproducer: the record's values written out."""
+    kind = ops.token(tok)
+    if kind is None:
+        return tok
+    letter, k = kind
+    if letter == "a":
+        return a[k]
+    if letter == "f":
+        return _c_float(reals[k])
+    if letter == "n":
+        return str(int(ne[k]))
+    if letter == "b":
+        return "true" if ints[k] else "false"
+    if letter == "t":
+        return list(_TYPES.values())[ints[k]]
+    return str(int(ints[k]))
+
+
 def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
     """The ggml call that builds op ``t.op`` over ``a`` (C expressions of its args, in call
-    order): as ``ggml/graph.c`` calls it (``ggml.program.encode`` encodes it), on ``version``."""
-    op, P = t.op, t.param
-    x = ", ".join(["ctx", *a])
-    if op == "fill":
-        return f"ggml_fill{'_inplace' if P('inplace') else ''}(ctx, {a[0]}, {_c_float(P('value', 0.0))})"
-    if op == "cast":
-        return f"ggml_cast(ctx, {a[0]}, {_TYPES[str(P('type'))]})"
-    if P("inplace") and op != "rope":
-        if op == "scale":
-            return f"ggml_scale_inplace(ctx, {a[0]}, {_c_float(P('scale', 1.0))})"
-        return f"ggml_{op}_inplace({x})"
-    if op == "pad":
-        return f"ggml_pad_ext(ctx, {a[0]}, {', '.join(str(int(v)) for v in P('pad'))})"
-    if op in ("argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "relu", "sqr", "cumsum", "mul_mat_id", "set_rows"):
-        return f"ggml_{op}({x})"
-    if op == "top_k":
-        if not version_of(version).has_top_k:
-            raise ExportError(f"tensor {t.name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
-        return f"ggml_top_k(ctx, {a[0]}, {int(P('k'))})"
-    if op == "ssm_scan":
-        return f"ggml_ssm_scan({x}, {int(P('k', 1))})" if version_of(version).ssm_scan_takes_k else f"ggml_ssm_scan({x})"
-    if op in ("get_rows", "mul_mat", "add", "mul", "div", "cpy"):
-        return f"ggml_{op}(ctx, {a[0]}, {a[1]})"
-    if op in ("silu", "transpose", "view_tensor", "sum_rows", "dup"):
-        return f"ggml_{op}(ctx, {a[0]})"
-    if op == "cont":
-        ne = P("ne")
-        return f"ggml_cont(ctx, {a[0]})" if ne is None else f"ggml_cont_4d(ctx, {a[0]}, {', '.join(str(int(v)) for v in (list(ne) + [1] * (4 - len(ne))))})"
-    if op == "argsort":
-        return f"ggml_argsort(ctx, {a[0]}, (enum ggml_sort_order) {int(P('order', 0))})"
-    if op == "clamp":
-        return f"ggml_clamp(ctx, {a[0]}, {_c_float(P('min', 0.0))}, {_c_float(P('max', 1.0))})"
-    if op == "glu":
-        if a[1] == "NULL":
-            return f"ggml_glu(ctx, {a[0]}, (enum ggml_glu_op) {int(P('glu', 2))}, {'true' if P('swapped', False) else 'false'})"
-        return f"ggml_glu_split(ctx, {a[0]}, {a[1]}, (enum ggml_glu_op) {int(P('glu', 2))})"
-    if op == "scale":
-        return f"ggml_scale(ctx, {a[0]}, {_c_float(P('scale', 1.0))})"
-    if op == "rms_norm":
-        return f"ggml_rms_norm(ctx, {a[0]}, {_c_float(P('eps', 1e-6))})"
-    if op == "rope":
-        # n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
-        fn = "ggml_rope_ext_inplace" if P("inplace") else "ggml_rope_ext"
-        return f"{fn}(ctx, {a[0]}, {a[1]}, {a[2]}, {int(P('n_dims'))}, {int(P('mode', 0))}, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f)"
-    if op == "soft_max_ext":
-        return f"ggml_soft_max_ext(ctx, {a[0]}, {a[1]}, {_c_float(P('scale', 1.0))}, {_c_float(P('max_bias', 0.0))})"
-    if op == "flash_attn_ext":
-        return (f"ggml_flash_attn_ext({x}, {_c_float(P('scale', 1.0))}, {_c_float(P('max_bias', 0.0))}, "
-                f"{_c_float(P('logit_softcap', 0.0))})")
-    if op == "concat":
-        return f"ggml_concat(ctx, {a[0]}, {a[1]}, {int(P('dim', 0))})"
-    if op == "permute":
-        return f"ggml_permute(ctx, {a[0]}, {', '.join(str(int(v)) for v in P('axes'))})"
-    if op == "reshape":
-        ne = [int(v) for v in P("ne")]
-        return f"ggml_reshape_{len(ne)}d(ctx, {a[0]}, {', '.join(map(str, ne))})"
-    if op == "view":
-        ne, nb = [int(v) for v in P("ne")], [int(v) for v in P("nb", ())]
-        return f"ggml_view_{len(ne)}d(ctx, {a[0]}, {', '.join(map(str, ne + nb))}, {int(P('offset', 0))})"
-    raise ExportError(f"tensor {t.name!r}: op {op!r} has no ggml builder in the exporter")
+    order): the build of its table entry (``ops.OPS``) that ``ggml/graph.c`` makes for the same
+    record, on ``version``'s API."""
+    op = ops.OPS.get(t.op)
+    if op is None:
+        raise ExportError(f"tensor {t.name!r}: op {t.op!r} has no ggml builder in the exporter")
+    v = version_of(version)
+    try:
+        ne, ints, reals = ops.fields(t.op, t.param, _TYPE_CODES, v)
+    except ops.NotInVersion as e:
+        raise ExportError(f"tensor {t.name!r}: {e}") from None
+    record = ops.Record(ne, ints, [None if x == "NULL" else x for x in a], bool(t.param("inplace")), v.ssm_scan_takes_k)
+    build = op.build_for(record)
+    return f"{build.fn}({', '.join(['ctx', *(_c_arg(tok, a, ne, ints, reals) for tok in build.args)])})"
 
 
 class _Program:

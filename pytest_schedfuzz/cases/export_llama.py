@@ -42,7 +42,7 @@ from ..llama.gguf_models import write_lora, write_model
 from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
-from ..model.llama_calls import CALLS
+from ..model.llama_calls import CALLS, DRAFT_ACTIONS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
 from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
@@ -153,15 +153,8 @@ def _call(i: int, c: Call) -> str:
     kind = CALLS[c.kind]
     body = kind.c(c)
     if kind.draft:  # llama-server's common_memory: the draft context too (a no-op without one)
-        body += f" if (rc == 0) {_DRAFT_C[kind.draft].format(c=c, end=c.n_keep + c.n)}"
+        body += f" if (rc == 0) {DRAFT_ACTIONS[kind.draft].c.format(c=c, end=c.n_keep + c.n)}"
     return f"    begin({i}, {c_string(c.describe())});\n    rc = 0; {body}\n    end({i}, rc);"
-
-
-# the draft context's side of a memory call in repro.c (``DRAFT_ACTIONS``; the worker's ``Llama._draft_<action>``)
-_DRAFT_C = {
-    "drop_after": "dft_drop_after({c.seq});", "copy": "dft_copy({c.seq}, {c.dst});", "keep": "dft_keep({c.seq});", "clear": "dft_clear();",
-    "shift": "dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});",
-}
 
 
 def _chains() -> str:

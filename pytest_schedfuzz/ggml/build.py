@@ -11,6 +11,7 @@ from pathlib import Path
 from ..builds.compile import BuildError, compiler, ggml_source_for, run_tool
 from ..builds.installed import LibError, base_library, installed_folder, shared_library
 from ..files import atomic_write, cache_dir
+from . import graph_ops
 
 FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")
 RPC_SERVER_SOURCE = Path(__file__).with_name("rpc_server.c")
@@ -20,16 +21,21 @@ HELPER_SOURCES = (Path(__file__).with_name("observe.c"), Path(__file__).with_nam
 
 def build_helpers() -> Path:
     """``libschedfuzz-worker.so``: the graph worker's helpers (``ggml/observe.c``: its log
-    buffer and assignment snapshot; ``ggml/graph.c``: its graph builder). They include no ggml
-    header, so one build serves every ggml. Cached by their source."""
-    digest = hashlib.sha1(b"".join(f.read_bytes() for f in HELPER_SOURCES)).hexdigest()[:16]
+    buffer and assignment snapshot; ``ggml/graph.c``: its graph builder, with the ops' C that
+    ``graph_ops`` writes from their table). They include no ggml header, so one build serves
+    every ggml. Cached by their source."""
+    headers = {name: write().encode() for name, write in graph_ops.HEADERS.items()}
+    digest = hashlib.sha1(b"".join([*(f.read_bytes() for f in HELPER_SOURCES), *headers.values()])).hexdigest()[:16]
     out = cache_dir() / "worker" / digest / "libschedfuzz-worker.so"
     if out.exists():
         return out
     cc = compiler("the graph worker's helpers")
 
     def compile_to(tmp: Path) -> None:
-        run_tool([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-o", str(tmp), *map(str, HELPER_SOURCES)])
+        for name, text in headers.items():
+            atomic_write(tmp.parent / name, lambda t, text=text: t.write_bytes(text))
+        run_tool([cc, "-std=c11", "-D_GNU_SOURCE", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", f"-I{tmp.parent}", "-o", str(tmp),
+                  *map(str, HELPER_SOURCES)])
 
     return atomic_write(out, compile_to, 0o777)
 

@@ -7,7 +7,7 @@
  * scenario's three graphs: 1.6 ms of the worker's 6 ms); here about a third of that, most of it
  * the parameters below.
  *
- * The parameters of the ops ``graph.c`` reads a shape or numbers for (``OP_RECORDS``) are still
+ * The parameters of the ops ``graph.c`` reads a shape or numbers for (``ops.RECORDED``) are still
  * read by Python (``program._op_record``), once per distinct (op, parameters): ``cache``.
  */
 #define PY_SSIZE_T_CLEAN

@@ -134,7 +134,7 @@ def check_geometry(name: str, want: Geometry, got: Geometry) -> None:
         if getattr(want, f) != getattr(got, f)
     ]
     if diffs:
-        raise GeometryMismatch(f"tensor {name!r}: shapes.infer and ggml disagree: " + "; ".join(diffs))
+        raise GeometryMismatch(f"tensor {name!r}: ops.infer and ggml disagree: " + "; ".join(diffs))
 
 
 def gcov_dump(reset: bool = False) -> None:

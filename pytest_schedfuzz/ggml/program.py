@@ -14,14 +14,10 @@ from typing import Any, ClassVar
 
 from ..builds.compile import BuildError
 from ..engine import Unsupported
+from ..model import ops
 from ..model.graph_spec import GraphSpec, TensorSpec, tensor_from_row
-from ..model.versions import version_of
+from ..model.versions import GgmlVersion, version_of
 from .build import build_encoder
-
-# the ops whose record fields ``_op_record`` fills (a shape, integer or real parameters);
-# every other op's are zeros
-OP_RECORDS = frozenset({"fill", "cast", "scale", "pad", "top_k", "ssm_scan", "cont", "argsort", "clamp", "glu", "rms_norm", "rope",
-                        "soft_max_ext", "flash_attn_ext", "concat", "permute", "reshape", "view"})
 
 
 @dataclass(frozen=True)
@@ -31,11 +27,7 @@ class GraphProgram:
     persistent tensor or the name's offset, op_params words, then the geometry ggml must give
     it) and four doubles; the names, NUL-ended; the op_params words; the roots as indices."""
 
-    OPS: ClassVar[tuple[str, ...]] = (
-        "leaf", "persistent", "fill", "cast", "pad", "argmax", "ssm_conv", "sub", "sum", "log", "exp", "sigmoid", "step", "relu", "sqr", "cumsum", "top_k",
-        "ssm_scan", "get_rows", "mul_mat", "add", "mul", "div", "cpy", "silu", "transpose", "view_tensor", "sum_rows", "dup",
-        "cont", "argsort", "clamp", "glu", "mul_mat_id", "set_rows", "scale", "rms_norm", "rope", "soft_max_ext", "flash_attn_ext",
-        "concat", "permute", "reshape", "view")
+    OPS: ClassVar[tuple[str, ...]] = ("leaf", "persistent", *ops.OPS)  # graph.c's ``OPS`` (``graph_ops`` writes it from the table)
     CODES: ClassVar[dict[str, int]] = {name: i for i, name in enumerate(OPS)}
     WORDS: ClassVar[int] = 38
     PTR: ClassVar[int] = 24  # a persistent tensor's address in its record (graph.c's R_PTR)
@@ -105,7 +97,7 @@ def native_encoder() -> ModuleType | str:
 
 # per ggml version and type codes: what ``_op_record`` made of each (op, parameters) it was given,
 # so that the C encoder asks Python once per distinct one (most recur: a norm's eps, a rope's dims)
-_OP_FIELDS: dict[tuple[bool, tuple[tuple[str, int], ...]], dict[Any, Any]] = {}
+_OP_FIELDS: dict[tuple[str, tuple[tuple[str, int], ...]], dict[Any, Any]] = {}
 OP_FIELDS_KEPT = 65_536  # distinct (op, parameters) per version; forgotten all at once beyond
 
 
@@ -115,17 +107,17 @@ def encode(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_versio
     native = native_encoder()
     if isinstance(native, str):
         return encode_rows(spec, persistent, types, ggml_version)
-    new_k = version_of(ggml_version).ssm_scan_takes_k
-    cache = _OP_FIELDS.setdefault((new_k, tuple(sorted(types.items()))), {})
+    version = version_of(ggml_version)
+    cache = _OP_FIELDS.setdefault((version.version, tuple(sorted(types.items()))), {})
     if len(cache) > OP_FIELDS_KEPT:
         cache.clear()
 
-    def fields(op: str, name: str, params: tuple[tuple[str, Any], ...]) -> tuple[tuple[int, ...], list[int], list[float]]:
-        return _op_record(op, name, dict(params).get, new_k, types)
+    def fields(op: str, name: str, params: tuple[tuple[str, Any], ...]) -> ops.Fields:
+        return _op_record(op, name, dict(params).get, version, types)
 
     rows = spec.rows
     records, reals, names, words, roots, index, kept = native.encode_rows(
-        rows, spec.geometry_rows, spec.roots, GraphProgram.CODES, types, _op_flags(new_k), persistent, OP_RECORDS, cache, fields)
+        rows, spec.geometry_rows, spec.roots, GraphProgram.CODES, types, _op_flags(version), persistent, ops.RECORDED, cache, fields)
     return GraphProgram(_array("q", records), _array("d", reals), names, _array("i", words), _array("i", roots), len(rows), index,
                         tuple((i, tensor_from_row(rows[i])) for i in kept))
 
@@ -137,10 +129,12 @@ def _array(typecode: str, data: bytes) -> array[Any]:
 
 
 @functools.cache
-def _op_flags(new_k: bool) -> dict[str, int]:
-    """Each op's record flags: named, and for ssm_scan whether it takes K (``version_of``)."""
+def _op_flags(version: GgmlVersion) -> dict[str, int]:
+    """Each op's record flags: named, and where a build of it asks ``k_given``, whether ``version``'s
+    ``ggml_ssm_scan`` takes K."""
     GP = GraphProgram
-    return {name: GP.NAME | (GP.NEW_K if new_k and name == "ssm_scan" else 0) for name in GP.OPS}
+    k = version.ssm_scan_takes_k
+    return {op.name: GP.NAME | (GP.NEW_K if k and any(b.when == "k_given" for b in op.builds) else 0) for op in ops.OPS.values()}
 
 
 def encode_rows(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_version: str) -> GraphProgram:
@@ -156,7 +150,7 @@ def encode_rows(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_v
     rows = spec.rows
     index = {row[0]: i for i, row in enumerate(rows)}
     codes = GP.CODES
-    new_k = version_of(ggml_version).ssm_scan_takes_k  # with it, top_k and clamp as 0.25.3 has them
+    version = version_of(ggml_version)
     program: list[int] = []
     reals: list[float] = []
     words: list[int] = []
@@ -164,7 +158,7 @@ def encode_rows(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_v
     no_ints, no_reals, no_args, no_params = [0] * 8, [0.0] * 4, [-1] * 8, {}.get
     padded = {k: (1,) * (4 - k) for k in range(5)}  # a shape of k dimensions, as the record holds it
     leaf_flags = GP.NAME | (GP.INPUT if persistent else 0)
-    op_flags = _op_flags(new_k)
+    op_flags = _op_flags(version)
     kept: list[tuple[int, TensorSpec]] = []
     extend, add_reals = program.extend, reals.extend
     for i, (row, geo) in enumerate(zip(rows, spec.geometry_rows, strict=True)):
@@ -191,8 +185,8 @@ def encode_rows(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_v
                 flags |= GP.INPLACE if P("inplace") else 0
                 w = P("op_params")
             ne = ()
-            if op_name in OP_RECORDS:
-                ne, ints, real = _op_record(op_name, name, P, new_k, types)
+            if op_name in ops.RECORDED:
+                ne, ints, real = _op_record(op_name, name, P, version, types)
             arg_ids = [index[a] if a is not None else -1 for a in args]
             if len(arg_ids) < 8:
                 arg_ids += no_args[len(arg_ids):]
@@ -208,53 +202,11 @@ def encode_rows(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_v
                         array("i", [index[r] for r in spec.roots]), len(rows), index, tuple(kept))
 
 
-def _op_record(op: str, name: str, P: Callable[..., Any], new_k: bool, types: dict[str, int]) -> tuple[tuple[int, ...], list[int], list[float]]:
-    """An op's record fields: the shape its constructor takes (views and reshapes), its eight
-    integer and four real parameters, as ``graph.c``'s ``construct`` reads them; ``P`` reads the
-    tensor's parameters."""
-    ne: tuple[int, ...] = ()
-    ints, real = [0] * 8, [0.0] * 4
-    if op == "fill":
-        real[0] = float(P("value", 0.0))
-    elif op == "cast":
-        ints[0] = types[str(P("type"))]
-    elif op == "scale":
-        real[0] = float(P("scale", 1.0))
-    elif op == "pad":
-        ints[:8] = [int(x) for x in P("pad")]
-    elif op == "top_k":
-        if not new_k:  # there ggml_top_k is an argsort and a view: not this op
-            raise Unsupported(f"tensor {name!r}: GGML_OP_TOP_K is ggml 0.25.3's")
-        ints[0] = int(P("k"))
-    elif op == "ssm_scan":
-        ints[0] = int(P("k", 1))  # 0.25.3 added K, the states kept
-    elif op == "cont" and P("ne") is not None:
-        cne = [int(x) for x in P("ne")]
-        ints[:5] = [*cne, *[1] * (4 - len(cne)), 1]
-    elif op == "argsort":
-        ints[0] = int(P("order", 0))
-    elif op == "clamp":
-        if not new_k:  # there ggml_clamp returns a view of its source: not the op the spec describes
-            raise Unsupported(f"tensor {name!r}: ggml 0.15.3's ggml_clamp works in place")
-        real[:2] = [float(P("min", 0.0)), float(P("max", 1.0))]
-    elif op == "glu":
-        ints[:2] = [int(P("glu", 2)), int(bool(P("swapped", False)))]
-    elif op == "rms_norm":
-        real[0] = float(P("eps", 1e-6))
-    elif op == "rope":
-        ints[:2] = [int(P("n_dims")), int(P("mode", 0))]
-    elif op == "soft_max_ext":
-        real[:2] = [float(P("scale", 1.0)), float(P("max_bias", 0.0))]
-    elif op == "flash_attn_ext":
-        real[:3] = [float(P("scale", 1.0)), float(P("max_bias", 0.0)), float(P("logit_softcap", 0.0))]
-    elif op == "concat":
-        ints[0] = int(P("dim", 0))
-    elif op == "permute":
-        ints[:4] = [int(x) for x in P("axes")]
-    elif op == "reshape":
-        ne = tuple(int(x) for x in P("ne"))
-    elif op == "view":
-        ne = tuple(int(x) for x in P("ne"))
-        nb = [int(x) for x in P("nb", ())]
-        ints[:4] = [*nb, *[0] * (3 - len(nb)), int(P("offset", 0))]
-    return ne, ints, real
+def _op_record(op: str, name: str, P: Callable[..., Any], version: GgmlVersion, types: dict[str, int]) -> ops.Fields:
+    """An op's record fields (``ops.fields``): the shape its constructor takes (views and
+    reshapes), its eight integer and four real parameters, as ``graph.c``'s ``construct`` reads
+    them; ``P`` reads the tensor's parameters. ``Unsupported`` where ``version`` cannot build it."""
+    try:
+        return ops.fields(op, P, types, version)
+    except ops.NotInVersion as e:
+        raise Unsupported(f"tensor {name!r}: {e}") from None

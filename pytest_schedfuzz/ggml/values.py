@@ -26,8 +26,9 @@ import numpy as np
 from numpy.random import default_rng  # numpy imports it lazily: once in the fork server, not in every worker
 
 from ..model.graph_spec import GraphSpec, TensorSpec
+from ..model.ops import OPS, VIEW_OPS
 from ..model.scenario import Scenario
-from ..model.shapes import VIEW_OPS, Geometry, nbytes, nelements
+from ..model.shapes import Geometry, nbytes, nelements
 
 BLAS_RTOL, BLAS_ATOL = 1e-3, 1e-4
 # how far positions count before wrapping (rope reads any position)
@@ -50,8 +51,7 @@ def index_ranges(spec: GraphSpec) -> dict[str, int]:
     geo, by_name = spec.geometry, spec.by_name
     out: dict[str, int] = {}
     for t in spec.tensors:
-        slots = {"get_rows": ((1, 0, 1),), "set_rows": ((2, 0, 1),), "mul_mat_id": ((2, 0, 2),), "rope": ((1, None, 0),)}.get(t.op, ())
-        for arg, table, dim in slots:
+        for arg, table, dim in OPS[t.op].indexes if t.op in OPS else ():
             name = t.args[arg]
             if name is None:
                 continue

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
-from .shapes import CAST_SELF, OPS, TYPES, Geometry, SpecError, ggml_srcs, infer, nbytes, nelements, new_tensor
+from .ops import OPS, ggml_srcs, infer
+from .shapes import CAST_SELF, TYPES, Geometry, SpecError, nbytes, nelements, new_tensor
 
 ROLES = ("weight", "cache", "input", "")
 # explicit limits on what a graph may ask of the engine (case files are checked against them)
@@ -57,7 +58,7 @@ class TensorSpec:
 
     @cached_property
     def srcs(self) -> tuple[str | None, ...]:
-        """Names in ggml's ``src[]`` order (see ``shapes.ggml_srcs``); read by every pass."""
+        """Names in ggml's ``src[]`` order (see ``ops.ggml_srcs``); read by every pass."""
         if self.is_leaf:
             return ()
         return tuple(self.name if s == CAST_SELF else s for s in ggml_srcs(self.op, self.args))
@@ -113,7 +114,7 @@ class GraphSpec:
 
     @cached_property
     def geometry(self) -> dict[str, Geometry]:
-        """Every tensor's type, ne, nb and view source, from ``shapes.infer`` (in the engine's
+        """Every tensor's type, ne, nb and view source, from ``ops.infer`` (in the engine's
         worker, as the parent inferred it: ``geometry_rows``)."""
         geo: dict[str, Geometry] = {}
         rows = self.__dict__.get("_geometry_rows")

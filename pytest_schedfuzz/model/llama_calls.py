@@ -107,8 +107,22 @@ class CallKind:
     signed_as: str = ""  # the kind a finding's signature names ("": its own)
 
 
-# the draft context's side of a memory call (``Llama._draft_<action>``, ``dft_<action>`` in repro.c)
-DRAFT_ACTIONS = ("drop_after", "copy", "keep", "clear", "shift")
+@dataclass(frozen=True)
+class DraftAction:
+    """The draft context's side of a memory call of the target's (llama-server's common_memory):
+    the worker's ``Llama._draft_<name>`` makes it, and repro.c's statement ``c`` (formatted with
+    the call ``c`` and ``end``, the end of a shifted range) does the same."""
+
+    c: str
+
+
+DRAFT_ACTIONS: dict[str, DraftAction] = {
+    "drop_after": DraftAction("dft_drop_after({c.seq});"),  # the target's positions after the call decide what the draft drops
+    "copy": DraftAction("dft_copy({c.seq}, {c.dst});"),
+    "keep": DraftAction("dft_keep({c.seq});"),
+    "clear": DraftAction("dft_clear();"),
+    "shift": DraftAction("dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});"),
+}
 
 
 def _check_decode(call: Call, where: str, st: Checking) -> None:
@@ -253,6 +267,8 @@ CALLS: dict[str, CallKind] = {
                      changes=True, signed_as="decode"),
 }
 CALL_KINDS = tuple(CALLS)
+if not {k.draft for k in CALLS.values()} - {""} <= set(DRAFT_ACTIONS):
+    raise ImportError(f"draft actions of no DRAFT_ACTIONS entry: {sorted({k.draft for k in CALLS.values()} - {''} - set(DRAFT_ACTIONS))}")
 SWITCHES = tuple(k for k, v in CALLS.items() if v.switch)  # calls that switch the graph's topology
 CHANGES = tuple(k for k, v in CALLS.items() if v.changes)  # calls that change what the devices hold
 

@@ -6,8 +6,8 @@ reference reads and the harness never does).
 * ``built_in``: its name for ``--schedfuzz-lib`` (``ggml-<version>``); the first is the default;
 * ``source``: where the built-in's source comes from (``builds.compile.source_tree``): the distribution
   whose sdist vendors it, its version, and the ggml folder inside the sdist;
-* ``has_top_k``, ``ssm_scan_takes_k``: the API the graph engine (``graph.c``'s encoding,
-  ``program.encode``) and the exporter's builders (``cases.export``) write calls for.
+* ``has_top_k``, ``ssm_scan_takes_k``, ``clamp_out_of_place``: the API the ops' builds
+  (``ops.OPS``: ``graph.c``, ``program.encode``, the exporter's ``cases.export``) are written for.
 
 A library's version (``ggml_version()``) is looked up by its series (``0.15.`` of ``0.15.3``):
 one the harness has no entry for is taken as the newest (``version_of``).
@@ -28,7 +28,8 @@ class GgmlVersion:
     version: str
     source: tuple[str, str, str]  # (distribution, its version, the ggml folder in its source distribution)
     has_top_k: bool  # GGML_OP_TOP_K and ggml_top_k
-    ssm_scan_takes_k: bool  # ggml_ssm_scan's K argument (with it: clamp's and top_k's encoding in graph.c as 0.25.3 has them)
+    ssm_scan_takes_k: bool  # ggml_ssm_scan's K argument
+    clamp_out_of_place: bool  # ggml_clamp makes a new tensor (0.15.3's works in place: a view of its source)
 
     @property
     def built_in(self) -> str:
@@ -42,8 +43,8 @@ class GgmlVersion:
 
 # the newest first: the default engine
 VERSIONS = (
-    GgmlVersion("0.25.3", ("llama-cpp-python", "0.3.36", "vendor/llama.cpp/ggml"), has_top_k=True, ssm_scan_takes_k=True),
-    GgmlVersion("0.15.3", ("ggml-python", "0.0.45", "vendor/ggml"), has_top_k=False, ssm_scan_takes_k=False),
+    GgmlVersion("0.25.3", ("llama-cpp-python", "0.3.36", "vendor/llama.cpp/ggml"), has_top_k=True, ssm_scan_takes_k=True, clamp_out_of_place=True),
+    GgmlVersion("0.15.3", ("ggml-python", "0.0.45", "vendor/ggml"), has_top_k=False, ssm_scan_takes_k=False, clamp_out_of_place=False),
 )
 BUILT_IN = tuple(v.built_in for v in VERSIONS)
 

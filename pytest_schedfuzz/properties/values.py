@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..model.ops import VIEW_OPS
 from ..model.scenario import Scenario
-from ..model.shapes import VIEW_OPS
 from ..model.trace import Trace
 from .base import ENGINE, REFERENCE, VALUES, Draws, Export, PropertyEntry, Violation
 

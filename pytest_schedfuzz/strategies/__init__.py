@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from ..model.graph_spec import GraphBuilder, GraphSpec, TensorSpec, leaf_merged, leaf_split, reshaped
 from ..model.layout import BackendLayout, BackendSpec
+from ..model.ops import VIEW_OPS
 from ..model.scenario import Scenario, SchedParams, Step
-from ..model.shapes import VIEW_OPS
 from ..sim.driver import Reconfigure, Ubatch, Workload
 from ..sim.models import ModelShape, llama_graph
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from ..model.graph_spec import GraphSpec
 from ..model.layout import BackendLayout, BackendSpec
+from ..model.ops import VIEW_OPS
 from ..model.scenario import Scenario, SchedParams, Step
-from ..model.shapes import VIEW_OPS
 from ..sim.driver import Policy, can_reuse
 from . import fit_max_size, gpus, sampled, written_device
 

@@ -282,7 +282,7 @@ def xdist(examples: int) -> dict[str, Any]:
     for n in (1, 2):
         with tempfile.TemporaryDirectory() as d:
             t = time.perf_counter()
-            run = subprocess.run(
+            subprocess.run(
                 [sys.executable, "-m", "pytest", "--schedfuzz", "-p", "no:cacheprovider", "-n", str(n), "-q", "--schedfuzz-seed", "5",
                  "--schedfuzz-examples", str(examples), "--schedfuzz-properties", props, "--schedfuzz-corpus", "corpus",
                  "--schedfuzz-report", "report.json"],
