@@ -215,10 +215,9 @@ def ggml_source_location(lib_file: str) -> str | Path:
         if name not in SOURCES:
             raise BuildError(f"{lib_file}: its build ({name}) kept no ggml source in {kept}; build it again")
         return name
-    if "/site-packages/llama_cpp/" in str(path):
-        return "ggml-0.25.3"
-    if "/site-packages/ggml/" in str(path):
-        return "ggml-0.15.3"
+    for v in VERSIONS:  # an installed built-in: its package's lib/
+        if f"/site-packages/{v.package}/" in str(path):
+            return v.built_in
     for folder in path.parents:
         for root in (folder, folder / "ggml"):
             if _is_ggml_source(root):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from ..model.versions import built_in
+
 
 class LibError(ValueError):
     """A ``--schedfuzz-lib`` value that names no usable ggml build; the message says why."""
@@ -20,18 +22,18 @@ def has_ggml(folder: Path) -> bool:
 
 
 def installed_folder(name: str) -> Path:
-    """The library folder of the installed built-in ``name``: ``ggml-0.15.3`` (ggml-python's
-    own) or ``ggml-0.25.3`` (the libraries llama-cpp-python 0.3.36 built); ``LibError`` where
-    it is not installed."""
-    if name == "ggml-0.15.3":
-        return ggml_python_dir() / "lib"
-    assert name == "ggml-0.25.3", name
-    spec = importlib.util.find_spec("llama_cpp")
+    """The library folder of the installed built-in ``name`` (``model.versions.VERSIONS``): the
+    ``lib/`` of the Python package that holds it (ggml-python's own ``ggml``, the libraries
+    llama-cpp-python built); ``LibError`` where it is not installed."""
+    v = built_in(name)
+    assert v is not None, name
+    distribution = v.source[0]
+    spec = importlib.util.find_spec(v.package)
     if spec is None or not spec.submodule_search_locations:
-        raise LibError("--schedfuzz-lib ggml-0.25.3: llama-cpp-python (whose build holds ggml 0.25.3) is not installed; run the README's install command")
+        raise LibError(f"--schedfuzz-lib {name}: {distribution} (whose build holds ggml {v.version}) is not installed; run the README's install command")
     folder = Path(list(spec.submodule_search_locations)[0]) / "lib"
     if not has_ggml(folder):
-        raise LibError(f"--schedfuzz-lib ggml-0.25.3: no libggml-base.so in {folder} (llama-cpp-python built without shared ggml libraries?)")
+        raise LibError(f"--schedfuzz-lib {name}: no libggml-base.so in {folder} ({distribution} built without shared ggml libraries?)")
     return folder
 
 

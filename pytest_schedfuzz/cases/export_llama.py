@@ -45,6 +45,7 @@ from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Dev
 from ..model.llama_calls import CALLS, DRAFT_ACTIONS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
+from ..model.versions import LLAMA_CPP_PYTHON
 from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
 from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama
 from .corpus import Case
@@ -253,13 +254,13 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
     elif built_in is not None:
         folder = resolve_lib_dir(built_in)
     else:
-        folder = library_folder("ggml-0.25.3")  # llama-cpp-python's build: libllama beside its ggml
+        folder = library_folder(LLAMA_CPP_PYTHON)  # llama-cpp-python's build: libllama beside its ggml
     try:
         src: Path | None = ggml_source_for(str(base_library(folder)))
     except BuildError:  # a prebuilt build whose source is not published (b11739): the maintainer's checkout gives its headers
         src = None
     if src is not None and not (src.parent / "include" / "llama.h").exists():  # an old seeds' build kept its ggml source only
-        src = ggml_source_for(str(base_library(library_folder("ggml-0.25.3"))))
+        src = ggml_source_for(str(base_library(library_folder(LLAMA_CPP_PYTHON))))
     gpus = bool(w.devices.gpus)
     try:
         decl = from_binding(folder) if src is None else None  # a headerless build: its binding's declarations, if it has them

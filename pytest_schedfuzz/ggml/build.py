@@ -11,6 +11,7 @@ from pathlib import Path
 from ..builds.compile import BuildError, compiler, ggml_source_for, run_tool
 from ..builds.installed import LibError, base_library, installed_folder, shared_library
 from ..files import atomic_write, cache_dir
+from ..model.versions import BINDING_OWN
 from . import graph_ops
 
 FAKE_GPU_SOURCE = Path(__file__).with_name("fake_gpu.c")
@@ -70,7 +71,7 @@ def build_rpc_server(lib_dir: str | None) -> Path:
     """``schedfuzz-rpc-server`` (``ggml/rpc_server.c``) linked against the ggml of ``lib_dir``
     (``None``: ggml-python's own libraries), with the folder as its ``DT_RPATH`` so that the
     libraries those load come from it too; cached by the source, the folder and the flags."""
-    folder = Path(lib_dir).resolve() if lib_dir else installed_folder("ggml-0.15.3")
+    folder = Path(lib_dir).resolve() if lib_dir else installed_folder(BINDING_OWN)
     try:
         libs = [shared_library(folder, "libggml"), shared_library(folder, "libggml-rpc")]
     except LibError as e:

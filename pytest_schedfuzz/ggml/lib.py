@@ -29,7 +29,7 @@ from ..builds.installed import LibError, ggml_python_dir, has_ggml, installed_fo
 from ..builds.names import SEED_GGML
 from ..builds.seed import build_llama_seed
 from ..files import cache_dir
-from ..model.versions import BUILT_IN
+from ..model.versions import BINDING_OWN, BUILT_IN
 from ..process.children import PARENT_ENV
 
 LIB_ENV = "SCHEDFUZZ_GGML_LIB"
@@ -70,14 +70,14 @@ def resolve_lib(value: str | None) -> str | None:
     llama.cpp checkouts keep them. ``LibError`` otherwise.
     """
     value = value or DEFAULT_LIB
-    if value == "ggml-0.15.3":
+    if value == BINDING_OWN:
         return None
     if value == SEED_LIB:
         try:
             return str(build_llama_seed())
         except BuildError as e:
             raise LibError(f"--schedfuzz-lib {SEED_LIB}: building llama.cpp 0.3.36 with the seeds' patches failed: {e}") from None
-    if value == "ggml-0.25.3":
+    if value in BUILT_IN:
         return str(installed_folder(value))
     base = Path(value).expanduser()
     if not base.is_dir():

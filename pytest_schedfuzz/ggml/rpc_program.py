@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..builds.compile import BuildError, ggml_source_for
 from ..builds.installed import LibError, base_library, installed_folder
+from ..model.versions import BINDING_OWN
 from ..process.rpc import RpcServerError
 from .build import build_rpc_server
 from .engine import CPU_THREADS
@@ -44,7 +45,7 @@ def rpc_commands(lib_dir: str | None) -> tuple[str, ...]:
     (``enum rpc_cmd``: ``GRAPH_COMPUTE`` for ``RPC_CMD_GRAPH_COMPUTE``); empty where the build's
     source is not on disk (a prebuilt release): its commands are then said by number."""
     try:
-        folder = Path(lib_dir) if lib_dir else installed_folder("ggml-0.15.3")
+        folder = Path(lib_dir) if lib_dir else installed_folder(BINDING_OWN)
         text = (ggml_source_for(str(base_library(folder))) / "src" / "ggml-rpc" / "ggml-rpc.cpp").read_text()
     except (BuildError, LibError, OSError):
         return ()

@@ -6,6 +6,8 @@ reference reads and the harness never does).
 * ``built_in``: its name for ``--schedfuzz-lib`` (``ggml-<version>``); the first is the default;
 * ``source``: where the built-in's source comes from (``builds.compile.source_tree``): the distribution
   whose sdist vendors it, its version, and the ggml folder inside the sdist;
+* ``package``: the Python package whose install holds the built-in's libraries (in its ``lib/``):
+  ggml-python's ``ggml`` (the binding's own: what it loads without a folder) or ``llama_cpp``;
 * ``has_top_k``, ``ssm_scan_takes_k``, ``clamp_out_of_place``: the API the ops' builds
   (``ops.OPS``: ``graph.c``, ``program.encode``, the exporter's ``cases.export``) are written for.
 
@@ -27,6 +29,7 @@ class GgmlVersion:
 
     version: str
     source: tuple[str, str, str]  # (distribution, its version, the ggml folder in its source distribution)
+    package: str  # the Python package whose install's lib/ holds its libraries
     has_top_k: bool  # GGML_OP_TOP_K and ggml_top_k
     ssm_scan_takes_k: bool  # ggml_ssm_scan's K argument
     clamp_out_of_place: bool  # ggml_clamp makes a new tensor (0.15.3's works in place: a view of its source)
@@ -43,10 +46,17 @@ class GgmlVersion:
 
 # the newest first: the default engine
 VERSIONS = (
-    GgmlVersion("0.25.3", ("llama-cpp-python", "0.3.36", "vendor/llama.cpp/ggml"), has_top_k=True, ssm_scan_takes_k=True, clamp_out_of_place=True),
-    GgmlVersion("0.15.3", ("ggml-python", "0.0.45", "vendor/ggml"), has_top_k=False, ssm_scan_takes_k=False, clamp_out_of_place=False),
+    GgmlVersion("0.25.3", ("llama-cpp-python", "0.3.36", "vendor/llama.cpp/ggml"), "llama_cpp", has_top_k=True, ssm_scan_takes_k=True, clamp_out_of_place=True),
+    GgmlVersion("0.15.3", ("ggml-python", "0.0.45", "vendor/ggml"), "ggml", has_top_k=False, ssm_scan_takes_k=False, clamp_out_of_place=False),
 )
 BUILT_IN = tuple(v.built_in for v in VERSIONS)
+BINDING_OWN = next(v.built_in for v in VERSIONS if v.package == "ggml")  # ggml-python's own libraries
+LLAMA_CPP_PYTHON = next(v.built_in for v in VERSIONS if v.package == "llama_cpp")  # llama-cpp-python's build: libllama beside its ggml
+
+
+def built_in(name: str) -> GgmlVersion | None:
+    """The entry of the built-in called ``name`` (``ggml-0.25.3``), or None."""
+    return next((v for v in VERSIONS if v.built_in == name), None)
 
 
 def version_of(version: str) -> GgmlVersion:

@@ -45,6 +45,7 @@ from ..ggml.target import GgmlTarget
 from ..model.graph_spec import GraphSpec
 from ..model.layout import BackendLayout
 from ..model.scenario import Scenario, SchedParams, Step
+from ..model.versions import BINDING_OWN
 from ..profiles import FuzzConfig
 from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from ..sim.models import ModelShape, llama_graph
@@ -117,7 +118,7 @@ def build_release(dest: Path) -> Path:
 
 def scaling(repeats: int, release_lib: str | None) -> dict[str, Any]:
     # the Release build is ggml-python's (0.15.3): time it against the same ggml in Debug
-    engines = {"debug": GgmlTarget(lib="ggml-0.15.3" if release_lib else None, bare=True)}
+    engines = {"debug": GgmlTarget(lib=BINDING_OWN if release_lib else None, bare=True)}
     if release_lib:
         engines["release"] = GgmlTarget(lib=release_lib, bare=True)
     rows = []
