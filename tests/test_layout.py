@@ -213,7 +213,7 @@ def test_no_c_in_python_strings() -> None:
     assert found == []
 
 
-VERSIONS_TABLE = PACKAGE / "ggml" / "versions.py"
+VERSIONS_TABLE = PACKAGE / "model" / "versions.py"
 
 
 def _version_tests(source: str, where: str) -> list[str]:
@@ -228,7 +228,7 @@ def _version_tests(source: str, where: str) -> list[str]:
 
 
 def test_a_ggml_version_is_told_only_by_the_versions_table() -> None:
-    """A ggml version's facts are one entry of ``ggml/versions.py``: no module outside it tests a
+    """A ggml version's facts are one entry of ``model/versions.py``: no module outside it tests a
     version's prefix; a planted test is caught."""
     assert _version_tests('new = not version.startswith("0.15.")\n', "planted") == ["planted:1"]
     assert _version_tests('old = v.startswith(("0.14.", "0.15."))\n', "planted") == ["planted:1"]
@@ -238,33 +238,79 @@ def test_a_ggml_version_is_told_only_by_the_versions_table() -> None:
 
 
 MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 300
-# what was larger when the limits came (issue 48): each may shrink, none may grow; split it instead
-LARGER_MODULES: dict[str, int] = {}
-LARGER_CLASSES: dict[str, int] = {}
+# a class counted with its mixins over the limit, allowed where it is one concept, with the reason;
+# each at its size when it was named: it may shrink, never grow
+ONE_CONCEPT: dict[str, tuple[int, str]] = {
+    "llama/worker.py:Llama": (
+        910, "one libllama session: llama.cpp calls back into it (the scheduler hook, the log, the abort: Observation) inside "
+             "the calls it makes (Calls), and both read and write the record of the call being made; its devices and models "
+             "are a collaborator of their own (Placement)"),
+    "llama/observe.py:Observation": (397, "Llama's callbacks, which read each graph they are handed (GraphReading) as it is split"),
+    "campaign/fuzz.py:Fuzzer": (
+        524, "one fuzzing campaign: its checks (Checks) run inside its Hypothesis examples and judge with its engines, "
+             "statistics and the properties it judges"),
+    "ggml/run.py:ScenarioRun": (401, "one scenario's run in the graph worker: each step's record (StepRecording) is made of the run's state"),
+}
 
 
-def _too_large(source: str, where: str, module_limit: int, class_limits: dict[str, int]) -> list[str]:
-    tree = ast.parse(source)
-    n = len(source.splitlines())
-    out = [f"{where}: {n} lines (at most {module_limit})"] if n > module_limit else []
-    for c in ast.walk(tree):
-        if isinstance(c, ast.ClassDef) and c.end_lineno is not None:
-            size, limit = c.end_lineno - c.lineno + 1, class_limits.get(f"{where}:{c.name}", MAX_CLASS_LINES)
-            if size > limit:
-                out.append(f"{where}:{c.name}: {size} lines (at most {limit})")
+def _classes(sources: dict[str, str]) -> dict[str, tuple[int, list[str]]]:
+    """Every class of ``sources`` (where -> source) as ``where:Name`` -> its own lines and the
+    ``where:Name`` of the bases among them (a base named by a class of its own module first)."""
+    found: dict[str, tuple[int, list[str]]] = {}
+    bases_of: dict[str, list[str]] = {}
+    for where, source in sources.items():
+        for c in ast.walk(ast.parse(source)):
+            if isinstance(c, ast.ClassDef) and c.end_lineno is not None:
+                found[f"{where}:{c.name}"] = (c.end_lineno - c.lineno + 1, [])
+                bases_of[f"{where}:{c.name}"] = [b.id if isinstance(b, ast.Name) else b.attr for b in c.bases if isinstance(b, (ast.Name, ast.Attribute))]
+    by_name: dict[str, list[str]] = {}
+    for key in found:
+        by_name.setdefault(key.split(":")[1], []).append(key)
+    for key, names in bases_of.items():
+        where = key.split(":")[0]
+        for name in names:
+            keys = by_name.get(name, [])
+            own = [k for k in keys if k.startswith(f"{where}:")]
+            if own or len(keys) == 1:
+                found[key][1].append((own or keys)[0])
+    return found
+
+
+def _with_mixins(classes: dict[str, tuple[int, list[str]]], key: str) -> int:
+    """A class's lines with those of every base of ours it has, each counted once."""
+    seen: set[str] = set()
+    todo = [key]
+    while todo:
+        k = todo.pop()
+        if k not in seen:
+            seen.add(k)
+            todo += classes[k][1]
+    return sum(classes[k][0] for k in seen)
+
+
+def _too_large(sources: dict[str, str], module_limit: int = MAX_MODULE_LINES, exceptions: dict[str, tuple[int, str]] | None = None) -> list[str]:
+    out = [f"{where}: {len(s.splitlines())} lines (at most {module_limit})" for where, s in sources.items() if len(s.splitlines()) > module_limit]
+    classes = _classes(sources)
+    for key in classes:
+        size, limit = _with_mixins(classes, key), (exceptions or {}).get(key, (MAX_CLASS_LINES, ""))[0]
+        if size > limit:
+            out.append(f"{key}: {size} lines with its mixins (at most {limit})")
     return out
 
 
-def test_no_module_over_500_lines_nor_class_over_300() -> None:
-    """The larger ones of issue 48 may not grow; a planted module and class over the limits are caught."""
+def test_no_module_over_500_lines_nor_class_over_300_with_its_mixins() -> None:
+    """A class counts with its mixins; one over the limit is a named concept (``ONE_CONCEPT``, each
+    with its reason) and may not grow. A planted module, class and class split into mixins over
+    the limits are caught."""
     planted = "class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES
-    assert _too_large(planted, "planted.py", MAX_MODULE_LINES, {}) == [f"planted.py:Big: {MAX_CLASS_LINES + 1} lines (at most {MAX_CLASS_LINES})"]
-    assert _too_large("x = 1\n" * (MAX_MODULE_LINES + 1), "planted.py", MAX_MODULE_LINES, {}) == [f"planted.py: {MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})"]
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        where = path.relative_to(PACKAGE).as_posix()
-        found += _too_large(path.read_text(), where, LARGER_MODULES.get(where, MAX_MODULE_LINES), LARGER_CLASSES)
-    assert found == []
+    assert _too_large({"planted.py": planted}) == [f"planted.py:Big: {MAX_CLASS_LINES + 1} lines with its mixins (at most {MAX_CLASS_LINES})"]
+    half = "    x = 1\n" * (MAX_CLASS_LINES // 2)
+    split = {"a.py": "class Part:\n" + half, "b.py": "from a import Part\nclass Whole(Part):\n" + half}
+    assert _too_large(split) == [f"b.py:Whole: {MAX_CLASS_LINES + 2} lines with its mixins (at most {MAX_CLASS_LINES})"]
+    assert _too_large({"planted.py": "x = 1\n" * (MAX_MODULE_LINES + 1)}) == [f"planted.py: {MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})"]
+    sources = {path.relative_to(PACKAGE).as_posix(): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+    assert _too_large(sources, exceptions=ONE_CONCEPT) == []
+    assert all(reason for _, reason in ONE_CONCEPT.values()) and set(ONE_CONCEPT) <= set(_classes(sources))
 
 
 def _import_cycles(modules: dict[str, tuple[str, bool]]) -> list[list[str]]:

@@ -17,6 +17,7 @@ from ..model.llama import Call, Part
 from ..model.llama_calls import CALLS
 from ..process.channel import Channel
 from .observe import HarnessError
+from .placement import Placement
 from .speculative import MtpDraft
 
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
@@ -35,8 +36,8 @@ class Calls:
     sched_events: list[dict[str, Any]]
     sched_context: dict[int, int]
     errors: list[str]
-    placement: list[str]
-    n_model_lines: int
+    placement_lines: list[str]
+    placement: Placement
     want_logits: bool
     logits: list[list[float]]
     # per workload (``Llama.run``)
@@ -70,7 +71,8 @@ class Calls:
         if self.rolled_back:  # how llama.cpp let the call roll a sequence back (``_make_spec``, ``_make_seq_rm``)
             rec["rollback"], self.rolled_back = self.rolled_back, ""
         if kind == "init":
-            rec["log"], self.placement = self.placement, self.placement[: self.n_model_lines]
+            rec["log"] = list(self.placement_lines)
+            del self.placement_lines[self.placement.n_model_lines:]
         if self.logits:
             rec["logits"], self.logits = self.logits, []
         self.chan.send({"call": rec})

@@ -307,8 +307,7 @@ class Observation(GraphReading):
         self.op_names: dict[int, str] = {}  # ggml_op_name, as the loaded library names its ops
         self.tensor = RawTensor.reader(self.g.ggml_tensor)
         self.inputs_read = 0  # of the graph being split (HOOK_SPLIT_BEGIN)
-        self.placement: list[str] = []  # PLACEMENT lines since the model was loaded
-        self.n_model_lines = 0  # ... of which the model's loading wrote
+        self.placement_lines: list[str] = []  # PLACEMENT lines since the model was loaded (``Placement.n_model_lines`` its loading's)
         self.want_logits = False  # record each decode's logits (llama-same-logits)
         self.logits: list[list[float]] = []  # of the call being made
         self.last_counts: dict[int, dict[str, int]] = {}  # sched id -> SizeCounts of its last split_graph
@@ -348,7 +347,7 @@ class Observation(GraphReading):
                 self.sched_events.append({"kind": "reuse", "sched": self.n_scheds - 1, "context": self.context, "max_nodes": int(m["max_nodes"]),
                                           "current_max_nodes": int(m["current"])})
             if PLACEMENT.search(line):
-                self.placement.append(line.strip())
+                self.placement_lines.append(line.strip())
             self.log.feed(line)
         except Exception:  # an exception must not unwind into C
             self.errors.append(f"the log callback failed in call {self.call}: " + traceback.format_exc())

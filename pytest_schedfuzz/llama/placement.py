@@ -1,11 +1,12 @@
 """Where the llama.cpp worker puts a workload's model: its RPC and GPU-like devices, registered
 with ggml on first use and kept, and the target's and the draft's models loaded on them with the
-workload's placement (``Placement``, a part of ``worker.Llama``)."""
+workload's placement (``Placement``, a collaborator of ``worker.Llama``)."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -26,27 +27,36 @@ class TensorBuftOverride(ctypes.Structure):
 
 
 class Placement:
-    """The devices and the models on them. A part of ``worker.Llama``, which sets up its state."""
+    """The devices and the models on them, for one worker's libllama.
 
-    L: Any  # libllama (declarations.Bindings)
-    glib: Any
-    ggml: ctypes.CDLL  # libggml: the registry
-    rpc: ctypes.CDLL
-    log: SchedLog
-    cpu_dev: int
-    devices: dict[str, int]
-    gpus: dict[str, int]
-    fake: ctypes.CDLL | None
-    model: Any
-    model_key: tuple[Any, ...] | None
-    draft_model: Any
-    draft_model_key: tuple[Any, ...] | None
-    placement: list[str]
-    n_model_lines: int
-    _kept: dict[str, list[Any]]
+    ``L``: libllama (``declarations.Bindings``); ``glib``: libggml-base (ggml-python's); ``rpc``:
+    libggml-rpc, None for a build without it; ``log``: the worker's scheduler log (what a failed
+    load said); ``lines``: the worker's PLACEMENT log lines, which the log callback appends to
+    (``Observation``): a model's loading empties it, and ``n_model_lines`` are the loading's."""
+
+    def __init__(self, L: Any, glib: Any, rpc: ctypes.CDLL | None, log: SchedLog, lines: list[str]) -> None:
+        self.L, self.glib, self.rpc, self.log, self.lines = L, glib, rpc, log, lines
+        # libggml (the registry: ggml_backend_register, ggml_backend_dev_by_type)
+        self.ggml = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml.so"))
+        self.ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+        self.ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+        self.ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+        self.ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+        self.ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+        self.cpu_dev = self.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU: tensor overrides to the CPU, the GPU-like devices' kernels
+        self.devices: dict[str, int] = {}  # endpoint -> ggml_backend_dev_t
+        self.gpus: dict[str, int] = {}  # GPU-like device (index, settings) -> ggml_backend_dev_t
+        self.fake: ctypes.CDLL | None = None
+        self.model: Any = None
+        self.model_key: tuple[Any, ...] | None = None
+        self.draft_model: Any = None  # a draft model of its own (``DraftModel``), kept as the target's
+        self.draft_model_key: tuple[Any, ...] | None = None
+        self.n_model_lines = 0
+        self._kept: dict[str, list[Any]] = {}  # per model slot: the arrays its load parameters point to
 
     def rpc_device(self, endpoint: str) -> int:
         if endpoint not in self.devices:
+            assert self.rpc is not None, "an RPC device on a build without libggml-rpc (Llama.unsupported refuses it)"
             reg = self.rpc.ggml_backend_rpc_add_server(endpoint.encode())
             if not reg or not self.glib.ggml_backend_reg_dev_count(reg):
                 raise ConnectionError(endpoint)
@@ -76,9 +86,9 @@ class Placement:
         key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()), mtp)
         if key != self.model_key:
             self.free_model()
-            self.placement = []
+            self.lines.clear()
             self.model = self._loaded("target", path, dv, dv, tuple(range(dv.n_devices)), endpoints, mtp)
-            self.model_key, self.n_model_lines = key, len(self.placement)
+            self.model_key, self.n_model_lines = key, len(self.lines)
         self._left_free(dv)
         return self.model
 

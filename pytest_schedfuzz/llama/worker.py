@@ -73,7 +73,7 @@ FLASH = {"off": 0, "on": 1, "auto": -1}
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
 
 
-class Llama(Observation, Placement, Calls):
+class Llama(Observation, Calls):
     """libllama (llama-cpp-python's bindings) and ggml (ggml-python's, on the same libraries)."""
 
     def __init__(self, chan: Channel, logs_reallocs: bool = True) -> None:
@@ -106,6 +106,7 @@ class Llama(Observation, Placement, Calls):
         rpc = os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml-rpc.so")
         self.rpc_library = os.path.isfile(rpc)
         self.rpc_memory = L.ggml_backend_rpc_get_device_memory if L.has("ggml_backend_rpc_get_device_memory") and self.rpc_library else None
+        self.rpc: ctypes.CDLL | None = None
         if self.rpc_library:
             self.rpc = ctypes.CDLL(rpc)
             self.rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
@@ -150,22 +151,7 @@ class Llama(Observation, Placement, Calls):
         self._abort_cb = self.g.ggml_abort_callback_t(self._on_abort)
         self.g.ggml_set_abort_callback(self._abort_cb)
         L.llama_backend_init()
-        self.devices: dict[str, int] = {}  # endpoint -> ggml_backend_dev_t
-        self.gpus: dict[str, int] = {}  # GPU-like device (index, settings) -> ggml_backend_dev_t
-        self.fake: ctypes.CDLL | None = None
-        # libggml (the registry: ggml_backend_register, ggml_backend_dev_by_type)
-        self.ggml = ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libggml.so"))
-        self.ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-        self.ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-        self.ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-        self.ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
-        self.ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-        self.cpu_dev = self.ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU: tensor overrides to the CPU, the GPU-like devices' kernels
-        self.model: Any = None
-        self.model_key: tuple[Any, ...] | None = None
-        self.draft_model: Any = None  # a draft model of its own (``DraftModel``), kept as the target's
-        self.draft_model_key: tuple[Any, ...] | None = None
-        self._kept: dict[str, list[Any]] = {}  # per model slot: the arrays its load parameters point to
+        self.placement = Placement(L, glib, self.rpc, self.log, self.placement_lines)
 
     # ------------------------------------------------------------------ running a workload
 
@@ -236,10 +222,10 @@ class Llama(Observation, Placement, Calls):
     def run(self, w: LlamaWorkload, model_path: str, endpoints: Sequence[str], lora_paths: Sequence[str] = ()) -> dict[str, Any]:
         L = self.L
         self.begin(-1)  # what fails while the models load (an earlier model freed on a server) is the context's
-        model = self.load_model(model_path, w.devices, endpoints, mtp=w.draft == "mtp")
+        model = self.placement.load_model(model_path, w.devices, endpoints, mtp=w.draft == "mtp")
         if w.draft_model is None:
-            self.free_draft_model()  # a later workload's contexts never share a device with a draft model it did not load
-        draft_model = self.load_draft_model(model_path, w, endpoints) if w.draft_model is not None else model
+            self.placement.free_draft_model()  # a later workload's contexts never share a device with a draft model it did not load
+        draft_model = self.placement.load_draft_model(model_path, w, endpoints) if w.draft_model is not None else model
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         self._samplers = []
         self.model_for_loras, self.lora_paths = model, list(lora_paths)
@@ -343,7 +329,7 @@ class Llama(Observation, Placement, Calls):
         wrong = [f"ctx.{p} {getattr(w.ctx, p)}" for p in self.absent_params if getattr(w.ctx, p) != getattr(ContextParams(), p)]
         if w.draft == "mtp" and "draft mtp" in self.absent_calls:
             return f"draft mtp: {loaded_library_path('libllama')} lacks llama_batch_ext or the NextN functions (speculative.py)"
-        if w.devices.gpus and self.fake is None and (why := gpu_device()) != "available":
+        if w.devices.gpus and self.placement.fake is None and (why := gpu_device()) != "available":
             return f"GPU-like devices: {why}"
         if w.devices.n_rpc and not self.rpc_library:
             return f"RPC devices: this build has no RPC library (no libggml-rpc.so beside {loaded_library_path('libllama')})"
