@@ -5,6 +5,7 @@ is imported from another package."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +108,11 @@ def _kind_tables(source: str, where: str, names: frozenset[str], what: str, lite
     return out
 
 
+def _places_outside(allowed: set[Path], finder: Callable[[str, str], list[str]]) -> list[str]:
+    """``finder``'s places in every module of the package but ``allowed``."""
+    return [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed for x in finder(path.read_text(), str(path.relative_to(PACKAGE)))]
+
+
 def _call_kind_tables(source: str, where: str) -> list[str]:
     """``_kind_tables`` of the llama.cpp call kinds (``model.llama_calls.CALLS``)."""
     from pytest_schedfuzz.model.llama_calls import CALL_KINDS
@@ -129,10 +135,7 @@ def test_a_graph_op_is_one_entry_of_one_table() -> None:
     assert len(_graph_op_tables(planted, "planted")) == 1
     assert len(_graph_op_tables('SIMPLE = ("argmax", "sub", "sum", "log")\n', "planted")) == 1
     # the graph strategy's growers (``strategies._GROW``) are named for what they draw, some for an op
-    allowed = {PACKAGE / "model" / "ops.py", PACKAGE / "strategies" / "__init__.py"}
-    found = [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
-             for x in _graph_op_tables(path.read_text(), str(path.relative_to(PACKAGE)))]
-    assert found == []
+    assert _places_outside({PACKAGE / "model" / "ops.py", PACKAGE / "strategies" / "__init__.py"}, _graph_op_tables) == []
     from pytest_schedfuzz.model.ops import OPS
 
     graph_c = (PACKAGE / "ggml" / "graph.c").read_text()
@@ -145,10 +148,7 @@ def test_call_kinds_are_branched_on_only_in_their_table() -> None:
     planted = 'def make(k):\n    if k == "seq_rm":\n        pass\n    elif k == "seq_cp":\n        pass\n    elif k in ("clear", "shift"):\n        pass\n'
     assert len(_call_kind_tables(planted, "planted")) == 1
     assert len(_call_kind_tables('X = {"seq_rm": 1, "seq_cp": 2, "clear": 3}\n', "planted")) == 1
-    allowed = {PACKAGE / "model" / "llama_calls.py", PACKAGE / "strategies" / "llama.py"}
-    found = [x for path in sorted(PACKAGE.rglob("*.py")) if path not in allowed
-             for x in _call_kind_tables(path.read_text(), str(path.relative_to(PACKAGE)))]
-    assert found == []
+    assert _places_outside({PACKAGE / "model" / "llama_calls.py", PACKAGE / "strategies" / "llama.py"}, _call_kind_tables) == []
 
 
 def test_every_call_kind_and_draft_action_has_its_worker_method() -> None:
