@@ -27,10 +27,15 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def no_module_constants(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hypothesis also draws constants of the modules loaded (a suite run loads more of them than a
-    test alone, and every change to the project changes them): without them, a test's draws under a
-    fixed seed are the same wherever it runs, and after any change elsewhere."""
+    test alone, and every change to the project changes them): without them, and with its cache of
+    them emptied, a test's draws under a fixed seed are the same wherever it runs, and after any
+    change elsewhere."""
+    from hypothesis.internal.cache import LRUCache
     from hypothesis.internal.conjecture import providers
 
     monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants(
         integers=providers.SortedSet(), floats=providers.SortedSet(key=providers.float_to_int), bytes=providers.SortedSet(),
         strings=providers.SortedSet()))
+    # the constants an earlier test drew are cached per kind of choice (``CONSTANTS_CACHE``): without a
+    # cache of its own, a test's draws would still depend on what ran before it in the process
+    monkeypatch.setattr(providers, "CONSTANTS_CACHE", LRUCache(1024))

@@ -79,12 +79,13 @@ def test_the_gate_job_fails_on_a_planted_head_fault_and_uploads_the_reports_and_
 def test_the_fuzz_job_fails_on_a_planted_fault_and_uploads_the_reports_and_cases(workspace: Path) -> None:
     workflow = WORKFLOWS / "schedfuzz-fuzz.yml"
     (workspace / "tree").symlink_to(build_ggml_base("ggml-0.25.3", (CPU_EXPANDS_DOWN,)))
-    options = "--schedfuzz-examples=40 --schedfuzz-properties=matches-reference --schedfuzz-known=none"
+    options = "--schedfuzz-examples=40 --schedfuzz-seed=1 --schedfuzz-properties=matches-reference --schedfuzz-known=none"
     status, out = run_steps(workflow, workspace, {"SCHEDFUZZ_OPTIONS": options})
     assert status != 0, out[-4000:]
     kept = upload_path(workflow, workspace)
     report = json.loads((kept / "schedfuzz.json").read_text())
-    assert report["verdict"] == "findings" and report["new_findings"][0]["property"] == "matches-reference"
+    # the planted fault shows as the engine's disagreement with the reference, and may crash a step too
+    assert report["verdict"] == "findings" and "matches-reference" in {f["property"] for f in report["new_findings"]}
     assert (kept / "schedfuzz.xml").is_file() and "NEW FINDINGS" in (kept / "schedfuzz.txt").read_text()
     saved = [json.loads(p.read_text()) for p in (kept / "corpus").glob("*.json")]
     assert {c["expect"] for c in saved} == {"new"} and any(c["property"] == "matches-reference" for c in saved)
