@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, HypothesisWarning
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 from reference.versions import Rules
 
@@ -44,6 +45,23 @@ from .stats import Stats
 if TYPE_CHECKING:
     from .shared import SharedCampaign
 
+
+
+@contextmanager
+def shrinking_by_count() -> Iterator[None]:
+    """Hypothesis stops shrinking after ``MAX_SHRINKING_SECONDS`` of the clock: on a loaded
+    machine the same seed would shrink less, and end with another case and other example counts.
+    Here a shrink is bounded by its count alone (Hypothesis's ``MAX_SHRINKS``), so that one seed
+    gives one verdict and one report wherever it runs (``tests/campaign/test_verdicts.py``)."""
+    before = getattr(hypothesis_engine, "MAX_SHRINKING_SECONDS", None)
+    if before is None:  # a Hypothesis without the limit: nothing to lift
+        yield
+        return
+    hypothesis_engine.MAX_SHRINKING_SECONDS = float("inf")  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        hypothesis_engine.MAX_SHRINKING_SECONDS = before  # type: ignore[attr-defined]
 
 class Fuzzer(Checks):
     """Engine + reference + driver for one session (one pytest-xdist worker)."""
@@ -319,7 +337,7 @@ class Fuzzer(Checks):
 
         try:
             try:
-                with self.ctrl_c_noted(), warnings.catch_warnings():
+                with self.ctrl_c_noted(), warnings.catch_warnings(), shrinking_by_count():
                     # Hypothesis formats a failing example's repr for its own report, which this
                     # replaces (``Finding.report``): a large graph's is a warning no user caused
                     warnings.filterwarnings("ignore", "Generating overly large repr", HypothesisWarning)

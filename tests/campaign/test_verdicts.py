@@ -49,7 +49,11 @@ def test_two_ci_runs_at_one_seed_one_beside_a_cpu_hog_give_the_same_report(tmp_p
         assert quiet[key] == loaded[key]
     for key in ("signatures", "findings", "examples_asked", "examples_cut"):
         assert quiet["stats"][key] == loaded["stats"][key], key
-    if not quiet["stats"]["unconfirmed"] and not loaded["stats"]["unconfirmed"]:  # an unconfirmed failure's shrinking adds examples
+    # an unconfirmed failure's shrinking adds examples; a crash's shrink replays each candidate on fresh
+    # workers under the step timeout, which a loaded machine can reach (Hypothesis's own clock on
+    # shrinking is lifted: ``fuzz.shrinking_by_count``): there the examples run are the clock's
+    crashed = any("kind=crash" in sig for sig in quiet["stats"]["signatures"])
+    if not quiet["stats"]["unconfirmed"] and not loaded["stats"]["unconfirmed"] and not crashed:
         assert quiet["stats"]["property_examples"] == loaded["stats"]["property_examples"]
     assert quiet["stats"]["examples_asked"] > 0 and quiet["stats"]["examples_cut"] == 0
     assert [f["signature"] for f in quiet["new_findings"]] == [f["signature"] for f in loaded["new_findings"]]
