@@ -419,6 +419,7 @@ def llama_observed(trace: LlamaTrace, w: LlamaWorkload | None = None) -> list[st
     llama.cpp computed in several: split per sequence (an equal split)."""
     init = [s for c in trace.calls if c.kind == "init" for s in c.sched if s.kind == "new"]
     calls = [s for _, s in trace.sched_calls()]
+    split = w is not None and any(_split_per_sequence(w, c) for c in trace.calls)
     checks = {
         "observed: n_copies > 1": any(s.n_copies > 1 for s in calls),
         "observed: pipeline parallelism dropped (compute buffers did not fit)": len(init) > 1 and init[0].parallel and not init[-1].parallel,
@@ -433,7 +434,10 @@ def llama_observed(trace: LlamaTrace, w: LlamaWorkload | None = None) -> list[st
         "observed: moe cache slot map copied to a device": any(x.startswith("moe_cache.slot_map") for s in calls for x in s.offloaded),
         # llama_memory_seq_rm dropped a recurrent state's last positions (n_rs_seq): llama.cpp's own answer
         "observed: snapshot rollback": any(c.rollback == "snapshot" for c in trace.calls),
-        "observed: ubatch split per sequence": w is not None and any(_split_per_sequence(w, c) for c in trace.calls),
+        "observed: ubatch split per sequence": split,
+        # the same, told apart by the KV cache it split for: one stream for all sequences, or a stream each
+        "observed: ubatch split per sequence, kv unified": split and w is not None and w.ctx.kv_unified,
+        "observed: ubatch split per sequence, kv per sequence": split and w is not None and not w.ctx.kv_unified,
     }
     return [k for k, v in checks.items() if v]
 

@@ -55,8 +55,22 @@ def test_a_hybrid_server_rolls_back_by_snapshots_and_splits_per_sequence(lib: st
         assert rollbacks == {2: "snapshot", 4: "snapshot", 6: "checkpoint"}, rollbacks
         decoded = f.stats.llama_decoded
         for row in (f"model {model.kind}", "n_rs_seq > 0", "observed: snapshot rollback", "observed: ubatch split per sequence",
-                    "last positions dropped on a recurrent model (seq_rm)"):
+                    "observed: ubatch split per sequence, kv unified", "last positions dropped on a recurrent model (seq_rm)"):
             assert decoded.get(row, 0) == 1, (row, decoded)
+    finally:
+        f.close()
+
+
+@pytest.mark.engine
+def test_a_kv_cache_per_sequence_is_split_per_sequence_too() -> None:
+    """The non-unified KV cache (a stream per sequence): the batch of both slots' next tokens is
+    computed per sequence as with the unified one, and ``explored`` tells the two apart."""
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        assert f.check_llama("llama-no-abort", replace(SERVED, ctx=replace(CTX, kv_unified=False))) == []
+        decoded = f.stats.llama_decoded
+        assert decoded.get("observed: ubatch split per sequence, kv per sequence") == 1, decoded
+        assert "observed: ubatch split per sequence, kv unified" not in decoded
     finally:
         f.close()
 
