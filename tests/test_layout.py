@@ -153,12 +153,13 @@ def test_call_kinds_are_branched_on_only_in_their_table() -> None:
 
 def test_every_call_kind_and_draft_action_has_its_worker_method() -> None:
     """A call kind (``CALLS``) and a draft action (``DRAFT_ACTIONS``) are each one table entry with
-    its C; the worker's method each names is there."""
+    its C; the worker's method each names is there, and the draft context's method of each action."""
+    from pytest_schedfuzz.llama.speculative import DraftContext
     from pytest_schedfuzz.llama.worker import Llama
     from pytest_schedfuzz.model.llama_calls import CALLS, DRAFT_ACTIONS
 
     assert [k for k, c in CALLS.items() if not callable(getattr(Llama, c.make, None))] == []
-    assert [a for a in DRAFT_ACTIONS if not callable(getattr(Llama, f"_draft_{a}", None))] == []
+    assert [a for a in DRAFT_ACTIONS if not callable(getattr(DraftContext, a, None))] == []
 
 
 def _family_by_prefix(source: str, where: str) -> list[str]:
@@ -242,7 +243,7 @@ MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 300
 # each at its size when it was named: it may shrink, never grow
 ONE_CONCEPT: dict[str, tuple[int, str]] = {
     "llama/worker.py:Llama": (
-        910, "one libllama session: llama.cpp calls back into it (the scheduler hook, the log, the abort: Observation) inside "
+        888, "one libllama session: llama.cpp calls back into it (the scheduler hook, the log, the abort: Observation) inside "
              "the calls it makes (Calls), and both read and write the record of the call being made; its devices and models "
              "are a collaborator of their own (Placement)"),
     "llama/observe.py:Observation": (397, "Llama's callbacks, which read each graph they are handed (GraphReading) as it is split"),

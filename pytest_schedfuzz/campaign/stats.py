@@ -361,6 +361,10 @@ def _after_reservation(scenario: Scenario) -> bool:
     return out
 
 
+# a draft model of its own, as the "explored" rows name it per draft (``DRAFTS``)
+_OWN = {"": "no draft", "mtp": "draft mtp on a draft model of its own", "model": "draft model"}
+
+
 def llama_features(w: LlamaWorkload) -> list[str]:
     """What a llama.cpp workload exercises, for the llama.cpp "explored" line: every dimension
     the generators draw (``llama.llama_workloads``), so that a dead one shows."""
@@ -398,9 +402,12 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         "draft mtp (an MTP context)": w.draft == "mtp",
         "draft mtp, its layer on a device of its own (-ot blk.N.)": w.draft == "mtp" and any(p == f"blk\\.{m.n_layer}\\." for p, _ in dv.overrides),
         # llama-server's --spec-draft-devices/-ngld: the draft context on a model of its own
-        "draft mtp on a draft model of its own, on one device (--spec-draft-devices)": bool(w.draft_model and w.draft_model.devices),
-        "draft mtp on a draft model of its own, the target's devices (-ngld)": bool(w.draft_model and not w.draft_model.devices),
+        f"{_OWN[w.draft]}, on one device (--spec-draft-devices)": bool(w.draft_model and w.draft_model.devices),
+        f"{_OWN[w.draft]}, the target's devices (-ngld)": bool(w.draft_model and not w.draft_model.devices),
+        "draft model (draft-simple, a context on a draft model)": w.draft == "model",
+        "draft model with n_rs_seq > 0": bool(w.draft_model and w.draft_model.n_rs_seq),
         "speculative steps, draft mtp": w.draft == "mtp" and any(x.kind == "spec" for x in w.calls),
+        "speculative steps, draft model": w.draft == "model" and any(x.kind == "spec" for x in w.calls),
         "speculative steps, n-gram drafts": not w.draft and any(x.kind == "spec" for x in w.calls),
         "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n for x in w.calls),
         "checkpoints": any(x.kind == "checkpoint" for x in w.calls),
@@ -434,6 +441,9 @@ def llama_observed(trace: LlamaTrace, w: LlamaWorkload | None = None) -> list[st
         "observed: moe cache slot map copied to a device": any(x.startswith("moe_cache.slot_map") for s in calls for x in s.offloaded),
         # llama_memory_seq_rm dropped a recurrent state's last positions (n_rs_seq): llama.cpp's own answer
         "observed: snapshot rollback": any(c.rollback == "snapshot" for c in trace.calls),
+        # the draft context's own rollback (a draft model's memory): by its snapshots, or from its checkpoint
+        "observed: draft context snapshot rollback": any(c.draft_rollback == "snapshot" for c in trace.calls),
+        "observed: draft context checkpoint rollback": any(c.draft_rollback == "checkpoint" for c in trace.calls),
         "observed: ubatch split per sequence": split,
         # the same, told apart by the KV cache it split for: one stream for all sequences, or a stream each
         "observed: ubatch split per sequence, kv unified": split and w is not None and w.ctx.kv_unified,

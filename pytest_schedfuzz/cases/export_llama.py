@@ -36,9 +36,9 @@ from ..engine import TargetError
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import library_folder
-from ..llama.calls import STATE_PARTIAL_ONLY
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
+from ..llama.speculative import STATE_PARTIAL_ONLY
 from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
 from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
@@ -195,7 +195,7 @@ def _draft_model(w: LlamaWorkload) -> str:
         return "    dft_model = NULL;"
     dv, chosen = w.draft_model.placement(w.devices)
     picks = " ".join(f"ddevs[n_ddevs++] = devs[{i}];" for i in chosen)
-    block = fill("llama_draft_model.c.in", what=w.draft_model.describe(w.devices), picks=picks, model_params=_model_params(dv, True, "ddevs"))
+    block = fill("llama_draft_model.c.in", what=w.draft_model.describe(w.devices), picks=picks, model_params=_model_params(dv, w.draft == "mtp", "ddevs"))
     return textwrap.indent(block, "    ").rstrip("\n")
 
 
@@ -309,7 +309,9 @@ def export_llama_case(case: Case, out: Path, llama_lib: str | None, report: str 
         gpu=gpu_declarations() if gpus else "", have_gpus=int(gpus), n_rpc=w.devices.n_rpc, n_devices=w.devices.n_rpc + len(w.devices.gpus),
         chains=_chains(), n_loras=max(1, len(w.loras)), words=c_string(words), step=case.step, n_gpus=len(w.devices.gpus),
         record_logits=int(export.verdict == "logits"), judge=_judge(export.verdict, verdict), cpu_threads=CPU_THREADS,
-        draft_mtp=int(w.draft == "mtp"), recurrent=int(w.model.kind in RECURRENT_KINDS),
+        draft_mtp=int(w.draft == "mtp"), draft_model_kind=int(w.draft == "model"), recurrent=int(w.model.kind in RECURRENT_KINDS),
+        draft_rs_seq=w.draft_model.n_rs_seq if w.draft_model else 0,
+        draft_context_params=f"    cp.n_rs_seq = {w.draft_model.n_rs_seq};" if w.draft_model and "n_rs_seq" in declared else "",
         run_calls="\n".join(fill(
             "llama_run_calls.c.in",
             what=what, variant=k, devices=_devices(v), model_params=_model_params(v.devices, v.draft == "mtp"), draft_model=_draft_model(v), context_params=_context_params(v, declared), calls=calls, watch=watch,

@@ -18,9 +18,7 @@ from ..model.llama_calls import CALLS
 from ..process.channel import Channel
 from .observe import HarnessError
 from .placement import Placement
-from .speculative import MtpDraft
-
-STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
+from .speculative import DraftContext, checkpoint, restore
 
 
 class Calls:
@@ -31,7 +29,7 @@ class Calls:
     chan: Channel
     log: SchedLog
     absent_calls: tuple[str, ...]
-    mtp: MtpDraft | None
+    draft_context: DraftContext | None  # the workload's draft context (``LlamaWorkload.draft``)
     call: int
     sched_events: list[dict[str, Any]]
     sched_context: dict[int, int]
@@ -70,6 +68,8 @@ class Calls:
             rec["error"] = error
         if self.rolled_back:  # how llama.cpp let the call roll a sequence back (``_make_spec``, ``_make_seq_rm``)
             rec["rollback"], self.rolled_back = self.rolled_back, ""
+        if self.draft_context is not None and self.draft_context.rolled_back:  # and the draft context
+            rec["draft_rollback"], self.draft_context.rolled_back = self.draft_context.rolled_back, ""
         if kind == "init":
             rec["log"] = list(self.placement_lines)
             del self.placement_lines[self.placement.n_model_lines:]
@@ -83,8 +83,8 @@ class Calls:
         if call.kind in self.absent_calls:  # a corpus case's call this build cannot make (drawn workloads have none)
             return f"this build lacks {', '.join(f for f in kind.functions if not self.L.has(f))}"
         rc = getattr(self, kind.make)(ctx, mem, call)
-        if self.mtp is not None and rc == 0 and kind.draft:
-            getattr(self, f"_draft_{kind.draft}")(mem, call)  # llama-server's common_memory: on the draft context too
+        if self.draft_context is not None and rc == 0 and kind.draft:
+            getattr(self.draft_context, kind.draft)(mem, call)  # llama-server's common_memory: on the draft context too
         return rc
 
     def token(self, seq: int, pos: int) -> int:
@@ -96,7 +96,7 @@ class Calls:
 
     def _decode(self, ctx: Any, mem: Any, parts: Sequence[Part]) -> int:
         """``llama_decode`` of ``parts`` (each sequence's next tokens); with a draft context, its
-        catch-up on them (``MtpDraft.catch_up``)."""
+        catch-up on them (``catch_up``)."""
         L = self.L
         n = sum(p.n_tokens for p in parts)
         batch = L.llama_batch_init(n, 0, 1)
@@ -123,92 +123,54 @@ class Calls:
                     self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
         finally:
             L.llama_batch_free(batch)
-        if rc == 0 and self.mtp is not None:
+        if rc == 0 and self.draft_context is not None:
             with self.in_context(1):
-                rc = self.mtp.catch_up(decoded)
+                rc = self.draft_context.catch_up(decoded)
         return rc
 
     def _make_spec(self, ctx: Any, mem: Any, call: Call) -> int | str:
         """One speculative step of ``call.seq`` (``speculative.py``): draft, verify, accept, roll back."""
-        L, seq = self.L, call.seq
+        L, seq, dft = self.L, call.seq, self.draft_context
         pos0 = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
-        if self.mtp is not None:
+        if dft is not None:
             with self.in_context(1):
-                rc = self.mtp.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n)])
+                rc = dft.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n)])
             if rc:
                 return rc
         # a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL),
         # unless its recurrent state keeps enough snapshots for the drafts (llama-server's RS: draft <= n_rs_seq)
         by_snapshot = self.recurrent and call.n <= self.rs_seq(ctx)
-        saved = self._checkpoint(ctx, mem, seq) if self.recurrent and call.accept < call.n and not by_snapshot else None
+        saved = checkpoint(L, ctx, mem, seq) if self.recurrent and call.accept < call.n and not by_snapshot else None
         rc = self._decode(ctx, mem, (Part(seq, 1 + call.n, "all"),))
         if rc or call.accept == call.n:
             return rc
         keep = pos0 + call.accept + 1
-        if self.mtp is not None:
-            self.mtp.accept(seq, call.accept)
-            L.llama_memory_seq_rm(self.mtp.mem, seq, keep, -1)
         if L.llama_memory_seq_rm(mem, seq, keep, -1):
             self.rolled_back = "snapshot" if self.recurrent else "positions"
-            return 0
-        if saved is None or not self._restore(ctx, mem, seq, *saved):
+            if dft is None:
+                return 0
+            with self.in_context(1):
+                return dft.rejected(seq, call.accept, keep)
+        if saved is None or not restore(L, ctx, mem, seq, *saved):
             return f"the rollback of the rejected drafts failed (llama_memory_seq_rm{', then the checkpoint' if saved else ''})"
         self.rolled_back = "checkpoint"
-        return self._decode(ctx, mem, (Part(seq, call.accept + 1, "none"),))  # the accepted tokens again
+        if dft is not None and (rc := dft.replayed(seq, pos0)):
+            return rc
+        return self._decode(ctx, mem, (Part(seq, call.accept + 1, "none"),))  # the accepted tokens again (the draft context mirrors them)
 
     def rs_seq(self, ctx: Any) -> int:
         """The context's recurrent-state snapshots per sequence, as llama.cpp has it (``llama_n_rs_seq``:
         0 where the architecture does not roll back by them); 0 on a build without the call."""
         return int(self.L.llama_n_rs_seq(ctx)) if self.L.has("llama_n_rs_seq") else 0
 
-    def _checkpoint(self, ctx: Any, mem: Any, seq: int) -> tuple[Any, int]:
-        """``seq``'s state as llama-server checkpoints it (``PARTIAL_ONLY``), and its last position."""
-        L = self.L
-        size = L.llama_state_seq_get_size_ext(ctx, seq, STATE_PARTIAL_ONLY)
-        buf = (ctypes.c_uint8 * size)()
-        got = L.llama_state_seq_get_data_ext(ctx, buf, size, seq, STATE_PARTIAL_ONLY)
-        return (buf if got == size else None), int(L.llama_memory_seq_pos_max(mem, seq))
-
-    def _restore(self, ctx: Any, mem: Any, seq: int, buf: Any, pos: int) -> bool:
-        """A checkpoint set back, and what the attention cache holds after it dropped."""
-        L = self.L
-        return buf is not None and bool(L.llama_state_seq_set_data_ext(ctx, buf, len(buf), seq, STATE_PARTIAL_ONLY)) \
-            and bool(L.llama_memory_seq_rm(mem, seq, pos + 1, -1))
-
-    # the draft context's side of a memory call the target made (``DRAFT_ACTIONS``, llama-server's common_memory)
-
-    def _draft_drop_after(self, mem: Any, call: Call) -> None:
-        """The target's positions after the call decide what the draft context drops."""
-        assert self.mtp is not None
-        self.L.llama_memory_seq_rm(self.mtp.mem, call.seq, int(self.L.llama_memory_seq_pos_max(mem, call.seq)) + 1, -1)
-
-    def _draft_shift(self, mem: Any, call: Call) -> None:
-        assert self.mtp is not None
-        self.L.llama_memory_seq_rm(self.mtp.mem, call.seq, call.n_keep, call.n_keep + call.n)
-        self.L.llama_memory_seq_add(self.mtp.mem, call.seq, call.n_keep + call.n, -1, -call.n)
-
-    def _draft_copy(self, mem: Any, call: Call) -> None:
-        assert self.mtp is not None
-        self.L.llama_memory_seq_cp(self.mtp.mem, call.seq, call.dst, -1, -1)
-        self.mtp.copy(call.seq, call.dst)
-
-    def _draft_keep(self, mem: Any, call: Call) -> None:
-        assert self.mtp is not None
-        self.L.llama_memory_seq_keep(self.mtp.mem, call.seq)
-
-    def _draft_clear(self, mem: Any, call: Call) -> None:
-        assert self.mtp is not None
-        self.L.llama_memory_clear(self.mtp.mem, True)
-        self.mtp.pending.clear()
-
     # every call but a decode and a speculative step, on the target (``CALLS[kind].make``)
 
     def _make_checkpoint(self, ctx: Any, mem: Any, call: Call) -> int:
-        self.checkpoints[call.seq] = self._checkpoint(ctx, mem, call.seq)
+        self.checkpoints[call.seq] = checkpoint(self.L, ctx, mem, call.seq)
         return int(self.checkpoints[call.seq][0] is None)
 
     def _make_restore(self, ctx: Any, mem: Any, call: Call) -> int:
-        return int(not self._restore(ctx, mem, call.seq, *self.checkpoints[call.seq]))
+        return int(not restore(self.L, ctx, mem, call.seq, *self.checkpoints[call.seq]))
 
     def _make_seq_rm(self, ctx: Any, mem: Any, call: Call) -> int:
         end = self.L.llama_memory_seq_pos_max(mem, call.seq) + 1

@@ -94,13 +94,14 @@ class Placement:
 
     def load_draft_model(self, path: str, w: LlamaWorkload, endpoints: Sequence[str]) -> Any:
         """The draft's model of its own (``DraftModel``: the target's file again, on its devices,
-        with its MTP layers), kept like the target's while its placement is the same."""
+        with its MTP layers for draft-mtp), kept like the target's while its placement is the same."""
         assert w.draft_model is not None
         dv, chosen = w.draft_model.placement(w.devices)
-        key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()), chosen)
+        mtp = w.draft == "mtp"
+        key = (path, tuple(endpoints[: dv.n_rpc]), replace(dv, gpu_free=()), chosen, mtp)
         if key != self.draft_model_key:
             self.free_draft_model()
-            self.draft_model = self._loaded("draft", path, w.devices, dv, chosen, endpoints, True)
+            self.draft_model = self._loaded("draft", path, w.devices, dv, chosen, endpoints, mtp)
             self.draft_model_key = key
         self._left_free(w.devices)
         return self.draft_model

@@ -16,6 +16,20 @@ A workload with ``draft`` "mtp" has a second context on the same model, of type 
 * every memory call on the target (``seq_rm``, ``seq_cp``, ``seq_keep``, a context shift,
   ``clear``) is made on the MTP context too, as llama-server's ``common_memory`` does.
 
+A workload with ``draft`` "model" (draft-simple, ``-md``) has a plain context on a draft model of
+its own (the target's file loaded again, ``DraftModel``), with ``n_rs_seq`` of its own
+(llama-server gives it none: ``common_speculative_init_result``):
+
+* after each target batch the draft context decodes the same tokens (draft-simple's
+  ``process``, the last one an output);
+* a ``spec`` call decodes the last token and the drafts in it one at a time, then drops them
+  again; the target verifies, and the rejected positions go from both contexts;
+* each context rolls back as llama-server's ``common_context_can_seq_rm`` finds it can: by
+  ``llama_memory_seq_rm`` (an attention cache's positions, or a recurrent state's snapshots),
+  else from a checkpoint (``PARTIAL_ONLY``) taken before the drafts and restored, the accepted
+  tokens decoded again (the server's replay: the target's, which the draft context mirrors, or
+  the draft context's alone where the target dropped its own by ``seq_rm``).
+
 Without a draft context a ``spec`` call drafts as ngram-mod does (token tables, no llama.cpp
 call): the target verifies and rolls back alone. A target whose memory cannot drop its last
 positions (a recurrent model) is rolled back as llama-server does it there: a checkpoint
@@ -34,6 +48,8 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..model.llama import Call
+
 # llama-ext.h: name -> (the exported mangled name, its parameter types (from the mangling), its result)
 NEXTN_FUNCTIONS: dict[str, tuple[str, list[Any], Any]] = {
     "llama_set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb", [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
@@ -46,6 +62,21 @@ BATCH_EXT = ("llama_batch_ext_init", "llama_batch_ext_free", "llama_batch_ext_ad
              "llama_model_n_embd_out")
 CONTEXT_TYPE_MTP = 1  # enum llama_context_type
 PROCESS_DECODE = 1  # enum llama_process_type
+STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
+
+
+def checkpoint(L: Any, ctx: Any, mem: Any, seq: int) -> tuple[Any, int]:
+    """``seq``'s state as llama-server checkpoints it (``PARTIAL_ONLY``), and its last position."""
+    size = L.llama_state_seq_get_size_ext(ctx, seq, STATE_PARTIAL_ONLY)
+    buf = (ctypes.c_uint8 * size)()
+    got = L.llama_state_seq_get_data_ext(ctx, buf, size, seq, STATE_PARTIAL_ONLY)
+    return (buf if got == size else None), int(L.llama_memory_seq_pos_max(mem, seq))
+
+
+def restore(L: Any, ctx: Any, mem: Any, seq: int, buf: Any, pos: int) -> bool:
+    """A checkpoint set back, and what the attention cache holds after it dropped."""
+    return buf is not None and bool(L.llama_state_seq_set_data_ext(ctx, buf, len(buf), seq, STATE_PARTIAL_ONLY)) \
+        and bool(L.llama_memory_seq_rm(mem, seq, pos + 1, -1))
 
 
 def nextn_functions(lib_path: str) -> dict[str, Any] | None:
@@ -61,7 +92,51 @@ def nextn_functions(lib_path: str) -> dict[str, Any] | None:
     return out
 
 
-class MtpDraft:
+class DraftContext:
+    """What every draft context has: its context and memory, how the call being made rolled it
+    back (``rolled_back``), and its side of each memory call the target makes (llama-server's
+    ``common_memory``): one method per ``DRAFT_ACTIONS`` entry, named for it, given the target's
+    memory and the call."""
+
+    L: Any
+    ctx: Any
+    mem: Any
+    recurrent: bool  # a recurrent state: its last positions go by a snapshot
+    rolled_back: str
+
+    def drop_after(self, target: Any, call: Call) -> None:
+        """The target's positions after the call decide what the draft context drops."""
+        end = int(self.L.llama_memory_seq_pos_max(target, call.seq)) + 1
+        if self.L.llama_memory_seq_rm(self.mem, call.seq, end, -1) and self.recurrent and end > 0:
+            self.rolled_back = "snapshot"
+
+    def shift(self, target: Any, call: Call) -> None:
+        self.L.llama_memory_seq_rm(self.mem, call.seq, call.n_keep, call.n_keep + call.n)
+        self.L.llama_memory_seq_add(self.mem, call.seq, call.n_keep + call.n, -1, -call.n)
+
+    def copy(self, target: Any, call: Call) -> None:
+        self.L.llama_memory_seq_cp(self.mem, call.seq, call.dst, -1, -1)
+
+    def keep(self, target: Any, call: Call) -> None:
+        self.L.llama_memory_seq_keep(self.mem, call.seq)
+
+    def clear(self, target: Any, call: Call) -> None:
+        self.L.llama_memory_clear(self.mem, True)
+
+    def save(self, target: Any, call: Call) -> None:
+        """A prompt checkpoint of the target's: the draft context's state beside it, where it has one to keep."""
+
+    def load(self, target: Any, call: Call) -> None:
+        """The target restored its checkpoint: what follows its last position goes here too."""
+        self.drop_after(target, call)
+
+    def free(self) -> None:
+        if self.ctx:
+            self.L.llama_free(self.ctx)
+            self.ctx = None
+
+
+class MtpDraft(DraftContext):
     """The MTP context beside a target, and the hidden states it is given (``pending``: per
     sequence, the state its next token is paired with; ``verified``: the states of the
     target's last batch of that sequence, for a speculative step's accepted token)."""
@@ -74,6 +149,8 @@ class MtpDraft:
         self.pending: dict[int, list[float]] = {}
         self.verified: dict[int, list[list[float]]] = {}
         self.state_fn = ""  # which llama_batch_ext setter this build takes a state with (found at the first draft)
+        self.rolled_back = ""  # how the call being made rolled this context back: "positions" (its memory is attention alone)
+        self.recurrent = False
         nextn["llama_set_embeddings_nextn"](target, True, False)
         self.ctx = context(target)
         if self.ctx:
@@ -142,19 +219,122 @@ class MtpDraft:
             h = self.row(self.ctx, 0)
         if not self.L.llama_memory_seq_rm(self.mem, seq, kept + 1, -1):
             return "the MTP context refused to drop its drafted positions (llama_memory_seq_rm)"
+        self.rolled_back = "positions"
         return 0
 
-    def accept(self, seq: int, k: int) -> None:
-        """The state after the ``k``-th accepted draft becomes the sequence's pending state."""
+    def rejected(self, seq: int, k: int, keep: int) -> int | str:
+        """After the target accepted ``k`` drafts: the state after the last accepted one
+        becomes the sequence's pending state, and the positions from ``keep`` on are dropped."""
         rows = self.verified.get(seq, [])
         if k < len(rows):
             self.pending[seq] = rows[k]
+        self.L.llama_memory_seq_rm(self.mem, seq, keep, -1)
+        self.rolled_back = "positions"
+        return 0
 
-    def copy(self, seq: int, dst: int) -> None:
-        if seq in self.pending:
-            self.pending[dst] = self.pending[seq]
+    def replayed(self, seq: int, pos0: int) -> int | str:
+        """The target restored its checkpoint and decodes the accepted tokens again: the verified
+        positions go (an MTP model is never recurrent here: the target never replays)."""
+        self.L.llama_memory_seq_rm(self.mem, seq, pos0, -1)
+        return 0
 
-    def free(self) -> None:
-        if self.ctx:
-            self.L.llama_free(self.ctx)
-            self.ctx = None
+    def copy(self, target: Any, call: Call) -> None:
+        super().copy(target, call)
+        if call.seq in self.pending:
+            self.pending[call.dst] = self.pending[call.seq]
+
+    def clear(self, target: Any, call: Call) -> None:
+        """No sequence has a state to pair its next token with any more."""
+        super().clear(target, call)
+        self.pending.clear()
+
+
+class ModelDraft(DraftContext):
+    """draft-simple's context on a draft model of its own, and how it rolls a step back: by
+    ``seq_rm`` where its memory can drop 1 + ``n`` positions (an attention cache, or a recurrent
+    state with as many snapshots), else from the checkpoint taken before the drafts (llama-server's
+    ``spec_ckpt`` of the draft context). ``rolled_back`` says how, per call."""
+
+    def __init__(self, L: Any, context: Callable[[], Any], recurrent: bool, token: Callable[[int, int], int]) -> None:
+        """``context()`` makes the context (None where llama.cpp refused it); ``token(seq, pos)``
+        is the token the workload has there."""
+        self.L, self.recurrent, self.token = L, recurrent, token
+        self.ctx = context()
+        self.mem = L.llama_get_memory(self.ctx) if self.ctx else None
+        self.n_rs_seq = int(L.llama_n_rs_seq(self.ctx)) if self.ctx and L.has("llama_n_rs_seq") else 0
+        self.step: dict[int, tuple[Any, int]] = {}  # seq -> its checkpoint for the speculative step being made
+        self.checkpoints: dict[int, tuple[Any, int]] = {}  # seq -> its checkpoint beside the target's (a ``checkpoint`` call)
+        self.rolled_back = ""
+
+    def decode(self, items: Sequence[tuple[int, int, int, bool]]) -> int:
+        """One ``llama_decode`` of the draft context: (token, position, sequence, output) each."""
+        L = self.L
+        batch = L.llama_batch_init(len(items), 0, 1)
+        try:
+            for j, (tok, pos, seq, out) in enumerate(items):
+                batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = tok, pos, 1, out
+                batch.seq_id[j][0] = seq
+            batch.n_tokens = len(items)
+            rc = int(L.llama_decode(self.ctx, batch))
+            L.llama_synchronize(self.ctx)
+            return rc
+        finally:
+            L.llama_batch_free(batch)
+
+    def catch_up(self, batch: Sequence[tuple[int, int, int]]) -> int:
+        """The target's batch (token, position, sequence each) decoded again, the last an output."""
+        return self.decode([(tok, pos, seq, j == len(batch) - 1) for j, (tok, pos, seq) in enumerate(batch)]) if batch else 0
+
+    def _drop(self, seq: int, p0: int) -> bool:
+        """``seq``'s positions from ``p0`` on dropped by ``seq_rm``, or the step's checkpoint restored."""
+        if seq in self.step:
+            self.rolled_back = "checkpoint"
+            return restore(self.L, self.ctx, self.mem, seq, *self.step[seq])
+        self.rolled_back = "snapshot" if self.recurrent else "positions"
+        return bool(self.L.llama_memory_seq_rm(self.mem, seq, p0, -1))
+
+    def draft(self, seq: int, tokens: Sequence[tuple[int, int]]) -> int | str:
+        """The last token and the drafts (``tokens``: token, position) decoded one at a time,
+        then dropped again; a checkpoint first where ``seq_rm`` cannot drop 1 + n positions."""
+        self.step.pop(seq, None)
+        if self.recurrent and len(tokens) + 1 > self.n_rs_seq:
+            self.step[seq] = checkpoint(self.L, self.ctx, self.mem, seq)
+            if self.step[seq][0] is None:
+                return "the draft context's checkpoint failed (llama_state_seq_get_data_ext)"
+        for tok, pos in tokens:
+            rc = self.decode([(tok, pos, seq, True)])
+            if rc:
+                return rc
+        if not self._drop(seq, tokens[0][1]):
+            return f"the draft context could not drop its drafts ({'its checkpoint' if seq in self.step else 'llama_memory_seq_rm'})"
+        return 0
+
+    def rejected(self, seq: int, k: int, keep: int) -> int | str:
+        """The target dropped its rejected drafts by ``seq_rm`` from ``keep``: the same here, or
+        the step's checkpoint restored and the accepted tokens decoded again in this context alone."""
+        restored = seq in self.step
+        if not self._drop(seq, keep):
+            return f"the draft context could not drop the rejected drafts ({'its checkpoint' if restored else 'llama_memory_seq_rm'})"
+        if not restored:
+            return 0
+        pos = int(self.L.llama_memory_seq_pos_max(self.mem, seq)) + 1
+        return self.decode([(self.token(seq, p), p, seq, p == keep - 1) for p in range(pos, keep)])
+
+    def replayed(self, seq: int, pos0: int) -> int | str:
+        """The target restored its checkpoint and decodes the accepted tokens again, which this
+        context mirrors: first its own positions from ``pos0`` dropped (or its checkpoint restored)."""
+        return 0 if self._drop(seq, pos0) else "the draft context could not drop the verified drafts before the replay"
+
+    def save(self, target: Any, call: Call) -> None:
+        """llama-server's prompt checkpoint holds both contexts (``PARTIAL_ONLY``)."""
+        self.checkpoints[call.seq] = checkpoint(self.L, self.ctx, self.mem, call.seq)
+
+    def load(self, target: Any, call: Call) -> None:
+        if call.seq in self.checkpoints:
+            restore(self.L, self.ctx, self.mem, call.seq, *self.checkpoints[call.seq])
+        else:
+            self.drop_after(target, call)
+
+    def clear(self, target: Any, call: Call) -> None:
+        super().clear(target, call)
+        self.step.clear()

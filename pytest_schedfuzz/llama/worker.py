@@ -57,7 +57,7 @@ from . import declarations, graph_records
 from .calls import Calls
 from .observe import HOOK_T, Observation, declare_sched_functions
 from .placement import Placement
-from .speculative import BATCH_EXT, CONTEXT_TYPE_MTP, MtpDraft, nextn_functions
+from .speculative import BATCH_EXT, CONTEXT_TYPE_MTP, DraftContext, ModelDraft, MtpDraft, nextn_functions
 from .structs import CGraphHead, TensorLayout, graph_head_wrong
 
 # the libllama functions the worker needs whatever the calls (each call kind's own: ``CALLS[k].functions``)
@@ -91,7 +91,7 @@ class Llama(Observation, Calls):
             self.absent_calls += ("draft mtp",)
         self.context = 0  # whose scheduler calls come now: 0 the target context, 1 the draft context
         self.sched_context: dict[int, int] = {}  # scheduler id -> the context that made it
-        self.mtp: MtpDraft | None = None
+        self.draft_context: DraftContext | None = None
         # context parameters this build's llama_context_params lacks (b11739's moe_cache_size on 0.3.36)
         self.absent_params = tuple(p for p in OPTIONAL_PARAMS if p not in L.llama_context_params.FIELDS)
         # a Debug build logs each reallocation with ggml-alloc's reason; a Release one is observed through the callback alone
@@ -242,8 +242,11 @@ class Llama(Observation, Calls):
         try:
             ctx = L.llama_init_from_model(model, self.context_params(w.ctx))
             if ctx and w.draft == "mtp":
-                self.mtp = self._mtp_context(draft_model, ctx, w.ctx)
-            if not ctx or (self.mtp is not None and not self.mtp.ctx):
+                self.draft_context = self._mtp_context(draft_model, ctx, w.ctx)
+            elif ctx and w.draft == "model":
+                assert w.draft_model is not None
+                self.draft_context = self._model_context(draft_model, w.ctx, w.draft_model.n_rs_seq)
+            if not ctx or (self.draft_context is not None and not self.draft_context.ctx):
                 # not a pass: what llama.cpp said is the finding's message
                 said = [x for x in self.log.tail if re.search(r"error|failed|out of memory", x, re.I)] or list(self.log.tail)
                 self.end(-1, "init", -1, error=said[-12:])
@@ -256,14 +259,15 @@ class Llama(Observation, Calls):
                 self.end(i, call.kind, rc)
             # llama.cpp's own counters, where its perf data has them (upstream since seed 000's merge); the draft context's apart
             perf = self._perf(ctx)
-            return {"perf": perf | ({f"draft.{k}": v for k, v in self._perf(self.mtp.ctx).items()} if self.mtp is not None else {})}
+            dft = self.draft_context
+            return {"perf": perf | ({f"draft.{k}": v for k, v in self._perf(dft.ctx).items()} if dft is not None else {})}
         finally:
             self.synchronize_servers(endpoints[: w.devices.n_rpc])
             self.begin(len(w.calls))
-            if self.mtp is not None:
+            if self.draft_context is not None:
                 with self.in_context(1):
-                    self.mtp.free()
-                self.mtp = None
+                    self.draft_context.free()
+                self.draft_context = None
             if ctx:
                 L.llama_free(ctx)
             for chain in self._samplers:
@@ -312,6 +316,16 @@ class Llama(Observation, Calls):
                 return self.L.llama_init_from_model(model, p)
 
         return MtpDraft(self.L, self.nextn, model, target, make)
+
+    def _model_context(self, model: Any, c: ContextParams, n_rs_seq: int) -> ModelDraft:
+        """The draft context of draft-simple, as llama-server makes it (``common_speculative_init_result``):
+        the target's parameters on the draft model, with ``n_rs_seq`` of its own (llama-server's: 0)."""
+
+        def make() -> Any:
+            with self.in_context(1):
+                return self.L.llama_init_from_model(model, self.context_params(replace(c, backend_samplers=False, embeddings=False, n_rs_seq=n_rs_seq)))
+
+        return ModelDraft(self.L, make, self.recurrent, self.token)
 
     @contextlib.contextmanager
     def in_context(self, context: int) -> Iterator[None]:

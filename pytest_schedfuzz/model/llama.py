@@ -34,8 +34,9 @@ KV_TYPES = ("f16", "f32", "q8_0")
 POOLING = ("none", "mean", "last", "cls")
 # a workload's draft context, as llama-server's --spec-type makes one: "" none (a ``spec`` call then
 # drafts as ngram-mod does, from token tables, with no llama.cpp call), "mtp" (draft-mtp: a context
-# of type MTP on the same model, running its NextN layer)
-DRAFTS = ("", "mtp")
+# of type MTP on the same model, running its NextN layer), "model" (draft-simple with -md: a plain
+# context on a draft model of its own, ``draft_model``, which decodes what the target decodes)
+DRAFTS = ("", "mtp", "model")
 
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
@@ -201,13 +202,16 @@ class DraftModel:
 
     devices: tuple[int, ...] = ()
     n_gpu_layers: int = 99
+    # the draft context's recurrent-state snapshots (draft "model" on a model that rolls back by them):
+    # llama-server gives it none (common_speculative_init_result), a program may give it the target's
+    n_rs_seq: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"devices": list(self.devices), "n_gpu_layers": self.n_gpu_layers}
+        return {"devices": list(self.devices), "n_gpu_layers": self.n_gpu_layers} | ({"n_rs_seq": self.n_rs_seq} if self.n_rs_seq else {})
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> DraftModel:
-        return DraftModel(tuple(int(i) for i in d.get("devices", ())), int(d.get("n_gpu_layers", 99)))
+        return DraftModel(tuple(int(i) for i in d.get("devices", ())), int(d.get("n_gpu_layers", 99)), int(d.get("n_rs_seq", 0)))
 
     def placement(self, dv: Devices) -> tuple[Devices, tuple[int, ...]]:
         """How the draft model is loaded beside a target on ``dv``: its placement, and which of
@@ -220,7 +224,7 @@ class DraftModel:
 
     def describe(self, dv: Devices) -> str:
         on = ", ".join(dv.device_name(i) for i in self.devices) if self.devices else "the target's devices"
-        return f"a draft model of its own on {on}, n_gpu_layers {self.n_gpu_layers}"
+        return f"a draft model of its own on {on}, n_gpu_layers {self.n_gpu_layers}" + (f", n_rs_seq {self.n_rs_seq}" if self.n_rs_seq else "")
 
 
 @dataclass(frozen=True)
@@ -306,9 +310,14 @@ class LlamaWorkload:
         need(len(self.loras) <= MAX_LORAS, f"loras: {len(self.loras)} adapters, at most {MAX_LORAS}")
         need(self.draft in DRAFTS, f"draft {self.draft!r}: one of {', '.join(map(repr, DRAFTS))}")
         need(self.draft != "mtp" or self.model.kind == "mtp", f"draft 'mtp': the model must have an MTP layer (kind mtp), not {self.model.kind}")
+        need(self.draft != "model" or self.draft_model is not None, "draft 'model': needs the draft model's placement (draft_model)")
         if self.draft_model is not None:
             dm = self.draft_model
-            need(self.draft == "mtp", "draft_model: only for a draft context (draft 'mtp')")
+            need(self.draft in ("mtp", "model"), "draft_model: only for a draft context (draft 'mtp' or 'model')")
+            need(dm.n_rs_seq == 0 or (self.draft == "model" and self.model.kind in ROLLBACK_KINDS),
+                 f"draft_model.n_rs_seq {dm.n_rs_seq}: only for draft 'model' on a model that rolls back by snapshots")
+            need(0 <= dm.n_rs_seq <= c.n_rs_seq, f"draft_model.n_rs_seq {dm.n_rs_seq}: 0..the target's n_rs_seq {c.n_rs_seq} "
+                 "(the draft context shares the target's n_ubatch, and drops what the target drops)")
             need(len(set(dm.devices)) == len(dm.devices) and all(0 <= i < dv.n_devices for i in dm.devices),
                  f"draft_model.devices {list(dm.devices)}: distinct indices of the target's {dv.n_devices} devices")
             need(0 <= dm.n_gpu_layers <= 99, f"draft_model.n_gpu_layers {dm.n_gpu_layers}: must be 0..99")
@@ -318,6 +327,9 @@ class LlamaWorkload:
             except ValueError as e:
                 raise WorkloadError(f"loras[{k}]: {e}") from None
         rs_seq = c.n_rs_seq if self.model.kind in ROLLBACK_KINDS else 0  # llama.cpp clamps it to 0 elsewhere
+        if self.draft == "model" and self.draft_model is not None and self.model.kind in RECURRENT_KINDS:
+            # the draft context drops the positions the target drops (common_memory): its snapshots bound them too
+            rs_seq = min(rs_seq, self.draft_model.n_rs_seq)
         check_calls(self.calls, Checking(c, len(self.loras), self.model.kind, self.model.kind in RECURRENT_KINDS, tensor, need, rs_seq=rs_seq))
 
     def describe(self) -> str:
@@ -333,7 +345,8 @@ class LlamaWorkload:
             + (f", moe_cache_size {c.moe_cache_size}" if c.moe_cache_size else "")
             + ("; loras: " + ", ".join(f"rank {a.rank} on {'/'.join(a.targets)}" for a in self.loras) if self.loras else "")
             + ("; draft: an MTP context on the same model (draft-mtp)" if self.draft == "mtp" and not self.draft_model else "")
-            + (f"; draft: an MTP context on {self.draft_model.describe(dv)} (draft-mtp)" if self.draft_model else "")
+            + (f"; draft: an MTP context on {self.draft_model.describe(dv)} (draft-mtp)" if self.draft_model and self.draft == "mtp" else "")
+            + (f"; draft: a context on {self.draft_model.describe(dv)} (draft-simple)" if self.draft_model and self.draft == "model" else "")
         )
 
 

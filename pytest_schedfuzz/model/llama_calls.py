@@ -110,8 +110,9 @@ class CallKind:
 @dataclass(frozen=True)
 class DraftAction:
     """The draft context's side of a memory call of the target's (llama-server's common_memory):
-    the worker's ``Llama._draft_<name>`` makes it, and repro.c's statement ``c`` (formatted with
-    the call ``c`` and ``end``, the end of a shifted range) does the same."""
+    the draft context's method of that name makes it (``speculative.DraftContext.<name>``), and
+    repro.c's statement ``c`` (formatted with the call ``c`` and ``end``, the end of a shifted
+    range) does the same."""
 
     c: str
 
@@ -122,6 +123,9 @@ DRAFT_ACTIONS: dict[str, DraftAction] = {
     "keep": DraftAction("dft_keep({c.seq});"),
     "clear": DraftAction("dft_clear();"),
     "shift": DraftAction("dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});"),
+    # llama-server's prompt checkpoints hold both contexts: a draft model's recurrent state is saved and set back too
+    "save": DraftAction("dft_save({c.seq});"),
+    "load": DraftAction("dft_load({c.seq});"),
 }
 
 
@@ -252,11 +256,12 @@ CALLS: dict[str, CallKind] = {
                          lambda c: f"rc = set_loras({c.n});", "_make_lora_set", ("llama_set_adapters_lora",), check=_check_lora_set, changes=True),
     # save ``seq``'s recurrent state (PARTIAL_ONLY), as llama-server checkpoints before a draft on a recurrent or hybrid model
     "checkpoint": CallKind(lambda c: f"llama_state_seq_get_data_ext(seq {c.seq}, PARTIAL_ONLY)", lambda c: f"rc = checkpoint({c.seq});",
-                           "_make_checkpoint", ("llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"), check=_check_checkpoint),
+                           "_make_checkpoint", ("llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"), check=_check_checkpoint,
+                           draft="save"),
     # set it back and drop what the attention cache holds after it: a rejected draft rolled back
     "restore": CallKind(
         lambda c: f"llama_state_seq_set_data_ext(seq {c.seq}, PARTIAL_ONLY) + llama_memory_seq_rm(seq {c.seq}, after it)",
-        lambda c: f"rc = restore({c.seq});", "_make_restore", ("llama_state_seq_set_data_ext",), check=_check_restore, draft="drop_after"),
+        lambda c: f"rc = restore({c.seq});", "_make_restore", ("llama_state_seq_set_data_ext",), check=_check_restore, draft="load"),
     # one speculative step of ``seq`` as llama-server makes it: draft ``n`` tokens (in the draft
     # context, one at a time, where the workload has one; else from n-gram tables, no call), verify
     # the last token and the drafts in one batch with all outputs, accept ``accept`` of them and roll

@@ -137,6 +137,7 @@ class CallRecord:
     # how llama.cpp let the call roll a sequence back: "snapshot" (a recurrent state's last positions
     # dropped by llama_memory_seq_rm, n_rs_seq), "checkpoint" (restored), "positions" (an attention cache's)
     rollback: str = ""
+    draft_rollback: str = ""  # the same, of the draft context (a draft model's own memory, or an MTP context's positions)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ class LlamaTrace:
     @staticmethod
     def from_messages(calls: list[Mapping[str, Any]], abort: LlamaAbort | None, engine: Mapping[str, str], perf: Mapping[str, int]) -> LlamaTrace:
         records = tuple(CallRecord(int(c["index"]), c["kind"], c["rc"], tuple(SchedCall.from_json(s) for s in c["sched"]), tuple(c.get("error", ())),
-                                   tuple(c.get("log", ())), tuple(tuple(r) for r in c.get("logits", ())), str(c.get("rollback", "")))
+                                   tuple(c.get("log", ())), tuple(tuple(r) for r in c.get("logits", ())), str(c.get("rollback", "")),
+                                   str(c.get("draft_rollback", "")))
                         for c in calls)
         return LlamaTrace(records, abort, dict(engine), dict(perf))

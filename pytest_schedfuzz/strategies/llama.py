@@ -402,7 +402,26 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     # llama-server drafts only for completions: no draft beside an embeddings context
     model, draft, dv, draft_model = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) \
         if "mtp" in families and not adapters else (model, "", dv, None)
+    if not draft and not ctx.embeddings and not ctx.moe_cache_size and draw(st.integers(0, 3)) == 0:
+        draft, draft_model = "model", draw(_draft_model(model, dv, ctx, calls))
     return LlamaWorkload(model, dv, ctx, calls, adapters, draft, draft_model)
+
+
+@st.composite
+def _draft_model(draw: st.DrawFn, model: ModelSpec, dv: Devices, ctx: ContextParams, calls: tuple[Call, ...]) -> DraftModel:
+    """llama-server's draft-simple (``-md``) in a quarter of the workloads without another draft
+    and not pooling (drawn last, so that the other dimensions' draws stay as they were): a draft
+    model of its own (the target's file again: the same vocabulary) on one of the target's
+    devices, or on all of them with ``-ngld`` from 0 (the CPU) up. Its context has no snapshots,
+    as llama-server makes it, or the target's (a program that passes one set of parameters to
+    both); the target's where the calls drop a recurrent state's last positions, which the draft
+    context drops too (``common_memory``)."""
+    on = draw(st.integers(-1, dv.n_devices - 1)) if dv.n_devices else -1  # -1: the target's devices
+    n_rs_seq = 0
+    if model.kind in ROLLBACK_KINDS and ctx.n_rs_seq:
+        drops = any(c.kind == "seq_rm" and c.n > 0 for c in calls)
+        n_rs_seq = ctx.n_rs_seq if drops or draw(st.booleans()) else 0
+    return DraftModel((on,) if on >= 0 else (), draw(sampled((0, 99, model.n_layer))) if on < 0 else 99, n_rs_seq)
 
 
 @st.composite

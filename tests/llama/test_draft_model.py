@@ -1,0 +1,150 @@
+"""llama-server's draft-simple (``-md``) on a hybrid server: a draft context on a draft model of its
+own, which decodes every target batch too and rolls its own recurrent state back. llama-server
+gives that context no snapshots (``cparams_dft.n_rs_seq = 0``), so it rolls back from a checkpoint
+taken before the drafts; a program that passes the target's ``n_rs_seq`` to both contexts rolls
+it back by snapshots. Each rollback is llama.cpp's own answer, recorded per call and counted in
+``explored``, on 0.3.36 and on b11739."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from pytest_schedfuzz.builds.names import UPSTREAM
+from pytest_schedfuzz.campaign.fuzz import Fuzzer
+from pytest_schedfuzz.campaign.stats import llama_features
+from pytest_schedfuzz.cases.corpus import Case, load_case, save_case
+from pytest_schedfuzz.cases.export import build_and_run
+from pytest_schedfuzz.cases.export_llama import export_llama_case
+from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, DraftModel, LlamaWorkload, Part, WorkloadError
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.profiles import FuzzConfig
+from pytest_schedfuzz.properties import LLAMA_GROUP
+from pytest_schedfuzz.properties.derived import llama_trace
+from pytest_schedfuzz.strategies.llama import llama_workloads
+
+NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(2,))
+CTX = ContextParams(n_ctx=256, n_batch=16, n_ubatch=8, n_seq_max=2, n_rs_seq=3)
+
+
+def decode(*parts: tuple[int, int, str]) -> Call:
+    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
+
+
+# prompts on two slots; a step of 2 drafts, none accepted (the last token and the drafts: 3 positions, as many as the
+# snapshots); the next token; a rejected draft dropped with seq_rm; a step of 5 drafts (more than the snapshots: the
+# target's checkpoint, replayed); both slots in one batch
+CALLS = (decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=2, accept=0), decode((1, 3, "all")),
+         Call("seq_rm", seq=1, n=2), decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=1),
+         decode((0, 1, "last"), (1, 3, "last")))
+SERVED = LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, CALLS, draft="model", draft_model=DraftModel((), 99, 3))
+# as llama-server makes it: a draft context without snapshots (its target's seq_rm of last positions is then no workload)
+SERVER = replace(SERVED, draft_model=DraftModel((), 99, 0), calls=tuple(c for c in CALLS if c.kind != "seq_rm"))
+
+
+def test_a_draft_model_workload_round_trips_and_a_workload_without_one_reads_as_before() -> None:
+    for w in (SERVED, SERVER):
+        assert LlamaWorkload.from_json(w.to_json()) == w
+    assert "n_rs_seq" not in SERVER.to_json()["draft_model"] and SERVED.to_json()["draft_model"]["n_rs_seq"] == 3
+    assert "(draft-simple)" in SERVED.describe() and "n_rs_seq 3" in SERVED.describe()
+
+
+@pytest.mark.parametrize(("w", "why"), [
+    (replace(SERVED, draft_model=None), "draft 'model': needs the draft model's placement"),
+    (replace(SERVED, draft_model=DraftModel((), 99, 4)), "draft_model.n_rs_seq 4: 0..the target's n_rs_seq 3"),
+    (replace(SERVED, model=ModelSpec(n_layer=2), ctx=replace(CTX, n_rs_seq=0)), "only for draft 'model' on a model that rolls back"),
+    # the draft context drops what the target drops: without snapshots, not a recurrent state's last positions
+    (replace(SERVED, draft_model=DraftModel((), 99, 0)), "a nemotron model's recurrent state cannot drop its last positions"),
+])
+def test_validate_holds_the_draft_contexts_limits(w: LlamaWorkload, why: str) -> None:
+    with pytest.raises(WorkloadError, match=why):
+        w.validate()
+
+
+def test_the_strategy_draws_draft_models_with_and_without_snapshots() -> None:
+    """Over 300 draws of the families that roll back: draft-simple in some, its context with
+    the target's snapshots or none, every one a valid workload."""
+    counts: Counter[str] = Counter()
+
+    @seed(64)
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
+    @given(llama_workloads(families=("dense", "nemotron", "lfm2")))
+    def draw(w: LlamaWorkload) -> None:
+        w.validate()
+        assert LlamaWorkload.from_json(w.to_json()) == w
+        counts.update(llama_features(w))
+
+    draw()
+    model = counts["draft model (draft-simple, a context on a draft model)"]
+    assert 30 <= model <= 150 and counts["speculative steps, draft model"] >= 10, counts
+    assert 5 <= counts["draft model with n_rs_seq > 0"] < model, counts
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("lib", ["llama.cpp-0.3.36", UPSTREAM])
+@pytest.mark.parametrize(("w", "draft_rollbacks"), [
+    # with snapshots: the small step's drafts and its rejection, and the seq_rm, by them; the large step from the checkpoint
+    (SERVED, {2: "snapshot", 4: "snapshot", 6: "checkpoint"}),
+    # llama-server's: every rollback from the checkpoint; the small step's after the target's snapshot rollback decodes
+    # the accepted token again in the draft context alone
+    (SERVER, {2: "checkpoint", 5: "checkpoint"}),
+], ids=["snapshots", "llama-server"])
+def test_the_draft_context_rolls_its_recurrent_state_back_as_llama_cpp_lets_it(lib: str, w: LlamaWorkload, draft_rollbacks: dict[int, str]) -> None:
+    f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
+    try:
+        # the one finding is the lost reservation of a topology switch (a per-sequence ubatch's graph), as without a draft
+        found = {v.signature() for v in f.check_llama(LLAMA_GROUP, w)}
+        assert all(sig.startswith("llama-no-same-size-realloc[explained=lost") and "topology=switch" in sig for sig in found), found
+        trace = llama_trace(f.engines.run_llama(w))
+        assert trace.abort is None and all(c.rc == 0 for c in trace.calls), [(c.index, c.rc) for c in trace.calls]
+        assert {c.index: c.draft_rollback for c in trace.calls if c.draft_rollback} == draft_rollbacks
+        assert any(s.context == 1 for _, s in trace.sched_calls())  # the draft context's scheduler computed
+        decoded = f.stats.llama_decoded
+        rows = ["draft model (draft-simple, a context on a draft model)", "speculative steps, draft model"]
+        rows += [f"observed: draft context {how} rollback" for how in set(draft_rollbacks.values())]
+        for row in rows + (["draft model with n_rs_seq > 0"] if w is SERVED else []):
+            assert decoded.get(row, 0) == 1, (row, decoded)
+    finally:
+        f.close()
+
+
+@pytest.mark.engine
+def test_the_draft_contexts_graphs_are_captured_and_predicted_by_the_reference() -> None:
+    """On 0.3.36 the draft model's context, its checkpoints and replays included, is captured
+    whole beside the target's, and the reference places every node as ggml did."""
+    f = Fuzzer(FuzzConfig(database=None))
+    f.llama_judged = ("llama-matches-reference",)
+    try:
+        assert f.check_llama("llama-matches-reference", SERVER) == []
+        # the target's graphs and the draft context's, each a scenario of its own, predicted node by node
+        assert f.stats.llama_captured == 2 and not f.stats.llama_not_captured
+    finally:
+        f.close()
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake builds the reproducer")
+def test_the_reproducer_makes_the_draft_context_and_its_rollbacks(tmp_path: Path) -> None:
+    """The exported C of a draft-simple workload makes the draft context on the draft model with
+    llama-server's parameters, mirrors every target batch, and rolls it back as the worker does:
+    the finding (the lost reservation) reproduces in the same call."""
+    # a step of 3 drafts with 1 accepted, then 5 with none: the target's ubatches switch topology by their sizes
+    w = replace(SERVER, calls=(decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=3, accept=1), decode((1, 3, "all")),
+                               decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=0), decode((0, 1, "last"), (1, 3, "last"))))
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        v = min(f.check_llama(LLAMA_GROUP, w), key=lambda v: v.step)
+        trace = llama_trace(f.engines.run_llama(w))
+    finally:
+        f.close()
+    case = load_case(save_case(tmp_path, Case(v.property, v.signature(), None, v.message, v.step, engine=dict(trace.engine), llama=w)))
+    export_llama_case(case, tmp_path / "repro", None, trace=trace)
+    source = (tmp_path / "repro" / "repro.c").read_text()
+    assert "DRAFT_MODEL = 1" in source and "cp.n_rs_seq = 0;" in source
+    built = build_and_run(tmp_path / "repro")
+    assert built.code == 1 and f"REPRODUCED: [{v.property}] call {v.step}" in built.output, built.output[-3000:]
