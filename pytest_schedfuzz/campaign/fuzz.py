@@ -133,7 +133,7 @@ class Fuzzer(Checks):
             # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
             absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
                 frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
-            return llama_workloads(p.llama_layers, rpc, p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent)
+            return llama_workloads(p.llama_layers, rpc, p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent, draft_models=True)
         if self.engines.gpu_device() != "available":
             p = replace(p, max_gpu=0)
         d = props.PROPERTIES[prop].draws

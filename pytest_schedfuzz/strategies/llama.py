@@ -376,13 +376,16 @@ DEFAULT_ABSENT = frozenset({"moe_cache_size"})  # what the default build (llama.
 
 @st.composite
 def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU,
-                    families: tuple[str, ...] = ("dense", "moe"), absent: frozenset[str] = DEFAULT_ABSENT) -> LlamaWorkload:
+                    families: tuple[str, ...] = ("dense", "moe"), absent: frozenset[str] = DEFAULT_ABSENT,
+                    draft_models: bool = False) -> LlamaWorkload:
     """A tiny model of ``families`` (``FAMILIES``: the recurrent ones too) on RPC and GPU-like
     devices (``devices``), a context, and a server's calls on it, without the ``absent`` call
     kinds and context parameters (``OPTIONAL_PARAMS``: those the build under test lacks a
     function or a field of, never emulated). Split mode tensor where llama.cpp has it (the
-    model's architecture, flash attention not off, no backend samplers), and with the MoE cache
-    where the build has one (``_moe_cache``)."""
+    model's architecture, flash attention not off, no backend samplers), with the MoE cache
+    where the build has one (``_moe_cache``), and with ``draft_models`` llama-server's
+    draft-simple (``_draft_model``; off by default: every draw after it would differ, and the
+    tests' seeds were picked for the draws before it; the campaigns draw it)."""
     model = draw(model_specs(max_layers, families))
     ctx = draw(context_params(model.head_dim))
     ctx = replace(ctx, **{name: 0 for name in OPTIONAL_PARAMS if name in absent})  # a field the build lacks: unset
@@ -402,7 +405,7 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     # llama-server drafts only for completions: no draft beside an embeddings context
     model, draft, dv, draft_model = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) \
         if "mtp" in families and not adapters else (model, "", dv, None)
-    if not draft and not ctx.embeddings and not ctx.moe_cache_size and draw(st.integers(0, 3)) == 0:
+    if draft_models and not draft and not ctx.embeddings and not ctx.moe_cache_size and draw(st.integers(0, 3)) == 0:
         draft, draft_model = "model", draw(_draft_model(model, dv, ctx, calls))
     return LlamaWorkload(model, dv, ctx, calls, adapters, draft, draft_model)
 
