@@ -405,15 +405,18 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     # llama-server drafts only for completions: no draft beside an embeddings context
     model, draft, dv, draft_model = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) \
         if "mtp" in families and not adapters else (model, "", dv, None)
-    if draft_models and not draft and not ctx.embeddings and not ctx.moe_cache_size and draw(st.integers(0, 3)) == 0:
+    # llama-server makes a draft context for speculative decoding: in 3 of 4 workloads with speculative steps, 1 of 8 without
+    speculative = any(c.kind == "spec" for c in calls)
+    if draft_models and not draft and not ctx.embeddings and not ctx.moe_cache_size and draw(st.integers(0, 7)) < (6 if speculative else 1):
         draft, draft_model = "model", draw(_draft_model(model, dv, ctx, calls))
     return LlamaWorkload(model, dv, ctx, calls, adapters, draft, draft_model)
 
 
 @st.composite
 def _draft_model(draw: st.DrawFn, model: ModelSpec, dv: Devices, ctx: ContextParams, calls: tuple[Call, ...]) -> DraftModel:
-    """llama-server's draft-simple (``-md``) in a quarter of the workloads without another draft
-    and not pooling (drawn last, so that the other dimensions' draws stay as they were): a draft
+    """llama-server's draft-simple (``-md``) in 3 of 4 workloads with speculative steps and 1 of 8
+    without (a server's draft context decodes every batch, drafting or not), never beside another
+    draft or pooling (drawn last, so that the other dimensions' draws stay as they were): a draft
     model of its own (the target's file again: the same vocabulary) on one of the target's
     devices, or on all of them with ``-ngld`` from 0 (the CPU) up. Its context has no snapshots,
     as llama-server makes it, or the target's (a program that passes one set of parameters to
