@@ -119,7 +119,9 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                 # changed the graph, a rerun without each would have to tell, and the lost reservations it
                 # makes later name theirs)
                 facts, switch = {"explained": how, "outgrown": outgrown(r, s), "lost_by": "-", "call": call_kind(w, call)}, None
-            if s.context:  # the draft context's graphs are another cause than the target's
+            # an MTP context's graphs (the NextN layer's, built by llama.cpp's MTP graph code) are another cause than the
+            # target's; draft-simple's context runs the same kind of model as the target: the same graphs, the same causes
+            if s.context and w.draft == "mtp":
                 facts = {"context": "draft"} | facts
             out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts, switch))
         plan[s.sched] = (call, s)
