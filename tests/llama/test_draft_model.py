@@ -14,28 +14,19 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
+from llama_helpers import CTX, NEMOTRON, decode, first_finding_exported
 
 from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.compare import drawn
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.stats import llama_features
-from pytest_schedfuzz.cases.corpus import Case, load_case, save_case
 from pytest_schedfuzz.cases.export import build_and_run
-from pytest_schedfuzz.cases.export_llama import export_llama_case
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, DraftModel, LlamaWorkload, Part, WorkloadError
+from pytest_schedfuzz.model.llama import Call, Devices, DraftModel, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.strategies.llama import llama_workloads
-
-NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(2,))
-CTX = ContextParams(n_ctx=256, n_batch=16, n_ubatch=8, n_seq_max=2, n_rs_seq=3)
-
-
-def decode(*parts: tuple[int, int, str]) -> Call:
-    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
-
 
 # prompts on two slots; a step of 2 drafts, none accepted (the last token and the drafts: 3 positions, as many as the
 # snapshots); the next token; a rejected draft dropped with seq_rm; a step of 5 drafts (more than the snapshots: the
@@ -139,14 +130,7 @@ def test_the_reproducer_makes_the_draft_context_and_its_rollbacks(tmp_path: Path
     # a step of 3 drafts with 1 accepted, then 5 with none: the target's ubatches switch topology by their sizes
     w = replace(SERVER, calls=(decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=3, accept=1), decode((1, 3, "all")),
                                decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=0), decode((0, 1, "last"), (1, 3, "last"))))
-    f = Fuzzer(FuzzConfig(database=None))
-    try:
-        v = min(f.check_llama(LLAMA_GROUP, w), key=lambda v: v.step)
-        trace = llama_trace(f.engines.run_llama(w))
-    finally:
-        f.close()
-    case = load_case(save_case(tmp_path, Case(v.property, v.signature(), None, v.message, v.step, engine=dict(trace.engine), llama=w)))
-    export_llama_case(case, tmp_path / "repro", None, trace=trace)
+    v = first_finding_exported(w, None, tmp_path)
     source = (tmp_path / "repro" / "repro.c").read_text()
     assert "DRAFT_MODEL = 1" in source and "cp.n_rs_seq = 0;" in source
     built = build_and_run(tmp_path / "repro")

@@ -11,23 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from llama_helpers import CTX, LFM2, NEMOTRON, decode
 
 from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
+from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
-
-NEMOTRON = ModelSpec(arch="nemotron_h", kind="nemotron", n_layer=4, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(2,))
-LFM2 = ModelSpec(arch="lfm2", kind="lfm2", n_layer=3, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, attn_layers=(1,), ssm_conv=3)
-CTX = ContextParams(n_ctx=256, n_batch=16, n_ubatch=8, n_seq_max=2, n_rs_seq=3)
-
-
-def decode(*parts: tuple[int, int, str]) -> Call:
-    return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
-
 
 # a prompt on each slot, one step of 3 drafts with 1 accepted (2 rolled back: <= n_rs_seq), a rejected
 # draft dropped with seq_rm, then one of 5 drafts (more than the snapshots: a checkpoint), then both

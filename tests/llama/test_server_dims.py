@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
+from llama_helpers import first_finding_exported
 
 from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
@@ -35,7 +36,7 @@ from pytest_schedfuzz.model.llama import (
 )
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.profiles import FuzzConfig
-from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
+from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, unmade_calls
 from pytest_schedfuzz.properties.llama_logits import cpu_only
@@ -193,19 +194,6 @@ def test_the_moe_cache_is_made_on_an_rpc_device_and_its_graphs_follow_the_ubatch
         f.close()
 
 
-def _first_finding_exported(w: LlamaWorkload, lib: str, tmp_path: Path) -> Violation:
-    """``w``'s first finding on ``lib``, saved as a case and exported into ``tmp_path/repro``."""
-    f = Fuzzer(FuzzConfig(database=None, llama_lib=lib))
-    try:
-        v = min(f.check_llama(LLAMA_GROUP, w), key=lambda v: v.step)
-        trace = llama_trace(f.engines.run_llama(w))
-    finally:
-        f.close()
-    case = load_case(save_case(tmp_path, Case(v.property, v.signature(), None, v.message, v.step, engine=dict(trace.engine), llama=w)))
-    export_llama_case(case, tmp_path / "repro", None, trace=trace)
-    return v
-
-
 @pytest.mark.engine
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake builds the reproducer")
 def test_the_moe_cache_finding_is_exported_and_reproduced_by_ggmls_own_check_on_b11739(tmp_path: Path) -> None:
@@ -213,7 +201,7 @@ def test_the_moe_cache_finding_is_exported_and_reproduced_by_ggmls_own_check_on_
     (b11739's declarations have it), builds against b11739's libraries, and reproduces in the same
     call: ggml's own check aborts there (``GGML_SCHED_DEBUG_REALLOC=1``), and llama.cpp's own
     counter says ``n_same = 1``."""
-    v = _first_finding_exported(CACHED, UPSTREAM, tmp_path)
+    v = first_finding_exported(CACHED, UPSTREAM, tmp_path)
     assert f"cp.moe_cache_size = {CACHED.ctx.moe_cache_size};" in (tmp_path / "repro" / "repro.c").read_text()
     built = build_and_run(tmp_path / "repro")
     assert built.code == 1, built.output[-3000:]
@@ -300,7 +288,7 @@ def test_a_draft_model_of_its_own_puts_the_draft_contexts_scheduler_on_its_devic
 def test_a_draft_models_case_is_exported_with_its_own_model_and_reproduces(tmp_path: Path) -> None:
     """The reproducer loads the model file a second time on the draft's device and makes the MTP
     context on it, as llama-server does; on 0.3.36 the lost reservation reproduces in its call."""
-    v = _first_finding_exported(OWN, "llama.cpp-0.3.36", tmp_path)
+    v = first_finding_exported(OWN, "llama.cpp-0.3.36", tmp_path)
     source = (tmp_path / "repro" / "repro.c").read_text()
     assert "ddevs[n_ddevs++] = devs[1];" in source and "dft = llama_init_from_model(dft_model ? dft_model : model, cp);" in source
     built = build_and_run(tmp_path / "repro")
