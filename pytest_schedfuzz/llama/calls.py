@@ -18,7 +18,7 @@ from ..model.llama_calls import CALLS
 from ..process.channel import Channel
 from .observe import HarnessError
 from .placement import Placement
-from .speculative import DraftContext, checkpoint, restore
+from .speculative import DraftContext, checkpoint, decode_batch, restore
 
 
 class Calls:
@@ -98,31 +98,18 @@ class Calls:
         """``llama_decode`` of ``parts`` (each sequence's next tokens); with a draft context, its
         catch-up on them (``catch_up``)."""
         L = self.L
-        n = sum(p.n_tokens for p in parts)
-        batch = L.llama_batch_init(n, 0, 1)
-        decoded: list[tuple[int, int, int]] = []  # token, position, sequence
-        try:
-            j = 0
-            for part in parts:
-                pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
-                for t in range(part.n_tokens):
-                    batch.token[j] = self.token(part.seq, pos0 + t)
-                    decoded.append((batch.token[j], pos0 + t, part.seq))
-                    batch.pos[j] = pos0 + t
-                    batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = part.seq
-                    batch.logits[j] = part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1)
-                    j += 1
-            batch.n_tokens = n
-            rc = int(L.llama_decode(ctx, batch))
-            L.llama_synchronize(ctx)  # RPC computes asynchronously: a crash must surface in this call
-            outputs = [i for i in range(n) if batch.logits[i]]
-            if rc == 0 and self.want_logits and outputs and not self.embeddings and not self.backend_samplers:
-                for i in dict.fromkeys((outputs[0], outputs[-1])):
-                    row = L.llama_get_logits_ith(ctx, i)
-                    self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
-        finally:
-            L.llama_batch_free(batch)
+        items: list[tuple[int, int, int, bool]] = []  # token, position, sequence, output
+        for part in parts:
+            pos0 = L.llama_memory_seq_pos_max(mem, part.seq) + 1
+            items += [(self.token(part.seq, pos0 + t), pos0 + t, part.seq, part.outputs == "all" or (part.outputs == "last" and t == part.n_tokens - 1))
+                      for t in range(part.n_tokens)]
+        rc = decode_batch(L, ctx, items)
+        outputs = [i for i, item in enumerate(items) if item[3]]
+        if rc == 0 and self.want_logits and outputs and not self.embeddings and not self.backend_samplers:
+            for i in dict.fromkeys((outputs[0], outputs[-1])):
+                row = L.llama_get_logits_ith(ctx, i)
+                self.logits.append([round(float(row[v]), 5) for v in range(self.n_vocab)])
+        decoded = [(tok, pos, seq) for tok, pos, seq, _ in items]
         if rc == 0 and self.draft_context is not None:
             with self.in_context(1):
                 rc = self.draft_context.catch_up(decoded)

@@ -65,6 +65,22 @@ PROCESS_DECODE = 1  # enum llama_process_type
 STATE_PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: a hybrid model's recurrent part only, as llama-server checkpoints
 
 
+def decode_batch(L: Any, ctx: Any, items: Sequence[tuple[int, int, int, bool]]) -> int:
+    """One ``llama_decode`` of ``ctx``: (token, position, sequence, output) each, then
+    ``llama_synchronize`` (RPC computes asynchronously: a crash must surface in this call)."""
+    batch = L.llama_batch_init(len(items), 0, 1)
+    try:
+        for j, (tok, pos, seq, out) in enumerate(items):
+            batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = tok, pos, 1, out
+            batch.seq_id[j][0] = seq
+        batch.n_tokens = len(items)
+        rc = int(L.llama_decode(ctx, batch))
+        L.llama_synchronize(ctx)
+        return rc
+    finally:
+        L.llama_batch_free(batch)
+
+
 def checkpoint(L: Any, ctx: Any, mem: Any, seq: int) -> tuple[Any, int]:
     """``seq``'s state as llama-server checkpoints it (``PARTIAL_ONLY``), and its last position."""
     size = L.llama_state_seq_get_size_ext(ctx, seq, STATE_PARTIAL_ONLY)
@@ -107,7 +123,8 @@ class DraftContext:
     def drop_after(self, target: Any, call: Call) -> None:
         """The target's positions after the call decide what the draft context drops."""
         end = int(self.L.llama_memory_seq_pos_max(target, call.seq)) + 1
-        if self.L.llama_memory_seq_rm(self.mem, call.seq, end, -1) and self.recurrent and end > 0:
+        held = int(self.L.llama_memory_seq_pos_max(self.mem, call.seq)) >= end  # positions to drop: not a no-op
+        if self.L.llama_memory_seq_rm(self.mem, call.seq, end, -1) and self.recurrent and end > 0 and held:
             self.rolled_back = "snapshot"
 
     def shift(self, target: Any, call: Call) -> None:
@@ -267,19 +284,7 @@ class ModelDraft(DraftContext):
         self.rolled_back = ""
 
     def decode(self, items: Sequence[tuple[int, int, int, bool]]) -> int:
-        """One ``llama_decode`` of the draft context: (token, position, sequence, output) each."""
-        L = self.L
-        batch = L.llama_batch_init(len(items), 0, 1)
-        try:
-            for j, (tok, pos, seq, out) in enumerate(items):
-                batch.token[j], batch.pos[j], batch.n_seq_id[j], batch.logits[j] = tok, pos, 1, out
-                batch.seq_id[j][0] = seq
-            batch.n_tokens = len(items)
-            rc = int(L.llama_decode(self.ctx, batch))
-            L.llama_synchronize(self.ctx)
-            return rc
-        finally:
-            L.llama_batch_free(batch)
+        return decode_batch(self.L, self.ctx, items)
 
     def catch_up(self, batch: Sequence[tuple[int, int, int]]) -> int:
         """The target's batch (token, position, sequence each) decoded again, the last an output."""
