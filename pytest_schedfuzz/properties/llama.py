@@ -52,7 +52,7 @@ from .llama_replan import (
     what_grew,
 )
 from .realloc import NO_SAME_SIZE_REALLOC
-from .sites import RPC_FAILED, server_death, server_refusal, site_key
+from .sites import RPC_FAILED, killed_by_assert, server_death, server_refusal, site_key
 
 
 def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
@@ -331,29 +331,33 @@ def llama_no_abort(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]:
         head = re.sub(r"\S*/(\w[\w.-]*\.(?:c|cpp|h)):\d+", r"\1", lines[0]) if at else ""
         if not at:  # no assert: the top of the C stack tells one crash from another
             cause = with_c_stack(cause, a.message)
+        died = server_death(a.servers, a.message) if RPC_FAILED in a.message else None
+        signed = killed_by_assert(a.kind, head, died, lines[at]) if at else None
+        signed_as, signed_head = signed or (a.kind, head)
         # split mode tensor's meta device names its per-device tensors after its devices
         # (``Meta(RPC0,RPC1,GPU0)#kqv_out-0#0``): the devices drawn are not the cause
-        kind = re.sub(r"\d+", "N", META_TENSORS.sub(r"\1=(tensor)", META_DEVICES.sub("Meta(...)", (head + ": " if head else "") + cause)))[:160]
+        kind = re.sub(r"\d+", "N", META_TENSORS.sub(r"\1=(tensor)", META_DEVICES.sub("Meta(...)", (signed_head + ": " if signed_head else "") + cause)))[:160]
         text = f"{head}: {cause}" if head else cause
         # what separates root causes beside the message: the check site (one assert text has many),
         # the call kind and where in it ggml stopped (the context's reservation, a decode's alloc...)
-        facts: dict[str, object] = {"kind": a.kind, "message": kind, "call": call_kind(w, a.call)}
-        if a.phase:
+        facts: dict[str, object] = {"kind": signed_as, "message": kind, "call": call_kind(w, a.call)}
+        if a.phase and signed_as == "abort":  # a signal has no phase: ggml's abort callback tells it
             facts["phase"] = a.phase
-        site = site_key(a.message)
+        # an RPC server's assert has its site in its own line (the client's is ggml-rpc.cpp's check)
+        site = site_key(lines[at] if signed else a.message)
         if site:
             facts["site"] = site
-        if RPC_FAILED in a.message:
+        if RPC_FAILED in a.message and not (signed and died):
             # the RPC client reports every server failure alike: a server that died says how; one
             # that refused a command (and closed the connection) is signed by the command
             # (``RpcServers.refusals``); where none is known, the call that changed what the
             # model's devices hold before the failing call separates causes
-            refusal = None if server_death(a.servers, a.message) else server_refusal(a.refused)
-            facts["server"] = server_death(a.servers, a.message) or refusal or f"refused after {_last_change(w, a.call)}"
+            refusal = None if died else server_refusal(a.refused)
+            facts["server"] = died or refusal or f"refused after {_last_change(w, a.call)}"
             if refusal is not None:  # the command refused names the cause; where the client noticed it (phase) depends on the build
                 facts.pop("phase", None)
         said = "".join(f"\n  RPC server {line}" for line in a.refused if RPC_FAILED in a.message)
-        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {call_name(w, a.call)}: {text}{at_site(a.message)}{said}", facts)]
+        return [Violation("llama-no-abort", max(a.call, 0), f"ggml {a.kind} during {call_name(w, a.call)}: {text}{at_site(lines[at] if signed else a.message)}{said}", facts)]
     for c in trace.calls:
         if c.kind == "init" and c.rc != 0 and not out_of_memory(w, trace):
             said = " / ".join(c.error) or "nothing"

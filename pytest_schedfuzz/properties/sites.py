@@ -28,6 +28,31 @@ def server_death(servers: tuple[str, ...], message: str) -> str | None:
     return died.group(1) if died else None
 
 
+def killed_by_assert(kind: str, head: str, died: str | None, check: str) -> tuple[str, str] | None:
+    """How a process killed by an assert is signed, as (kind, first line): by the assert, not by
+    which process ran the device's work (the worker for the CPU and a GPU-like device, an RPC
+    server for its device), so that one kernel check keeps one signature wherever the device that
+    failed it was drawn. A C ``assert`` (``check``: its line) is a crash by its signal, ggml's
+    ``GGML_ASSERT``/``GGML_ABORT`` the abort the worker's abort callback would report. ``head`` is
+    the abort's first line (the worker's signal, or the RPC client's check), ``died`` how an RPC
+    server died (``server_death``). None: no process was killed by it (an assert the worker's
+    ggml reported, a server that refused a command).
+
+    >>> killed_by_assert("crash", "the worker was killed by SIGABRT", None, "ops.cpp:9: f: Assertion `x' failed.")
+    ('crash', 'killed by SIGABRT')
+    >>> killed_by_assert("abort", "ggml-rpc.cpp: Remote RPC server crashed", "was killed by SIGABRT", "ops.cpp:9: f: Assertion `x' failed.")
+    ('crash', 'killed by SIGABRT')
+    >>> killed_by_assert("abort", "ggml-rpc.cpp: Remote RPC server crashed", "was killed by SIGABRT", "ggml.c:9: GGML_ASSERT(x) failed")
+    ('abort', '')
+    """
+    signal = re.fullmatch(r"the worker was (killed by SIG\w+)", head) if kind == "crash" else None
+    if signal:
+        return "crash", signal.group(1)
+    if died is None or not died.startswith("was killed by "):
+        return None
+    return ("crash", died.removeprefix("was ")) if "Assertion `" in check else ("abort", "")
+
+
 def server_refusal(refused: tuple[str, ...]) -> str | None:
     """The command an RPC server refused, as signatures say it (``refused GRAPH_RECOMPUTE``), from
     what it said (``RpcServers.refusals``): ``rpc_server.c``'s "closed the connection after command

@@ -15,6 +15,7 @@ from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+from pytest_schedfuzz.properties.base import Violation
 from pytest_schedfuzz.properties.derived import llama_trace
 from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
 from pytest_schedfuzz.strategies import sampled
@@ -628,6 +629,34 @@ def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_
     assert died.facts["server"] == "was killed by SIGSEGV" and died.signature() != refused.signature()
     (first,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(0, "abort", rpc)))
     assert first.facts["server"] == "refused after -"
+
+
+def test_a_kernel_assert_is_one_signature_whichever_process_ran_the_device() -> None:
+    """A ggml kernel's assert that kills the worker (the CPU, a GPU-like device) and the same
+    assert killing an RPC server (the client then aborts) are one cause: split mode tensor's NaN
+    kept by the meta backend's SCALE-by-0 asserts in fused RMS_NORM on whichever devices were
+    drawn. A ``GGML_ASSERT`` in a server is signed as the worker's abort would be; a server killed
+    without an assert (a segfault) keeps how it died, and a different assert stays apart."""
+    norm = ("/b/ggml/src/ggml-cpu/ops.cpp:4150: void ggml_compute_forward_rms_norm_f32(const ggml_compute_params*, ggml_tensor*, ggml_tensor*) "
+            "[with ggml_rms_norm_fuse_op FUSE_OP = GGML_RMS_NORM_FUSE_OP_MUL]: Assertion `scale > 0.0f' failed.")
+    rpc = "/b/ggml/src/ggml-rpc/ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed response"
+
+    def signed(kind: str, message: str, servers: tuple[str, ...] = (), phase: str = "") -> Violation:
+        (v,) = LLAMA_CHECKS["llama-no-abort"](STEADY, LlamaTrace((), LlamaAbort(1, kind, message, phase=phase, servers=servers)))
+        return v
+
+    worker = signed("crash", f"the worker was killed by SIGABRT\npython: {norm}")
+    server = signed("abort", f"{rpc}\nRPC server 127.0.0.1:1 was killed by SIGABRT; its last output:\nschedfuzz-rpc-server: {norm}",
+                    ("127.0.0.1:1: killed by SIGABRT",), phase="compute")
+    assert worker.signature() == server.signature() and server.facts["kind"] == "crash" and "server" not in server.facts
+    assert "Remote RPC server crashed" in server.message  # what the client said stays in the message
+    ggml_assert = "/b/ggml/src/ggml.c:1700: GGML_ASSERT(ggml_can_mul_mat(a, b)) failed"
+    in_worker = signed("abort", ggml_assert, phase="compute")
+    in_server = signed("abort", f"{rpc}\nRPC server 127.0.0.1:1 was killed by SIGABRT; its last output:\nschedfuzz-rpc-server: {ggml_assert}",
+                       ("127.0.0.1:1: killed by SIGABRT",), phase="compute")
+    assert in_worker.signature() == in_server.signature() != worker.signature()
+    segv = signed("abort", f"{rpc}\nRPC server 127.0.0.1:1 was killed by SIGSEGV", ("127.0.0.1:1: killed by SIGSEGV",), phase="compute")
+    assert segv.facts["server"] == "was killed by SIGSEGV" and segv.signature() != server.signature()
 
 
 
