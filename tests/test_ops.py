@@ -8,7 +8,7 @@ import pytest
 from pytest_schedfuzz.ggml import graph_ops
 from pytest_schedfuzz.model import ops
 from pytest_schedfuzz.model.graph_spec import TensorSpec
-from pytest_schedfuzz.model.versions import VERSIONS
+from pytest_schedfuzz.model.versions import BUILT_INS
 
 
 @pytest.mark.parametrize("op", ops.OPS.values(), ids=list(ops.OPS))
@@ -43,7 +43,7 @@ def test_the_c_and_the_export_take_the_same_build() -> None:
     assert _c_op(scan, [f"T[{i}]" for i in range(7)], "0.15.3").endswith("T[6])")
     with pytest.raises(ExportError, match="GGML_OP_TOP_K is ggml 0.25.3's"):
         _c_op(TensorSpec("k", op="top_k", type="i32", ne=(3,), args=("x",), params=(("k", 3),)), ["T[0]"], "0.15.3")
-    assert {v.version: ops.OPS["clamp"].unsupported(v) for v in VERSIONS} == {"0.25.3": None, "0.15.3": "ggml 0.15.3's ggml_clamp works in place"}
+    assert {v.version: ops.OPS["clamp"].unsupported(v) for v in BUILT_INS} == {"0.25.3": None, "0.15.3": "ggml 0.15.3's ggml_clamp works in place"}
 
 
 def test_a_captured_node_reads_back_through_the_table() -> None:

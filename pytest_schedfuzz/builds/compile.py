@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..files import cache_dir
-from ..model.versions import VERSIONS
+from ..model.versions import BUILT_INS
 from .installed import installed_folder
 
 # built-in -> (distribution, version, the folder inside its source distribution): each ggml's
 # (model.versions), and the llama.cpp the seeds' build patches (seed)
-SOURCES = {**{v.built_in: v.source for v in VERSIONS}, "llama.cpp-0.3.36": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp")}
+SOURCES = {**{v.built_in: v.source for v in BUILT_INS}, "llama.cpp-0.3.36": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp")}
 
 # requirements.txt's compiler flags for llama-cpp-python: optimized, but without NDEBUG (a Debug
 # build: asserts and ggml's debug log kept) and without inlining or sibling calls, so that a
@@ -215,7 +215,7 @@ def ggml_source_location(lib_file: str) -> str | Path:
         if name not in SOURCES:
             raise BuildError(f"{lib_file}: its build ({name}) kept no ggml source in {kept}; build it again")
         return name
-    for v in VERSIONS:  # an installed built-in: its package's lib/
+    for v in BUILT_INS:  # an installed built-in: its package's lib/
         if f"/site-packages/{v.package}/" in str(path):
             return v.built_in
     for folder in path.parents:

@@ -22,7 +22,7 @@ def has_ggml(folder: Path) -> bool:
 
 
 def installed_folder(name: str) -> Path:
-    """The library folder of the installed built-in ``name`` (``model.versions.VERSIONS``): the
+    """The library folder of the installed built-in ``name`` (``model.versions.BUILT_INS``): the
     ``lib/`` of the Python package that holds it (ggml-python's own ``ggml``, the libraries
     llama-cpp-python built); ``LibError`` where it is not installed."""
     v = built_in(name)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from reference.versions import version_key
-
 from ..cases.corpus import Case, CaseError, case_files, component, load_case
+from ..model.versions import version_key
 from .stats import Stats
 
 

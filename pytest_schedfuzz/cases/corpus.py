@@ -24,13 +24,12 @@ from typing import Any
 
 import jsonschema
 
-from reference.versions import version_key
-
 from ..builds.names import recorded_build
 from ..files import atomic_write
 from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError, nelements
+from ..model.versions import version_key
 from ..properties import PROPERTY_IDS, is_llama
 from ..sim.driver import Workload
 

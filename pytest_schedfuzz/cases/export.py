@@ -128,7 +128,7 @@ def _c_op(t: TensorSpec, a: Sequence[str], version: str) -> str:
         ne, ints, reals = ops.fields(t.op, t.param, _TYPE_CODES, v)
     except ops.NotInVersion as e:
         raise ExportError(f"tensor {t.name!r}: {e}") from None
-    record = ops.Record(ne, ints, [None if x == "NULL" else x for x in a], bool(t.param("inplace")), v.ssm_scan_takes_k)
+    record = ops.Record(ne, ints, [None if x == "NULL" else x for x in a], bool(t.param("inplace")), v.calls.ssm_scan_takes_k)
     build = op.build_for(record)
     return f"{build.fn}({', '.join(['ctx', *(_c_arg(tok, a, ne, ints, reals) for tok in build.args)])})"
 

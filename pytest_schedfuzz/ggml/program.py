@@ -133,7 +133,7 @@ def _op_flags(version: GgmlVersion) -> dict[str, int]:
     """Each op's record flags: named, and where a build of it asks ``k_given``, whether ``version``'s
     ``ggml_ssm_scan`` takes K."""
     GP = GraphProgram
-    k = version.ssm_scan_takes_k
+    k = version.calls.ssm_scan_takes_k
     return {op.name: GP.NAME | (GP.NEW_K if k and any(b.when == "k_given" for b in op.builds) else 0) for op in ops.OPS.values()}
 
 

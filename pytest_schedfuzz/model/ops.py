@@ -111,7 +111,7 @@ class Op:
     unary: bool = False  # a GGML_OP_UNARY kind: ggml_op_name says UNARY, ggml_op_desc its kind
     inplace: bool = False  # an ``_inplace`` constructor, whose result views its first source
     record: Recorder = no_fields  # its record's fields (``ggml.program``)
-    needs: tuple[str, str] = ()  # a ``GgmlVersion`` feature its encoding needs, and what lacks it
+    needs: tuple[str, str] = ()  # a ``GgmlApi`` feature its encoding needs, and what lacks it
     to_srcs: Callable[[Args], Args] | None = None  # ggml's src[] from the arguments (None: in order)
     from_srcs: Callable[[Args], Args] | None = None  # the arguments from a captured node's src[] (None: in order)
     from_node: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # its parameters from a captured node
@@ -143,7 +143,7 @@ class Op:
 
     def unsupported(self, version: GgmlVersion) -> str | None:
         """Why ``version``'s API cannot build it, or None."""
-        if self.needs and not getattr(version, self.needs[0]):
+        if self.needs and not getattr(version.calls, self.needs[0]):
             return self.needs[1]
         return None
 

@@ -261,15 +261,20 @@ def test_ggml_s_own_figures_show_a_graph_copy_that_the_shared_rule_hides() -> No
     assert found[planted] == ["matches-reference[what=ggml-graph-size]", "matches-reference[what=derived-graph-size]", "matches-reference[what=buffers]"]
 
 
-def test_each_built_in_ggml_is_one_entry_of_the_versions_table_and_has_the_references_rules() -> None:
-    """A ggml version is one entry of ``ggml/versions.py`` (its built-in's name and source, the API
-    the engine and the exporter write calls for) and its ``Rules`` here, under the same version;
-    the built-in names and sources are derived from the table."""
+def test_each_ggml_version_is_one_entry_of_the_versions_table_and_has_the_references_rules() -> None:
+    """A ggml version is one entry of ``model/versions.py`` (a built-in's name, source and the API
+    the engine and the exporter write calls for; the published source of the others) and its
+    ``Rules`` here, keyed by the same version; the built-in names and sources are derived from the
+    table, and the engine's API and the reference's rules fall back to a version they lack by one
+    rule (``nearest``: the newest not newer, else the oldest)."""
     from pytest_schedfuzz.builds.compile import SOURCES
     from pytest_schedfuzz.ggml.lib import BUILT_IN
-    from pytest_schedfuzz.model.versions import VERSIONS, version_of
+    from pytest_schedfuzz.model.versions import BUILT_INS, VERSIONS, version_of
 
-    assert all(v.version in RULES for v in VERSIONS)
-    assert BUILT_IN == ("ggml-0.25.3", "ggml-0.15.3") and all(SOURCES[v.built_in] == v.source for v in VERSIONS)
-    assert [version_of(v).built_in for v in ("0.15.3", "0.25.3", "0.26.0", "unknown (the library has no ggml_version())")] == [
-        "ggml-0.15.3", "ggml-0.25.3", "ggml-0.25.3", "ggml-0.25.3"]
+    assert sorted(RULES) == sorted(v.version for v in VERSIONS) and NEWEST.version == VERSIONS[0].version
+    assert BUILT_IN == ("ggml-0.25.3", "ggml-0.15.3") and all(SOURCES[v.built_in] == v.source for v in BUILT_INS)
+    assert all(v.api is not None for v in BUILT_INS)
+    asked = ("0.15.3", "0.25.3", "0.26.0", "0.24.0", "0.20.0", "unknown (the library has no ggml_version())")
+    assert [version_of(v).built_in for v in asked] == ["ggml-0.15.3", "ggml-0.25.3", "ggml-0.25.3", "ggml-0.15.3", "ggml-0.15.3", "ggml-0.15.3"]
+    # the same rule, over the versions each has: the API's built-ins, the reference's rules
+    assert [rules_for(v)[0].version for v in asked] == ["0.15.3", "0.25.3", "0.26.0", "0.24.0", "0.15.3", "0.15.3"]
