@@ -58,14 +58,19 @@ def _unswitched(v: props.Violation) -> dict[str, object]:
 
 def _same_without(w: LlamaWorkload, v: props.Violation, calls: list[int], run: LlamaRun) -> tuple[LlamaWorkload, props.Violation] | None:
     """``w`` without ``calls`` and the violation there that is ``v`` (the same call re-planning the
-    same way, its switches aside), or None: the workload is not valid without them, or it differs."""
+    same way, its switches aside, after the same call lost the reservation: where a later call
+    loses it instead, another switch of the same kind left in the workload did, and naming the
+    switch before that call would name the wrong one), or None: the workload is not valid without
+    them, or it differs."""
     fewer = replace(w, calls=tuple(c for i, c in enumerate(w.calls) if i not in calls))
     try:
         fewer.validate()
     except WorkloadError:  # the calls after them need them (a checkpoint, an attached adapter)
         return None
     step = v.step - sum(i < v.step for i in calls)
-    same = [u for u in llama_no_same_size_realloc(fewer, run(fewer)) if u.step == step and _unswitched(u) == _unswitched(v)]
+    lost_at = None if v.lost_at is None else v.lost_at - sum(i < v.lost_at for i in calls)
+    same = [u for u in llama_no_same_size_realloc(fewer, run(fewer))
+            if u.step == step and u.lost_at == lost_at and _unswitched(u) == _unswitched(v)]
     return (fewer, same[0]) if same else None
 
 
@@ -95,6 +100,6 @@ def switches_told_apart(workload: LlamaWorkload, found: list[props.Violation], r
             w, now = fewer
         if dropped:
             v = props.Violation(v.property, v.step, f"{v.message} (signed without {', '.join(dropped)}: the same call re-plans the same way "
-                                f"without {'it' if len(dropped) == 1 else 'them'})", now.facts, now.switch)
+                                f"without {'it' if len(dropped) == 1 else 'them'})", now.facts, now.switch, v.lost_at)
         out.append(v)
     return out, reruns

@@ -27,6 +27,9 @@ class Violation:
     # the llama.cpp switch call a lost reservation's signature names (``after set_…``): a rerun
     # without it tells whether it is the cause (``campaign.causes.switches_told_apart``)
     switch: int | None = None
+    # the call whose re-plan replaced the worst-case reservation's plan (a lost reservation's): a
+    # rerun without a switch shows the same cause only where the same call loses it
+    lost_at: int | None = None
 
     def signature(self) -> str:
         """Property id plus the minimal distinguishing facts: what a corpus case must keep."""

@@ -108,6 +108,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
                     elif switched and switch is None:  # no switch call, no other kind of graph: the batch did it
                         facts["topology"] = f"switch by {topology_cause(r, x)}"
             else:
+                x_call = None
                 how = "not-dominating"
                 switches = [i for i in range(max(r_call, 0), call) if i < len(w.calls) and w.calls[i].kind.startswith("set_")]
                 changed = (f"; the graph was changed without a new reservation by {', '.join(call_name(w, i) for i in switches)}"
@@ -123,7 +124,7 @@ def llama_no_same_size_realloc(w: LlamaWorkload, trace: LlamaTrace) -> list[Viol
             # target's; draft-simple's context runs the same kind of model as the target: the same graphs, the same causes
             if s.context and w.draft == "mtp":
                 facts = {"context": "draft"} | facts
-            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts, switch))
+            out.append(Violation("llama-no-same-size-realloc", max(call, 0), f"{head} — {why}", facts, switch, x_call))
         plan[s.sched] = (call, s)
         if s.sched in reserved:
             replaced.setdefault(s.sched, (call, s))

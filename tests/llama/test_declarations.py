@@ -255,3 +255,53 @@ def test_a_call_a_build_lacks_is_absent_from_its_workloads_never_emulated(tmp_pa
         assert all(c.kind != "set_warmup" for c in drawn.calls)
 
     none_drawn()
+
+
+def _mamba2_embeddings_server(calls: list[dict[str, object]]) -> LlamaWorkload:
+    """A Mamba-2 model on one RPC device, its context made with embeddings on (pooling none)."""
+    return LlamaWorkload.from_json({
+        "model": {"arch": "mamba2", "kind": "mamba2", "n_ctx_train": 4096, "n_embd": 16, "n_expert": 0, "n_expert_used": 0, "n_ff": 32,
+                  "n_head": 1, "n_head_kv": 1, "n_layer": 1, "seed": 0, "ssm_conv": 2, "ssm_head_dim": 8},
+        "devices": {"n_gpu_layers": 99, "n_rpc": 1},
+        "ctx": {"embeddings": True, "pooling": "none", "flash_attn": "off", "n_batch": 8, "n_ctx": 256, "n_seq_max": 1, "n_ubatch": 8,
+                "offload_kqv": True, "op_offload": False, "type_k": "f16", "type_v": "f16", "sampler_chain": "greedy",
+                "backend_samplers": False, "kv_unified": False},
+        "calls": calls})
+
+
+@pytest.mark.engine
+def test_b11739s_embeddings_switch_reorders_the_leafs_and_is_named_where_another_switch_followed() -> None:
+    """On b11739 ``llama_set_embeddings`` changes the order in which the graph's leafs are walked
+    (the output weight last with embeddings on) without a new reservation; ggml compares leaf
+    backends by position, so the next smaller decode re-plans and loses the reservation. What
+    moved is told as the order (``leaf reordered``: the same leafs on the same devices), whichever
+    leaf the shift put first, in both directions; and where the workload toggles embeddings twice
+    and a ``set_warmup`` follows, the switch named is the one before the call that lost the
+    reservation (the nightly first named set_warmup: a rerun without the first toggles lost it
+    later, after the second)."""
+    from pytest_schedfuzz.campaign.causes import switches_told_apart
+    from pytest_schedfuzz.properties.llama import LLAMA_CHECKS
+
+    one, two = ({"kind": "decode", "parts": [{"seq": 0, "n_tokens": n, "outputs": "last"}]} for n in (1, 2))
+    target = LlamaTarget(UPSTREAM)
+    try:
+        run = lambda w: llama_trace(target.run(w))  # noqa: E731
+        signed = {}
+        for flag in (False, True):
+            w = _mamba2_embeddings_server([{"kind": "set_embeddings", "flag": flag}, one, two])
+            if flag:  # from a context made without embeddings
+                w = replace(w, ctx=replace(w.ctx, embeddings=False))
+            (v,) = [v for v in LLAMA_CHECKS["llama-no-same-size-realloc"](w, run(w)) if v.facts.get("explained") == "lost"]
+            signed[flag] = v.facts["lost_by"]
+            assert "(reordered)" in v.message
+        assert signed == {False: "decode after set_embeddings(false): changed (leaf reordered)",
+                          True: "decode after set_embeddings(true): changed (leaf reordered)"}
+        emb, causal = {"kind": "set_embeddings"}, {"kind": "set_causal_attn"}
+        w = _mamba2_embeddings_server([one, emb, emb, causal, *[one] * 4, emb, {"kind": "seq_rm", "n": -1},
+                                       {"kind": "set_warmup", "flag": True}, *[one] * 10, two])
+        lost = [v for v in LLAMA_CHECKS["llama-no-same-size-realloc"](w, run(w)) if v.facts.get("explained") == "lost"]
+        found, reruns = switches_told_apart(w, lost, run, frozenset())
+        assert reruns >= 2 and [v.facts["lost_by"] for v in found if v.step == 21] == [
+            "decode after set_embeddings(false): changed (leaf reordered)"]
+    finally:
+        target.close()
