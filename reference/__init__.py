@@ -1,5 +1,6 @@
 """The reference scheduler: an independent model of ggml's ``ggml_backend_sched`` and
-``ggml-alloc``, for ggml 0.15.3, 0.25.3 and 0.26.0 (whose rules are 0.25.3's).
+``ggml-alloc``, for the ggml versions of the project's table (``pytest_schedfuzz.model.versions``:
+0.15.3, 0.23.0, 0.24.0, 0.25.3 and 0.26.0, whose rules are 0.25.3's).
 
 ``reference.predict.predict(scenario, rules)`` says what the real scheduler must do at every step;
 ``reference.sched`` holds the passes, ``reference.alloc`` ggml-alloc, ``reference.backends`` what
