@@ -21,6 +21,9 @@ Run = Callable[[Scenario], Trace]
 LlamaRun = Callable[[LlamaWorkload], LlamaTrace]
 
 _AFTER = re.compile(r" after \w+\(\w+\)")
+# a topology switch with no switch call before it is signed by what switched it (``switch by
+# tokens``): without the switch, the same switch is that
+_SWITCH_BY = re.compile(r"^switch by \w+$")
 MAX_SWITCH_RERUNS = 3  # per finding: each switch before the re-plan, the last first
 
 
@@ -53,7 +56,9 @@ def causes_told_apart(scenario: Scenario, prediction: Trace, found: list[props.V
 
 
 def _unswitched(v: props.Violation) -> dict[str, object]:
-    return {k: _AFTER.sub("", str(x)) for k, x in v.facts.items()}
+    """``v``'s facts without what naming a switch call adds to them: its name in ``lost_by``, and
+    the ``by …`` a topology switch has only where no switch call came before it."""
+    return {k: _SWITCH_BY.sub("switch", _AFTER.sub("", str(x))) if k == "topology" else _AFTER.sub("", str(x)) for k, x in v.facts.items()}
 
 
 def _same_without(w: LlamaWorkload, v: props.Violation, calls: list[int], run: LlamaRun) -> tuple[LlamaWorkload, props.Violation] | None:

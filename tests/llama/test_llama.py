@@ -814,6 +814,31 @@ def test_a_switch_beside_the_point_is_not_named_and_a_causal_one_is(target) -> N
 
 
 @pytest.mark.engine
+def test_a_switch_before_a_topology_switch_of_the_batch_is_not_named(target) -> None:
+    """LFM2 with ``n_rs_seq`` 1 writes ``min(n_tokens, n_rs_seq + 1)`` state snapshots, so a
+    one-token ubatch has three nodes fewer than the reserved graph: a topology switch by the batch
+    (``switch by tokens``). A ``set_causal_attn`` made before it changes no graph: the rerun
+    without it shows the same switch, and it is not named (before, the rerun's ``switch by
+    tokens`` against the first signing's ``switch`` kept every switch named)."""
+    from pytest_schedfuzz.campaign.causes import switches_told_apart
+
+    one, two, three = ({"kind": "decode", "parts": [{"seq": 0, "n_tokens": n, "outputs": "last"}]} for n in (1, 2, 3))
+    w = LlamaWorkload.from_json({
+        "model": {"arch": "lfm2", "attn_layers": [0], "kind": "lfm2", "n_ctx_train": 4096, "n_embd": 16, "n_expert": 0, "n_expert_used": 0,
+                  "n_ff": 32, "n_head": 1, "n_head_kv": 1, "n_layer": 2, "seed": 0, "ssm_conv": 3},
+        "devices": {"n_gpu_layers": 0, "n_rpc": 0},
+        "ctx": {"n_rs_seq": 1, "n_batch": 8, "n_ubatch": 8, "n_ctx": 256, "n_seq_max": 1, "flash_attn": "off", "offload_kqv": True,
+                "op_offload": False, "type_k": "f16", "type_v": "f16", "sampler_chain": "greedy", "backend_samplers": False,
+                "kv_unified": False, "embeddings": False, "pooling": "none"},
+        "calls": [two, {"kind": "set_causal_attn"}, one, two, three]})
+    run = lambda w: llama_trace(target.run(w))  # noqa: E731
+    lost = [v for v in LLAMA_CHECKS["llama-no-same-size-realloc"](w, run(w)) if v.facts.get("explained") == "lost"]
+    assert lost and lost[0].facts["lost_by"].startswith("decode after set_causal_attn(false)") and lost[0].facts["topology"] == "switch"
+    found, reruns = switches_told_apart(w, lost, run, frozenset())
+    assert reruns >= 1 and found[0].facts["lost_by"].startswith("decode: ") and found[0].facts["topology"] == "switch by tokens"
+
+
+@pytest.mark.engine
 def test_speculative_servers_draft_verify_and_roll_back_in_both_contexts(target) -> None:
     """Workloads of the MTP family alone (issue 47): an MTP draft context beside the target,
     speculative steps drafted there or from n-gram tables, rolled back, the MTP layer on a
