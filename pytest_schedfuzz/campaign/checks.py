@@ -75,7 +75,7 @@ class Checks:
     def _reference(self, scenario: Scenario) -> Trace:
         return reference_predict(scenario, rules=self.rules)
 
-    def check_llama(self, prop: str, workload: LlamaWorkload, cpu_run: bool = False) -> list[props.Violation]:
+    def check_llama(self, prop: str, workload: LlamaWorkload, cpu_run: bool = False, replayed: bool = False) -> list[props.Violation]:
         """Every violation of ``prop`` (``LLAMA_GROUP``: of every property in ``llama_judged``)
         on one run of a workload on llama.cpp. An abort is reported by llama-no-abort only:
         llama.cpp aborts on some configurations at once, and that one bug must not stop the
@@ -105,7 +105,7 @@ class Checks:
             raise TargetError("harness error (not llama.cpp): " + "; ".join(unmade) + f"\nworkload: {workload.describe()}")
         found = [v for p in judged if p in LLAMA_CHECKS for v in LLAMA_CHECKS[p](workload, trace)]
         known = self.known.signatures(True)
-        found, reruns = switches_told_apart(workload, found, self.engines.run_llama, known)
+        found, reruns = switches_told_apart(workload, found, self.engines.run_llama, frozenset() if replayed else known)  # a replay: in full
         self.stats.llama_switch_reruns += reruns
         # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) is compiled out of a Release build (NDEBUG): there, without the
         # callback, a same-size decision stays derived, unconfirmed
@@ -250,14 +250,14 @@ class Checks:
             # a case found in llama-same-logits' CPU-only run is replayed with that run
             cpu_run = f"run={props.CPU_ONLY}" in case.signature
             try:
-                found = self.check_llama(case.property, case.llama, cpu_run)
+                found = self.check_llama(case.property, case.llama, cpu_run, replayed=True)
                 if ("kind=crash" in case.signature or "server=" in case.signature) and all(v.signature() != case.signature for v in found):
                     # confirmed on a fresh worker (and servers), it may need one: what earlier
                     # workloads left in the worker's memory can hide a crash (a kernel reading a
                     # slice nothing wrote), and a server they left busy moves the phase in which
                     # the client notices a refusal
                     self.engines.llama_target.fresh()
-                    found = self.check_llama(case.property, case.llama, cpu_run)
+                    found = self.check_llama(case.property, case.llama, cpu_run, replayed=True)
                 return found
             except Unsupported:  # a shrunk candidate whose context no longer fits its devices: it shows nothing
                 if strict:  # a build that cannot run the case (``tools.history``): no verdict, said by the caller

@@ -28,9 +28,6 @@ class KnownBugs:
         # the corpus's new findings nobody has triaged (``Case.untriaged``), by kind: found again while
         # fuzzing they are seen again, not new (their corpus item fails the run while they reproduce)
         self.untriaged: dict[bool, set[str]] = {False: set(), True: set()}
-        # signatures treated as unknown while a case is signed again (``commands.resign``): its own, so
-        # that the reruns a new finding gets (``causes.switches_told_apart``) sign it as today's judges do
-        self.hidden: set[str] = set()
         self._by_kind: dict[bool, set[str]] = {}
         self._elsewhere: dict[str, tuple[str, ...]] | None = None  # ``elsewhere``'s, made once
 
@@ -88,7 +85,7 @@ class KnownBugs:
     def signatures(self, llama: bool) -> set[str]:
         """Everything not to report again: the expected bugs, the corpus's untriaged findings and
         the campaign's findings."""
-        return (self.expected(llama) | self.untriaged[llama] | self.campaign) - self.hidden
+        return self.expected(llama) | self.untriaged[llama] | self.campaign
 
     def unknown_version_note(self, llama: bool) -> str | None:
         """A line for the header where the ggml version of the engine that runs llama.cpp workloads

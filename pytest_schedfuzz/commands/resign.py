@@ -60,7 +60,6 @@ def resign(args: argparse.Namespace) -> int:
             if (llama and case.expected_failure_on(version, fuzzer.engines.llama_build()) is None) or off is not None:
                 continue
             before.add(case.signature)
-            fuzzer.known.hidden = {case.signature}  # signed as a new finding would be
             try:
                 found = fuzzer.replay(case) if case.scenario is None else fuzzer.check_until_shown(case, case.scenario)
             except Unsupported as e:

@@ -23,6 +23,7 @@ from ..model.trace import UNOBSERVABLE
 from ..process.channel import Channel
 from . import graph_records
 from .allocator import allocator_decision
+from .leaf_order import reordered
 from .structs import CGraphHead, RawTensor
 
 (HOOK_SCHED_NEW, HOOK_RESERVE_BEGIN, HOOK_RESERVE_END, HOOK_ALLOC_BEGIN, HOOK_ALLOC_END, HOOK_SCHED_FREE, HOOK_SPLIT_BEGIN, HOOK_SPLIT_END,
@@ -48,17 +49,6 @@ PLACEMENT = re.compile(r"using device \S+ \(|offloaded \d+/\d+ layers to GPU|buf
                        r"retrying without pipeline parallelism|Flash Attention (?:enabled|not supported)|"
                        r"MoE cache size = |MoE cache is disabled|MoE cache budget is too small")
 
-
-def _reordered(prev_names: list[str], prev_ids: list[int], names: list[str], ids: list[int], at: int) -> bool:
-    """Whether leaf ``at`` changed backend only because the leafs are in another order: another
-    leaf sits there than at the last split, and the graph has the same leafs, each on the same
-    backend as before (ggml compares by position, so a leaf walked earlier shifts the rest).
-
-    >>> _reordered(["a", "w"], [1, 0], ["w", "a"], [0, 1], 0), _reordered(["a", "w"], [1, 0], ["a", "w"], [1, 1], 1)
-    (True, False)
-    """
-    return (len(prev_names) == len(prev_ids) and at < len(prev_names) and prev_names[at] != names[at]
-            and sorted(zip(prev_names, prev_ids)) == sorted(zip(names, ids)))
 
 class HarnessError(RuntimeError):
     """The harness failed inside a callback (or could not read ggml's log): the call cannot be judged."""
@@ -116,8 +106,7 @@ class GraphReading:
     scheds: dict[int, int]
     log: SchedLog
     last_counts: dict[int, dict[str, int]]
-    last_backends: dict[tuple[int, str], list[int]]
-    last_leafs: dict[int, list[str]]
+    last_backends: dict[tuple[int, str], list[Any]]
 
     def _backends(self, sched: int) -> list[tuple[str, int]]:
         """The scheduler's backends in priority order: (name, buffer type)."""
@@ -129,13 +118,9 @@ class GraphReading:
         return out
 
     def _read_split(self, sched: int, graph: int) -> dict[str, Any]:
-        """What one ``ggml_backend_sched_split_graph`` did: the graph's counts and input shapes,
-        the splits ggml printed, and the graph size; ``moved``: the first node (then leaf) whose
-        backend (buffer type) differs from the previous split_graph's at its position, as ggml
-        compares them in ``alloc_splits`` (it compares its graph copy; this names a tensor of the
-        graph, or says that none at a common position moved). A leaf whose position holds another
-        leaf than before, where the graph has the same leafs on the same backends in another order,
-        moved only by that order (``reordered``: the graph was walked in another order)."""
+        """What one ``ggml_backend_sched_split_graph`` did: counts, input shapes, splits printed, graph size;
+        ``moved``: the first node (then leaf) whose backend (buffer type) differs at its position from the last
+        split_graph's, as ``alloc_splits`` compares them (or none; ``reordered``: moved by the leafs' order)."""
         sid = self.scheds.get(sched, -1)
         s = ctypes.c_void_p(sched)
         n_splits = int(self.glib.ggml_backend_sched_get_n_splits(s))
@@ -146,20 +131,17 @@ class GraphReading:
         n_prev = len(self.last_backends.get((sid, "node"), []))
         moved, by_offload = "", False
         leaf_names = [self._name(t) for t in ctypes.cast(head.leafs, ctypes.POINTER(ctypes.c_void_p))[:head.n_leafs]]
-        prev_leafs, self.last_leafs[sid] = self.last_leafs.get(sid, []), leaf_names
+        prev_leafs, self.last_backends[(sid, "leaf name")] = self.last_backends.get((sid, "leaf name"), []), leaf_names
         for what, array, n in (("node", head.nodes, head.n_nodes), ("leaf", head.leafs, head.n_leafs)):
             tensors = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
             ids = self._backend_ids(sched, array, n)
-            key = (sid, what)
-            prev, self.last_backends[key] = self.last_backends.get(key, []), ids
+            prev, self.last_backends[(sid, what)] = self.last_backends.get((sid, what), []), ids
             if not moved:
                 for i, (was, now) in enumerate(zip(prev, ids)):
                     if was != now and min(was, now) >= 0 and names[was][1] != names[now][1]:
-                        kind = self._kind(what, tensors[i])
-                        if what == "leaf" and _reordered(prev_leafs, prev, leaf_names, ids, i):
-                            kind = "reordered"
-                        moved = f"{what} {self._name(tensors[i])} ({kind}): #{was} {names[was][0]} -> #{now} {names[now][0]}"
-                        by_offload = what == "node" and self._reads_host_weight(tensors[i], g["host_weights"])
+                        kind = "reordered" if what == "leaf" and reordered(prev_leafs, prev, leaf_names, ids, i) else self._kind(what, tensors[i])
+                        moved, by_offload = f"{what} {self._name(tensors[i])} ({kind}): #{was} {names[was][0]} -> #{now} {names[now][0]}", \
+                            what == "node" and self._reads_host_weight(tensors[i], g["host_weights"])
                         break
         if not moved:
             moved = f"no node or leaf at a common position (a graph of {head.n_nodes} nodes after one of {n_prev})"
@@ -330,8 +312,7 @@ class Observation(GraphReading):
         self.want_logits = False  # record each decode's logits (llama-same-logits)
         self.logits: list[list[float]] = []  # of the call being made
         self.last_counts: dict[int, dict[str, int]] = {}  # sched id -> SizeCounts of its last split_graph
-        self.last_backends: dict[tuple[int, str], list[int]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph
-        self.last_leafs: dict[int, list[str]] = {}  # sched id -> its last split_graph's leafs' names, in order
+        self.last_backends: dict[tuple[int, str], list[Any]] = {}  # (sched id, node|leaf) -> each one's backend at its last split_graph; (sched id, "leaf name") -> the leafs' names
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
         self.outer: str | None = None  # the scheduler call a split_graph happens in
         self.computing = False  # inside ggml_backend_sched_graph_compute_async (an abort's phase)

@@ -116,7 +116,7 @@ def replan_reason(x: SchedCall, r: SchedCall) -> str:
 
 def moved_kind(moved: str) -> str:
     """The kind of tensor that moved (``node OP``, ``leaf input``, ``leaf weight``; ``leaf reordered``:
-    the same leafs in another order, ``observe._reordered``) from the worker's
+    the same leafs in another order, ``leaf_order.reordered``) from the worker's
     "node NAME (KIND): #0 RPC0[...] -> #2 CPU": neither its name (the model's) nor the devices
     (drawn: the same tensor moves to the CPU or to another device by the layout) are the cause.
 
