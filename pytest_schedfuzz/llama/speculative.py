@@ -300,19 +300,21 @@ class ModelDraft(DraftContext):
 
     def draft(self, seq: int, tokens: Sequence[tuple[int, int]]) -> int | str:
         """The last token and the drafts (``tokens``: token, position) decoded one at a time,
-        then dropped again; a checkpoint first where ``seq_rm`` cannot drop 1 + n positions."""
+        then dropped again, also where one of them fails (a full cache: those decoded before it
+        would leave this context ahead of the target); a checkpoint first where ``seq_rm`` cannot
+        drop 1 + n positions."""
         self.step.pop(seq, None)
         if self.recurrent and len(tokens) + 1 > self.n_rs_seq:
             self.step[seq] = checkpoint(self.L, self.ctx, self.mem, seq)
             if self.step[seq][0] is None:
                 return "the draft context's checkpoint failed (llama_state_seq_get_data_ext)"
+        rc: int | str = 0
         for tok, pos in tokens:
-            rc = self.decode([(tok, pos, seq, True)])
-            if rc:
-                return rc
+            if (rc := self.decode([(tok, pos, seq, True)])):
+                break
         if not self._drop(seq, tokens[0][1]):
             return f"the draft context could not drop its drafts ({'its checkpoint' if seq in self.step else 'llama_memory_seq_rm'})"
-        return 0
+        return rc
 
     def rejected(self, seq: int, k: int, keep: int) -> int | str:
         """The target dropped its rejected drafts by ``seq_rm`` from ``keep``: the same here, or

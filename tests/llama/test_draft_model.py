@@ -135,3 +135,22 @@ def test_the_reproducer_makes_the_draft_context_and_its_rollbacks(tmp_path: Path
     assert "DRAFT_MODEL = 1" in source and "cp.n_rs_seq = 0;" in source
     built = build_and_run(tmp_path / "repro")
     assert built.code == 1 and f"REPRODUCED: [{v.property}] call {v.step}" in built.output, built.output[-3000:]
+
+
+@pytest.mark.engine
+def test_a_draft_that_finds_no_slot_leaves_the_draft_context_where_the_target_is() -> None:
+    """A speculative step whose drafting finds the draft context's cache full (the 0.3.36 nightly's
+    harness error): the drafts decoded before the failing one are dropped again, so that the next
+    target batch's catch-up follows the draft context's positions (before: ``llama_decode`` -1 in
+    the draft context, an inconsistent position, for a valid workload)."""
+    ctx = replace(CTX, n_seq_max=1, n_rs_seq=0, n_batch=64, n_ubatch=32)
+    calls = (*[decode((0, 64, "none"))] * 3, decode((0, 63, "last")), Call("spec", seq=0, n=2, accept=2), decode((0, 1, "last")))
+    w = LlamaWorkload(ModelSpec(), Devices(), ctx, calls, draft="model", draft_model=DraftModel((), 99, 0))
+    w.validate()
+    f = Fuzzer(FuzzConfig(database=None))
+    try:
+        trace = llama_trace(f.engines.run_llama(w))
+        rcs = {c.index: c.rc for c in trace.calls if c.index >= 0}
+        assert trace.abort is None and rcs[4] == 1 and rcs[5] == 0, rcs  # the step found no slot; the next token decodes in both
+    finally:
+        f.close()
