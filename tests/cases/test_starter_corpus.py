@@ -79,7 +79,7 @@ def test_a_llama_crash_case_not_shown_on_the_shared_worker_is_played_again_on_a_
     runs: list[str] = []
     shown = [Violation(case.property, case.step, "x", {})]
     monkeypatch.setattr(Violation, "signature", lambda self: case.signature)
-    monkeypatch.setattr(f, "check_llama", lambda prop, w, cpu_run=False: (runs.append("run"), shown if "fresh" in runs else [])[1])
+    monkeypatch.setattr(f, "check_llama", lambda prop, w, cpu_run=False, replayed=False: (runs.append("run"), shown if "fresh" in runs else [])[1])
     monkeypatch.setattr(f.engines.llama_target, "fresh", lambda: runs.append("fresh"))
     try:
         assert f.replay(case) == shown and runs == ["run", "fresh", "run"]
