@@ -36,3 +36,14 @@ def first_finding_exported(w: LlamaWorkload, lib: str | None, tmp_path: Path) ->
     case = load_case(save_case(tmp_path, Case(v.property, v.signature(), None, v.message, v.step, engine=dict(trace.engine), llama=w)))
     export_llama_case(case, tmp_path / "repro", None, trace=trace)
     return v
+
+
+def first_finding_reproduced(w: LlamaWorkload, lib: str | None, tmp_path: Path) -> tuple[Violation, str]:
+    """``first_finding_exported``, then the reproducer built and run: it must report that finding
+    in its call. The finding and the reproducer's C source."""
+    from pytest_schedfuzz.cases.export import build_and_run
+
+    v = first_finding_exported(w, lib, tmp_path)
+    built = build_and_run(tmp_path / "repro")
+    assert built.code == 1 and f"REPRODUCED: [{v.property}] call {v.step}" in built.output, built.output[-3000:]
+    return v, (tmp_path / "repro" / "repro.c").read_text()

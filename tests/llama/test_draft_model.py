@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
-from llama_helpers import CTX, NEMOTRON, decode, first_finding_exported
+from llama_helpers import CTX, NEMOTRON, decode, first_finding_reproduced
 
 from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.compare import drawn
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.stats import llama_features
-from pytest_schedfuzz.cases.export import build_and_run
 from pytest_schedfuzz.model.llama import Call, Devices, DraftModel, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.profiles import FuzzConfig
@@ -130,11 +129,8 @@ def test_the_reproducer_makes_the_draft_context_and_its_rollbacks(tmp_path: Path
     # a step of 3 drafts with 1 accepted, then 5 with none: the target's ubatches switch topology by their sizes
     w = replace(SERVER, calls=(decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=3, accept=1), decode((1, 3, "all")),
                                decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=0), decode((0, 1, "last"), (1, 3, "last"))))
-    v = first_finding_exported(w, None, tmp_path)
-    source = (tmp_path / "repro" / "repro.c").read_text()
+    _, source = first_finding_reproduced(w, None, tmp_path)
     assert "DRAFT_MODEL = 1" in source and "cp.n_rs_seq = 0;" in source
-    built = build_and_run(tmp_path / "repro")
-    assert built.code == 1 and f"REPRODUCED: [{v.property}] call {v.step}" in built.output, built.output[-3000:]
 
 
 @pytest.mark.engine
