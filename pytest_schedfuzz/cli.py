@@ -69,6 +69,9 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     rs.add_argument("cases", nargs="+", help="case files or corpus directories")
     _engine_args(rs)
     rs.set_defaults(func="resign:resign")
+    mg = sub.add_parser("migrate", help="rewrite case files of an earlier format in today's, in place (a file that cannot be read is left as it is)")
+    mg.add_argument("cases", nargs="*", default=["corpus"], help="case files or corpus directories (default: ./corpus)")
+    mg.set_defaults(func="cases:migrate")
     kn = sub.add_parser("known", help="triage a new finding: make it a known upstream bug, with its explanation and the builds it was seen on",
                         description="turn a case saved as a new finding (expect: new) into a known bug (expect: {fail: ...}): later runs count it "
                                     "as seen again, not as a failure; a llama.cpp case is known on the build it was found on (and --on)")

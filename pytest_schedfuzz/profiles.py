@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .model.devices import DeviceLimits
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -17,14 +19,13 @@ class Profile:
     (``Fuzzer.examples_for``)."""
 
     examples: int
-    max_rpc: int
     max_steps: int
     budget: float | None  # seconds for the whole run: a cap
     derandomize: bool
+    # the most devices of each kind a layout holds (a build drops the kinds it cannot serve; BLAS is skipped where ggml has none)
+    devices: DeviceLimits = DeviceLimits.of(rpc=2, gpu=1)
     max_layers: int = 4  # llama-like graphs: layers, and extra elementwise ops per layer
     max_extra_ops: int = 0
-    blas: bool = False  # layouts with a BLAS backend (skipped where ggml has none)
-    max_gpu: int = 1  # GPU-like devices (``strategies.gpus``) per layout
     llama_examples: int = 60  # llama.cpp workloads (tiny models: ~10 per second), each judged by every llama property
     llama_layers: int = 3
     llama_calls: int = 24
@@ -38,19 +39,19 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    "dev": Profile(examples=15, max_rpc=1, max_steps=5, budget=None, derandomize=False, llama_examples=40,
+    "dev": Profile(examples=15, devices=DeviceLimits.of(rpc=1, gpu=1), max_steps=5, budget=None, derandomize=False, llama_examples=40,
                    about="local and fast, 15 examples a property (40 llama.cpp workloads), a random seed"),
     # ci: deterministic (seed 0) by counts: what the time shares of a 240 s run on two cores gave
     # (930 to 1,579 examples a graph property, 1,715 llama.cpp workloads at 8281bdf, ggml 0.25.3), less
     # a fifth, so that such a machine takes about 190 s; the budget only caps (a slower machine, or
     # a loaded one, is cut short: a verdict of its own). Two GPU-like devices: peer copies between
     # them, cpy_tensor_async
-    "ci": Profile(examples=800, max_rpc=2, max_steps=6, budget=600.0, derandomize=True, max_gpu=2, llama_examples=1200, min_examples=10,
+    "ci": Profile(examples=800, devices=DeviceLimits.of(rpc=2, gpu=2), max_steps=6, budget=600.0, derandomize=True, llama_examples=1200, min_examples=10,
                   about="seed 0, 800 examples a property and 1,200 llama.cpp workloads (about 190 s on 2 cores; capped at 600 s), "
                         "up to 2 RPC and 2 GPU-like devices"),
     # up to 32 layers of up to 250 nodes: llama-sized graphs of several thousand nodes
     "nightly": Profile(
-        examples=300, max_rpc=3, max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, blas=True, max_gpu=2, keep_going=True, size_oracle=True,
+        examples=300, devices=DeviceLimits.of(rpc=3, gpu=2, blas=1), max_steps=10, budget=None, derandomize=False, max_layers=32, max_extra_ops=200, keep_going=True, size_oracle=True,
         llama_examples=1000, llama_layers=6, llama_calls=48, min_examples=100,
         about="300 examples a property on graphs of up to 32 layers, keeps going after a finding, ggml's own figures on every scenario",
     ),

@@ -408,8 +408,9 @@ def _device_kind_tests(source: str, where: str) -> list[str]:
 
 def test_device_kinds_are_told_only_by_their_table() -> None:
     """A device kind is one entry of ``model.devices.DEVICE_KINDS``: no module compares a kind with
-    its name or keys a table by the names, but the engine's constructors (its half of each entry,
-    which the data package cannot import), checked here to cover the table exactly; a planted
+    its name or keys a table by the names, but the engine's constructors and the strategies' draws
+    (their halves of each entry, which the data package cannot import), checked here to cover the
+    table exactly; a planted
     comparison, membership test and table are caught, a backend made by its kind's name is not."""
     assert _device_kind_tests('if b.kind == "gpu":\n    pass\n', "planted") == ["planted:1: compares with the device kind(s) ['gpu']"]
     assert len(_device_kind_tests('own = spec.kind in ("rpc", "gpu")\n', "planted")) == 1
@@ -417,12 +418,15 @@ def test_device_kinds_are_told_only_by_their_table() -> None:
     assert _device_kind_tests('layout = BackendLayout.of("rpc", "cpu")\nspec = BackendSpec("gpu")\n', "planted") == []
     from pytest_schedfuzz.ggml.backends import CONSTRUCTORS
     from pytest_schedfuzz.model.devices import DEVICE_KINDS
+    from pytest_schedfuzz.strategies import LAYOUT_DRAWS
 
     assert list(CONSTRUCTORS) == list(DEVICE_KINDS)
-    constructors = PACKAGE / "ggml" / "backends.py"
+    # the strategies' half: every kind but the host, in the order a layout holds them (GPU-like devices first)
+    assert sorted(LAYOUT_DRAWS) == sorted(k.name for k in DEVICE_KINDS.values() if not k.host)
+    halves = {str(p.relative_to(ROOT)) for p in (PACKAGE / "ggml" / "backends.py", PACKAGE / "strategies" / "__init__.py")}
     found = [x for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]) if path != DEVICES_TABLE
              for x in _device_kind_tests(path.read_text(), str(path.relative_to(ROOT)))]
-    assert [x for x in found if not (x.startswith(str(constructors.relative_to(ROOT))) and "dict keyed" in x)] == []
+    assert [x for x in found if not (x.split(":")[0] in halves and "dict keyed" in x)] == []
 
 
 def test_every_exported_device_kind_has_its_c_constructor() -> None:

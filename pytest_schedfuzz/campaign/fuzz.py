@@ -15,7 +15,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -28,7 +27,8 @@ from reference.versions import Rules
 
 from .. import properties as props
 from ..engine import TargetError, Unsupported, gc_paused, gc_young_threshold
-from ..model.llama import MAX_GPU, OPTIONAL_PARAMS, LlamaWorkload
+from ..model.devices import DeviceLimits
+from ..model.llama import MAX_GPU, MAX_RPC, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
 from ..profiles import FuzzConfig, load_spec
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
@@ -128,25 +128,24 @@ class Fuzzer(Checks):
         p = self.profile
         if props.is_llama(prop):
             info = self.engines.llama_target.start()
-            gpus = MAX_GPU if info.get("gpu_device", "available") == "available" else 0
-            rpc = 0 if info.get("rpc_round_trip", "").startswith("absent") else min(2, p.max_rpc)  # RPC devices where the build can serve them
+            limits = DeviceLimits.of(rpc=min(MAX_RPC, p.devices["rpc"]), gpu=MAX_GPU).without(  # the kinds this build can serve
+                lambda k: (k.fake_gpu and info.get("gpu_device", "available") != "available") or (k.endpoint and info.get("rpc_round_trip", "").startswith("absent")))
             # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
             absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
                 frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
-            return llama_workloads(p.llama_layers, rpc, p.llama_calls, max_gpu=gpus, families=FAMILIES, absent=absent, draft_models=True)
-        if self.engines.gpu_device() != "available":
-            p = replace(p, max_gpu=0)
+            return llama_workloads(p.llama_layers, limits, p.llama_calls, families=FAMILIES, absent=absent, draft_models=True)
+        limits = p.devices if self.engines.gpu_device() == "available" else p.devices.without(lambda k: k.fake_gpu)
         d = props.PROPERTIES[prop].draws
         drawn: list[st.SearchStrategy[Workload | Scenario | LlamaWorkload]] = []
         if d.captured and self.captured_pool():
             pool = self.captured_pool()
-            drawn.append(captured_scenarios(pool, p.max_gpu, p.max_steps, self.policy) if d.captured == "scenarios"
-                         else captured_workloads(pool, p.max_gpu, d.max_ubatches, self.policy))
+            drawn.append(captured_scenarios(pool, limits, p.max_steps, self.policy) if d.captured == "scenarios"
+                         else captured_workloads(pool, limits, d.max_ubatches, self.policy))
         if d.kind in ("scenarios", "both"):
-            drawn.append(scenarios(p.max_rpc, p.max_steps, True, p.max_layers, p.max_extra_ops, p.blas, p.max_gpu))
+            drawn.append(scenarios(limits, p.max_steps, True, p.max_layers, p.max_extra_ops))
         if d.kind in ("workloads", "both"):
             drawn.append(workloads(max_ubatches=d.max_ubatches, min_reconfigures=d.min_reconfigures, max_layers=max(2, p.max_layers // 4),
-                                   max_extra_ops=p.max_extra_ops, max_gpu=p.max_gpu))
+                                   max_extra_ops=p.max_extra_ops, limits=DeviceLimits.of(rpc=1, gpu=limits["gpu"])))  # the driver's layouts: one RPC device, no BLAS
         return drawn[0] if len(drawn) == 1 else st.one_of(*drawn)
 
     def captured_pool(self) -> tuple[Scenario, ...]:

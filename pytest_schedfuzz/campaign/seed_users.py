@@ -43,10 +43,10 @@ def _slots(n_slots: int, prompt: int, n_batch: int, steps: int, n_draft: int, ke
     for r in range(steps):
         for s in range(n_slots):
             n = (r + s) % (n_draft + 1)
-            calls.append(Call("spec", seq=s, n=n, accept=(r + 2 * s) % (n + 1)) if n else Call("decode", (Part(s, 1, "last"),)))
+            calls.append(Call("spec", seq=s, n_draft=n, accept=(r + 2 * s) % (n + 1)) if n else Call("decode", (Part(s, 1, "last"),)))
         if keep and r == steps // 2:
-            calls += [Call("shift", seq=s, n_keep=keep, n=prompt // 2) for s in range(n_slots)]
-    return tuple(calls + [Call("seq_rm", seq=s, n=-1) for s in range(n_slots)])
+            calls += [Call("shift", seq=s, n_keep=keep, n_discard=prompt // 2) for s in range(n_slots)]
+    return tuple(calls + [Call("seq_rm", seq=s, n_drop=-1) for s in range(n_slots)])
 
 
 @dataclass(frozen=True)

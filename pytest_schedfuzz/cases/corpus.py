@@ -17,7 +17,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,13 +27,26 @@ import jsonschema
 from ..builds.names import recorded_build
 from ..files import atomic_write
 from ..model.llama import LlamaWorkload, WorkloadError
+from ..model.llama_calls import call_from_format1
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError, nelements
 from ..model.versions import version_key
 from ..properties import PROPERTY_IDS, is_llama
 from ..sim.driver import Workload
 
-CASE_VERSION = 1
+CASE_VERSION = 2
+
+
+def _from_format1(data: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 to 2: a llama.cpp call's one ``n`` and its ``flag`` became fields named for what
+    they hold (``model.llama_calls.call_from_format1``)."""
+    if isinstance(data.get("llama"), dict) and isinstance(data["llama"].get("calls"), list):
+        data = {**data, "llama": {**data["llama"], "calls": [call_from_format1(c) for c in data["llama"]["calls"]]}}
+    return {**data, "version": 2}
+
+
+# format k's case as format k + 1: a case file of any earlier version loads (``schedfuzz migrate`` rewrites it)
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_format1}
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -268,8 +281,7 @@ def load_case(path: Path | str) -> Case:
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "the top level"
         raise CaseError(path, f"does not match the case schema at {where}: {error.message}")
-    if data["version"] != CASE_VERSION:
-        raise CaseError(path, f"case format version {data['version']} is not supported (this schedfuzz reads {CASE_VERSION})")
+    data = upgraded(path, data)
     scenario = llama = None
     try:
         if "scenario" in data:
@@ -308,6 +320,19 @@ def load_case(path: Path | str) -> Case:
         options=data.get("options", {}),
         signed_as=tuple(data.get("signed_as", ())),
     )
+
+
+def upgraded(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """A case file's JSON (checked against the schema) in today's format, by ``UPGRADES`` one
+    version at a time; nothing else in it changes."""
+    while data["version"] in UPGRADES:
+        try:
+            data = UPGRADES[data["version"]](data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CaseError(path, f"cannot read case format version {data['version']}: {type(e).__name__}: {e}") from None
+    if data["version"] != CASE_VERSION:
+        raise CaseError(path, f"case format version {data['version']} is not supported (this schedfuzz reads {CASE_VERSION})")
+    return data
 
 
 # the starter corpus: the known upstream bugs, known wherever the plugin runs (beside the

@@ -154,7 +154,7 @@ def _call(i: int, c: Call) -> str:
     kind = CALLS[c.kind]
     body = kind.c(c)
     if kind.draft:  # llama-server's common_memory: the draft context too (a no-op without one)
-        body += f" if (rc == 0) {DRAFT_ACTIONS[kind.draft].c.format(c=c, end=c.n_keep + c.n)}"
+        body += f" if (rc == 0) {DRAFT_ACTIONS[kind.draft].c.format(c=c, end=c.n_keep + c.n_discard)}"
     return f"    begin({i}, {c_string(c.describe())});\n    rc = 0; {body}\n    end({i}, rc);"
 
 

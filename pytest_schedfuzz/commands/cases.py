@@ -19,7 +19,7 @@ from ..builds.names import BUILT_IN as LLAMA_BUILT_IN
 from ..builds.names import recorded_build
 from ..campaign.fuzz import Fuzzer
 from ..cases.capture import CaptureError, capture
-from ..cases.corpus import Case, CaseError, load_case, save_case
+from ..cases.corpus import CASE_VERSION, Case, CaseError, case_files, load_case, save_case, upgraded
 from ..cases.verdict import judge_replay
 from ..engine import TargetError, Unsupported
 from ..files import atomic_write
@@ -456,3 +456,35 @@ def known(args: argparse.Namespace) -> int:
         path.unlink()
     print(f"{target}: known bug ({because})" + (f", known on {', '.join(expect['known_on'])}" if "known_on" in expect else ""))
     return 0
+
+
+def migrate(args: argparse.Namespace) -> int:
+    """``schedfuzz migrate [PATH...]``: case files of an earlier format rewritten in today's
+    (``corpus.UPGRADES``), each in place under its name, atomically, once its new form is read
+    back as the same case; nothing else in a file changes. A file that cannot be read is named
+    and left as it is (exit status 2)."""
+    moved = current = 0
+    bad: list[CaseError] = []
+    for p in args.cases:
+        for path in list(case_files(p)) if Path(p).is_dir() else [Path(p)]:
+            try:
+                before = load_case(path)
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if data["version"] == CASE_VERSION:
+                    current += 1
+                    continue
+                text = json.dumps(upgraded(path, data), indent=1, sort_keys=True) + "\n"
+
+                def write(tmp: Path, text: str = text, before: Case = before) -> None:
+                    tmp.write_text(text)
+                    if replace(load_case(tmp), path=before.path) != before:
+                        raise CaseError(path, "its upgraded form reads as another case: left as it is")
+
+                atomic_write(path, write)
+                moved += 1
+            except CaseError as e:
+                bad.append(e)
+    for e in bad:
+        print(f"schedfuzz: {e}", file=sys.stderr)
+    print(f"migrated {moved} case file(s) to format version {CASE_VERSION}; {current} already were; {len(bad)} could not be read")
+    return 2 if bad else 0

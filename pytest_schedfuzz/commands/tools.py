@@ -117,6 +117,7 @@ def compare_builds(args: argparse.Namespace) -> int:
     from ..campaign.compare import compare, drawn
     from ..engine import TargetError
     from ..llama.target import LlamaTarget
+    from ..model.llama import LLAMA_DEVICES
     from ..strategies.llama import FAMILIES, llama_workloads
 
     targets = []
@@ -126,7 +127,7 @@ def compare_builds(args: argparse.Namespace) -> int:
         gpus = all(t.start().get("gpu_device", "available") == "available" for t in targets)
         print(f"schedfuzz compare: A = {args.a} (ggml {targets[0].engine.get('ggml_version')}), B = {args.b} "
               f"(ggml {targets[1].engine.get('ggml_version')}); seed={args.seed}; GPU-like devices: {'yes' if gpus else 'no (RPC only)'}", flush=True)
-        workloads = drawn(llama_workloads(max_gpu=2 if gpus else 0, families=FAMILIES, draft_models=True), args.workloads, args.seed)
+        workloads = drawn(llama_workloads(limits=LLAMA_DEVICES if gpus else LLAMA_DEVICES.without(lambda k: k.fake_gpu), families=FAMILIES, draft_models=True), args.workloads, args.seed)
         result = compare((targets[0], targets[1]), (args.a, args.b), workloads)
     except TargetError as e:
         print(f"schedfuzz compare: {e}", file=sys.stderr)

@@ -121,15 +121,15 @@ class Calls:
         pos0 = int(L.llama_memory_seq_pos_max(mem, seq)) + 1
         if dft is not None:
             with self.in_context(1):
-                rc = dft.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n)])
+                rc = dft.draft(seq, [(self.token(seq, pos0 + i), pos0 + i) for i in range(call.n_draft)])
             if rc:
                 return rc
         # a memory that cannot drop its last positions is rolled back from a checkpoint (llama-server's FULL),
         # unless its recurrent state keeps enough snapshots for the drafts (llama-server's RS: draft <= n_rs_seq)
-        by_snapshot = self.recurrent and call.n <= self.rs_seq(ctx)
-        saved = checkpoint(L, ctx, mem, seq) if self.recurrent and call.accept < call.n and not by_snapshot else None
-        rc = self._decode(ctx, mem, (Part(seq, 1 + call.n, "all"),))
-        if rc or call.accept == call.n:
+        by_snapshot = self.recurrent and call.n_draft <= self.rs_seq(ctx)
+        saved = checkpoint(L, ctx, mem, seq) if self.recurrent and call.accept < call.n_draft and not by_snapshot else None
+        rc = self._decode(ctx, mem, (Part(seq, 1 + call.n_draft, "all"),))
+        if rc or call.accept == call.n_draft:
             return rc
         keep = pos0 + call.accept + 1
         if L.llama_memory_seq_rm(mem, seq, keep, -1):
@@ -161,7 +161,7 @@ class Calls:
 
     def _make_seq_rm(self, ctx: Any, mem: Any, call: Call) -> int:
         end = self.L.llama_memory_seq_pos_max(mem, call.seq) + 1
-        p0 = 0 if call.n < 0 else max(0, end - call.n)
+        p0 = 0 if call.n_drop < 0 else max(0, end - call.n_drop)
         done = bool(self.L.llama_memory_seq_rm(mem, call.seq, p0, -1))
         if done and self.recurrent and 0 < p0:  # a recurrent state's last positions dropped: by a snapshot
             self.rolled_back = "snapshot"
@@ -179,10 +179,10 @@ class Calls:
         L = self.L
         if not L.llama_memory_can_shift(mem):
             return "cannot shift"
-        a, b = call.n_keep, call.n_keep + call.n
+        a, b = call.n_keep, call.n_keep + call.n_discard
         if not L.llama_memory_seq_rm(mem, call.seq, a, b):
             return 1
-        L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n)
+        L.llama_memory_seq_add(mem, call.seq, b, -1, -call.n_discard)
         return 0
 
     def _make_clear(self, ctx: Any, mem: Any, call: Call) -> int:
@@ -191,25 +191,25 @@ class Calls:
 
     def _make_set_sampler(self, ctx: Any, mem: Any, call: Call) -> int:
         # llama-server attaches a new chain per request (or none); the old one stays alive until llama_free
-        smpl = self.chain(call.chain or "greedy") if call.flag else None
+        smpl = self.chain(call.chain or "greedy") if call.on else None
         return int(not self.L.llama_set_sampler(ctx, call.seq, smpl))
 
     def _make_lora_load(self, ctx: Any, mem: Any, call: Call) -> int | str:
-        adapter = self.L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.n].encode())
+        adapter = self.L.llama_adapter_lora_init(self.model_for_loras, self.lora_paths[call.adapter].encode())
         if not adapter:
             return "llama_adapter_lora_init failed: " + " / ".join(list(self.log.tail)[-2:])
-        self.adapters[call.n] = adapter
+        self.adapters[call.adapter] = adapter
         return 0
 
     def _make_lora_free(self, ctx: Any, mem: Any, call: Call) -> int | str:
-        adapter = self.adapters.pop(call.n, None)
+        adapter = self.adapters.pop(call.adapter, None)
         if adapter is None:  # its lora_load failed, and that call says why
-            return f"adapter {call.n} is not loaded: its lora_load failed"
+            return f"adapter {call.adapter} is not loaded: its lora_load failed"
         self.L.llama_adapter_lora_free(adapter)
         return 0
 
     def _make_lora_set(self, ctx: Any, mem: Any, call: Call) -> int:
-        chosen = [self.adapters[i] for i in sorted(self.adapters) if call.n >> i & 1]
+        chosen = [self.adapters[i] for i in sorted(self.adapters) if call.adapters >> i & 1]
         arr = (ctypes.c_void_p * max(1, len(chosen)))(*chosen)
         scales = (ctypes.c_float * max(1, len(chosen)))(*([1.0] * len(chosen)))
         return int(self.L.llama_set_adapters_lora(ctx, arr if chosen else None, len(chosen), scales if chosen else None))
@@ -217,6 +217,6 @@ class Calls:
     def _make_flag(self, ctx: Any, mem: Any, call: Call) -> int:
         """set_embeddings, set_causal_attn, set_warmup."""
         if call.kind == "set_embeddings":
-            self.embeddings = call.flag
-        getattr(self.L, f"llama_{call.kind}")(ctx, call.flag)
+            self.embeddings = call.on
+        getattr(self.L, f"llama_{call.kind}")(ctx, call.on)
         return 0

@@ -128,8 +128,8 @@ class DraftContext:
             self.rolled_back = "snapshot"
 
     def shift(self, target: Any, call: Call) -> None:
-        self.L.llama_memory_seq_rm(self.mem, call.seq, call.n_keep, call.n_keep + call.n)
-        self.L.llama_memory_seq_add(self.mem, call.seq, call.n_keep + call.n, -1, -call.n)
+        self.L.llama_memory_seq_rm(self.mem, call.seq, call.n_keep, call.n_keep + call.n_discard)
+        self.L.llama_memory_seq_add(self.mem, call.seq, call.n_keep + call.n_discard, -1, -call.n_discard)
 
     def copy(self, target: Any, call: Call) -> None:
         self.L.llama_memory_seq_cp(self.mem, call.seq, call.dst, -1, -1)

@@ -1,8 +1,9 @@
 """The device kinds a layout's backends are of: one entry each, with all the harness knows of the
 kind. A new kind is one entry here, its constructor in the graph engine (``ggml.backends.CONSTRUCTORS``,
 keyed by the same name: the engine's half, which this data package cannot import), and, to be
-drawn, a strategy (``strategies.layouts``); ``tests/test_layout.py`` checks that every entry has its
-constructor and that no module outside this one compares a kind with a name.
+drawn, the strategies' half (``strategies.LAYOUT_DRAWS``: how many, and each device) with a limit in
+the profiles (``DeviceLimits``); ``tests/test_layout.py`` checks that every entry has both halves
+and that no module outside these compares a kind with a name.
 
 >>> [k.name for k in DEVICE_KINDS.values() if k.own_buft]
 ['rpc', 'gpu']
@@ -12,6 +13,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -69,3 +71,45 @@ DEVICE_KINDS = {k.name: k for k in (
 )}
 BACKEND_KINDS = tuple(DEVICE_KINDS)
 
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """The most devices of each kind a drawn layout holds, by ``DEVICE_KINDS`` name: a kind it
+    does not name has none (the CPU, which closes every layout once, takes none). Profiles,
+    strategies and the campaign pass this one value, so that a new kind is a new entry, not a new
+    parameter; a build that cannot serve a kind drops it (``without``).
+
+    >>> limits = DeviceLimits.of(rpc=2, gpu=2)
+    >>> limits["gpu"], limits["blas"], limits.without(lambda k: k.fake_gpu)["gpu"]
+    (2, 0, 0)
+    >>> DeviceLimits.of(cpu=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: device limits: cpu is not a kind a layout draws (one of rpc, gpu, blas)
+    """
+
+    counts: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        drawn = [k.name for k in DEVICE_KINDS.values() if not k.host]
+        for name, n in self.counts:
+            if name not in drawn:
+                raise ValueError(f"device limits: {name} is not a kind a layout draws (one of {', '.join(drawn)})")
+            if n < 0:
+                raise ValueError(f"device limits: {name} {n}: a count is at least 0")
+
+    @staticmethod
+    def of(**counts: int) -> DeviceLimits:
+        return DeviceLimits(tuple((k, n) for k, n in counts.items() if n))
+
+    def __getitem__(self, kind: str) -> int:
+        return dict(self.counts).get(kind, 0)
+
+    def without(self, dropped: Callable[[DeviceKind], bool]) -> DeviceLimits:
+        """These limits without the kinds ``dropped`` says (a build that cannot serve them)."""
+        return DeviceLimits(tuple((k, n) for k, n in self.counts if not dropped(DEVICE_KINDS[k])))
+
+    def capped(self, cap: int) -> DeviceLimits:
+        """Each kind at most ``cap``."""
+        return DeviceLimits(tuple((k, min(n, cap)) for k, n in self.counts if min(n, cap)))

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .devices import DeviceLimits
 from .layout import BackendSpec
 
 # the calls (one entry per kind) and what the workload's modules name from here
@@ -41,6 +42,7 @@ DRAFTS = ("", "mtp", "model")
 # explicit limits, checked by validate(): tiny models, and runs of a few hundred ms
 MAX_RPC = 2
 MAX_GPU = 2
+LLAMA_DEVICES = DeviceLimits.of(rpc=MAX_RPC, gpu=MAX_GPU)  # what a workload may hold, and what the strategies draw by default
 # LLAMA_SPLIT_MODE_TENSOR (llama.h 0.3.36 and b11739): with explicit devices llama.cpp wraps them all
 # (RPC too) in one meta device that splits each weight between them. Row is left out: it needs the
 # device's split buffer type (``ggml_backend_split_buffer_type``, which in 0.3.36's ggml only SYCL's

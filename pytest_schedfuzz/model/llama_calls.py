@@ -12,9 +12,9 @@ the server strategy (``strategies.llama._Server``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .llama import ContextParams
@@ -50,17 +50,21 @@ class Call:
     """One call on the context, of kind ``kind`` (``CALLS`` says what each kind does with the fields)."""
 
     kind: str
-    parts: tuple[Part, ...] = ()
+    parts: tuple[Part, ...] = ()  # decode
     seq: int = 0
-    dst: int = 0
-    n: int = 0
-    n_keep: int = 0
-    flag: bool = False
+    dst: int = 0  # seq_cp: the sequence copied to
+    n_drop: int = 0  # seq_rm: the last positions dropped (-1: all of them, a slot reused)
+    n_keep: int = 0  # shift: the positions kept at the start
+    n_discard: int = 0  # shift: the positions discarded after them
+    adapter: int = 0  # lora_load, lora_free: the index of the adapter in the workload's ``loras``
+    adapters: int = 0  # lora_set: the mask of the adapters attached
+    n_draft: int = 0  # spec: the tokens drafted
+    accept: int = 0  # spec: the drafts accepted
+    on: bool = False  # set_embeddings, set_causal_attn, set_warmup: the value; set_sampler: a chain attached
     chain: str = ""  # set_sampler: SAMPLER_CHAINS key ("": greedy)
-    accept: int = 0  # spec: drafts accepted
 
     def describe(self) -> str:
-        return CALLS[self.kind].describe(self) if self.kind in CALLS else f"llama_{self.kind}({str(self.flag).lower()})"
+        return CALLS[self.kind].describe(self) if self.kind in CALLS else f"llama_{self.kind}({str(self.on).lower()})"
 
     def n_tokens(self) -> int:
         return sum(p.n_tokens for p in self.parts)
@@ -102,6 +106,7 @@ class CallKind:
     functions: tuple[str, ...] = ()
     check: Callable[[Call, str, Checking], None] = _nothing
     draft: str = ""  # what the draft context does after it (``DRAFT_ACTIONS``): llama-server's common_memory
+    format1_n: str = ""  # the field that case format 1's one ``n`` held for this kind (``call_from_format1``)
     switch: bool = False  # switches the graph's topology: a lost reservation after it names it
     changes: bool = False  # changes what the devices hold (weights attached, cache contents)
     signed_as: str = ""  # the kind a finding's signature names ("": its own)
@@ -122,7 +127,7 @@ DRAFT_ACTIONS: dict[str, DraftAction] = {
     "copy": DraftAction("dft_copy({c.seq}, {c.dst});"),
     "keep": DraftAction("dft_keep({c.seq});"),
     "clear": DraftAction("dft_clear();"),
-    "shift": DraftAction("dft_shift({c.seq}, {c.n_keep}, {end}, {c.n});"),
+    "shift": DraftAction("dft_shift({c.seq}, {c.n_keep}, {end}, {c.n_discard});"),
     # llama-server's prompt checkpoints hold both contexts: a draft model's recurrent state is saved and set back too
     "save": DraftAction("dft_save({c.seq});"),
     "load": DraftAction("dft_load({c.seq});"),
@@ -146,19 +151,20 @@ def _check_decode(call: Call, where: str, st: Checking) -> None:
 
 def _check_spec(call: Call, where: str, st: Checking) -> None:
     c, need = st.ctx, st.need
-    verify = 1 + call.n  # the last token and the drafts, all with outputs
-    need(1 <= call.n <= MAX_DRAFT and 0 <= call.accept <= call.n, f"{where}: draft {call.n} must be 1..{MAX_DRAFT}, accept {call.accept} 0..draft")
+    verify = 1 + call.n_draft  # the last token and the drafts, all with outputs
+    need(1 <= call.n_draft <= MAX_DRAFT and 0 <= call.accept <= call.n_draft,
+         f"{where}: draft {call.n_draft} must be 1..{MAX_DRAFT}, accept {call.accept} 0..draft")
     need(verify <= c.n_batch and verify <= c.outputs_max_per_seq() and verify <= c.outputs_max(),
          f"{where}: verifying {verify} tokens needs n_batch and n_outputs_max (per seq) >= {verify}")
     need(st.causal or verify <= c.n_ubatch, f"{where}: {verify} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
     st.pending.discard(call.seq)  # its verification decodes the sequence; its own rollback is its own
 
 
-def _drops_last_positions(call: Call, where: str, st: Checking) -> None:
+def _drops_last_positions(call: Call, n: int, where: str, st: Checking) -> None:
     # llama.cpp cannot drop a recurrent state's last positions (llama_memory_seq_rm returns false), but
     # by a snapshot: at most n_rs_seq of them, once between two decodes of the sequence
     if st.recurrent and st.rs_seq:
-        st.need(call.n <= st.rs_seq and call.seq not in st.pending,
+        st.need(n <= st.rs_seq and call.seq not in st.pending,
                 f"{where}: a recurrent state rolls back by at most n_rs_seq {st.rs_seq} positions, once between two decodes")
         st.pending.add(call.seq)
         return
@@ -167,11 +173,11 @@ def _drops_last_positions(call: Call, where: str, st: Checking) -> None:
 
 def _check_set_sampler(call: Call, where: str, st: Checking) -> None:
     # llama_set_sampler refuses a chain with split mode tensor (returns false: "using CPU")
-    st.need(not (st.tensor and call.flag), f"{where}: no backend sampler with split mode tensor")
+    st.need(not (st.tensor and call.on), f"{where}: no backend sampler with split mode tensor")
 
 
 def _check_set_causal_attn(call: Call, where: str, st: Checking) -> None:
-    st.causal = call.flag
+    st.causal = call.on
 
 
 def _check_checkpoint(call: Call, where: str, st: Checking) -> None:
@@ -184,22 +190,22 @@ def _check_restore(call: Call, where: str, st: Checking) -> None:
 
 def _check_lora_load_free(call: Call, where: str, st: Checking) -> None:
     need = st.need
-    need(0 <= call.n < st.n_loras, f"{where}: adapter {call.n}: the workload has {st.n_loras}")
-    need((call.n in st.loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.n} is {'not ' if call.kind == 'lora_free' else ''}loaded")
+    need(0 <= call.adapter < st.n_loras, f"{where}: adapter {call.adapter}: the workload has {st.n_loras}")
+    need((call.adapter in st.loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.adapter} is {'not ' if call.kind == 'lora_free' else ''}loaded")
     # freeing an attached adapter leaves the context a dangling pointer: llama-server never does
-    need(call.kind == "lora_load" or not st.attached >> call.n & 1, f"{where}: adapter {call.n} is attached to the context")
-    st.loaded ^= {call.n}
+    need(call.kind == "lora_load" or not st.attached >> call.adapter & 1, f"{where}: adapter {call.adapter} is attached to the context")
+    st.loaded ^= {call.adapter}
 
 
 def _check_lora_set(call: Call, where: str, st: Checking) -> None:
-    st.need(call.n >= 0 and all(call.n >> i & 1 == 0 or i in st.loaded for i in range(max(call.n.bit_length(), 1))),
-            f"{where}: attaches adapters that are not loaded (mask {call.n}, loaded {sorted(st.loaded)})")
-    st.attached = call.n
+    st.need(call.adapters >= 0 and all(call.adapters >> i & 1 == 0 or i in st.loaded for i in range(max(call.adapters.bit_length(), 1))),
+            f"{where}: attaches adapters that are not loaded (mask {call.adapters}, loaded {sorted(st.loaded)})")
+    st.attached = call.adapters
 
 
 def _flag(name: str) -> CallKind:
     """``llama_<name>(ctx, flag)``: a per-request switch of the context."""
-    return CallKind(lambda c: f"llama_{c.kind}({str(c.flag).lower()})", lambda c: f"llama_{c.kind}(ctx, {str(c.flag).lower()});",
+    return CallKind(lambda c: f"llama_{c.kind}({str(c.on).lower()})", lambda c: f"llama_{c.kind}(ctx, {str(c.on).lower()});",
                     "_make_flag", (f"llama_{name}",), check=_check_set_causal_attn if name == "set_causal_attn" else _nothing, switch=True)
 
 
@@ -208,7 +214,7 @@ def _decode_parts(c: Call) -> str:
 
 
 def _chain_c(c: Call) -> str:
-    return "chain_" + (c.chain or "greedy").replace("-", "_") + "()" if c.flag else "NULL"
+    return "chain_" + (c.chain or "greedy").replace("-", "_") + "()" if c.on else "NULL"
 
 
 CALLS: dict[str, CallKind] = {
@@ -218,10 +224,11 @@ CALLS: dict[str, CallKind] = {
         lambda c: f"rc = decode((const struct part[]){{{_decode_parts(c)}}}, {len(c.parts)});", "_make_decode", check=_check_decode),
     # drop the last ``n`` positions of ``seq`` (``n`` = -1: all of it, a slot reused)
     "seq_rm": CallKind(
-        lambda c: f"llama_memory_seq_rm(seq {c.seq}, {'all' if c.n < 0 else f'last {c.n}'})",
+        lambda c: f"llama_memory_seq_rm(seq {c.seq}, {'all' if c.n_drop < 0 else f'last {c.n_drop}'})",
         lambda c: f"{{ llama_pos end = llama_memory_seq_pos_max(mem, {c.seq}) + 1; "
-                  f"rc = !llama_memory_seq_rm(mem, {c.seq}, {'0' if c.n < 0 else f'end > {c.n} ? end - {c.n} : 0'}, -1); }}",
-        "_make_seq_rm", check=lambda c, where, st: _drops_last_positions(c, where, st) if c.n > 0 else None, draft="drop_after", changes=True),
+                  f"rc = !llama_memory_seq_rm(mem, {c.seq}, {'0' if c.n_drop < 0 else f'end > {c.n_drop} ? end - {c.n_drop} : 0'}, -1); }}",
+        "_make_seq_rm", check=lambda c, where, st: _drops_last_positions(c, c.n_drop, where, st) if c.n_drop > 0 else None, draft="drop_after",
+        format1_n="n_drop", changes=True),
     # copy ``seq`` to ``dst``
     "seq_cp": CallKind(lambda c: f"llama_memory_seq_cp({c.seq} -> {c.dst})", lambda c: f"llama_memory_seq_cp(mem, {c.seq}, {c.dst}, -1, -1);",
                        "_make_seq_cp", ("llama_memory_seq_cp",), draft="copy", changes=True),
@@ -230,30 +237,35 @@ CALLS: dict[str, CallKind] = {
                          "_make_seq_keep", ("llama_memory_seq_keep",), draft="keep", changes=True),
     # context shift of ``seq``: keep ``n_keep``, discard the next ``n`` (seq_rm, then seq_add)
     "shift": CallKind(
-        lambda c: f"context shift(seq {c.seq}: keep {c.n_keep}, discard {c.n})",
-        lambda c: (f"if (!llama_memory_can_shift(mem)) rc = -1; else if (!llama_memory_seq_rm(mem, {c.seq}, {c.n_keep}, {c.n_keep + c.n})) rc = 1; "
-                   f"else llama_memory_seq_add(mem, {c.seq}, {c.n_keep + c.n}, -1, {-c.n});"),
-        "_make_shift", ("llama_memory_can_shift", "llama_memory_seq_add"), check=_drops_last_positions, draft="shift", changes=True),
+        lambda c: f"context shift(seq {c.seq}: keep {c.n_keep}, discard {c.n_discard})",
+        lambda c: (f"if (!llama_memory_can_shift(mem)) rc = -1; "
+                   f"else if (!llama_memory_seq_rm(mem, {c.seq}, {c.n_keep}, {c.n_keep + c.n_discard})) rc = 1; "
+                   f"else llama_memory_seq_add(mem, {c.seq}, {c.n_keep + c.n_discard}, -1, {-c.n_discard});"),
+        "_make_shift", ("llama_memory_can_shift", "llama_memory_seq_add"), check=lambda c, where, st: _drops_last_positions(c, c.n_discard, where, st), draft="shift",
+        format1_n="n_discard", changes=True),
     "set_embeddings": _flag("set_embeddings"),
     "set_causal_attn": _flag("set_causal_attn"),
     "set_warmup": _flag("set_warmup"),
     # attach (``flag``) a new backend sampler chain ``chain`` to ``seq``, or detach it
     "set_sampler": CallKind(
-        lambda c: f"llama_set_sampler(seq {c.seq}, {'chain ' + (c.chain or 'greedy') if c.flag else 'none'})",
+        lambda c: f"llama_set_sampler(seq {c.seq}, {'chain ' + (c.chain or 'greedy') if c.on else 'none'})",
         lambda c: f"rc = !llama_set_sampler(ctx, {c.seq}, {_chain_c(c)});",
         "_make_set_sampler", ("llama_set_sampler",), check=_check_set_sampler, switch=True, changes=True),
     # llama_memory_clear
     "clear": CallKind(lambda c: "llama_memory_clear()", lambda c: "llama_memory_clear(mem, true);", "_make_clear", ("llama_memory_clear",),
                       draft="clear", changes=True),
     # load or free adapter ``n`` of the workload's ``loras`` on the model
-    "lora_load": CallKind(lambda c: f"llama_adapter_lora_init(lora {c.n})",
-                          lambda c: f"adapters[{c.n}] = llama_adapter_lora_init(model, REPRO_DIR \"/lora-{c.n}.gguf\"); rc = adapters[{c.n}] == NULL;",
-                          "_make_lora_load", ("llama_adapter_lora_init", "llama_adapter_lora_free"), check=_check_lora_load_free, changes=True),
-    "lora_free": CallKind(lambda c: f"llama_adapter_lora_free(lora {c.n})", lambda c: f"llama_adapter_lora_free(adapters[{c.n}]); adapters[{c.n}] = NULL;",
-                          "_make_lora_free", ("llama_adapter_lora_free",), check=_check_lora_load_free, changes=True),
+    "lora_load": CallKind(lambda c: f"llama_adapter_lora_init(lora {c.adapter})",
+                          lambda c: f"adapters[{c.adapter}] = llama_adapter_lora_init(model, REPRO_DIR \"/lora-{c.adapter}.gguf\"); rc = adapters[{c.adapter}] == NULL;",
+                          "_make_lora_load", ("llama_adapter_lora_init", "llama_adapter_lora_free"), check=_check_lora_load_free, format1_n="adapter",
+                          changes=True),
+    "lora_free": CallKind(lambda c: f"llama_adapter_lora_free(lora {c.adapter})",
+                          lambda c: f"llama_adapter_lora_free(adapters[{c.adapter}]); adapters[{c.adapter}] = NULL;",
+                          "_make_lora_free", ("llama_adapter_lora_free",), check=_check_lora_load_free, format1_n="adapter", changes=True),
     # attach the loaded adapters whose bits are set in ``n`` (scale 1; 0 detaches all), as llama-server does per request
-    "lora_set": CallKind(lambda c: f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if c.n >> i & 1)}])",
-                         lambda c: f"rc = set_loras({c.n});", "_make_lora_set", ("llama_set_adapters_lora",), check=_check_lora_set, changes=True),
+    "lora_set": CallKind(lambda c: f"llama_set_adapters_lora([{', '.join(f'lora {i}' for i in range(MAX_LORAS) if c.adapters >> i & 1)}])",
+                         lambda c: f"rc = set_loras({c.adapters});", "_make_lora_set", ("llama_set_adapters_lora",), check=_check_lora_set,
+                         format1_n="adapters", changes=True),
     # save ``seq``'s recurrent state (PARTIAL_ONLY), as llama-server checkpoints before a draft on a recurrent or hybrid model
     "checkpoint": CallKind(lambda c: f"llama_state_seq_get_data_ext(seq {c.seq}, PARTIAL_ONLY)", lambda c: f"rc = checkpoint({c.seq});",
                            "_make_checkpoint", ("llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"), check=_check_checkpoint,
@@ -267,8 +279,9 @@ CALLS: dict[str, CallKind] = {
     # the last token and the drafts in one batch with all outputs, accept ``accept`` of them and roll
     # back the rest in every context (seq_rm, or a checkpoint restored where the memory cannot drop
     # its last positions). Signed as the decode it makes: llama.cpp sees only the batches it decodes.
-    "spec": CallKind(lambda c: f"speculative step(seq {c.seq}: draft {c.n}, verify {1 + c.n}, accept {c.accept})",
-                     lambda c: f"rc = spec({c.seq}, {c.n}, {c.accept});", "_make_spec", ("llama_memory_seq_rm",), check=_check_spec,
+    "spec": CallKind(lambda c: f"speculative step(seq {c.seq}: draft {c.n_draft}, verify {1 + c.n_draft}, accept {c.accept})",
+                     lambda c: f"rc = spec({c.seq}, {c.n_draft}, {c.accept});", "_make_spec", ("llama_memory_seq_rm",), check=_check_spec,
+                     format1_n="n_draft",
                      changes=True, signed_as="decode"),
 }
 CALL_KINDS = tuple(CALLS)
@@ -285,9 +298,30 @@ def check_calls(calls: tuple[Call, ...], st: Checking) -> None:
         where = f"calls[{i}] ({call.kind})"
         need(call.kind in CALLS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
         need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
-        need(call.n >= -1 and call.n_keep >= 0, f"{where}: n {call.n} / n_keep {call.n_keep} out of range")
+        counts = {"n_drop": call.n_drop + 1, "n_keep": call.n_keep, "n_discard": call.n_discard, "adapter": call.adapter, "n_draft": call.n_draft}
+        need(min(counts.values()) >= 0, f"{where}: {', '.join(f'{k} {getattr(call, k)}' for k, v in counts.items() if v < 0)} out of range")
         need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
         CALLS[call.kind].check(call, where, st)
+
+
+def call_from_format1(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A call as case format 1 wrote it, in today's fields: its one ``n`` meant what the kind's
+    ``format1_n`` names, and its ``flag`` is ``on``.
+
+    >>> call_from_format1({"kind": "lora_set", "n": 3})
+    {'kind': 'lora_set', 'adapters': 3}
+    >>> call_from_format1({"kind": "set_warmup", "flag": True})
+    {'kind': 'set_warmup', 'on': True}
+    """
+    out = {k: v for k, v in d.items() if k not in ("n", "flag")}
+    if "flag" in d:
+        out["on"] = d["flag"]
+    if "n" in d:
+        field_ = CALLS[d["kind"]].format1_n if d.get("kind") in CALLS else ""
+        if not field_:
+            raise ValueError(f"a {d.get('kind')!r} call has no field n")
+        out[field_] = d["n"]
+    return out
 
 
 def signed_kind(kind: str) -> str:

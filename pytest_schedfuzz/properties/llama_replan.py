@@ -55,7 +55,7 @@ def replan_trigger(w: LlamaWorkload, after: int, call: int) -> tuple[str, int | 
     if not switches:
         return kind, None
     last = w.calls[switches[-1]]
-    return f"{kind} after {last.kind}({str(last.flag).lower()})", switches[-1]
+    return f"{kind} after {last.kind}({str(last.on).lower()})", switches[-1]
 
 
 def invalid_reason(s: SchedCall) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from ..model.devices import DeviceLimits
 from ..model.graph_spec import GraphBuilder, GraphSpec, TensorSpec, leaf_merged, leaf_split, reshaped
 from ..model.layout import BackendLayout, BackendSpec
 from ..model.ops import VIEW_OPS
@@ -79,14 +80,30 @@ def fit_max_size(layout: BackendLayout, specs: list[GraphSpec]) -> BackendLayout
     return BackendLayout(tuple(replace(b, max_size=max(b.max_size, biggest)) if b.max_size else b for b in layout.backends))
 
 
+@dataclass(frozen=True)
+class KindDraw:
+    """How ``layouts`` draws the devices of one kind: how many (``count``, given the kind's limit),
+    then each one (``device``). A kind's count is drawn as it was when the kind joined, so that a
+    seed keeps its draws: GPU-like devices only where the limit allows one, the RPC count even at
+    a limit of 0, BLAS as a coin."""
+
+    count: Callable[[st.DrawFn, int], int]
+    device: Callable[[st.DrawFn], BackendSpec]
+
+
+# the strategies' half of ``model.devices.DEVICE_KINDS`` (every kind but the host), in the order a
+# layout holds them and ``layouts`` draws them: a new kind is an entry here and one there
+LAYOUT_DRAWS: dict[str, KindDraw] = {
+    "gpu": KindDraw(lambda draw, n: draw(st.integers(0, n)) if n else 0, lambda draw: draw(gpus())),
+    "rpc": KindDraw(lambda draw, n: draw(st.integers(0, n)), lambda draw: BackendSpec("rpc")),  # each its own buffer type
+    "blas": KindDraw(lambda draw, n: int(bool(n) and draw(st.booleans())), lambda draw: BackendSpec("blas")),
+}
+
+
 @st.composite
-def layouts(draw: st.DrawFn, min_rpc: int = 0, max_rpc: int = 2, blas: bool = False, max_gpu: int = 0) -> BackendLayout:
-    """0..``max_gpu`` GPU-like devices, 0..``max_rpc`` RPC devices (each its own buffer type),
-    optionally BLAS, then the CPU."""
-    backends = [draw(gpus()) for _ in range(draw(st.integers(0, max_gpu)))] if max_gpu else []
-    backends += [BackendSpec("rpc")] * draw(st.integers(min_rpc, max_rpc))
-    if blas and draw(st.booleans()):
-        backends.append(BackendSpec("blas"))
+def layouts(draw: st.DrawFn, limits: DeviceLimits = DeviceLimits.of(rpc=2)) -> BackendLayout:
+    """Up to ``limits`` devices of each kind (``LAYOUT_DRAWS``), then the CPU."""
+    backends = [kind.device(draw) for name, kind in LAYOUT_DRAWS.items() for _ in range(kind.count(draw, limits[name]))]
     return BackendLayout((*backends, BackendSpec("cpu")))
 
 
@@ -305,11 +322,12 @@ def workloads(
     min_reconfigures: int = 0,
     max_layers: int = 2,
     max_extra_ops: int = 0,
-    max_gpu: int = 0,
+    limits: DeviceLimits = DeviceLimits.of(rpc=1),
 ) -> Workload:
-    """A first configuration, then ubatches (prompt chunks and single tokens, with all or some
-    outputs) interleaved with at least ``min_reconfigures`` reconfigurations."""
-    layout = layout or draw(layouts(max_rpc=1, max_gpu=max_gpu))
+    """A first configuration (on a layout within ``limits``, where none is given), then ubatches
+    (prompt chunks and single tokens, with all or some outputs) interleaved with at least
+    ``min_reconfigures`` reconfigurations."""
+    layout = layout or draw(layouts(limits))
     m = draw(models(layout, max_layers, max_extra_ops))
     n_ubatch = draw(sampled((8, 16, 32)))
     layout = fit_max_size(layout, [llama_graph(m, n_ubatch, m.kv_size, n_ubatch)])
@@ -372,17 +390,15 @@ def graph_family(draw: st.DrawFn, base: GraphSpec) -> list[GraphSpec]:
 @st.composite
 def scenarios(
     draw: st.DrawFn,
-    max_rpc: int = 2,
+    limits: DeviceLimits = DeviceLimits.of(rpc=2),
     max_steps: int = 6,
     compute: bool = False,
     max_layers: int = 4,
     max_extra_ops: int = 0,
-    blas: bool = False,
-    max_gpu: int = 0,
 ) -> Scenario:
-    """A layout, up to three graphs (random or llama-like, or a ``graph_family``) and a step
-    sequence over them."""
-    layout = draw(layouts(max_rpc=max_rpc, blas=blas, max_gpu=max_gpu))
+    """A layout within ``limits``, up to three graphs (random or llama-like, or a
+    ``graph_family``) and a step sequence over them."""
+    layout = draw(layouts(limits))
     specs = draw(st.lists(st.one_of(graphs(layout), llama_graphs(layout, max_layers, max_extra_ops)), min_size=1, max_size=3))
     if draw(st.booleans()):
         specs = draw(graph_family(specs[0]))

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
+from ..model.devices import DeviceLimits
 from ..model.graph_spec import GraphSpec
 from ..model.layout import BackendLayout, BackendSpec
 from ..model.ops import VIEW_OPS
@@ -27,12 +28,13 @@ from ..model.scenario import Scenario, SchedParams, Step
 from ..sim.driver import Policy, can_reuse
 from . import fit_max_size, gpus, sampled, written_device
 
+CAPTURED_DEVICES = DeviceLimits.of(gpu=2)  # the GPU-like devices a captured layout may draw instead of RPC ones
 
 @st.composite
-def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_steps: int = 8,
+def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], limits: DeviceLimits = CAPTURED_DEVICES, max_steps: int = 8,
                        policy: Policy = can_reuse) -> Scenario:
     base = _base(draw, pool)
-    layout = draw(_layouts(base.layout, max_gpu))
+    layout = draw(_layouts(base.layout, limits))
     graphs = tuple((name, draw(_forced(g, layout.n))) for name, g in base.graphs)
     max_nodes = max((s.params.max_nodes for s in base.steps if s.params is not None), default=1024)
     params = st.builds(SchedParams, st.just(max_nodes), parallel=st.booleans(), op_offload=st.booleans())
@@ -57,10 +59,10 @@ def captured_scenarios(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int =
 
 
 @st.composite
-def captured_workloads(draw: st.DrawFn, pool: Sequence[Scenario], max_gpu: int = 2, max_ubatches: int = 8,
+def captured_workloads(draw: st.DrawFn, pool: Sequence[Scenario], limits: DeviceLimits = CAPTURED_DEVICES, max_ubatches: int = 8,
                        policy: Policy = can_reuse) -> Scenario:
     base = _base(draw, pool)
-    layout = draw(_layouts(base.layout, max_gpu))
+    layout = draw(_layouts(base.layout, limits))
     graphs = draw(_forced_alike(base.graphs, layout.n))
     first = next(i for i, s in enumerate(base.steps) if s.kind == "sched_new")
     # sched_reserve's splits and reserves, in its order, up to the first ubatch
@@ -103,12 +105,14 @@ def _forced_alike(draw: st.DrawFn, graphs: Sequence[tuple[str, GraphSpec]], n_ba
 
 
 @st.composite
-def _layouts(draw: st.DrawFn, base: BackendLayout, max_gpu: int) -> BackendLayout:
-    """As many backends as ``base`` (the weights name them by index), each device drawn again."""
+def _layouts(draw: st.DrawFn, base: BackendLayout, limits: DeviceLimits) -> BackendLayout:
+    """As many backends as ``base`` (the weights name them by index), each device drawn again:
+    a GPU-like device while ``limits`` allows one more, else an RPC device (llama.cpp's own
+    layouts hold no BLAS)."""
     specs: list[BackendSpec] = []
     for b in base.backends[:-1]:
         n_gpu = sum(s.device.fake_gpu for s in specs)
-        specs.append(draw(gpus()) if n_gpu < max_gpu and draw(st.booleans()) else BackendSpec("rpc"))
+        specs.append(draw(gpus()) if n_gpu < limits["gpu"] and draw(st.booleans()) else BackendSpec("rpc"))
     return BackendLayout((*specs, BackendSpec("cpu")))
 
 

@@ -7,15 +7,15 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
+from ..model.devices import DeviceLimits
 from ..model.layout import BackendSpec
 from ..model.llama import (
     CPU_DEVICE,
     FLASH_ATTN,
     KV_TYPES,
+    LLAMA_DEVICES,
     MAX_DRAFT,
-    MAX_GPU,
     MAX_LORAS,
-    MAX_RPC,
     MAX_RS_SEQ,
     MAX_SEQ,
     NO_TENSOR_SPLIT,
@@ -155,8 +155,8 @@ def _overrides(draw: st.DrawFn, model: ModelSpec, usable: list[int]) -> tuple[tu
 
 
 @st.composite
-def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: int = MAX_GPU, tensor: bool = False) -> Devices:
-    """Where the model goes: 0..``max_rpc`` RPC and 0..``max_gpu`` GPU-like devices (at least one
+def devices(draw: st.DrawFn, model: ModelSpec, limits: DeviceLimits = LLAMA_DEVICES, tensor: bool = False) -> Devices:
+    """Where the model goes: up to ``limits`` RPC and GPU-like devices (at least one
     device where the build can have one; the CPU alone where it can have none), all or some layers, llama.cpp's split by free memory or a ``tensor_split`` (a share
     may be zero, as ``-ts 1,0``: a device that holds no layer); with GPU-like devices also split
     mode layer or none (``main_gpu``), and in a quarter of those workloads each tensor overrides
@@ -165,6 +165,7 @@ def devices(draw: st.DrawFn, model: ModelSpec, max_rpc: int = MAX_RPC, max_gpu: 
     device makes ggml abort). One workload in six is set up for pipeline parallelism (two
     asynchronous GPU-like devices holding every layer, no overrides), which llama.cpp enables only
     there."""
+    max_rpc, max_gpu = limits["rpc"], limits["gpu"]
     if max_gpu >= 2 and draw(st.integers(0, 5)) == 0:
         gpus_ = (draw(llama_gpus(True)), draw(llama_gpus(True)))
         free = tuple(draw(sampled((0, *TIGHT_FREE))) for _ in gpus_) if draw(st.booleans()) else ()
@@ -254,11 +255,11 @@ class _Server:
         if out == "all" and n - 1 <= MAX_DRAFT:
             # one speculative step (``Call`` ``spec``): n - 1 drafted (by the draft context, else
             # n-gram tables), n verified, the rejected rolled back in every context
-            self.calls.append(Call("spec", seq=seq, n=n - 1, accept=n - 1 - rejected))
+            self.calls.append(Call("spec", seq=seq, n_draft=n - 1, accept=n - 1 - rejected))
             return
         self.calls.append(Call("decode", (Part(seq, n, out),)))
         if rejected:
-            self.calls.append(Call("seq_rm", seq=seq, n=rejected))
+            self.calls.append(Call("seq_rm", seq=seq, n_drop=rejected))
 
     def mixed(self, draw: st.DrawFn) -> None:
         """Continuous batching: one slot's prompt chunk next to other slots' next tokens."""
@@ -274,13 +275,13 @@ class _Server:
         """A slot reused for another request: all of it, or all but a prefix."""
         seq = draw(sampled(tuple(sorted(self.active))))
         keep_prefix = draw(st.booleans()) and not self.recurrent  # a recurrent slot is reused whole
-        self.calls.append(Call("seq_rm", seq=seq, n=draw(st.integers(1, 16)) if keep_prefix else -1))
+        self.calls.append(Call("seq_rm", seq=seq, n_drop=draw(st.integers(1, 16)) if keep_prefix else -1))
 
     def copy(self, draw: st.DrawFn) -> None:
         src = draw(sampled(tuple(sorted(self.active))))
         dst = draw(sampled(tuple(s for s in self.seqs if s != src)))
         # as llama-server does: the destination slot is emptied first
-        self.calls += [Call("seq_rm", seq=dst, n=-1), Call("seq_cp", seq=src, dst=dst)]
+        self.calls += [Call("seq_rm", seq=dst, n_drop=-1), Call("seq_cp", seq=src, dst=dst)]
         self.active.add(dst)
 
     def keep(self, draw: st.DrawFn) -> None:
@@ -290,25 +291,25 @@ class _Server:
 
     def shift(self, draw: st.DrawFn) -> None:
         seq = draw(sampled(tuple(sorted(self.active))))
-        self.calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n=draw(st.integers(1, 16))))
+        self.calls.append(Call("shift", seq=seq, n_keep=draw(st.integers(0, 4)), n_discard=draw(st.integers(1, 16))))
 
     def adapters(self, draw: st.DrawFn) -> None:
         """A request with other LoRA adapters (llama-server sets them per request), or one loaded or freed at run time."""
         op = draw(sampled(("set", "set", "set", "load", "free")))
         if op == "load" and len(self.loaded) < self.n_loras:
             k = draw(sampled(tuple(sorted(set(range(self.n_loras)) - self.loaded))))
-            self.calls.append(Call("lora_load", n=k))
+            self.calls.append(Call("lora_load", adapter=k))
             self.loaded.add(k)
         elif op == "free" and self.loaded:
             k = draw(sampled(tuple(sorted(self.loaded))))
             if self.attached >> k & 1:
                 self.attached &= ~(1 << k)
-                self.calls.append(Call("lora_set", n=self.attached))
-            self.calls.append(Call("lora_free", n=k))
+                self.calls.append(Call("lora_set", adapters=self.attached))
+            self.calls.append(Call("lora_free", adapter=k))
             self.loaded.discard(k)
         else:
             self.attached = sum(1 << k for k in draw(st.sets(sampled(tuple(sorted(self.loaded)))))) if self.loaded else 0
-            self.calls.append(Call("lora_set", n=self.attached))
+            self.calls.append(Call("lora_set", adapters=self.attached))
 
     def switch(self, draw: st.DrawFn) -> None:
         """A per-request switch; a server with backend samplers sets each request's chain, the most frequent switch there."""
@@ -319,7 +320,7 @@ class _Server:
             kind = "set_warmup"
         flag = draw(st.booleans())
         chain = draw(sampled(tuple(SAMPLER_CHAINS))) if kind == "set_sampler" and flag else ""
-        self.calls.append(Call(kind, seq=draw(sampled(tuple(self.seqs))), flag=flag, chain=chain))
+        self.calls.append(Call(kind, seq=draw(sampled(tuple(self.seqs))), on=flag, chain=chain))
         if kind == "clear":
             self.active = set()
 
@@ -334,7 +335,7 @@ def server_calls(draw: st.DrawFn, ctx: ContextParams, max_calls: int = 24, n_lor
     run-time loads and frees. Outputs per batch and per sequence stay within the context's limits."""
     server = _Server(ctx, n_loras, recurrent, max_calls, rs_seq)
     server.loaded = set(range(draw(st.integers(0, n_loras)))) if n_loras else set()
-    server.calls += [Call("lora_load", n=k) for k in sorted(server.loaded)]
+    server.calls += [Call("lora_load", adapter=k) for k in sorted(server.loaded)]
     for _ in range(draw(st.integers(1, max_calls))):
         if len(server.calls) >= max_calls:
             break
@@ -355,7 +356,7 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
     out, causal = [], True
     for c in calls:
         if c.kind == "set_causal_attn":
-            causal = c.flag
+            causal = c.on
         elif c.kind == "decode" and not causal and c.n_tokens() > n_ubatch:
             parts, room = [], n_ubatch
             for p in c.parts:
@@ -364,8 +365,8 @@ def _within_ubatch_when_non_causal(calls: list[Call], n_ubatch: int) -> tuple[Ca
                     parts.append(replace(p, n_tokens=n, outputs="last" if p.outputs == "all" and n < p.n_tokens else p.outputs))
                     room -= n
             c = replace(c, parts=tuple(parts))
-        elif c.kind == "spec" and not causal and 1 + c.n > n_ubatch:  # its verification batch too
-            c = replace(c, n=n_ubatch - 1, accept=min(c.accept, n_ubatch - 1)) if n_ubatch > 1 else Call("decode", (Part(c.seq, 1, "last"),))
+        elif c.kind == "spec" and not causal and 1 + c.n_draft > n_ubatch:  # its verification batch too
+            c = replace(c, n_draft=n_ubatch - 1, accept=min(c.accept, n_ubatch - 1)) if n_ubatch > 1 else Call("decode", (Part(c.seq, 1, "last"),))
         out.append(c)
     return tuple(out)
 
@@ -375,7 +376,7 @@ DEFAULT_ABSENT = frozenset({"moe_cache_size"})  # what the default build (llama.
 
 
 @st.composite
-def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC, max_calls: int = 24, max_gpu: int = MAX_GPU,
+def llama_workloads(draw: st.DrawFn, max_layers: int = 3, limits: DeviceLimits = LLAMA_DEVICES, max_calls: int = 24,
                     families: tuple[str, ...] = ("dense", "moe"), absent: frozenset[str] = DEFAULT_ABSENT,
                     draft_models: bool = False) -> LlamaWorkload:
     """A tiny model of ``families`` (``FAMILIES``: the recurrent ones too) on RPC and GPU-like
@@ -397,7 +398,7 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, max_rpc: int = MAX_RPC
     if absent:
         calls = tuple(c for c in calls if c.kind not in absent) or (Call("decode", (Part(0, 1, "last"),)),)
     tensor = model.arch not in NO_TENSOR_SPLIT and ctx.flash_attn != "off" and not ctx.backend_samplers
-    dv = draw(devices(model, max_rpc, max_gpu, tensor))
+    dv = draw(devices(model, limits, tensor))
     if "moe_cache_size" not in absent and model.n_expert and dv.n_devices and dv.split_mode != "tensor" and draw(st.integers(0, 2)) == 0:
         dv, ctx = draw(_moe_cache(model, dv, ctx))
     if pipeline_ready(dv):
@@ -425,7 +426,7 @@ def _draft_model(draw: st.DrawFn, model: ModelSpec, dv: Devices, ctx: ContextPar
     on = draw(st.integers(-1, dv.n_devices - 1)) if dv.n_devices else -1  # -1: the target's devices
     n_rs_seq = 0
     if model.kind in ROLLBACK_KINDS and ctx.n_rs_seq:
-        drops = any(c.kind == "seq_rm" and c.n > 0 for c in calls)
+        drops = any(c.kind == "seq_rm" and c.n_drop > 0 for c in calls)
         n_rs_seq = ctx.n_rs_seq if drops or draw(st.booleans()) else 0
     return DraftModel((on,) if on >= 0 else (), draw(sampled((0, 99, model.n_layer))) if on < 0 else 99, n_rs_seq)
 

@@ -534,3 +534,47 @@ def test_resign_names_the_cause_in_todays_words_and_keeps_the_old_ones(tmp_path:
     # run again: the case shows its own signature now, and nothing changes
     again = subprocess.run([*SCHEDFUZZ, "resign", str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "kept" in again.stdout and "0 case(s) signed again" in again.stdout and load_case(path) == resigned
+
+
+def _as_format1(data: dict) -> dict:
+    """A case of today's format as format 1 wrote it: a call's count or index in ``n``, its switch in ``flag``."""
+    calls = []
+    for c in data["llama"]["calls"]:
+        c = {("n" if k in ("n_drop", "n_discard", "adapter", "adapters", "n_draft") else "flag" if k == "on" else k): v for k, v in c.items()}
+        calls.append(c)
+    return {**data, "version": 1, "llama": {**data["llama"], "calls": calls}}
+
+
+def test_a_format_1_case_loads_as_today_and_migrate_rewrites_only_what_it_must(tmp_path: Path):
+    """Format 1 named five counts ``n`` and two switches ``flag``; a file of it still loads as the
+    same case, and ``schedfuzz migrate`` rewrites it, under its name, as the starter corpus holds it
+    now; a current file and a bad one are left as they are."""
+    starter = Path(__file__).resolve().parents[2] / "corpus"
+    kinds: set[str] = set()
+    for name in ("2a9936e1c8", "84199f84a5", "0fcd848bd0.json", "39761028ac"):
+        today = next(starter.glob(f"*{name}*"))
+        data = json.loads(today.read_text())
+        kinds |= {c["kind"] for c in data["llama"]["calls"]}
+        old = tmp_path / today.name
+        old.write_text(json.dumps(_as_format1(data), indent=1, sort_keys=True) + "\n")
+        assert replace(load_case(old), path=None) == replace(load_case(today), path=None)
+    assert {"lora_load", "lora_set", "shift", "spec", "set_warmup"} <= kinds, kinds
+    current = tmp_path / "current.json"
+    current.write_text(today.read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_as_format1(json.loads(today.read_text())), "llama": {"model": {}, "ctx": {}, "calls": [{"kind": "decode", "n": 3}]}}))
+    bad_before, current_before = bad.read_bytes(), current.stat().st_mtime_ns
+    run = subprocess.run([*SCHEDFUZZ, "migrate", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "bad.json" in run.stderr and "'decode' call has no field n" in run.stderr, run.stderr
+    assert "migrated 4 case file(s) to format version 2; 1 already were; 1 could not be read" in run.stdout, run.stdout
+    assert bad.read_bytes() == bad_before and current.stat().st_mtime_ns == current_before
+    for name in ("2a9936e1c8", "84199f84a5", "0fcd848bd0.json", "39761028ac"):
+        today = next(starter.glob(f"*{name}*"))
+        assert (tmp_path / today.name).read_text() == today.read_text()
+
+
+def test_the_starter_corpus_is_in_todays_format():
+    from pytest_schedfuzz.cases.corpus import CASE_VERSION
+
+    starter = Path(__file__).resolve().parents[2] / "corpus"
+    assert {json.loads(p.read_text())["version"] for p in [*case_files(starter), *case_files(starter / "unconfirmed")]} == {CASE_VERSION}

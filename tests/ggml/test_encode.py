@@ -16,6 +16,7 @@ from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.ggml.program import GraphProgram, encode, encode_rows, native_encoder
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.strategies import scenarios
@@ -71,7 +72,7 @@ def test_llama_cpps_captured_graphs_encode_alike() -> None:
 
 
 @settings(max_examples=120, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(st.one_of(scenarios(), scenarios(max_gpu=2, compute=True, max_extra_ops=8)))
+@given(st.one_of(scenarios(), scenarios(DeviceLimits.of(rpc=2, gpu=2), compute=True, max_extra_ops=8)))
 def test_drawn_graphs_encode_alike(scenario) -> None:  # type: ignore[no-untyped-def]
     scenario.validate()
     for _, spec in scenario.graphs:

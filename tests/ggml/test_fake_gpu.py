@@ -24,6 +24,7 @@ from pytest_schedfuzz.ggml.build import build_fake_gpu
 from pytest_schedfuzz.ggml.lib import library_folder
 from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.ggml.values import compared as values_compared
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
@@ -89,7 +90,7 @@ def test_engine_and_reference_agree_on_200_scenarios_with_gpu_like_devices(engin
 
     @seed(7)
     @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.one_of(scenarios(max_rpc=1, compute=True, max_gpu=2), workloads(max_gpu=2, max_ubatches=4)))
+    @given(st.one_of(scenarios(DeviceLimits.of(rpc=1, gpu=2), compute=True), workloads(limits=DeviceLimits.of(rpc=1, gpu=2), max_ubatches=4)))
     def agree(case: Scenario | Workload) -> None:
         scenario = case if isinstance(case, Scenario) else Driver().scenario(case)
         layout = scenario.layout.backends

@@ -21,6 +21,7 @@ from pytest_schedfuzz.campaign.stats import features
 from pytest_schedfuzz.cases.capture import CaptureError, capture, covered_ops, graph_spec, layout_of, llama_names
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.captured import Captured
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
@@ -298,7 +299,7 @@ def test_the_graph_properties_fuzz_on_llama_cpps_captured_graphs(fuzzer: Fuzzer)
     seen: set[str] = set()
 
     @settings(max_examples=60, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(captured_scenarios(pool, max_gpu=2, max_steps=6))
+    @given(captured_scenarios(pool, DeviceLimits.of(gpu=2), max_steps=6))
     def drawn(sc) -> None:  # type: ignore[no-untyped-def]
         sc.validate()
         base = next(b for b in pool if [n for n, _ in b.graphs] == [n for n, _ in sc.graphs])
@@ -343,7 +344,7 @@ def test_no_same_size_realloc_fuzzes_llama_cpps_graphs_in_llama_cpps_order(fuzze
     seen: set[str] = set()
 
     @settings(max_examples=40, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(captured_workloads(pool, max_gpu=2, max_ubatches=8))
+    @given(captured_workloads(pool, DeviceLimits.of(gpu=2), max_ubatches=8))
     def drawn(sc: Scenario) -> None:
         sc.validate()
         base = next(b for b in pool if [n for n, _ in b.graphs] == [n for n, _ in sc.graphs])
@@ -410,7 +411,7 @@ def test_a_captured_scenario_keeps_its_scheduler_exactly_when_the_reuse_policy_a
     seen: list[bool] = []
 
     @settings(max_examples=80, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(captured_scenarios([base], max_gpu=0, max_steps=8), captured_scenarios([base], max_gpu=0, max_steps=8, policy=lambda new, cur: True))
+    @given(captured_scenarios([base], DeviceLimits(), max_steps=8), captured_scenarios([base], DeviceLimits(), max_steps=8, policy=lambda new, cur: True))
     def drawn(sc: Scenario, always: Scenario) -> None:
         assert _reuses(sc) == _reuses(sc, can_reuse)
         assert all(_reuses(always))

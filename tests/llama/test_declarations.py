@@ -20,6 +20,7 @@ from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.llama import declarations, upstream
 from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
 from pytest_schedfuzz.llama.upstream import upstream_lib_dir
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.llama import LlamaWorkload
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
@@ -120,8 +121,8 @@ SHIFTED = {"model": {"arch": "llama", "kind": "dense", "n_layer": 2, "n_embd": 1
                    "n_outputs_max_per_seq": 0, "backend_samplers": False, "sampler_chain": "top_p-min_p-temp-dist"},
            "calls": [{"kind": "decode", "parts": [{"seq": 3, "n_tokens": 25, "outputs": "all"}]},
                      {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 1, "outputs": "last"}]},
-                     {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 128, "outputs": "all"}]}, {"kind": "seq_rm", "seq": 3, "n": 24},
-                     {"kind": "shift", "seq": 3, "n": 14, "n_keep": 1}, {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 79, "outputs": "none"}]}]}
+                     {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 128, "outputs": "all"}]}, {"kind": "seq_rm", "seq": 3, "n_drop": 24},
+                     {"kind": "shift", "seq": 3, "n_discard": 14, "n_keep": 1}, {"kind": "decode", "parts": [{"seq": 3, "n_tokens": 79, "outputs": "none"}]}]}
 
 
 @pytest.mark.engine
@@ -250,7 +251,7 @@ def test_a_call_a_build_lacks_is_absent_from_its_workloads_never_emulated(tmp_pa
     assert stats.llama_explored["call set_warmup absent (this build lacks it)"] == 0
 
     @settings(max_examples=30, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(llama_workloads(max_gpu=0, absent=frozenset({"set_warmup"})))
+    @given(llama_workloads(limits=DeviceLimits.of(rpc=2), absent=frozenset({"set_warmup"})))
     def none_drawn(drawn: LlamaWorkload) -> None:
         assert all(c.kind != "set_warmup" for c in drawn.calls)
 
@@ -288,7 +289,7 @@ def test_b11739s_embeddings_switch_reorders_the_leafs_and_is_named_where_another
         run = lambda w: llama_trace(target.run(w))  # noqa: E731
         signed = {}
         for flag in (False, True):
-            w = _mamba2_embeddings_server([{"kind": "set_embeddings", "flag": flag}, one, two])
+            w = _mamba2_embeddings_server([{"kind": "set_embeddings", "on": flag}, one, two])
             if flag:  # from a context made without embeddings
                 w = replace(w, ctx=replace(w.ctx, embeddings=False))
             (v,) = [v for v in LLAMA_CHECKS["llama-no-same-size-realloc"](w, run(w)) if v.facts.get("explained") == "lost"]
@@ -297,8 +298,8 @@ def test_b11739s_embeddings_switch_reorders_the_leafs_and_is_named_where_another
         assert signed == {False: "decode after set_embeddings(false): changed (leaf reordered)",
                           True: "decode after set_embeddings(true): changed (leaf reordered)"}
         emb, causal = {"kind": "set_embeddings"}, {"kind": "set_causal_attn"}
-        w = _mamba2_embeddings_server([one, emb, emb, causal, *[one] * 4, emb, {"kind": "seq_rm", "n": -1},
-                                       {"kind": "set_warmup", "flag": True}, *[one] * 10, two])
+        w = _mamba2_embeddings_server([one, emb, emb, causal, *[one] * 4, emb, {"kind": "seq_rm", "n_drop": -1},
+                                       {"kind": "set_warmup", "on": True}, *[one] * 10, two])
         lost = [v for v in LLAMA_CHECKS["llama-no-same-size-realloc"](w, run(w)) if v.facts.get("explained") == "lost"]
         found, reruns = switches_told_apart(w, lost, run, frozenset())
         assert reruns >= 2 and [v.facts["lost_by"] for v in found if v.step == 21] == [

@@ -30,8 +30,8 @@ from pytest_schedfuzz.strategies.llama import llama_workloads
 # prompts on two slots; a step of 2 drafts, none accepted (the last token and the drafts: 3 positions, as many as the
 # snapshots); the next token; a rejected draft dropped with seq_rm; a step of 5 drafts (more than the snapshots: the
 # target's checkpoint, replayed); both slots in one batch
-CALLS = (decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=2, accept=0), decode((1, 3, "all")),
-         Call("seq_rm", seq=1, n=2), decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=1),
+CALLS = (decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n_draft=2, accept=0), decode((1, 3, "all")),
+         Call("seq_rm", seq=1, n_drop=2), decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n_draft=5, accept=1),
          decode((0, 1, "last"), (1, 3, "last")))
 SERVED = LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, CALLS, draft="model", draft_model=DraftModel((), 99, 3))
 # as llama-server makes it: a draft context without snapshots (its target's seq_rm of last positions is then no workload)
@@ -127,8 +127,8 @@ def test_the_reproducer_makes_the_draft_context_and_its_rollbacks(tmp_path: Path
     llama-server's parameters, mirrors every target batch, and rolls it back as the worker does:
     the finding (the lost reservation) reproduces in the same call."""
     # a step of 3 drafts with 1 accepted, then 5 with none: the target's ubatches switch topology by their sizes
-    w = replace(SERVER, calls=(decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=3, accept=1), decode((1, 3, "all")),
-                               decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=0), decode((0, 1, "last"), (1, 3, "last"))))
+    w = replace(SERVER, calls=(decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n_draft=3, accept=1), decode((1, 3, "all")),
+                               decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n_draft=5, accept=0), decode((0, 1, "last"), (1, 3, "last"))))
     _, source = first_finding_reproduced(w, None, tmp_path)
     assert "DRAFT_MODEL = 1" in source and "cp.n_rs_seq = 0;" in source
 
@@ -140,7 +140,7 @@ def test_a_draft_that_finds_no_slot_leaves_the_draft_context_where_the_target_is
     target batch's catch-up follows the draft context's positions (before: ``llama_decode`` -1 in
     the draft context, an inconsistent position, for a valid workload)."""
     ctx = replace(CTX, n_seq_max=1, n_rs_seq=0, n_batch=64, n_ubatch=32)
-    calls = (*[decode((0, 64, "none"))] * 3, decode((0, 63, "last")), Call("spec", seq=0, n=2, accept=2), decode((0, 1, "last")))
+    calls = (*[decode((0, 64, "none"))] * 3, decode((0, 63, "last")), Call("spec", seq=0, n_draft=2, accept=2), decode((0, 1, "last")))
     w = LlamaWorkload(ModelSpec(), Devices(), ctx, calls, draft="model", draft_model=DraftModel((), 99, 0))
     w.validate()
     f = Fuzzer(FuzzConfig(database=None))

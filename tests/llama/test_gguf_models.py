@@ -430,8 +430,8 @@ def decode(*parts: tuple[int, int, str]) -> Call:
 SERVER_LIKE = (
     decode((0, 40, "none")), decode((0, 9, "last")), decode((0, 1, "last"), (1, 13, "last")),
     decode((0, 1, "last"), (1, 1, "last"), (2, 5, "all")),
-    Call("seq_rm", seq=2, n=-1), Call("seq_cp", seq=0, dst=2), decode((0, 1, "last"), (2, 1, "last")),
-    Call("seq_rm", seq=1, n=-1), decode((1, 6, "last"), (2, 1, "last")),
+    Call("seq_rm", seq=2, n_drop=-1), Call("seq_cp", seq=0, dst=2), decode((0, 1, "last"), (2, 1, "last")),
+    Call("seq_rm", seq=1, n_drop=-1), decode((1, 6, "last"), (2, 1, "last")),
     Call("seq_keep", seq=1), decode((1, 1, "last")), Call("clear"), decode((0, 3, "last")),
 )
 
@@ -459,8 +459,8 @@ def test_recurrent_memory_cannot_drop_the_last_tokens(target) -> None:
     worker's rc 1 for both, the state left as it was. Such calls are documented failures, so a
     workload on a recurrent model may not hold them (its draft is a checkpoint and a restore); a
     dense model's KV cache does both."""
-    calls = (decode((0, 6, "last")), decode((0, 4, "all")), Call("seq_rm", seq=0, n=3), decode((0, 1, "last")),
-             Call("shift", seq=0, n_keep=2, n=16), Call("shift", seq=0, n_keep=2, n=3), decode((0, 1, "last")), Call("seq_rm", seq=0, n=99))
+    calls = (decode((0, 6, "last")), decode((0, 4, "all")), Call("seq_rm", seq=0, n_drop=3), decode((0, 1, "last")),
+             Call("shift", seq=0, n_keep=2, n_discard=16), Call("shift", seq=0, n_keep=2, n_discard=3), decode((0, 1, "last")), Call("seq_rm", seq=0, n_drop=99))
     trace = target.run(LlamaWorkload(DENSE, Devices(), ContextParams(), calls))
     assert trace.abort is None and [c.rc for c in trace.calls[1:]] == [0] * len(calls)
     for spec in (MAMBA2, HYBRID):

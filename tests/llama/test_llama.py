@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
@@ -35,7 +36,7 @@ def decode(*parts: tuple[int, int, str]) -> Call:
 WARMUP = LlamaWorkload(
     MOE, Devices(n_rpc=1, n_gpu_layers=0),
     ContextParams(n_ctx=256, n_batch=8, n_ubatch=8, flash_attn="off", op_offload=False, kv_unified=False, embeddings=True),
-    (decode((0, 1, "last")), Call("set_warmup", flag=True), decode((0, 1, "last")), decode((0, 5, "last"))),
+    (decode((0, 1, "last")), Call("set_warmup", on=True), decode((0, 1, "last")), decode((0, 5, "last"))),
 )
 # ordinary traffic of one slot: prompt chunks, then token generation, all within the reservation
 STEADY = LlamaWorkload(
@@ -69,7 +70,7 @@ def test_generated_workloads_are_valid_and_round_trip(w: LlamaWorkload) -> None:
         (lambda w: replace(w, ctx=replace(w.ctx, n_outputs_max=1), calls=(decode((0, 2, "all")),)), "n_outputs_max"),
         (lambda w: replace(w, calls=(decode((0, 65, "last")),)), "n_batch"),
         (lambda w: replace(w, devices=Devices(n_rpc=7)), "devices.n_rpc"),
-        (lambda w: replace(w, calls=(Call("set_causal_attn", flag=False), decode((0, 64, "last")))), "causal attention is off"),
+        (lambda w: replace(w, calls=(Call("set_causal_attn", on=False), decode((0, 64, "last")))), "causal attention is off"),
         (lambda w: replace(w, model=replace(w.model, n_head=0)), "model: n_head"),
     ],
 )
@@ -241,7 +242,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     # one whose 200 draws decode each asserted dimension (re-picked when the modules' constants were left out)
     @seed(4)
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads(max_gpu=0))  # GPU-like devices: tests/llama/test_llama_gpu.py
+    @given(llama_workloads(limits=DeviceLimits.of(rpc=2)))  # GPU-like devices: tests/llama/test_llama_gpu.py
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
@@ -281,7 +282,7 @@ def test_a_call_the_harness_could_not_make_is_a_harness_error() -> None:
     from pytest_schedfuzz.profiles import FuzzConfig
     from pytest_schedfuzz.properties import LLAMA_GROUP
 
-    w = replace(STEADY, calls=(decode((0, 4, "last")), Call("seq_rm", seq=0, n=2)))
+    w = replace(STEADY, calls=(decode((0, 4, "last")), Call("seq_rm", seq=0, n_drop=2)))
     traces = {
         "refused": LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "decode", 0), CallRecord(1, "seq_rm", 1))),
         "unseen": LlamaTrace((CallRecord(-1, "init", 0, ()), CallRecord(0, "decode", 0), CallRecord(1, "seq_rm", 0))),
@@ -428,7 +429,7 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     norm_other_port = _lost(changed("node norm-1 (RMS_NORM): #0 RPC0[127.0.0.1:6001] -> #1 RPC0[127.0.0.1:6002]"))
     norm_to_cpu = _lost(changed("node attn_norm-2 (RMS_NORM): #0 RPC0[127.0.0.1:6001] -> #2 CPU"))
     ffn = _lost(changed("node ffn_out-3 (ADD): #1 RPC0[127.0.0.1:5002] -> #2 CPU"))
-    after_warmup = _lost(changed("node norm-3 (RMS_NORM): #0 RPC0[127.0.0.1:5001] -> #1 RPC0[127.0.0.1:5002]"), Call("set_warmup", flag=True))
+    after_warmup = _lost(changed("node norm-3 (RMS_NORM): #0 RPC0[127.0.0.1:5001] -> #1 RPC0[127.0.0.1:5002]"), Call("set_warmup", on=True))
     weight = _lost(changed("leaf blk.1.ssm_out.weight (weight): #0 RPC0[127.0.0.1:5001] -> #2 CPU"))
     weight_rpc = _lost(changed("leaf blk.0.ffn_down.weight (weight): #0 RPC0[127.0.0.1:5001] -> #1 RPC0[127.0.0.1:5002]"))
     gpu = _lost(changed("node embd (GET_ROWS): #0 GPU0 -> #1 CPU"))
@@ -443,7 +444,7 @@ def test_two_causes_of_a_backend_change_get_two_signatures() -> None:
     offloaded = [_lost(replace(changed(f"node embd (GET_ROWS): {move}"), offloaded=("token_embd.weight@GPU1",)))
                  for move in ("#0 GPU0 -> #2 CPU", "#0 GPU0 -> #1 GPU1")]
     after_warmup_offloaded = _lost(replace(changed("node embd (GET_ROWS): #0 GPU0 -> #2 CPU"), offloaded=("token_embd.weight@GPU1",)),
-                                   Call("set_warmup", flag=True))
+                                   Call("set_warmup", on=True))
     assert offloaded[0] == offloaded[1] == after_warmup_offloaded and "lost_by=decode: changed (op offload)" in offloaded[0]
     # the node that moved reads a host-resident weight (only op offload puts it on a device): the same
     # cause through a topology switch too (the fresh-clone CI's dense model with a greedy backend
@@ -561,8 +562,8 @@ def test_reuse_sound_judges_every_parameter_the_seeds_llama_cpp_asked_for() -> N
 
 LORA_W = LlamaWorkload(
     ModelSpec(n_layer=2), Devices(n_rpc=1), ContextParams(n_seq_max=1),
-    (decode((0, 8, "last")), Call("lora_load", n=0), Call("lora_set", n=1), decode((0, 1, "last")),
-     Call("lora_set", n=0), Call("lora_free", n=0), Call("lora_set", n=0), decode((0, 1, "last"))),
+    (decode((0, 8, "last")), Call("lora_load", adapter=0), Call("lora_set", adapters=1), decode((0, 1, "last")),
+     Call("lora_set", adapters=0), Call("lora_free", adapter=0), Call("lora_set", adapters=0), decode((0, 1, "last"))),
 )
 
 
@@ -572,10 +573,10 @@ def test_lora_workloads_round_trip_and_invalid_adapter_calls_are_refused() -> No
     w = replace(LORA_W, loras=(LoraSpec(rank=2, targets=("attn_q", "ffn_up")),))
     assert LlamaWorkload.from_json(w.to_json()) == w
     for calls, needle in (
-        ((Call("lora_set", n=1),), "attaches adapters that are not loaded"),
-        ((Call("lora_load", n=0), Call("lora_set", n=1), Call("lora_free", n=0)), "adapter 0 is attached to the context"),
-        ((Call("lora_free", n=0),), "adapter 0 is not loaded"),
-        ((Call("lora_load", n=1),), "adapter 1: the workload has 1"),
+        ((Call("lora_set", adapters=1),), "attaches adapters that are not loaded"),
+        ((Call("lora_load", adapter=0), Call("lora_set", adapters=1), Call("lora_free", adapter=0)), "adapter 0 is attached to the context"),
+        ((Call("lora_free", adapter=0),), "adapter 0 is not loaded"),
+        ((Call("lora_load", adapter=1),), "adapter 1: the workload has 1"),
     ):
         with pytest.raises(WorkloadError, match=needle):
             replace(w, calls=calls).validate()
@@ -610,7 +611,7 @@ def test_an_adapter_that_failed_to_load_is_a_refused_call_then_a_refused_free(ta
     bad = tmp_path / "not-an-adapter.gguf"
     bad.write_bytes(b"GGUF, but not really")
     monkeypatch.setattr("pytest_schedfuzz.llama.target.write_lora", lambda *a: bad)
-    w = replace(LORA_W, loras=(LoraSpec(),), calls=(Call("lora_load", n=0), Call("lora_free", n=0), decode((0, 1, "last"))))
+    w = replace(LORA_W, loras=(LoraSpec(),), calls=(Call("lora_load", adapter=0), Call("lora_free", adapter=0), decode((0, 1, "last"))))
     trace = llama_trace(target.run(w))
     assert trace.abort is None
     load, free, dec = [c for c in trace.calls if 0 <= c.index < 3]
@@ -622,7 +623,7 @@ def test_an_rpc_failure_in_llama_cpp_is_signed_by_how_the_server_failed_or_what_
     one that refused a command is told apart by the last call that changed the devices' contents
     (a LoRA adapter freed, a sampler set...), so two causes never share a signature."""
     rpc = "ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed response"
-    w = replace(LORA_W, calls=(decode((0, 1, "last")), Call("lora_load", n=0), decode((0, 1, "last")), Call("lora_free", n=0), decode((0, 1, "last"))))
+    w = replace(LORA_W, calls=(decode((0, 1, "last")), Call("lora_load", adapter=0), decode((0, 1, "last")), Call("lora_free", adapter=0), decode((0, 1, "last"))))
     (refused,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc)))
     assert refused.facts["server"] == "refused after lora_free"
     (died,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc + "\nRPC server 127.0.0.1:1 was killed by SIGSEGV")))
@@ -673,8 +674,8 @@ def test_an_rpc_refusal_is_signed_by_the_command_the_server_refused_whatever_cam
                 "127.0.0.1:5: [graph_recompute] device: 0, graph with uid 67 not found",
                 "127.0.0.1:5: schedfuzz-rpc-server: closed the connection after command 16")
     signs = set()
-    for before, said in ((Call("lora_free", n=0), silent), (Call("seq_rm", n=1), numbered)):
-        w = replace(LORA_W, calls=(decode((0, 1, "last")), Call("lora_load", n=0), decode((0, 1, "last")), before, decode((0, 1, "last"))))
+    for before, said in ((Call("lora_free", adapter=0), silent), (Call("seq_rm", n_drop=1), numbered)):
+        w = replace(LORA_W, calls=(decode((0, 1, "last")), Call("lora_load", adapter=0), decode((0, 1, "last")), before, decode((0, 1, "last"))))
         for phase in ("llama.cpp", "compute"):  # where the client noticed it: 0.3.36's and b11739's
             (v,) = LLAMA_CHECKS["llama-no-abort"](w, LlamaTrace((), LlamaAbort(4, "abort", rpc, refused=said, phase=phase)))
             assert v.facts["server"] == "refused GRAPH_RECOMPUTE" and said[0].split(": ", 1)[1] in v.message
@@ -741,12 +742,12 @@ def test_recurrent_workloads_are_valid_round_trip_and_never_drop_positions(w: Ll
     w.validate()
     assert LlamaWorkload.from_json(w.to_json()) == w
     if w.model.kind in ("mamba2", "hybrid"):
-        assert not any(c.kind == "shift" or (c.kind == "seq_rm" and c.n > 0) for c in w.calls) and not w.loras
+        assert not any(c.kind == "shift" or (c.kind == "seq_rm" and c.n_drop > 0) for c in w.calls) and not w.loras
 
 
 def test_a_partial_rollback_of_a_recurrent_model_is_refused_and_a_restore_needs_a_checkpoint() -> None:
     mamba = ModelSpec(kind="mamba2", arch="mamba2", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=32)
-    for calls, field in (((decode((0, 4, "last")), Call("seq_rm", seq=0, n=2)), "cannot drop"), ((Call("shift", seq=0, n=2),), "cannot drop"),
+    for calls, field in (((decode((0, 4, "last")), Call("seq_rm", seq=0, n_drop=2)), "cannot drop"), ((Call("shift", seq=0, n_discard=2),), "cannot drop"),
                          ((Call("restore", seq=0),), "no checkpoint")):
         with pytest.raises(WorkloadError, match=field):
             LlamaWorkload(mamba, Devices(n_rpc=1), ContextParams(), calls).validate()
@@ -767,7 +768,7 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
 
     @seed(8)  # (without the modules' constants) one whose 80 draws decode each family and call kind twice (re-picked for LFM2)
     @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads(max_rpc=1, families=FAMILIES))
+    @given(llama_workloads(limits=DeviceLimits.of(rpc=1, gpu=2), families=FAMILIES))
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
@@ -854,7 +855,7 @@ def test_speculative_servers_draft_verify_and_roll_back_in_both_contexts(target)
 
     @seed(3)  # one whose 60 draws reach each speculative dimension (re-picked when drafts got a model of their own)
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads(max_rpc=2, max_gpu=0, families=("mtp",)))
+    @given(llama_workloads(limits=DeviceLimits.of(rpc=2), families=("mtp",)))
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)
@@ -877,7 +878,7 @@ def test_a_speculative_step_is_signed_as_the_decode_it_makes() -> None:
     from pytest_schedfuzz.properties.llama_replan import call_kind, replan_trigger
 
     w = LlamaWorkload(ModelSpec(), Devices(n_rpc=1), ContextParams(n_batch=32, n_outputs_max=8, n_outputs_max_per_seq=4),
-                      (Call("decode", (Part(0, 8, "last"),)), Call("spec", seq=0, n=2, accept=1)))
+                      (Call("decode", (Part(0, 8, "last"),)), Call("spec", seq=0, n_draft=2, accept=1)))
     w.validate()
     assert call_kind(w, 1) == "decode" and replan_trigger(w, 0, 1) == ("decode", None)
     assert "speculative step(seq 0: draft 2, verify 3, accept 1)" in w.calls[1].describe()

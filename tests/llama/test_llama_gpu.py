@@ -12,6 +12,7 @@ import pytest
 
 from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.cases.corpus import load_case
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.layout import BackendSpec
 from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
@@ -29,7 +30,7 @@ def decode(*parts: tuple[int, int, str]) -> Call:
 
 
 # a prompt of 32 tokens (all outputs), then generation, a rejected draft rolled back, and a 2-token draft
-TRAFFIC = (decode((0, 32, "all")), decode((0, 7, "last")), decode((0, 1, "last")), Call("seq_rm", seq=0, n=3), decode((0, 2, "all")))
+TRAFFIC = (decode((0, 32, "all")), decode((0, 7, "last")), decode((0, 1, "last")), Call("seq_rm", seq=0, n_drop=3), decode((0, 2, "all")))
 
 
 def workload(devices: Devices, **ctx: object) -> LlamaWorkload:
@@ -132,7 +133,7 @@ def test_an_adapter_a_full_device_refuses_is_out_of_memory_not_a_harness_error()
     said = ("llama_adapter_lora_init failed: alloc_tensor_range: failed to allocate GPU0 buffer of size 14336 / "
             "llama_adapter_lora_init_from_file_ptr: failed to apply lora adapter: failed to allocate buffer for lora adapter")
     full = LlamaWorkload(ModelSpec(n_layer=2), Devices(n_rpc=0, gpus=(ASYNC, ASYNC), gpu_free=(440_871, 1_246_974)), ContextParams(n_seq_max=1),
-                         (Call("lora_load", n=0), Call("lora_free", n=0)), (LoraSpec(),))
+                         (Call("lora_load", adapter=0), Call("lora_free", adapter=0)), (LoraSpec(),))
     trace = LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), CallRecord(0, "lora_load", said), CallRecord(1, "lora_free", "adapter 0 is not loaded: its lora_load failed")))
     assert out_of_memory(full, trace) == said
     roomy = replace(full, devices=replace(full.devices, gpu_free=()))
@@ -228,7 +229,7 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
     # reaches three decodes and some contexts are refused for memory (re-picked when the LFM2 models came)
     @seed(8)
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-    @given(llama_workloads(max_rpc=1, families=FAMILIES))
+    @given(llama_workloads(limits=DeviceLimits.of(rpc=1, gpu=2), families=FAMILIES))
     def run(w: LlamaWorkload) -> None:
         trace = llama_trace(target.run(w))
         stats.add_llama(w, trace)

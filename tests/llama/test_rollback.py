@@ -24,8 +24,8 @@ from pytest_schedfuzz.properties.derived import llama_trace
 # a prompt on each slot, one step of 3 drafts with 1 accepted (2 rolled back: <= n_rs_seq), a rejected
 # draft dropped with seq_rm, then one of 5 drafts (more than the snapshots: a checkpoint), then both
 # slots' next tokens in one batch that fits a ubatch, unequal (an equal split computes it per sequence)
-CALLS = (decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n=3, accept=1), decode((1, 3, "all")),
-         Call("seq_rm", seq=1, n=2), decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n=5, accept=0),
+CALLS = (decode((0, 6, "last")), decode((1, 4, "last")), Call("spec", seq=0, n_draft=3, accept=1), decode((1, 3, "all")),
+         Call("seq_rm", seq=1, n_drop=2), decode((0, 1, "last"), (1, 1, "last")), Call("spec", seq=1, n_draft=5, accept=0),
          decode((0, 1, "last"), (1, 3, "last")))
 SERVED = LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, CALLS)
 
@@ -86,15 +86,15 @@ def test_without_snapshots_the_same_drafts_roll_back_from_checkpoints() -> None:
 
 @pytest.mark.parametrize("ctx, calls, why", [
     (replace(CTX, n_rs_seq=7), CALLS, "n_ubatch 8 > n_rs_seq \\+ 1"),  # llama.cpp asserts it at the first decode
-    (CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=4)), "at most n_rs_seq 3 positions"),
-    (CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=1), Call("seq_rm", seq=0, n=1)), "once between two decodes"),
+    (CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n_drop=4)), "at most n_rs_seq 3 positions"),
+    (CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n_drop=1), Call("seq_rm", seq=0, n_drop=1)), "once between two decodes"),
 ])
 def test_validate_holds_llama_cpps_rollback_limits(ctx: ContextParams, calls: tuple[Call, ...], why: str) -> None:
     with pytest.raises(WorkloadError, match=why):
         LlamaWorkload(NEMOTRON, Devices(n_rpc=1), ctx, calls).validate()
     # the same rollback twice with a decode between is a workload
-    LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n=1), decode((0, 1, "last")),
-                                                    Call("seq_rm", seq=0, n=1))).validate()
+    LlamaWorkload(NEMOTRON, Devices(n_rpc=1), CTX, (decode((0, 6, "last")), Call("seq_rm", seq=0, n_drop=1), decode((0, 1, "last")),
+                                                    Call("seq_rm", seq=0, n_drop=1))).validate()
 
 
 @pytest.mark.engine

@@ -27,7 +27,7 @@ CRASH = "SCHEDFUZZ_RPC_CRASH_AT_COMPUTE"
 # the last decode outputs nothing, so nothing is read back from the server after its graph (a
 # crash there escapes the decode), and the last call computes nothing: the crash is the decode's
 W = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(),
-                  (Call("decode", (Part(0, 4, "last"),)), Call("decode", (Part(0, 2, "none"),)), Call("set_warmup", flag=False)))
+                  (Call("decode", (Part(0, 4, "last"),)), Call("decode", (Part(0, 2, "none"),)), Call("set_warmup", on=False)))
 CPU = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=0, n_gpu_layers=0), ContextParams(), (Call("decode", (Part(0, 4, "last"),)),))
 
 pytestmark = pytest.mark.engine

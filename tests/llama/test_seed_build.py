@@ -206,8 +206,8 @@ def test_the_seed_keeps_its_scheduler_where_can_reuse_holds_and_ggml_and_llama_c
     from pytest_schedfuzz.model.llama import Call
     from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, scheduler_reuses
 
-    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=False), _decode((0, 1, "last")),
-                          Call("set_sampler", seq=0, flag=True, chain="top_k-greedy"), _decode((0, 1, "last")))
+    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, on=False), _decode((0, 1, "last")),
+                          Call("set_sampler", seq=0, on=True, chain="top_k-greedy"), _decode((0, 1, "last")))
     trace = _run(seed_lib, w)
     reuses = scheduler_reuses(trace)
     assert [(call, kept.max_nodes, asked.max_nodes) for call, kept, asked in reuses] == [(2, 1248, 1024), (4, 1248, 1248)]
@@ -228,7 +228,7 @@ def test_a_can_reuse_that_ignores_max_nodes_fails_llama_reuse_sound() -> None:
     from pytest_schedfuzz.model.llama import Call
     from pytest_schedfuzz.properties.llama import llama_reuse_sound
 
-    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=True, chain="top_p-min_p-temp-dist"), _decode((0, 1, "last")))
+    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, on=True, chain="top_p-min_p-temp-dist"), _decode((0, 1, "last")))
     mutant = build_llama_seed((CAN_REUSE_IGNORES_MAX_NODES,))
     (v,) = llama_reuse_sound(w, _run(mutant, w))
     assert v.signature() == "llama-reuse-sound[why=max_nodes]" and v.step == 2
@@ -327,8 +327,8 @@ def test_a_cpu_only_context_re_plans_without_a_scheduler_decision_on_the_seed(se
     w = LlamaWorkload(ModelSpec(n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=32), Devices(n_rpc=0, n_gpu_layers=0),
                       ContextParams(n_ctx=256, n_batch=8, n_ubatch=8, n_seq_max=3, kv_unified=False, embeddings=True),
                       (_decode((0, 1, "last")), _decode((0, 1, "last")), _decode((1, 2, "last")), _decode((0, 1, "last")), _decode((0, 1, "last")),
-                       Call("seq_keep", seq=0), Call("seq_rm", seq=1, n=-1), Call("seq_cp", seq=0, dst=1), Call("seq_keep", seq=0),
-                       Call("shift", seq=0, n=1), _decode((0, 1, "last"))))
+                       Call("seq_keep", seq=0), Call("seq_rm", seq=1, n_drop=-1), Call("seq_cp", seq=0, dst=1), Call("seq_keep", seq=0),
+                       Call("shift", seq=0, n_discard=1), _decode((0, 1, "last"))))
     trace = _run(seed_lib, w)
     assert trace.abort is None and all(c.rc == 0 for c in trace.calls)
     reallocs = [s for _, s in trace.sched_calls() if s.realloc]
@@ -343,7 +343,7 @@ def test_a_can_reuse_that_never_holds_fails_llama_reuse_complete(seed_lib: Path)
     from pytest_schedfuzz.model.llama import Call
     from pytest_schedfuzz.properties.llama import llama_reuse_complete, rebuilds
 
-    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, flag=False), _decode((0, 1, "last")))
+    w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, on=False), _decode((0, 1, "last")))
     (v,) = llama_reuse_complete(w, _run(build_llama_seed((CAN_REUSE_NEVER,)), w))
     assert v.signature() == "llama-reuse-complete[rebuilt=can_reuse held]" and v.step == 2
     assert "asked for max_nodes 1024, parallel" in v.message and "had max_nodes 1248" in v.message

@@ -23,6 +23,7 @@ from pytest_schedfuzz.cases.corpus import Case, load_case, save_case
 from pytest_schedfuzz.cases.export import ExportError, build_and_run
 from pytest_schedfuzz.cases.export_llama import export_llama_case
 from pytest_schedfuzz.engine import Unsupported
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.llama import (
     CPU_DEVICE,
     Call,
@@ -53,7 +54,7 @@ def decode(*parts: tuple[int, int, str]) -> Call:
 
 # a server's traffic on two slots: prompts (larger than the ubatch), single tokens, a draft verified and rolled back
 CALLS = (decode((0, 20, "last")), decode((0, 1, "last")), decode((0, 1, "last"), (1, 4, "last")), decode((0, 3, "all")),
-         Call("seq_rm", seq=0, n=2), decode((0, 1, "last"), (1, 1, "last")), decode((1, 40, "last")))
+         Call("seq_rm", seq=0, n_drop=2), decode((0, 1, "last"), (1, 1, "last")), decode((1, 40, "last")))
 TENSOR = LlamaWorkload(MOE, Devices(n_rpc=2, split_mode="tensor"), ContextParams(n_seq_max=2, flash_attn="auto"), CALLS)
 # -ot exps=CPU with the layers on an RPC device, and a MoE cache for half of the experts
 CACHED = LlamaWorkload(MOE, Devices(n_rpc=1, overrides=(("_exps", CPU_DEVICE),)),
@@ -61,7 +62,7 @@ CACHED = LlamaWorkload(MOE, Devices(n_rpc=1, overrides=(("_exps", CPU_DEVICE),))
 # draft-mtp with the draft's model of its own on the second RPC device (--spec-draft-devices RPC1)
 MTP = ModelSpec(kind="mtp", arch="glm4moe", n_layer=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, n_expert=4, n_expert_used=2)
 OWN = LlamaWorkload(MTP, Devices(n_rpc=2), ContextParams(n_batch=32, n_outputs_max=8, n_outputs_max_per_seq=8, flash_attn="auto"),
-                    (decode((0, 12, "last")), Call("spec", seq=0, n=3, accept=1), Call("spec", seq=0, n=2, accept=2), decode((0, 1, "last"))),
+                    (decode((0, 12, "last")), Call("spec", seq=0, n_draft=3, accept=1), Call("spec", seq=0, n_draft=2, accept=2), decode((0, 1, "last"))),
                     draft="mtp", draft_model=DraftModel((1,)))
 
 
@@ -81,7 +82,7 @@ def test_the_new_parameters_round_trip_and_old_workloads_read_as_before() -> Non
         (replace(TENSOR, ctx=replace(TENSOR.ctx, flash_attn="off")), "split_mode tensor: needs flash attention"),
         (replace(TENSOR, model=MAMBA, calls=(decode((0, 4, "last")),)), "split_mode tensor: llama.cpp has none for architecture 'mamba2'"),
         (replace(TENSOR, ctx=replace(TENSOR.ctx, backend_samplers=True)), "split_mode tensor: no backend samplers"),
-        (replace(TENSOR, calls=(Call("set_sampler", seq=0, flag=True),)), "no backend sampler with split mode tensor"),
+        (replace(TENSOR, calls=(Call("set_sampler", seq=0, on=True),)), "no backend sampler with split mode tensor"),
         (replace(TENSOR, devices=Devices(n_rpc=0, split_mode="tensor")), "split_mode tensor: needs at least one device"),
         (replace(CACHED, model=ModelSpec(n_layer=2)), "moe_cache_size .*: needs a mixture-of-experts model"),
         (replace(CACHED, devices=Devices(n_rpc=0)), "moe_cache_size .*: needs a device of GPU type"),
@@ -239,7 +240,7 @@ def test_b11739s_drawn_workloads_with_tensor_zero_shares_and_the_moe_cache_decod
 
         @seed(47)
         @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=(Phase.generate,))
-        @given(llama_workloads(max_rpc=2, max_gpu=0, absent=absent))
+        @given(llama_workloads(limits=DeviceLimits.of(rpc=2), absent=absent))
         def run(w: LlamaWorkload) -> None:
             trace = llama_trace(f.engines.run_llama(w))
             stats.add_llama(w, trace)

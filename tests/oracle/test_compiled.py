@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pytest_schedfuzz import compiled
 from pytest_schedfuzz.cases.corpus import case_files, load_case
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.scenario import Scenario
 from pytest_schedfuzz.strategies import scenarios
 from reference.predict import predict
@@ -45,7 +46,7 @@ def _cases() -> list[tuple[Scenario, str]]:
     drawn: list[Scenario] = []
 
     @settings(max_examples=150, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(st.one_of(scenarios(), scenarios(max_gpu=2, compute=True, max_extra_ops=8)))
+    @given(st.one_of(scenarios(), scenarios(DeviceLimits.of(rpc=2, gpu=2), compute=True, max_extra_ops=8)))
     def draw(sc: Scenario) -> None:
         drawn.append(sc)
 

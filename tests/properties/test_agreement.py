@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
@@ -58,7 +59,7 @@ def test_engine_and_reference_agree_on_300_scenarios_with_every_kind_of_realloc(
     @seed(1)
     @settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(st.one_of(
-        st.integers(0, 2).flatmap(lambda n: scenarios(max_rpc=2).filter(lambda s: s.layout.n_rpc == n)),
+        st.integers(0, 2).flatmap(lambda n: scenarios(DeviceLimits.of(rpc=2)).filter(lambda s: s.layout.n_rpc == n)),
         st.tuples(workloads(max_ubatches=6), st.sampled_from(DRIVERS)).map(lambda a: a[1].scenario(a[0])),
     ))
     def agree(scenario: Scenario) -> None:

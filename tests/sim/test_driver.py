@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.scenario import SchedParams
 from pytest_schedfuzz.model.trace import Trace
@@ -79,7 +80,7 @@ def test_a_built_spec_carries_the_geometry_a_fresh_inference_gives():
 
     @seed(5)
     @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate,))
-    @given(st.one_of(scenarios(2, 6, True, 4, 50, False, 2), workloads(max_ubatches=6, max_gpu=2).map(Driver().scenario)))
+    @given(st.one_of(scenarios(DeviceLimits.of(rpc=2, gpu=2), 6, True, 4, 50), workloads(max_ubatches=6, limits=DeviceLimits.of(rpc=1, gpu=2)).map(Driver().scenario)))
     def same(scenario) -> None:  # type: ignore[no-untyped-def]
         for _, g in scenario.graphs:
             assert GraphSpec(g.tensors, g.roots, g.forced, g.label).geometry == g.geometry
