@@ -53,7 +53,7 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     cs.add_argument("--db", required=True, help="the campaign's Redis: redis[s]://[USER:PASSWORD@]HOST:PORT/N (or the password in SCHEDFUZZ_DB_PASSWORD)")
     cs.add_argument("--db-ca", default=os.environ.get("SCHEDFUZZ_DB_CA"), metavar="FILE",
                     help="the CA certificate a rediss:// Redis's certificate is checked against (env SCHEDFUZZ_DB_CA)")
-    cs.set_defaults(func="campaign:status")
+    cs.set_defaults(func="shared_status:status")
     rp = sub.add_parser("replay", help="replay cases: steps, realloc events and the verdict")
     rp.add_argument("cases", nargs="+", help="case files or corpus directories")
     rp.add_argument("--capture", action="store_true", help="llama.cpp cases: capture their graphs and compare the reference with what ggml did")
@@ -166,7 +166,7 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
         hp.add_argument("--builds", action="append", metavar="BUILD[,BUILD...]",
                         help="the builds instead, the oldest first: published names, built-ins or library folders; repeatable")
         hp.add_argument("--runs", type=int, default=3, help="replays of a case before it counts as not reproduced on a build (default 3)")
-        hp.set_defaults(func=f"history:{name}")
+        hp.set_defaults(func=f"upstream_history:{name}")
     return parser, sub.choices
 
 

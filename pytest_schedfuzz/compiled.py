@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "reference"
 # the passes and ggml-alloc's model; not the package's __init__ and params (imported before the
 # package can choose), nor predict (the loop over steps, whose caller may pass a Scheduler subclass)
-COMPILED = ("graph", "backends", "alloc", "sched", "versions")
+COMPILED = ("graph", "backends", "alloc", "sched", "rules")
 ENV = "SCHEDFUZZ_REFERENCE"  # "source": never the compiled modules
 # what the last compiled_path call found (the session header prints it)
 status = "source (not imported yet)"

@@ -1,7 +1,7 @@
-"""Targets: the engines a scenario runs on. ``ggml.target.GgmlTarget`` runs the real ggml.
+"""Targets: the engines a scenario runs on. ``ggml.graph_target.GgmlTarget`` runs the real ggml.
 
 A target takes a ``Scenario`` and returns the ``Trace`` of what the engine did. Targets are
-named ``module:factory`` (``load_target``), e.g. ``pytest_schedfuzz.ggml.target:GgmlTarget``.
+named ``module:factory`` (``load_target``), e.g. ``pytest_schedfuzz.ggml.graph_target:GgmlTarget``.
 """
 
 from __future__ import annotations

@@ -103,6 +103,8 @@ OPTIONS: tuple[Option, ...] = (
            env="SCHEDFUZZ_DB_CA"),
     Option("report", "also write the verdict and every statistic to this JSON file (schema: pytest_schedfuzz/report.schema.json)",
            metavar="FILE.json"),
+    Option("sightings", "append each signature a process sees first, with the time, to this file (JSON lines; what the "
+           "rediscovery benchmark reads)", metavar="FILE"),
 )
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -76,6 +76,7 @@ class FuzzConfig:
     shared: str | None = None  # redis[s]://HOST:PORT/N: a campaign shared with other hosts (``campaign.shared``)
     shared_ca: str | None = None  # the CA file a rediss:// server's certificate is checked against
     confirm_runs: int = 5  # replays on fresh workers of a failure that did not come back at once (``campaign.confirm``)
+    sightings: Path | None = None  # each signature a process sees first is appended here (``campaign.stats.sighted``)
 
     def resolved_profile(self) -> Profile:
         if self.profile not in PROFILES:

@@ -4,7 +4,7 @@
 
 ``reference.predict.predict(scenario, rules)`` says what the real scheduler must do at every step;
 ``reference.sched`` holds the passes, ``reference.alloc`` ggml-alloc, ``reference.backends`` what
-each device kind answers, ``reference.versions`` every difference between the versions (``Rules``,
+each device kind answers, ``reference.rules`` every difference between the versions (``Rules``,
 each field read by the passes or by ``pytest_schedfuzz.properties.derived``), and ``can_reuse``
 is llama.cpp's rule for reusing a scheduler.
 """

@@ -9,8 +9,8 @@ from pytest_schedfuzz.model.scenario import Scenario, Step
 from pytest_schedfuzz.model.trace import Abort, ReallocEvent, StepRecord, Trace
 
 from .graph import CGraph
+from .rules import NEWEST, Rules
 from .sched import SchedAbort, Scheduler, SplitResult
-from .versions import NEWEST, Rules
 
 Prediction = Trace
 

@@ -6,7 +6,7 @@ Read this side by side with ``ggml-backend.cpp`` (``ggml_backend_sched_split_gra
 ``ggml_gallocr_needs_realloc``, ``ggml_gallocr_alloc_graph``). Functions carry the names and
 the order of ggml's passes; state carries the names of ``struct ggml_backend_sched``'s fields.
 
-Where the two versions differ, a field of ``versions.Rules`` says which way (the scheduler is
+Where the two versions differ, a field of ``rules.Rules`` says which way (the scheduler is
 built with the rules of the loaded ggml).
 
 Where ggml compares pointers (buffer types, tensor copies), this model compares identities:
@@ -28,7 +28,7 @@ from .alloc import AllocAbort, Gallocr, NullBufferCrash
 from .backends import GGML_MAX_SRC, Backends, dep_nodes, fake_gpu_fuse, fake_gpu_reorder
 from .graph import CGraph, Ref
 from .params import SchedParams
-from .versions import NEWEST, Rules
+from .rules import NEWEST, Rules
 
 MAX_COPIES = 4  # GGML_SCHED_MAX_COPIES
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.cases.corpus import Case, load_case, save_case
 from pytest_schedfuzz.cases.export_llama import export_llama_case
-from pytest_schedfuzz.model.llama import Call, ContextParams, LlamaWorkload, Part
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, LlamaWorkload, Part
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP, Violation
 from pytest_schedfuzz.properties.derived import llama_trace

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["reference.graph", "reference.params", "reference.versions", "pytest_schedfuzz.cases.corpus", "pytest_schedfuzz.properties.base",
+MODULES = ["reference.graph", "reference.params", "reference.rules", "pytest_schedfuzz.cases.corpus", "pytest_schedfuzz.properties.base",
            "pytest_schedfuzz.properties.aborts", "pytest_schedfuzz.properties.llama_replan", "pytest_schedfuzz.properties.llama_logits",
            "pytest_schedfuzz.model.versions"]
 

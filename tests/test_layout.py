@@ -148,14 +148,14 @@ def test_call_kinds_are_branched_on_only_in_their_table() -> None:
     planted = 'def make(k):\n    if k == "seq_rm":\n        pass\n    elif k == "seq_cp":\n        pass\n    elif k in ("clear", "shift"):\n        pass\n'
     assert len(_call_kind_tables(planted, "planted")) == 1
     assert len(_call_kind_tables('X = {"seq_rm": 1, "seq_cp": 2, "clear": 3}\n', "planted")) == 1
-    assert _places_outside({PACKAGE / "model" / "llama_calls.py", PACKAGE / "strategies" / "llama.py"}, _call_kind_tables) == []
+    assert _places_outside({PACKAGE / "model" / "llama_calls.py", PACKAGE / "strategies" / "llama_workloads.py"}, _call_kind_tables) == []
 
 
 def test_every_call_kind_and_draft_action_has_its_worker_method() -> None:
     """A call kind (``CALLS``) and a draft action (``DRAFT_ACTIONS``) are each one table entry with
     its C; the worker's method each names is there, and the draft context's method of each action."""
+    from pytest_schedfuzz.llama.llama_worker import Llama
     from pytest_schedfuzz.llama.speculative import DraftContext
-    from pytest_schedfuzz.llama.worker import Llama
     from pytest_schedfuzz.model.llama_calls import CALLS, DRAFT_ACTIONS
 
     assert [k for k, c in CALLS.items() if not callable(getattr(Llama, c.make, None))] == []
@@ -242,7 +242,7 @@ MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 300
 # a class counted with its mixins over the limit, allowed where it is one concept, with the reason;
 # each at its size when it was named: it may shrink, never grow
 ONE_CONCEPT: dict[str, tuple[int, str]] = {
-    "llama/worker.py:Llama": (
+    "llama/llama_worker.py:Llama": (
         888, "one libllama session: llama.cpp calls back into it (the scheduler hook, the log, the abort: Observation) inside "
              "the calls it makes (Calls), and both read and write the record of the call being made; its devices and models "
              "are a collaborator of their own (Placement)"),
@@ -250,7 +250,7 @@ ONE_CONCEPT: dict[str, tuple[int, str]] = {
     "campaign/fuzz.py:Fuzzer": (
         524, "one fuzzing campaign: its checks (Checks) run inside its Hypothesis examples and judge with its engines, "
              "statistics and the properties it judges"),
-    "ggml/run.py:ScenarioRun": (401, "one scenario's run in the graph worker: each step's record (StepRecording) is made of the run's state"),
+    "ggml/scenario_run.py:ScenarioRun": (401, "one scenario's run in the graph worker: each step's record (StepRecording) is made of the run's state"),
 }
 
 
@@ -416,14 +416,14 @@ def test_device_kinds_are_told_only_by_their_table() -> None:
     assert len(_device_kind_tests('own = spec.kind in ("rpc", "gpu")\n', "planted")) == 1
     assert len(_device_kind_tests('X = {"rpc": 1, "cpu": 2}\n', "planted")) == 1
     assert _device_kind_tests('layout = BackendLayout.of("rpc", "cpu")\nspec = BackendSpec("gpu")\n', "planted") == []
-    from pytest_schedfuzz.ggml.backends import CONSTRUCTORS
+    from pytest_schedfuzz.ggml.constructors import CONSTRUCTORS
     from pytest_schedfuzz.model.devices import DEVICE_KINDS
     from pytest_schedfuzz.strategies import LAYOUT_DRAWS
 
     assert list(CONSTRUCTORS) == list(DEVICE_KINDS)
     # the strategies' half: every kind but the host, in the order a layout holds them (GPU-like devices first)
     assert sorted(LAYOUT_DRAWS) == sorted(k.name for k in DEVICE_KINDS.values() if not k.host)
-    halves = {str(p.relative_to(ROOT)) for p in (PACKAGE / "ggml" / "backends.py", PACKAGE / "strategies" / "__init__.py")}
+    halves = {str(p.relative_to(ROOT)) for p in (PACKAGE / "ggml" / "constructors.py", PACKAGE / "strategies" / "__init__.py")}
     found = [x for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]) if path != DEVICES_TABLE
              for x in _device_kind_tests(path.read_text(), str(path.relative_to(ROOT)))]
     assert [x for x in found if not (x.split(":")[0] in halves and "dict keyed" in x)] == []
@@ -605,3 +605,77 @@ def test_the_architecture_page_names_the_layers_in_order() -> None:
     order = page[page.index("## Layers"):].split("\n## ")[0]
     positions = [order.index(f"`{room}") for rooms in LAYERS for room in rooms if room != "__init__"]
     assert positions == sorted(positions), "docs/architecture.md's layers are not in LAYERS' order"
+
+
+def _files_naming(trees: dict[str, ast.AST], name: str, method: str = "") -> set[str]:
+    """The files whose code names ``name``: a string equal to it, a keyword argument of that name,
+    or a function ``method``."""
+    out = set()
+    for where, tree in trees.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and node.value == name) or (isinstance(node, ast.keyword) and node.arg == name) \
+                    or (method and isinstance(node, ast.FunctionDef) and node.name == method):
+                out.add(where)
+                break
+    return out
+
+
+def _figures() -> str:
+    """The figures ``docs/architecture.md`` gives, counted from the code: the modules and classes
+    over the size rule, the imports up the layers, and, for each kind of entry, the files that
+    name its least-named entry (what a new entry of that kind touches)."""
+    from pytest_schedfuzz.model.devices import DEVICE_KINDS
+    from pytest_schedfuzz.model.llama_calls import CALLS
+    from pytest_schedfuzz.model.ops import OPS
+    from pytest_schedfuzz.model.versions import VERSIONS
+    from pytest_schedfuzz.properties.registry import REGISTRY
+
+    paths = sorted([*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")])
+    sources = {path.relative_to(PACKAGE).as_posix(): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+    over = _too_large(sources, exceptions={})
+    modules = {}
+    for path in paths:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = (path.read_text(), parts[-1] == "__init__")
+    trees = {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text()) for path in paths}
+    tables = (("call kind", "`model.llama_calls.CALLS`", [(k, f"_make_{k}") for k in CALLS]),
+              ("device kind", "`model.devices.DEVICE_KINDS`", [(k.name, "") for k in DEVICE_KINDS.values() if not k.host]),
+              ("graph op", "`model.ops.OPS`", [(k, "") for k in OPS]),
+              ("ggml version", "`model.versions.VERSIONS`", [(v.version, "") for v in VERSIONS]),
+              ("property", "`properties.registry.REGISTRY`", [(p.id, "") for p in REGISTRY]))
+    rows = [f"| modules over {MAX_MODULE_LINES} lines | {sum(': ' in o and 'mixins' not in o for o in over)} |",
+            f"| classes over {MAX_CLASS_LINES} lines, with their parts | {sum('mixins' in o for o in over)}, each a named concept "
+            f"(`ONE_CONCEPT`): {', '.join('`' + k.split(':')[1] + '`' for k in sorted(ONE_CONCEPT))} |",
+            f"| imports up the layers | {len(_imports_up(modules))} |"]
+    for kind, table, entries in tables:
+        named = {name: _files_naming(trees, name, method) for name, method in entries}
+        least = min(named, key=lambda n: (len(named[n]), n))
+        rows.append(f"| files a new {kind} touches ({table}; its least-named entry, `{least}`) | {len(named[least])}: "
+                    + ", ".join(f"`{f.removeprefix('pytest_schedfuzz/')}`" for f in sorted(named[least])) + " |")
+    return "| figure | counted |\n|---|---|\n" + "\n".join(rows) + "\n"
+
+
+def test_the_architecture_pages_figures_are_counted_from_the_code() -> None:
+    """``docs/architecture.md``'s figures are the code's: a file that names a planted entry is
+    counted, and the page's table is the one ``_figures`` makes now (run it to update the page)."""
+    trees = {"a.py": ast.parse('CALLS = {"frob": 1}\n'), "b.py": ast.parse("def _make_frob(self):\n    pass\n"), "c.py": ast.parse("x = 1\n")}
+    assert _files_naming(trees, "frob", "_make_frob") == {"a.py", "b.py"}
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert _figures() in page, "docs/architecture.md's figures are not the code's; they are now:\n" + _figures()
+
+
+def _name_collisions(paths: list[Path]) -> dict[str, list[str]]:
+    """File names that two modules share (``__init__.py`` aside), with the modules."""
+    by_name: dict[str, list[str]] = {}
+    for p in paths:
+        if p.name != "__init__.py":
+            by_name.setdefault(p.name, []).append(p.as_posix())
+    return {n: sorted(ps) for n, ps in by_name.items() if len(ps) > 1}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says what it holds wherever it is read (a traceback, a docstring's
+    reference, an import): no two of the package's and the reference's modules share one; a
+    planted pair is caught."""
+    assert _name_collisions([Path("a/worker.py"), Path("b/worker.py"), Path("a/__init__.py"), Path("b/__init__.py")]) == {"worker.py": ["a/worker.py", "b/worker.py"]}
+    assert _name_collisions([p.relative_to(ROOT) for p in [*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]]) == {}

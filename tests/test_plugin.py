@@ -199,7 +199,7 @@ def test_the_llama_properties_are_collected_as_one_item(fuzz, pytester: pytest.P
 def test_a_path_option_in_the_space_form_keeps_the_corpus_here(fuzz, pytester: pytest.Pytester):
     """``--schedfuzz-llama-lib DIR`` makes pytest's rootdir the project above DIR; the corpus and
     the database stay in the directory pytest was started in (this one: empty)."""
-    from pytest_schedfuzz.llama.target import default_lib_dir
+    from pytest_schedfuzz.llama.llama_target import default_lib_dir
 
     result = fuzz("--schedfuzz-llama-lib", str(default_lib_dir()), "--schedfuzz-properties", "llama-reuse-sound", "--schedfuzz-examples", "3")
     result.assert_outcomes(passed=1)  # the project's corpus (expected failures) was not replayed
@@ -236,7 +236,7 @@ def test_a_bug_fixed_in_a_version_is_expected_before_it_and_guarded_from_it(fuzz
 def test_schedfuzz_lib_reaches_the_test_suite(pytester: pytest.Pytester):
     """Without --schedfuzz, --schedfuzz-lib still chooses the engine of the session's tests."""
     pytester.makepyfile(test_x="""
-        from pytest_schedfuzz.ggml.target import GgmlTarget
+        from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 
         def test_engine():
             with GgmlTarget() as t:

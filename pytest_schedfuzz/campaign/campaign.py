@@ -90,6 +90,7 @@ class Campaign:
             policy=value.get("policy"), rereserve=value.get("rereserve", True), reference=value.get("reference"),
             keep_going=value.get("keep-going"), size_oracle=value.get("size-oracle"), database=base / ".schedfuzz" / "examples",
             shared=value.get("db"), shared_ca=value.get("db-ca"), confirm_runs=value.get("confirm-runs", FuzzConfig.confirm_runs),
+            sightings=Path(value["sightings"]).absolute() if "sightings" in value else None,
         )
         try:
             config.resolved_profile()
@@ -365,7 +366,7 @@ class Campaign:
 def llama_header(info: dict[str, str], verbose: bool) -> list[str]:
     """The header's lines of the llama.cpp build under test, as its worker described itself: what
     it lacks (calls, devices) and the reference rules it is judged by."""
-    from reference.versions import rules_for
+    from reference.rules import rules_for
 
     lines = []
     if verbose:

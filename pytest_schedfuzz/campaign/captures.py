@@ -1,4 +1,4 @@
-"""The captured llama.cpp graphs the graph properties fuzz on (``strategies.captured``): one
+"""The captured llama.cpp graphs the graph properties fuzz on (``strategies.captured_graphs``): one
 small workload per model family and size of ubatch and KV cache, run once per session on
 llama.cpp with capture, each giving a scenario whose graphs are llama.cpp's own (a full ubatch,
 a partial one, single-token decodes, the reservation's worst case, the flash-attention probe)."""
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from ..cases.capture import CAPTURED_LABEL, CaptureError, capture
 from ..engine import TargetError
-from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
 from ..model.llama_model import ModelSpec
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
 from ..model.scenario import Scenario
 
 if TYPE_CHECKING:

@@ -8,13 +8,13 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from .. import properties as props
-from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.llama_calls import SWITCHES
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import LlamaWorkload, WorkloadError
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..properties.aborts import NO_ABORT
-from ..properties.llama import llama_no_same_size_realloc
+from ..properties.llama_properties import llama_no_same_size_realloc
 from ..properties.values import SAME_VALUES
 
 Run = Callable[[Scenario], Trace]

@@ -11,21 +11,21 @@ from functools import partial
 
 from reference.graph import CGraph
 from reference.predict import predict as reference_predict
-from reference.versions import NEWEST, Rules, rules_for
+from reference.rules import NEWEST, Rules, rules_for
 
 from .. import properties as props
 from ..cases.capture import CaptureError, capture, preparer
 from ..cases.corpus import Case
 from ..cases.verdict import RACE
 from ..engine import TargetError, Unsupported
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..profiles import FuzzConfig
-from ..properties.captured import llama_matches_reference
-from ..properties.llama import LLAMA_CHECKS, cpu_run_violations, llama_same_logits, out_of_memory, unmade_calls
+from ..properties.captured_reference import llama_matches_reference
 from ..properties.llama_logits import compares_logits, cpu_only, logit_pairs
+from ..properties.llama_properties import LLAMA_CHECKS, cpu_run_violations, llama_same_logits, out_of_memory, unmade_calls
 from ..sim.driver import Driver, Workload
 from . import observed
 from .causes import causes_told_apart, switches_told_apart
@@ -58,7 +58,7 @@ class Checks:
 
     @property
     def rules(self) -> Rules:
-        """The reference's rules for the loaded ggml's version (``reference.versions``)."""
+        """The reference's rules for the loaded ggml's version (``reference.rules``)."""
         if self._rules is None:
             self._rules, self.rules_note = rules_for(self.engines.ggml_version(llama=False) or NEWEST.version)
         return self._rules

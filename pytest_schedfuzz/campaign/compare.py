@@ -22,8 +22,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace, SchedCall
+from ..model.llama_workload import LlamaWorkload
 from ..properties.derived import llama_trace
 
 

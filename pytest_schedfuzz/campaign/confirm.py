@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from .. import properties as props
 from ..cases.corpus import Case, component_of
-from ..model.llama import LlamaWorkload
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..sim.driver import Workload
 from .engines import Engines

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..cases.corpus import Case
 from ..engine import Target, load_target
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..model.trace import Abort, Trace
 from ..profiles import FuzzConfig
@@ -73,21 +73,21 @@ class Engines:
 
     @property
     def target(self) -> Target:
-        """The graph engine: ``--schedfuzz-target``, or the built-in ggml (``ggml.target.GgmlTarget``)."""
+        """The graph engine: ``--schedfuzz-target``, or the built-in ggml (``ggml.graph_target.GgmlTarget``)."""
         if self._target is None:
             if self.config.target:
                 self._target = load_target(self.config.target)
             else:
-                from ..ggml.target import GgmlTarget
+                from ..ggml.graph_target import GgmlTarget
 
                 self._target = GgmlTarget(lib=self.config.lib)
         return self._target
 
     @property
     def llama_target(self) -> Any:
-        """The real llama.cpp (``llama.target.LlamaTarget``)."""
+        """The real llama.cpp (``llama.llama_target.LlamaTarget``)."""
         if self._llama is None:
-            from ..llama.target import LlamaTarget
+            from ..llama.llama_target import LlamaTarget
 
             self._llama = LlamaTarget(lib_dir=self.config.llama_lib)
         return self._llama
@@ -96,7 +96,7 @@ class Engines:
         """The built-in ggml under ``GGML_SCHED_DEBUG_REALLOC=level`` (1 or 2): it aborts at its
         first same-size (1) or first (2) re-reservation, printing its own figures (``observed``)."""
         if level not in self._oracles:
-            from ..ggml.target import GgmlTarget
+            from ..ggml.graph_target import GgmlTarget
 
             self._oracles[level] = GgmlTarget(lib=self.config.lib, debug_realloc=level)
         return self._oracles[level]
@@ -105,7 +105,7 @@ class Engines:
         """llama.cpp under ``GGML_SCHED_DEBUG_REALLOC=1``: it aborts at its first same-size
         re-reservation (``observed.confirm_llama_same_size``)."""
         if self._llama_oracle is None:
-            from ..llama.target import LlamaTarget
+            from ..llama.llama_target import LlamaTarget
 
             self._llama_oracle = LlamaTarget(lib_dir=self.config.llama_lib, debug_realloc=1)
         return self._llama_oracle
@@ -155,7 +155,7 @@ class Engines:
         (the reference's prediction) runs while the built-in engine's worker, another process,
         runs the scenario; after the run on any other target. ``values=False``: no property
         compares this run's values (the built-in engine then skips its values oracle)."""
-        from ..ggml.target import GgmlTarget
+        from ..ggml.graph_target import GgmlTarget
 
         if isinstance(self.target, GgmlTarget):
             trace = derived.graph_trace(self.target.run(scenario, meanwhile, values))

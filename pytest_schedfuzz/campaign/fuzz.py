@@ -23,24 +23,24 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, HypothesisWarning
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 
-from reference.versions import Rules
+from reference.rules import Rules
 
 from .. import properties as props
 from ..engine import TargetError, Unsupported, gc_paused, gc_young_threshold
 from ..model.devices import DeviceLimits
-from ..model.llama import MAX_GPU, MAX_RPC, OPTIONAL_PARAMS, LlamaWorkload
+from ..model.llama_workload import MAX_GPU, MAX_RPC, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
 from ..profiles import FuzzConfig, load_spec
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
 from ..strategies import scenarios, workloads
-from ..strategies.captured import captured_scenarios, captured_workloads
-from ..strategies.llama import FAMILIES, llama_workloads
+from ..strategies.captured_graphs import captured_scenarios, captured_workloads
+from ..strategies.llama_workloads import FAMILIES, llama_workloads
 from .captures import session_pool
 from .checks import Checks, Predict
 from .confirm import FLAKY, Confirmation, Finding, ViolationFound, confirmed_finding, keep_unconfirmed
 from .engines import Engines
 from .known import KnownBugs
-from .stats import Stats
+from .stats import Stats, sighted
 
 if TYPE_CHECKING:
     from .shared import SharedCampaign
@@ -80,7 +80,7 @@ class Fuzzer(Checks):
 
             resolve_lib(config.lib)  # a LibError (a ValueError) now, not at the first case
         if config.llama_lib is not None:
-            from ..llama.target import resolve_lib_dir
+            from ..llama.llama_target import resolve_lib_dir
 
             try:
                 resolve_lib_dir(config.llama_lib)
@@ -310,8 +310,8 @@ class Fuzzer(Checks):
             if found and self.first_failure is None:
                 self.first_failure = time.monotonic() - start
             if found and not target:
-                print(f"schedfuzz: {prop}: found {found[0].signature()}; shrinking it (Ctrl-C stops and saves the smallest so far)",
-                      file=sys.stderr, flush=True)
+                sighted(self.config.sightings, prop, [v.signature() for v in found])
+                print(f"schedfuzz: {prop}: found {found[0].signature()}; shrinking it (Ctrl-C stops and saves the smallest so far)", file=sys.stderr, flush=True)
             if found and (not target or found[0].signature() == target[0]):
                 target[:] = [found[0].signature()]
                 best[:] = [ViolationFound(scenario, found[0], case if isinstance(case, Workload) else None, case if isinstance(case, LlamaWorkload) else None)]

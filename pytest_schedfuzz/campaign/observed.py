@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from .. import properties as props
 from ..engine import TargetError
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..model.trace import ReallocEvent, Trace
 

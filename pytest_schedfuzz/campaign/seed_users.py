@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from ..engine import TargetError, Unsupported
 from ..model.layout import BackendSpec
-from ..model.llama import CPU_DEVICE, Call, ContextParams, Devices, DraftModel, LlamaWorkload, Part
 from ..model.llama_model import ModelSpec
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import CPU_DEVICE, Call, ContextParams, Devices, DraftModel, LlamaWorkload, Part
 from ..properties.base import Violation
 
 # the tiny model with an MTP layer (the users' dense model with its MTP head is Qwen3.5-style,

@@ -3,21 +3,25 @@ scenarios and llama.cpp workloads its ``explored`` lines count, so that a dead g
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from .. import properties as props
 from ..cases.capture import CAPTURED_LABEL
 from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec
-from ..model.llama import LlamaWorkload, all_experts_bytes
 from ..model.llama_model import RECURRENT_KINDS, ROLLBACK_KINDS
 from ..model.llama_trace import CallRecord, LlamaTrace
+from ..model.llama_workload import LlamaWorkload, all_experts_bytes
 from ..model.ops import GGML_OP_NAMES
 from ..model.scenario import Scenario
 from ..model.trace import Trace
-from ..properties.llama import rebuilds
+from ..properties.llama_properties import rebuilds
 from .captures import CONTEXTS
 
 Predict = Callable[[Scenario], Trace]
@@ -42,7 +46,7 @@ class Stats:
     realloc_by_gallocr: int = 0  # ggml-alloc re-planning a single buffer by itself: no scheduler decision to report (derived)
     splits: int = 0
     # compute steps whose values were compared with the CPU alone (same-values: ``properties.VALUES``),
-    # the tensors compared, and compute steps run without (the other properties: zeros, ``ggml.values``)
+    # the tensors compared, and compute steps run without (the other properties: zeros, ``ggml.cpu_values``)
     values_steps: int = 0
     values_tensors: int = 0
     computed_unvalued: int = 0
@@ -310,7 +314,7 @@ def features(scenario: Scenario) -> list[str]:
         "flash attention": "flash attention" in kinds,
         "several graphs": len(scenario.graphs) > 1,
         "llama.cpp's graphs (captured)": any(g.label.startswith(CAPTURED_LABEL) for _, g in scenario.graphs),
-        # llama.cpp's own order (``strategies.captured.captured_workloads``): its reservation before every ubatch
+        # llama.cpp's own order (``strategies.captured_graphs.captured_workloads``): its reservation before every ubatch
         "llama.cpp's graphs after llama.cpp's reservation (captured)": _after_reservation(scenario),
         # the pool's second size of ubatch and KV cache (``captures.CONTEXTS``)
         f"llama.cpp's graphs of n_ubatch {CONTEXTS[1].n_ubatch}, n_ctx {CONTEXTS[1].n_ctx} (captured)": any(
@@ -367,7 +371,7 @@ _OWN = {"": "no draft", "mtp": "draft mtp on a draft model of its own", "model":
 
 def llama_features(w: LlamaWorkload) -> list[str]:
     """What a llama.cpp workload exercises, for the llama.cpp "explored" line: every dimension
-    the generators draw (``llama.llama_workloads``), so that a dead one shows."""
+    the generators draw (``strategies.llama_workloads.llama_workloads``), so that a dead one shows."""
     c, dv, m = w.ctx, w.devices, w.model
     out = [
         f"model {m.kind}", f"{dv.n_rpc} RPC", f"flash_attn {c.flash_attn}", f"kv {c.type_k}/{c.type_v}",
@@ -409,11 +413,11 @@ def llama_features(w: LlamaWorkload) -> list[str]:
         "speculative steps, draft mtp": w.draft == "mtp" and any(x.kind == "spec" for x in w.calls),
         "speculative steps, draft model": w.draft == "model" and any(x.kind == "spec" for x in w.calls),
         "speculative steps, n-gram drafts": not w.draft and any(x.kind == "spec" for x in w.calls),
-        "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n for x in w.calls),
+        "speculative steps rolled back": any(x.kind == "spec" and x.accept < x.n_draft for x in w.calls),
         "checkpoints": any(x.kind == "checkpoint" for x in w.calls),
         # recurrent-state snapshots, where the architecture rolls back by them (llama.cpp clamps n_rs_seq to 0 elsewhere)
         "n_rs_seq > 0": c.n_rs_seq > 0 and m.kind in ROLLBACK_KINDS,
-        "last positions dropped on a recurrent model (seq_rm)": m.kind in RECURRENT_KINDS and any(x.kind == "seq_rm" and x.n > 0 for x in w.calls),
+        "last positions dropped on a recurrent model (seq_rm)": m.kind in RECURRENT_KINDS and any(x.kind == "seq_rm" and x.n_drop > 0 for x in w.calls),
     }
     return out + [k for k, v in checks.items() if v]
 
@@ -465,3 +469,17 @@ def _split_per_sequence(w: LlamaWorkload, record: CallRecord) -> bool:
 # what merge, as_dict and delta carry: every counter and every per-key count of Stats
 COUNTERS = tuple(f.name for f in fields(Stats) if f.type == "int")
 DICTS = tuple(f.name for f in fields(Stats) if f.type == "dict[str, int]")
+
+
+def sighted(path: Path | None, prop: str, signatures: list[str]) -> None:
+    """Append ``signatures``, first seen by this process now, to the sightings file ``path`` (one
+    JSON line each, written whole with ``O_APPEND``: the processes of a run share the file)."""
+    if path is None:
+        return
+    now = time.time()
+    lines = "".join(json.dumps({"t": now, "property": prop, "signature": sig, "pid": os.getpid()}) + "\n" for sig in signatures)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, lines.encode())
+    finally:
+        os.close(fd)

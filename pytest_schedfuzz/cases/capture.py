@@ -33,8 +33,8 @@ from ..model import ops
 from ..model.captured import Captured, CapturedStep
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.layout import BackendLayout, BackendSpec
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario, SchedParams, Step
 from ..model.shapes import TYPES, SpecError
 

@@ -26,8 +26,8 @@ import jsonschema
 
 from ..builds.names import recorded_build
 from ..files import atomic_write
-from ..model.llama import LlamaWorkload, WorkloadError
 from ..model.llama_calls import call_from_format1
+from ..model.llama_workload import LlamaWorkload, WorkloadError
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError, nelements
 from ..model.versions import version_key

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pydot
 
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..model.trace import StepRecord
 

@@ -2,11 +2,11 @@
 against ggml's public API, built by a ``CMakeLists.txt`` against any ggml build, with a
 ``REPORT.md`` that says the finding in the scheduler's terms.
 
-The program (``repro.c``) does what the graph engine (``ggml.run.ScenarioRun``) does, in the
+The program (``repro.c``) does what the graph engine (``ggml.scenario_run.ScenarioRun``) does, in the
 same order, with ggml's own constructors: it starts its RPC servers in child processes
 (``ggml_backend_rpc_start_server`` on loopback) and stops them, makes the GPU-like devices from
 ``fake_gpu.c`` (copied beside it), allocates the weights and caches per device, fills every leaf
-with the bytes the harness used (``data.bin``, from the case's seed: ``ggml.values``), and runs
+with the bytes the harness used (``data.bin``, from the case's seed: ``ggml.cpu_values``), and runs
 the steps (``ggml_backend_sched_new``, ``_reserve``, ``_alloc_graph``, ``_graph_compute``,
 ``_split_graph``, ``_set_tensor_backend``) in a child process, printing each step's splits and
 buffer sizes and every reallocation ggml logs. What shows the finding is ggml's own:
@@ -36,10 +36,10 @@ from pathlib import Path
 
 from ..builds.compile import ggml_source_for
 from ..builds.installed import base_library
-from ..ggml import values
+from ..ggml import cpu_values
+from ..ggml.bindings import CPU_THREADS
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
 from ..ggml.cpu_only import tensor_key
-from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import library_folder
 from ..model import ops
 from ..model.devices import DEVICE_KINDS
@@ -139,18 +139,18 @@ class _Program:
 
     def __init__(self, scenario: Scenario, version: str) -> None:
         self.sc, self.version = scenario, version
-        self.seed = values.scenario_seed(scenario)
+        self.seed = cpu_values.scenario_seed(scenario)
         self.data = bytearray()
         self.persistent: dict[tuple[object, ...], int] = {}
         self.persistent_specs: list[TensorSpec] = []
         self.persistent_data: list[tuple[int, int]] = []
-        ones = values.ones_leafs(scenario)
+        ones = cpu_values.ones_leafs(scenario)
         for _, spec in scenario.graphs:
             for t in spec.tensors:
                 if t.role in ("weight", "cache") and tensor_key(t) not in self.persistent:
                     self.persistent[tensor_key(t)] = len(self.persistent_specs)
                     self.persistent_specs.append(t)
-                    self.persistent_data.append(self._blob(values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in ones)))
+                    self.persistent_data.append(self._blob(cpu_values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in ones)))
 
     def _blob(self, b: bytes) -> tuple[int, int]:
         off = len(self.data)
@@ -190,7 +190,7 @@ class _Program:
     def graph_table(self) -> str:
         rows = []
         for k, (name, spec) in enumerate(self.sc.graphs):
-            compared = values.compared(spec)
+            compared = cpu_values.compared(spec)
             index = {t.name: i for i, t in enumerate(spec.tensors)}
             cmp = ", ".join(str(index[n]) for n in compared) or "-1"
             inputs = ", ".join(str(i) for i, t in enumerate(spec.tensors) if t.role == "input") or "-1"
@@ -223,10 +223,10 @@ class _Program:
                 spec = self.sc.graph(st.graph or "")
                 data, compare = "NULL", "false"
                 if st.kind == "compute":
-                    inputs = values.step_inputs(self.seed, i, spec)
+                    inputs = cpu_values.step_inputs(self.seed, i, spec)
                     blobs = [self._blob(inputs[t.name]) for t in spec.tensors if t.role == "input"]
                     data = "(const struct blob[]){" + (", ".join(f"{{{o}, {n}}}" for o, n in blobs) or "{0, 0}") + "}"
-                    off = off or values.undetermined(spec)
+                    off = off or cpu_values.undetermined(spec)
                     compare = "true" if off is None else "false"
                 lines.append(f"    step_graph({i}, {_STEP_KINDS[st.kind]}, {k}, {data}, /* compare values */ {compare});")
         return "static void run_steps(void) {\n" + "\n".join(lines) + "\n}\n"

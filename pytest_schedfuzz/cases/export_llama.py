@@ -2,7 +2,7 @@
 program through ``llama.h``, with its tiny GGUF model (and LoRA adapters) written beside it at
 export time, so that nothing is written when it runs.
 
-``repro.c`` does what the llama.cpp worker (``llama.worker.Llama.run``) does, in the same order:
+``repro.c`` does what the llama.cpp worker (``llama.llama_worker.Llama.run``) does, in the same order:
 its RPC servers as processes of their own (``repro-rpc-server``), the GPU-like devices registered
 with ggml (``schedfuzz_fake_gpu_register``, ``fake_gpu.c`` beside it), the model loaded on the
 workload's devices (``llama_model_params``: devices, layers, split mode, tensor split, tensor
@@ -33,18 +33,18 @@ from ..builds.compile import BuildError, ggml_source_for
 from ..builds.installed import base_library
 from ..builds.names import BUILT_IN, recorded_build
 from ..engine import TargetError
+from ..ggml.bindings import CPU_THREADS
 from ..ggml.build import FAKE_GPU_SOURCE, RPC_SERVER_SOURCE
-from ..ggml.engine import CPU_THREADS
 from ..ggml.lib import library_folder
 from ..llama.declarations import STD_HEADERS, Declarations, from_binding
 from ..llama.gguf_models import write_lora, write_model
+from ..llama.llama_target import resolve_lib_dir
 from ..llama.speculative import STATE_PARTIAL_ONLY
-from ..llama.target import resolve_lib_dir
 from ..llama.upstream import LIBRARIES, exported_symbols
-from ..model.llama import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
 from ..model.llama_calls import CALLS, DRAFT_ACTIONS
 from ..model.llama_model import RECURRENT_KINDS
 from ..model.llama_trace import LlamaTrace
+from ..model.llama_workload import CPU_DEVICE, OPTIONAL_PARAMS, SAMPLER_CHAINS, Call, Devices, LlamaWorkload
 from ..model.versions import LLAMA_CPP_PYTHON
 from ..properties.llama_logits import LOGITS_TOLERANCE, cpu_only
 from ..properties.registry import ENTRIES, EXPORTED_IDS, is_llama

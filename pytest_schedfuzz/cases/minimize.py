@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ..model.graph_spec import GraphSpec, reshaped
 from ..model.layout import BackendLayout, BackendSpec
-from ..model.llama import LlamaWorkload
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..model.shapes import SpecError
 from ..sim.driver import Ubatch, Workload

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from reference.versions import rules_for
+from reference.rules import rules_for
 
 from ..builds.names import BUILT_IN as LLAMA_BUILT_IN
 from ..builds.names import recorded_build
@@ -29,7 +29,7 @@ from ..model.scenario import Scenario
 from ..model.trace import StepRecord, Trace
 from ..model.versions import version_of
 from ..properties.agreement import MATCHES_REFERENCE
-from ..properties.captured import llama_matches_reference
+from ..properties.captured_reference import llama_matches_reference
 from ..properties.registry import ENTRIES
 from . import CANNOT_RUN, UsageError, bad_case, fuzzer_for, load_all, replaying_fuzzer
 
@@ -391,7 +391,7 @@ def _export_one(fuzzer: Fuzzer, case: Case, out: Path, lib: str, version: str, l
     from ..cases.draw import buffers_text, splits_text, to_dot
     from ..cases.export import StepRecords, export_case
     from ..cases.export_llama import export_llama_case
-    from ..llama.target import resolve_lib_dir
+    from ..llama.llama_target import resolve_lib_dir
     from ..properties import fresh_variant
 
     if case.llama is not None:

@@ -116,9 +116,9 @@ def compare_builds(args: argparse.Namespace) -> int:
     with its cause (``campaign.compare``); exit 0 (a survey, not a verdict)."""
     from ..campaign.compare import compare, drawn
     from ..engine import TargetError
-    from ..llama.target import LlamaTarget
-    from ..model.llama import LLAMA_DEVICES
-    from ..strategies.llama import FAMILIES, llama_workloads
+    from ..llama.llama_target import LlamaTarget
+    from ..model.llama_workload import LLAMA_DEVICES
+    from ..strategies.llama_workloads import FAMILIES, llama_workloads
 
     targets = []
     try:

@@ -1,6 +1,6 @@
 """The values check of compute steps: the same graph computed by ggml's CPU backend alone.
 
-What the scheduler computed is compared, byte for byte (``values.difference``), with what ggml's
+What the scheduler computed is compared, byte for byte (``cpu_values.difference``), with what ggml's
 CPU backend computes for the same graph from the same leaf contents, every tensor in one buffer of
 its own: no scheduler, no allocator reuse, no copies. Both are the real ggml; this run only
 removes the scheduler from the computation.
@@ -14,8 +14,8 @@ from typing import Any
 from ..engine import TargetError
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.scenario import Scenario
-from . import values
-from .engine import Built, Ggml
+from . import cpu_values
+from .bindings import Built, Ggml
 from .program import encoded
 
 
@@ -31,29 +31,29 @@ class CpuOnly:
     def __init__(self, eng: Ggml, scenario: Scenario, compared: bool = True) -> None:
         self.eng = eng
         self.scenario = scenario
-        self.compared = compared  # False: nobody compares this run's values (``values.fill``'s zeros)
+        self.compared = compared  # False: nobody compares this run's values (``cpu_values.fill``'s zeros)
         self.shadow: dict[tuple[Any, ...], bytes] = {}
-        # why values are no longer compared (``values.undetermined``)
+        # why values are no longer compared (``cpu_values.undetermined``)
         self.off: str | None = None if compared else "not compared in this run"
 
     @cached_property
     def seed(self) -> int | None:
-        return values.scenario_seed(self.scenario) if self.compared else None
+        return cpu_values.scenario_seed(self.scenario) if self.compared else None
 
     @cached_property
     def ones(self) -> frozenset[str]:
-        return values.ones_leafs(self.scenario)
+        return cpu_values.ones_leafs(self.scenario)
 
     def persistent_bytes(self, spec: GraphSpec, t: TensorSpec) -> bytes:
         """What weight or cache ``t`` holds before the first step (kept for the CPU-only run)."""
         key = tensor_key(t)
         if key not in self.shadow:
-            self.shadow[key] = values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in self.ones)
+            self.shadow[key] = cpu_values.leaf_bytes(self.seed, spec, t, 0, {}, ones=t.name in self.ones)
         return self.shadow[key]
 
     def inputs(self, index: int, spec: GraphSpec) -> dict[str, bytes]:
-        """What every input holds at compute step ``index`` (``values.leaf_bytes``)."""
-        return values.step_inputs(self.seed, index, spec)
+        """What every input holds at compute step ``index`` (``cpu_values.leaf_bytes``)."""
+        return cpu_values.step_inputs(self.seed, index, spec)
 
     def compare(self, index: int, spec: GraphSpec, built: Built, inputs: dict[str, bytes], cpu: int) -> str:
         """The first of the step's roots, outputs and caches whose bytes differ from the same
@@ -61,8 +61,8 @@ class CpuOnly:
         want = self.solo(index, spec, inputs, cpu)
         geo = spec.geometry
         tolerant = any(b.device.inexact for b in self.scenario.layout.backends)
-        for name in values.compared(spec):
-            diff = values.difference(name, geo[name], self.eng.read(built.tensor(self.eng, name)), want[name], tolerant)
+        for name in cpu_values.compared(spec):
+            diff = cpu_values.difference(name, geo[name], self.eng.read(built.tensor(self.eng, name)), want[name], tolerant)
             if diff:
                 return diff
         return ""
@@ -89,7 +89,7 @@ class CpuOnly:
             for t in spec.tensors:
                 if t.role == "cache":
                     self.shadow[tensor_key(t)] = eng.read(tensors[t.name])
-            return {name: eng.read(tensors[name]) for name in values.compared(spec)}
+            return {name: eng.read(tensors[name]) for name in cpu_values.compared(spec)}
         finally:
             if buf:
                 g.ggml_backend_buffer_free(buf)

@@ -1,4 +1,4 @@
-/* The graph worker's observation of ggml, in C (``ggml.engine.Ggml``'s log and snapshot).
+/* The graph worker's observation of ggml, in C (``ggml.bindings.Ggml``'s log and snapshot).
  *
  * 1. ggml's log, gathered: ``schedfuzz_log`` is the ``ggml_log_callback``. Each call's text is
  *    appended to one buffer and ended by SEP, so that the parser (``schedlog.SchedLog``) still

@@ -1,5 +1,5 @@
 """What a step of the graph engine's run comes to (``StepRecording``, a part of
-``run.ScenarioRun``): every node's and leaf's backend, read while the scheduler's hash table is
+``scenario_run.ScenarioRun``): every node's and leaf's backend, read while the scheduler's hash table is
 live (``observe.c``), the splits from ggml's log, the buffer sizes and counts, and each
 reallocation with ggml's own decision where its realloc callback tells it."""
 
@@ -12,7 +12,7 @@ from typing import Any
 from ..engine import TargetError
 from ..model.scenario import Scenario
 from ..model.trace import UNOBSERVABLE, ReallocEvent, SizeCounts, Split, StepRecord
-from .engine import OBSERVE_SPLITS, Built, Ggml
+from .bindings import OBSERVE_SPLITS, Built, Ggml
 
 UNKNOWN_BACKEND = -2  # observe.c's index for a backend pointer not among the scenario's
 

@@ -14,8 +14,8 @@ from ..builds.compile import BuildError, ggml_source_for
 from ..builds.installed import LibError, base_library, installed_folder
 from ..model.versions import BINDING_OWN
 from ..process.rpc import RpcServerError
+from .bindings import CPU_THREADS
 from .build import build_rpc_server
-from .engine import CPU_THREADS
 from .lib import child_env
 
 

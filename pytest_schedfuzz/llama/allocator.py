@@ -2,7 +2,7 @@
 ``ggml_gallocr_alloc_graph`` and ``ggml_gallocr_reserve_n``, which ``ggml_backend_sched_alloc_splits``
 calls through libggml-base's PLT, and ``ggml_gallocr_reserve``, with which
 ``ggml_gallocr_alloc_graph`` re-plans a single buffer by itself ("own"); it reports those a
-scheduler alloc makes (``worker.Llama`` proves at its start that it sees them). On a Release
+scheduler alloc makes (``llama_worker.Llama`` proves at its start that it sees them). On a Release
 build they are the decisions ggml tells nobody else (a callback tells the scheduler's, not
 ggml-alloc's own); elsewhere they are held against what the callback or ggml's Debug log told.
 """

@@ -1,5 +1,5 @@
 """The llama.cpp calls of a workload as the worker makes them (``CALLS[kind].make`` names the
-method, ``Calls``, a part of ``worker.Llama``): ``llama_decode`` of the same batches every run,
+method, ``Calls``, a part of ``llama_worker.Llama``): ``llama_decode`` of the same batches every run,
 the memory calls (on the draft context too, llama-server's ``common_memory``), checkpoints,
 speculative decoding, sampler chains, LoRA adapters and the context's flags; and each call's
 record, sent when it is made.
@@ -13,8 +13,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..ggml.schedlog import SchedLog
-from ..model.llama import Call, Part
 from ..model.llama_calls import CALLS
+from ..model.llama_workload import Call, Part
 from ..process.channel import Channel
 from .observe import HarnessError
 from .placement import Placement
@@ -22,7 +22,7 @@ from .speculative import DraftContext, checkpoint, decode_batch, restore
 
 
 class Calls:
-    """How each call is made, and its record. A part of ``worker.Llama``, which sets up its state
+    """How each call is made, and its record. A part of ``llama_worker.Llama``, which sets up its state
     (``run``: per workload)."""
 
     L: Any  # libllama (declarations.Bindings)

@@ -112,7 +112,7 @@ def headers(llama_h: Path, include: list[Path]) -> Declarations:
         if not (stub / name).exists():
             (stub / name).write_text("")
     # ggml-rpc.h too, where the build has it (llama.h does not include it): the RPC client's own
-    # functions the worker calls (its round trip before a context is freed, ``worker.Llama``)
+    # functions the worker calls (its round trip before a context is freed, ``llama_worker.Llama``)
     rpc = [f"-include{RPC_HEADER}"] if any((d / RPC_HEADER).is_file() for d in include) else []
     cmd = ["gcc", "-E", "-P", "-nostdinc", f"-I{stub}", *[f"-I{d}" for d in include], *DEFINES, *rpc, str(llama_h)]
     try:

@@ -1,4 +1,4 @@
-"""What the llama.cpp worker (``worker.Llama``) observes of the scheduler: the calls libllama
+"""What the llama.cpp worker (``llama_worker.Llama``) observes of the scheduler: the calls libllama
 makes (``ggml_backend_sched_new``, ``_reserve``, ``_alloc_graph``, ``_free``) through
 ``sched_hook.c``, preloaded into the worker; the graph handed to each, read through ggml's own
 structs; splits and the reallocation decision with its reason from ggml's debug log, which
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ..ggml.engine import VIEW_OP_NAMES
+from ..ggml.bindings import VIEW_OP_NAMES
 from ..ggml.schedlog import SchedLog
 from ..model.trace import UNOBSERVABLE
 from ..process.channel import Channel
@@ -284,7 +284,7 @@ class GraphReading:
 
 class Observation(GraphReading):
     """The scheduler's calls, ggml's log and the graphs, as ``Llama`` sees them: the callbacks
-    from C and what they read. A part of ``worker.Llama``, which sets up the libraries first."""
+    from C and what they read. A part of ``llama_worker.Llama``, which sets up the libraries first."""
 
     chan: Channel
     g: ModuleType
@@ -316,13 +316,13 @@ class Observation(GraphReading):
         self.backends: dict[int, list[tuple[str, int]]] = {}  # sched id -> its backends' names and buffer types
         self.outer: str | None = None  # the scheduler call a split_graph happens in
         self.computing = False  # inside ggml_backend_sched_graph_compute_async (an abort's phase)
-        self.computed_in = -1  # the last call in which a scheduler computed (``worker.Llama.synchronize_servers``)
+        self.computed_in = -1  # the last call in which a scheduler computed (``llama_worker.Llama.synchronize_servers``)
         self.synchronizing = False  # in the round trip to the RPC servers before a context is freed (an abort's phase)
         self.split: dict[str, Any] | None = None  # what the last split_graph did
         self.said: dict[str, bool] | None = None  # ggml's realloc callback in this scheduler call (where ggml has it)
         self.observing: set[int] = set()  # sched ids whose realloc decisions ggml reports (its callback)
         self.galloc: list[str] = []  # ggml-alloc's calls in this scheduler alloc: "alloc", "failed", "reserve" (interposed)
-        self.allocator_observed = False  # the start-up probe saw alloc_splits call ggml-alloc through the hook (worker.Llama)
+        self.allocator_observed = False  # the start-up probe saw alloc_splits call ggml-alloc through the hook (llama_worker.Llama)
         self.llama_said: dict[str, int] | None = None  # llama.cpp's trace of that reallocation (the seeds' build)
         self.errors: list[str] = []  # the harness's own failures inside callbacks: the call is not judged
         self.capturing = False  # read every graph handed to reserve/alloc whole (cases.capture)

@@ -1,6 +1,6 @@
 """Where the llama.cpp worker puts a workload's model: its RPC and GPU-like devices, registered
 with ggml on first use and kept, and the target's and the draft's models loaded on them with the
-workload's placement (``Placement``, a collaborator of ``worker.Llama``)."""
+workload's placement (``Placement``, a collaborator of ``llama_worker.Llama``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..ggml.engine import FakeGpuConfig, load_fake_gpu
+from ..ggml.bindings import FakeGpuConfig, load_fake_gpu
 from ..ggml.schedlog import SchedLog
 from ..model.layout import BackendSpec
-from ..model.llama import CPU_DEVICE, Devices, LlamaWorkload
+from ..model.llama_workload import CPU_DEVICE, Devices, LlamaWorkload
 
 SPLIT_MODE = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
 ALL_MEMORY = ctypes.c_size_t(-1).value  # schedfuzz_fake_gpu_set_free: all of the device's memory

@@ -48,7 +48,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..model.llama import Call
+from ..model.llama_workload import Call
 
 # llama-ext.h: name -> (the exported mangled name, its parameter types (from the mangling), its result)
 NEXTN_FUNCTIONS: dict[str, tuple[str, list[Any], Any]] = {

@@ -1,7 +1,7 @@
 """ggml's structs as the llama.cpp worker reads them where no header a build ships declares them
 (``ggml_cgraph``'s head, private to ggml) or reading them through ggml-python's declarations
 one field at a time would be slow (``ggml_tensor``); each is checked against the loaded library
-before any workload (``worker.Llama``)."""
+before any workload (``llama_worker.Llama``)."""
 
 from __future__ import annotations
 

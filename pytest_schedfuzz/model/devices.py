@@ -1,5 +1,5 @@
 """The device kinds a layout's backends are of: one entry each, with all the harness knows of the
-kind. A new kind is one entry here, its constructor in the graph engine (``ggml.backends.CONSTRUCTORS``,
+kind. A new kind is one entry here, its constructor in the graph engine (``ggml.constructors.CONSTRUCTORS``,
 keyed by the same name: the engine's half, which this data package cannot import), and, to be
 drawn, the strategies' half (``strategies.LAYOUT_DRAWS``: how many, and each device) with a limit in
 the profiles (``DeviceLimits``); ``tests/test_layout.py`` checks that every entry has both halves

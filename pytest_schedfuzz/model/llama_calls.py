@@ -7,7 +7,7 @@ worker's method that makes it, its C for the exported reproducer, what it does t
 context (llama-server's ``common_memory``), and how findings treat it: whether it switches the
 graph's topology, whether it changes what the devices hold, and the kind a signature names.
 Adding a kind is one entry here, the worker's ``_make_<kind>`` method and, to draw it, a line of
-the server strategy (``strategies.llama._Server``).
+the server strategy (``strategies.llama_workloads._Server``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .llama import ContextParams
+    from .llama_workload import ContextParams
 
 OUTPUTS = ("last", "all", "none")
 # backend sampler chains as llama-server builds them from a request's parameters (each sampler

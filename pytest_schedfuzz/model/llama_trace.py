@@ -42,7 +42,7 @@ class SchedCall:
     realloc_reason: str = ""
     invalid_node: str = ""  # the reason names an unnamed node (node_N): its op and sources, OP(src, ...)
     moved: str = ""  # backend ids changed: the first node whose backend did, "name: A -> B"
-    moved_by_offload: bool = False  # that node reads a weight in host memory: op offload places it (llama.worker)
+    moved_by_offload: bool = False  # that node reads a weight in host memory: op offload places it (llama.llama_worker)
     offloaded: tuple[str, ...] = ()  # "weight@device": weights in host memory copied to a device's split (ggml's op offload)
     splits: tuple[tuple[str, int], ...] = ()  # split_graph: each split's backend (as ggml names it) and its number of inputs
     # ggml's own realloc decision, from its realloc callback (None: this ggml has none)

@@ -118,7 +118,7 @@ class Op:
     captured: bool = True  # read back from a captured node by ``cases.capture``'s generic path
     is_view: bool = False  # its result views its source (ggml_is_view_op: no computation of its own)
     # the arguments that index a table: (the argument, the argument it indexes or None for token
-    # positions, that argument's dim), so that values drawn for it stay in range (``ggml.values``)
+    # positions, that argument's dim), so that values drawn for it stay in range (``ggml.cpu_values``)
     indexes: tuple[tuple[int, int | None, int], ...] = ()
 
     @property

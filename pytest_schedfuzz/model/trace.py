@@ -43,7 +43,7 @@ class SizeCounts:
 # ggml-alloc's reason for a re-plan where a Release build (NDEBUG) does not log it: the scheduler's
 # decision is then told by ggml's realloc callback alone, and ggml-alloc's own re-plans not at all
 UNOBSERVABLE = "unobservable in a Release build"
-# ``Trace.engine["realloc_log"]`` of such a build (``ggml.engine.Ggml.info``): judges compare only what it tells
+# ``Trace.engine["realloc_log"]`` of such a build (``ggml.bindings.Ggml.info``): judges compare only what it tells
 RELEASE = "unlogged: a Release build; the scheduler's re-plans from ggml's realloc callback, ggml-alloc's reasons and own re-plans unobservable"
 
 

@@ -1,7 +1,7 @@
 """The ggml versions the project knows: one entry each, the table the engines and the reference
 both read. A built-in (``package``) is one the harness runs by name; the others are versions whose
 published source the reference was read from (llama.cpp's builds carry them). A new version is one
-entry here and, for the reference, its ``Rules`` in ``reference/versions.py``, keyed by the same
+entry here and, for the reference, its ``Rules`` in ``reference/rules.py``, keyed by the same
 version (its scheduler's semantics, which the reference reads and the harness never does).
 
 * ``built_in``: a built-in's name for ``--schedfuzz-lib`` (``ggml-<version>``); the first built-in
@@ -16,7 +16,7 @@ version (its scheduler's semantics, which the reference reads and the harness ne
 
 A library's version (``ggml_version()``) that has no entry is taken as the nearest one known, the
 newest not newer (else the oldest): ``nearest``, the one rule both the engine's API (``version_of``,
-over the built-ins) and the reference's rules (``reference.versions.rules_for``) follow.
+over the built-ins) and the reference's rules (``reference.rules.rules_for``) follow.
 
 >>> version_of("0.15.3").built_in, version_of("0.26.0").built_in, version_of("0.20.0").built_in
 ('ggml-0.15.3', 'ggml-0.25.3', 'ggml-0.15.3')

@@ -100,7 +100,7 @@ class Worker:
 
     def send_pickled(self, msg: dict[str, Any]) -> None:
         """One message as a pickle, after its length (8 bytes, little-endian): the graph worker's
-        requests, whose scenarios a JSON round trip cost several ms each way (``worker.read_request``)."""
+        requests, whose scenarios a JSON round trip cost several ms each way (``ggml.graph_worker.read_request``)."""
         assert self.proc.stdin is not None
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         self.proc.stdin.write(len(data).to_bytes(8, "little") + data)

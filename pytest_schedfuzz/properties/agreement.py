@@ -17,7 +17,7 @@ def _event_key(e: ReallocEvent) -> tuple[object, ...]:
 
 def _event_keys(events: tuple[ReallocEvent, ...], logged: bool) -> list[tuple[object, ...]]:
     """Re-plans as compared: every field where the engine logs them; where it does not (a Release
-    build: ``engine.RELEASE``), what ggml's realloc callback tells, the scheduler's re-plans
+    build: ``model.trace.RELEASE``), what ggml's realloc callback tells, the scheduler's re-plans
     without ggml-alloc's reason, and none of ggml-alloc's own (single-buffer) re-plans."""
     if logged:
         return [_event_key(e) for e in events]

@@ -41,7 +41,7 @@ class Violation:
 
 
 # what a property needs observed; VALUES: its compute steps' values compared with the CPU alone's
-# (``ggml.values``: a run without it computes on zeros, with no seed and no CPU-only computation)
+# (``ggml.cpu_values``: a run without it computes on zeros, with no seed and no CPU-only computation)
 ENGINE, REFERENCE, FRESH, VALUES = "engine", "reference", "fresh", "values"
 # what a llama.cpp property needs beside the workload's run: the same workload's run on the CPU
 # alone (``llama_logits.cpu_only``), the run's graphs captured (``cases.capture``)
@@ -63,7 +63,7 @@ class Draws:
     with the profile's sizes): raw ``scenarios``, driver ``workloads`` (played by the simulated
     ``llama_context``, with at most ``max_ubatches`` ubatches and at least ``min_reconfigures``
     reconfigurations), or ``both``; with ``captured``, llama.cpp's own graphs too
-    (``strategies.captured``: layouts, forced assignments and parameters drawn anew), in drawn
+    (``strategies.captured_graphs``: layouts, forced assignments and parameters drawn anew), in drawn
     ``scenarios`` of steps or in llama.cpp's own order (``workloads``: its reservation, then its
     ubatches)."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from reference.versions import Rules, rules_for
+from reference.rules import Rules, rules_for
 
 from ..model.llama_trace import LlamaTrace
 from ..model.trace import SizeCounts, Trace

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..model.llama import Devices, LlamaWorkload
 from ..model.llama_trace import CallRecord, LlamaTrace
+from ..model.llama_workload import Devices, LlamaWorkload
 
 # the GPU-like device computes with the CPU backend's kernels: the same workload gives the same
 # logits to the last bit on every layout measured (RPC, GPU-like, overrides, pipeline parallelism,

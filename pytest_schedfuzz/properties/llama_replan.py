@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 import re
 
-from ..model.llama import LlamaWorkload
 from ..model.llama_calls import SWITCHES, signed_kind
 from ..model.llama_trace import SchedCall
+from ..model.llama_workload import LlamaWorkload
 from .base import reason_kind, role
 
 

@@ -1,6 +1,6 @@
 """Every property, in one fixed order: the entries each family module declares beside its
 judges (``ENTRIES``), collected here. Every list of property ids, and every table keyed by them
-(``properties.PROPERTIES``, ``properties.llama.LLAMA_CHECKS``, what the exporters show), is a
+(``properties.PROPERTIES``, ``properties.llama_properties.LLAMA_CHECKS``, what the exporters show), is a
 view of ``REGISTRY``.
 
 The order is the order the properties are fuzzed and reported in; each property draws its
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import aborts, agreement, captured, llama, realloc, reuse, values
+from . import aborts, agreement, captured_reference, llama_properties, realloc, reuse, values
 from .base import LLAMA_GROUP, PropertyEntry
 
 REGISTRY: tuple[PropertyEntry, ...] = (
@@ -19,8 +19,8 @@ REGISTRY: tuple[PropertyEntry, ...] = (
     *agreement.ENTRIES,
     *values.ENTRIES,
     *aborts.ENTRIES,
-    *llama.ENTRIES,  # the llama.cpp properties judged on its runs
-    *captured.ENTRIES,  # judged on its captured graphs
+    *llama_properties.ENTRIES,  # the llama.cpp properties judged on its runs
+    *captured_reference.ENTRIES,  # judged on its captured graphs
 )
 ENTRIES = {p.id: p for p in REGISTRY}
 assert len(ENTRIES) == len(REGISTRY), "a property id declared twice"

@@ -1,5 +1,5 @@
 """same-values: a compute step's roots, outputs and caches equal the same graph computed on the CPU
-alone (the values oracle, ``ggml/values.py``), and the reruns that sign a difference by its cause."""
+alone (the values oracle, ``ggml/cpu_values.py``), and the reruns that sign a difference by its cause."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def as_forced_view(v: Violation, scenario: Scenario) -> Violation:
 
 def same_values(scenario: Scenario, trace: Trace, prediction: Trace) -> list[Violation]:
     """Every compute step's roots, outputs and caches hold what the same graph computes on the
-    CPU backend alone, from the same leaf contents (``ggml/values.py``): bitwise, or within
+    CPU backend alone, from the same leaf contents (``ggml/cpu_values.py``): bitwise, or within
     the BLAS tolerance. The signature names what was wrong (a cache, or an output) and its op."""
     for r in trace.records:
         if r.values:

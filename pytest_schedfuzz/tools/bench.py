@@ -41,7 +41,7 @@ from reference.sched import Scheduler
 from .. import compiled
 from ..campaign.fuzz import Fuzzer
 from ..engine import gc_paused
-from ..ggml.target import GgmlTarget
+from ..ggml.graph_target import GgmlTarget
 from ..model.graph_spec import GraphSpec
 from ..model.layout import BackendLayout
 from ..model.scenario import Scenario, SchedParams, Step

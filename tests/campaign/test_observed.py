@@ -83,9 +83,9 @@ def test_the_sample_is_one_in_ten_and_stable() -> None:
 
 
 def test_a_llama_cpp_same_size_finding_is_reported_only_where_ggml_s_own_check_agrees() -> None:
-    from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
     from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+    from pytest_schedfuzz.model.llama_workload import ContextParams, Devices, LlamaWorkload
 
     w = LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(), ())
     same = SchedCall("alloc", 0, n_nodes=10, graph_size=20, prev_graph_size=20, realloc=True, realloc_reason="node embd is not valid")
@@ -128,8 +128,8 @@ def test_llama_cpp_input_leafs_that_share_a_name_are_each_a_graph_input() -> Non
     GGML_SCHED_DEBUG_REALLOC=2). Counted by name, it was 504 against ggml's 528: a run with
     nothing known reported llama-no-same-size-realloc[what=ggml-same-size]."""
     from pytest_schedfuzz.campaign.observed import FIGURES
-    from pytest_schedfuzz.llama.target import LlamaTarget
-    from pytest_schedfuzz.model.llama import LlamaWorkload
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
+    from pytest_schedfuzz.model.llama_workload import LlamaWorkload
     from pytest_schedfuzz.properties.derived import llama_trace
 
     w = LlamaWorkload.from_json({

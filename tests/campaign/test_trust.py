@@ -117,7 +117,7 @@ def test_a_flaky_failure_is_unconfirmed_not_a_finding(tmp_path: Path, monkeypatc
 
 def _llama_case(signature: str, engine: dict[str, str], expect: object) -> object:
     from pytest_schedfuzz.cases.corpus import Case
-    from pytest_schedfuzz.model.llama import LlamaWorkload
+    from pytest_schedfuzz.model.llama_workload import LlamaWorkload
 
     corpus = Path(__file__).parents[2] / "corpus"
     w: LlamaWorkload | None = next(load_case(p).llama for p in case_files(corpus) if load_case(p).llama is not None)

@@ -486,8 +486,8 @@ def test_minimize_drops_the_gpu_like_devices_and_placement_a_llama_finding_does_
     the second GPU-like device, the overrides, the memory limit and the device's other settings."""
     from pytest_schedfuzz.cases.minimize import minimize_case
     from pytest_schedfuzz.model.layout import BackendSpec
-    from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
     from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.llama_workload import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part
 
     busy = BackendSpec("gpu", offload_min_batch=8, asynchronous=True, host_buffer=True, unsupported=("ROPE",), graph_optimize=True)
     dv = Devices(n_rpc=1, gpus=(busy, BackendSpec("gpu")), gpu_free=(1 << 20, 0), tensor_split=(1.0, 2.0, 1.0), overrides=(("token_embd", CPU_DEVICE),))

@@ -94,9 +94,9 @@ def test_an_rpc_server_gone_before_the_workload_is_confirmed_on_fresh_servers(mo
     """ggml-rpc's client aborting because it cannot connect at all means an earlier workload
     killed the server: the workload runs again on fresh servers, and where it then passes the
     abort is counted unconfirmed (kept, not a finding); an abort of another kind is judged as it is."""
-    from pytest_schedfuzz.model.llama import Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
     from pytest_schedfuzz.model.llama_trace import LlamaAbort, LlamaTrace
+    from pytest_schedfuzz.model.llama_workload import Devices, LlamaWorkload
 
     f = Fuzzer(FuzzConfig(database=None))
     w = LlamaWorkload(ModelSpec(), Devices(n_rpc=1))

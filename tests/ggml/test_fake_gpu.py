@@ -21,9 +21,9 @@ from pytest_schedfuzz.builds.installed import base_library
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.cases.corpus import case_files, load_case
 from pytest_schedfuzz.ggml.build import build_fake_gpu
+from pytest_schedfuzz.ggml.cpu_values import compared as values_compared
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.ggml.lib import library_folder
-from pytest_schedfuzz.ggml.target import GgmlTarget
-from pytest_schedfuzz.ggml.values import compared as values_compared
 from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
@@ -46,7 +46,7 @@ from pytest_schedfuzz.sim.models import ModelShape, llama_graph
 from pytest_schedfuzz.strategies import scenarios, workloads
 from pytest_schedfuzz.tools.mutants import mutant
 from reference.predict import predict
-from reference.versions import rules_for
+from reference.rules import rules_for
 
 BUILT_IN = ("ggml-0.25.3", "ggml-0.15.3")
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
@@ -66,7 +66,7 @@ def engine_rules(target: GgmlTarget):  # type: ignore[no-untyped-def]
 def test_the_device_builds_against_each_built_in_ggml(name: str):
     """Compiled against the version's own headers; it loads beside that version's libggml-base
     (which it links by soname) and its config struct is the worker's."""
-    from pytest_schedfuzz.ggml.engine import FakeGpuConfig
+    from pytest_schedfuzz.ggml.bindings import FakeGpuConfig
 
     device = build_fake_gpu(str(base_library(library_folder(name))))
     # in a process of its own: two ggml versions must not share one

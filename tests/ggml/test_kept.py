@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from pytest_schedfuzz.ggml import kept
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.ggml.kept import KeptSpecs, SentSpecs
-from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step

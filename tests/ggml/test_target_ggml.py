@@ -15,11 +15,11 @@ import pytest
 
 from pytest_schedfuzz.builds.installed import shared_library
 from pytest_schedfuzz.engine import Target, TargetError, Unsupported, load_target
-from pytest_schedfuzz.ggml.engine import GeometryMismatch, check_geometry
+from pytest_schedfuzz.ggml.bindings import GeometryMismatch, check_geometry
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.ggml.lib import child_env, lib_overlay, library_folder, resolve_lib
 from pytest_schedfuzz.ggml.rpc_program import RpcProgram
 from pytest_schedfuzz.ggml.schedlog import SEP, SchedLog
-from pytest_schedfuzz.ggml.target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
@@ -30,7 +30,7 @@ from pytest_schedfuzz.process.rpc import RpcServerError, RpcServers, free_port, 
 from pytest_schedfuzz.process.worker import worker_env
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.models import ModelShape, llama_graph
-from reference.versions import rules_for
+from reference.rules import rules_for
 
 RPC_CPU = BackendLayout.of("rpc", "cpu")
 TWO_LAYERS = ModelShape(layer_devices=(0, 1), output_device=1, cpu_device=1)
@@ -298,7 +298,7 @@ def test_step_timeout() -> None:
 
 
 def test_close_leaves_no_process() -> None:
-    t = load_target("pytest_schedfuzz.ggml.target:GgmlTarget")
+    t = load_target("pytest_schedfuzz.ggml.graph_target:GgmlTarget")
     assert isinstance(t, GgmlTarget) and isinstance(t, Target)
     layout = BackendLayout.of("rpc", "rpc", "cpu")
     spec = llama_graph(ModelShape(layer_devices=(0, 1), output_device=2, cpu_device=2), 4, 16)
@@ -383,7 +383,7 @@ def test_observe_gathers_the_log_and_reads_backends_at_the_first_split_header() 
     backend is read once, when "## SPLIT #0:" starts a line (inside split_graph), not before."""
     import ctypes
 
-    from pytest_schedfuzz.ggml.engine import load_helpers
+    from pytest_schedfuzz.ggml.bindings import load_helpers
 
     lib = load_helpers()
     calls: list[int] = []
@@ -435,7 +435,7 @@ def test_observe_reads_the_names_of_tensors_in_one_call() -> None:
     """``schedfuzz_names``: each tensor's NUL-ended name field (63 bytes at most), in order."""
     import ctypes
 
-    from pytest_schedfuzz.ggml.engine import load_helpers
+    from pytest_schedfuzz.ggml.bindings import load_helpers
 
     lib = load_helpers()
     offset, size = 8, 64  # a name field after 8 bytes of something else
@@ -758,7 +758,7 @@ def test_workers_after_aborts_are_forked_from_one_server_and_end_as_processes_of
         assert t._forker is not None and t._forker.server is not None and len(set(workers)) == 3
         server = t._forker.server.proc.pid
         parent, command = _parent_and_command(workers[-1])
-        assert parent == server and "-m pytest_schedfuzz.process.forkserver" in command and "pytest_schedfuzz.ggml.worker" in command
+        assert parent == server and "-m pytest_schedfuzz.process.forkserver" in command and "pytest_schedfuzz.ggml.graph_worker" in command
         # not the RPC servers (``rpc``: forked, they would share their address layout)
         assert all(_parent_and_command(pid)[0] == os.getpid() for pid in t.servers.pids)
         # a crash: the signal it died of, as from a process of its own
@@ -790,7 +790,7 @@ def test_a_worker_after_the_next_test_item_is_forked_by_the_same_server(monkeypa
 def test_a_fork_server_that_cannot_import_its_module_leaves_workers_to_start_as_processes_of_their_own() -> None:
     env = worker_env(child_env(None))
     assert ForkServer.start("pytest_schedfuzz.no_such_module", (), env, 60.0) is None
-    server = ForkServer.start("pytest_schedfuzz.ggml.worker", (), env, 60.0)
+    server = ForkServer.start("pytest_schedfuzz.ggml.graph_worker", (), env, 60.0)
     assert server is not None and server.alive()
     server.close()
     assert not server.alive()

@@ -24,17 +24,17 @@ from pytest_schedfuzz.model.captured import Captured
 from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
-from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import ContextParams, Devices, LlamaWorkload
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import PROPERTIES
 from pytest_schedfuzz.properties.base import reason_kind
-from pytest_schedfuzz.properties.captured import llama_matches_reference
+from pytest_schedfuzz.properties.captured_reference import llama_matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import can_reuse
 from pytest_schedfuzz.strategies import written_device
-from pytest_schedfuzz.strategies.captured import captured_scenarios, captured_workloads
+from pytest_schedfuzz.strategies.captured_graphs import captured_scenarios, captured_workloads
 from reference.predict import predict
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"

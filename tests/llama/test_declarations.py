@@ -18,10 +18,10 @@ from pytest_schedfuzz.cases.capture import capture
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.engine import TargetError
 from pytest_schedfuzz.llama import declarations, upstream
-from pytest_schedfuzz.llama.target import LlamaTarget, default_lib_dir, resolve_lib_dir
+from pytest_schedfuzz.llama.llama_target import LlamaTarget, default_lib_dir, resolve_lib_dir
 from pytest_schedfuzz.llama.upstream import upstream_lib_dir
 from pytest_schedfuzz.model.devices import DeviceLimits
-from pytest_schedfuzz.model.llama import LlamaWorkload
+from pytest_schedfuzz.model.llama_workload import LlamaWorkload
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties.derived import graph_trace, llama_trace
 
@@ -233,7 +233,7 @@ def test_a_call_a_build_lacks_is_absent_from_its_workloads_never_emulated(tmp_pa
     from hypothesis import HealthCheck, given, settings
 
     from pytest_schedfuzz.campaign.stats import Stats
-    from pytest_schedfuzz.strategies.llama import llama_workloads
+    from pytest_schedfuzz.strategies.llama_workloads import llama_workloads
 
     decl = declarations.find(upstream_lib_dir())
     cdef = "\n".join(line for line in decl.cdef.splitlines() if "llama_set_warmup(" not in line)
@@ -281,7 +281,7 @@ def test_b11739s_embeddings_switch_reorders_the_leafs_and_is_named_where_another
     reservation (the nightly first named set_warmup: a rerun without the first toggles lost it
     later, after the second)."""
     from pytest_schedfuzz.campaign.causes import switches_told_apart
-    from pytest_schedfuzz.properties.llama import LLAMA_CHECKS
+    from pytest_schedfuzz.properties.llama_properties import LLAMA_CHECKS
 
     one, two = ({"kind": "decode", "parts": [{"seq": 0, "n_tokens": n, "outputs": "last"}]} for n in (1, 2))
     target = LlamaTarget(UPSTREAM)

@@ -20,12 +20,12 @@ from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.compare import drawn
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
 from pytest_schedfuzz.campaign.stats import llama_features
-from pytest_schedfuzz.model.llama import Call, Devices, DraftModel, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import Call, Devices, DraftModel, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.strategies.llama import llama_workloads
+from pytest_schedfuzz.strategies.llama_workloads import llama_workloads
 
 # prompts on two slots; a step of 2 drafts, none accepted (the last token and the drafts: 3 positions, as many as the
 # snapshots); the next token; a rejected draft dropped with seq_rm; a step of 5 drafts (more than the snapshots: the

@@ -19,8 +19,8 @@ import gguf
 import pytest
 
 from pytest_schedfuzz.llama.gguf_models import write_lora, write_model
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import BOS_ID, MAX_WEIGHT_BYTES, TOKENS, LoraSpec, ModelSpec
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 
 DENSE = ModelSpec()
 MOE = ModelSpec(kind="moe", n_expert=4, n_expert_used=2)
@@ -413,7 +413,7 @@ def test_llama_cpp_loads_and_decodes(tmp_path: Path, spec: ModelSpec):
 
 @pytest.fixture(scope="module")
 def target():
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     t = LlamaTarget()
     yield t

@@ -13,14 +13,19 @@ from hypothesis import HealthCheck, given, settings
 
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.devices import DeviceLimits
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.properties.base import Violation
 from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, llama_no_same_size_realloc, llama_reuse_sound, scheduler_reuses
+from pytest_schedfuzz.properties.llama_properties import (
+    LLAMA_CHECKS,
+    llama_no_same_size_realloc,
+    llama_reuse_sound,
+    scheduler_reuses,
+)
 from pytest_schedfuzz.strategies import sampled
-from pytest_schedfuzz.strategies.llama import llama_workloads
+from pytest_schedfuzz.strategies.llama_workloads import llama_workloads
 
 MOE = ModelSpec(kind="moe", n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=16, n_expert=4, n_expert_used=2)
 
@@ -138,7 +143,7 @@ def test_reuse_sound_catches_a_kept_scheduler_that_is_too_small() -> None:
 
 @pytest.fixture(scope="module")
 def target():
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     t = LlamaTarget()
     yield t
@@ -164,7 +169,7 @@ def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
     assert v.step == 3 and v.facts["outgrown"] == "no input" and v.facts["explained"] == "not-dominating"
     assert "ggml-alloc: node ffn_moe_weights-N" in v.message
     # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) aborts at the same call
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     with LlamaTarget(debug_realloc=1) as strict:
         confirmed = llama_trace(strict.run(WARMUP))
@@ -175,7 +180,7 @@ def test_a_same_size_sequence_is_caught_and_ggml_confirms_it(target) -> None:
 @pytest.mark.engine
 def test_graph_size_is_the_one_ggml_computes(target) -> None:
     """GGML_SCHED_DEBUG_REALLOC=2 makes ggml abort on the first reallocation, printing its graph size."""
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     for w in (WARMUP, replace(WARMUP, devices=Devices(n_rpc=2, n_gpu_layers=99))):
         ours = next(s for _, s in llama_trace(target.run(w)).sched_calls() if s.realloc)
@@ -235,7 +240,7 @@ def test_every_generated_workload_initializes_and_decodes_or_is_a_finding(target
     from hypothesis import Phase, seed
 
     from pytest_schedfuzz.campaign.stats import Stats, llama_features
-    from pytest_schedfuzz.properties.llama import unmade_calls
+    from pytest_schedfuzz.properties.llama_properties import unmade_calls
 
     stats, dead, found = Stats(), [], set()
 
@@ -487,7 +492,7 @@ def test_graph_sizes_follow_ggml_through_every_split_graph(target) -> None:
     """llama.cpp's fused-op probes call ggml_backend_sched_split_graph themselves; the hook sees
     them, so each record's previous graph size is the one ggml keeps (``debug_prev_graph_size``),
     and the first same-size reallocation is the call ggml's own check aborts in."""
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     auto = replace(STEADY, ctx=replace(STEADY.ctx, flash_attn="auto"))
     trace = llama_trace(target.run(auto))
@@ -518,7 +523,7 @@ def _counting_trace(*allocs: SchedCall) -> LlamaTrace:
 
 
 def test_counters_agree_holds_when_llama_cpp_counts_what_ggml_says() -> None:
-    from pytest_schedfuzz.properties.llama import llama_counters_agree
+    from pytest_schedfuzz.properties.llama_properties import llama_counters_agree
 
     trace = _counting_trace(_observed(22, 20, True, 0, 1), _observed(22, 22, False, 1, 1), _observed(22, 22, False, None, None, ids=True))
     assert llama_counters_agree(STEADY, trace) == []
@@ -529,7 +534,7 @@ def test_counters_agree_holds_when_llama_cpp_counts_what_ggml_says() -> None:
 def test_counters_agree_catches_a_llama_cpp_that_miscounts_or_stays_silent() -> None:
     """Planted faults of the seeds' llama.cpp: it counts a same-size realloc as changed, or
     traces nothing for a realloc it should count."""
-    from pytest_schedfuzz.properties.llama import llama_counters_agree
+    from pytest_schedfuzz.properties.llama_properties import llama_counters_agree
 
     (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 20, True, 0, 1), _observed(22, 22, False, 0, 2)))
     assert v.signature() == "llama-counters-agree[what=counters]" and v.step == 1
@@ -541,7 +546,7 @@ def test_counters_agree_catches_a_llama_cpp_that_miscounts_or_stays_silent() -> 
 def test_counters_agree_catches_a_derived_graph_size_that_ggml_contradicts() -> None:
     """The harness's graph-size formula says same size where ggml's callback says changed: the
     formula (the reference's rule for this version) is wrong, and the finding says so."""
-    from pytest_schedfuzz.properties.llama import llama_counters_agree
+    from pytest_schedfuzz.properties.llama_properties import llama_counters_agree
 
     (v,) = llama_counters_agree(STEADY, _counting_trace(_observed(22, 22, True, 0, 1)))
     assert v.signature() == "llama-counters-agree[what=graph-size]"
@@ -610,7 +615,7 @@ def test_an_adapter_that_failed_to_load_is_a_refused_call_then_a_refused_free(ta
 
     bad = tmp_path / "not-an-adapter.gguf"
     bad.write_bytes(b"GGUF, but not really")
-    monkeypatch.setattr("pytest_schedfuzz.llama.target.write_lora", lambda *a: bad)
+    monkeypatch.setattr("pytest_schedfuzz.llama.llama_target.write_lora", lambda *a: bad)
     w = replace(LORA_W, loras=(LoraSpec(),), calls=(Call("lora_load", adapter=0), Call("lora_free", adapter=0), decode((0, 1, "last"))))
     trace = llama_trace(target.run(w))
     assert trace.abort is None
@@ -761,8 +766,8 @@ def test_each_model_family_decodes_and_a_draft_on_a_recurrent_model_is_rolled_ba
     from hypothesis import Phase, seed
 
     from pytest_schedfuzz.campaign.stats import Stats
-    from pytest_schedfuzz.properties.llama import unmade_calls
-    from pytest_schedfuzz.strategies.llama import FAMILIES
+    from pytest_schedfuzz.properties.llama_properties import unmade_calls
+    from pytest_schedfuzz.strategies.llama_workloads import FAMILIES
 
     stats = Stats()
 
@@ -849,7 +854,7 @@ def test_speculative_servers_draft_verify_and_roll_back_in_both_contexts(target)
     from hypothesis import Phase, seed
 
     from pytest_schedfuzz.campaign.stats import Stats
-    from pytest_schedfuzz.properties.llama import unmade_calls
+    from pytest_schedfuzz.properties.llama_properties import unmade_calls
 
     stats, contexts = Stats(), set()
 

@@ -14,12 +14,18 @@ from pytest_schedfuzz.campaign.stats import llama_observed
 from pytest_schedfuzz.cases.corpus import load_case
 from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.layout import BackendSpec
-from pytest_schedfuzz.model.llama import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import LlamaAbort
+from pytest_schedfuzz.model.llama_workload import CPU_DEVICE, Call, ContextParams, Devices, LlamaWorkload, Part, WorkloadError
 from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, cpu_run_violations, llama_no_abort, llama_same_logits, out_of_memory
 from pytest_schedfuzz.properties.llama_logits import cpu_only, logit_pairs
+from pytest_schedfuzz.properties.llama_properties import (
+    LLAMA_CHECKS,
+    cpu_run_violations,
+    llama_no_abort,
+    llama_same_logits,
+    out_of_memory,
+)
 
 GPU = BackendSpec("gpu")
 ASYNC = BackendSpec("gpu", asynchronous=True)
@@ -41,7 +47,7 @@ def workload(devices: Devices, **ctx: object) -> LlamaWorkload:
 
 @pytest.fixture(scope="module")
 def target():
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     t = LlamaTarget()
     yield t
@@ -128,7 +134,7 @@ def test_an_adapter_a_full_device_refuses_is_out_of_memory_not_a_harness_error()
     run under -n 2 met it. Elsewhere a refused load stays a call the harness could not make."""
     from pytest_schedfuzz.model.llama_model import LoraSpec
     from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaTrace, SchedCall
-    from pytest_schedfuzz.properties.llama import unmade_calls
+    from pytest_schedfuzz.properties.llama_properties import unmade_calls
 
     said = ("llama_adapter_lora_init failed: alloc_tensor_range: failed to allocate GPU0 buffer of size 14336 / "
             "llama_adapter_lora_init_from_file_ptr: failed to apply lora adapter: failed to allocate buffer for lora adapter")
@@ -221,7 +227,7 @@ def test_drawn_workloads_reach_every_gpu_like_placement_with_workloads_that_deco
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
     from pytest_schedfuzz.campaign.stats import Stats
-    from pytest_schedfuzz.strategies.llama import FAMILIES, llama_workloads
+    from pytest_schedfuzz.strategies.llama_workloads import FAMILIES, llama_workloads
 
     stats, full = Stats(), []
 

@@ -18,10 +18,10 @@ from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, load_case
 from pytest_schedfuzz.cli import main
 from pytest_schedfuzz.engine import TargetError, Unsupported
 from pytest_schedfuzz.llama.allocator import allocator_decision
+from pytest_schedfuzz.llama.llama_target import resolve_lib_dir
 from pytest_schedfuzz.llama.published import build_facts
-from pytest_schedfuzz.llama.target import resolve_lib_dir
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.tools.history import CANNOT, HAS, HAS_NOT, Judged, bisect, known_bugs, matrix, render_matrix

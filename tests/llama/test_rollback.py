@@ -15,8 +15,8 @@ from llama_helpers import CTX, LFM2, NEMOTRON, decode
 
 from pytest_schedfuzz.builds.names import UPSTREAM
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload, WorkloadError
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.process.children import exiting
 from pytest_schedfuzz.process.rpc import owns_listener
 from pytest_schedfuzz.properties.sites import RPC_FAILED
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def target() -> Iterator[object]:
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     t = LlamaTarget()
     yield t
@@ -104,7 +104,7 @@ def test_a_server_found_dead_that_nobody_was_charged_for_is_not_replaced_silentl
     last client (the campaign counts and lists it: ``Engines.run_llama``), never charged to the
     workload that asks for the server next; a kill from outside (SIGKILL) is recorded too, as
     such."""
-    from pytest_schedfuzz.llama.target import client_name
+    from pytest_schedfuzz.llama.llama_target import client_name
 
     _fresh(target)
     assert target.run(W).abort is None

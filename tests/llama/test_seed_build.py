@@ -38,7 +38,7 @@ REUSE = b"%s: reusing scheduler: max_nodes = %zu (current max_nodes = %zu)\n"
 
 
 def _pristine_lib() -> Path:
-    from pytest_schedfuzz.llama.target import default_lib_dir
+    from pytest_schedfuzz.llama.llama_target import default_lib_dir
 
     return default_lib_dir()
 
@@ -146,7 +146,7 @@ def test_the_names_resolve_to_the_build(seed_lib: Path) -> None:
     from pytest_schedfuzz.builds.installed import LibError, base_library
     from pytest_schedfuzz.ggml.build import build_fake_gpu
     from pytest_schedfuzz.ggml.lib import resolve_lib
-    from pytest_schedfuzz.llama.target import resolve_lib_dir
+    from pytest_schedfuzz.llama.llama_target import resolve_lib_dir
 
     assert resolve_lib(SEED_GGML) == str(seed_lib)
     assert resolve_lib_dir(SEED_LLAMA) == seed_lib
@@ -175,20 +175,20 @@ def test_the_seed_is_compiled_as_the_pristine_build(seed_lib: Path) -> None:
 
 
 def _decode(*parts: tuple[int, int, str]):
-    from pytest_schedfuzz.model.llama import Call, Part
+    from pytest_schedfuzz.model.llama_workload import Call, Part
 
     return Call("decode", tuple(Part(s, n, o) for s, n, o in parts))
 
 
 def _sampler_workload(*calls):
-    from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.llama_workload import ContextParams, Devices, LlamaWorkload
 
     return LlamaWorkload(ModelSpec(n_layer=1), Devices(n_rpc=1), ContextParams(n_seq_max=1, backend_samplers=True, sampler_chain="top_k-greedy"), calls)
 
 
 def _run(lib: Path | str, workload):
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     target = LlamaTarget(lib_dir=str(lib))
     try:
@@ -203,8 +203,8 @@ def test_the_seed_keeps_its_scheduler_where_can_reuse_holds_and_ggml_and_llama_c
     fewer nodes, then as many as the scheduler has, so sched_new reuses it twice; the reuses
     are observed with the parameters llama.cpp asked for, every reallocation's decision comes
     from ggml's callback, llama.cpp's counters are read after each, and every property holds."""
-    from pytest_schedfuzz.model.llama import Call
-    from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, scheduler_reuses
+    from pytest_schedfuzz.model.llama_workload import Call
+    from pytest_schedfuzz.properties.llama_properties import LLAMA_CHECKS, scheduler_reuses
 
     w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, on=False), _decode((0, 1, "last")),
                           Call("set_sampler", seq=0, on=True, chain="top_k-greedy"), _decode((0, 1, "last")))
@@ -225,8 +225,8 @@ def test_the_seed_keeps_its_scheduler_where_can_reuse_holds_and_ggml_and_llama_c
 def test_a_can_reuse_that_ignores_max_nodes_fails_llama_reuse_sound() -> None:
     """The same patches with the planted fault: a sampler chain that needs more nodes keeps the
     smaller scheduler. llama-reuse-sound names the kept and the asked max_nodes."""
-    from pytest_schedfuzz.model.llama import Call
-    from pytest_schedfuzz.properties.llama import llama_reuse_sound
+    from pytest_schedfuzz.model.llama_workload import Call
+    from pytest_schedfuzz.properties.llama_properties import llama_reuse_sound
 
     w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, on=True, chain="top_p-min_p-temp-dist"), _decode((0, 1, "last")))
     mutant = build_llama_seed((CAN_REUSE_IGNORES_MAX_NODES,))
@@ -240,7 +240,7 @@ def test_a_can_reuse_that_ignores_max_nodes_fails_llama_reuse_sound() -> None:
 def test_the_graph_engine_on_the_seed_ggml_reads_every_scheduler_realloc_from_the_callback() -> None:
     """ggml-0.25.3-seed as a graph engine: each re-reservation of the scheduler comes with ggml's
     own decision, and the engine still agrees with the reference."""
-    from pytest_schedfuzz.ggml.target import GgmlTarget
+    from pytest_schedfuzz.ggml.graph_target import GgmlTarget
     from pytest_schedfuzz.properties import matches_reference
     from reference.predict import predict
 
@@ -273,10 +273,10 @@ def test_generated_workloads_reach_scheduler_reuses_on_the_seed_build(seed_lib: 
     reuse is judged by llama-reuse-sound without a violation."""
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from pytest_schedfuzz.llama.target import LlamaTarget
-    from pytest_schedfuzz.model.llama import LlamaWorkload
-    from pytest_schedfuzz.properties.llama import llama_reuse_sound, scheduler_reuses
-    from pytest_schedfuzz.strategies.llama import llama_workloads
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
+    from pytest_schedfuzz.model.llama_workload import LlamaWorkload
+    from pytest_schedfuzz.properties.llama_properties import llama_reuse_sound, scheduler_reuses
+    from pytest_schedfuzz.strategies.llama_workloads import llama_workloads
 
     target, reuses = LlamaTarget(lib_dir=str(seed_lib)), []
 
@@ -301,9 +301,9 @@ def test_the_fallback_without_pipeline_parallelism_gets_a_new_scheduler_on_the_s
     the seed's sched_new is asked for parallel = 0 after the failed reservation, and can_reuse
     (parallel differs) must not keep the pipelined scheduler; every property holds."""
     from pytest_schedfuzz.model.layout import BackendSpec
-    from pytest_schedfuzz.model.llama import ContextParams, Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
-    from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, scheduler_reuses
+    from pytest_schedfuzz.model.llama_workload import ContextParams, Devices, LlamaWorkload
+    from pytest_schedfuzz.properties.llama_properties import LLAMA_CHECKS, scheduler_reuses
 
     gpu = BackendSpec("gpu", asynchronous=True)
     w = LlamaWorkload(ModelSpec(n_layer=2), Devices(n_rpc=0, gpus=(gpu, gpu), gpu_free=(600_000, 600_000)), ContextParams(n_seq_max=1),
@@ -320,8 +320,8 @@ def test_the_fallback_without_pipeline_parallelism_gets_a_new_scheduler_on_the_s
 def test_a_cpu_only_context_re_plans_without_a_scheduler_decision_on_the_seed(seed_lib: Path) -> None:
     """With the CPU alone (llama-same-logits' reference run) the scheduler has one buffer, and
     ggml-alloc re-plans it by itself: no realloc callback is due, and none is asked for."""
-    from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload
 
     # a context shift's K-shift graph, then a decode (found by the seed's ci run)
     w = LlamaWorkload(ModelSpec(n_layer=1, n_embd=16, n_head=1, n_head_kv=1, n_ff=32), Devices(n_rpc=0, n_gpu_layers=0),
@@ -340,8 +340,8 @@ def test_a_can_reuse_that_never_holds_fails_llama_reuse_complete(seed_lib: Path)
     """The planted can_reuse that never holds: a sampler chain dropped (fewer nodes) rebuilds the
     scheduler, its compute buffers freed and reserved again; llama-reuse-complete names both parameter
     sets. The seeds' build keeps it; the pristine 0.3.36 (no can_reuse) rebuilds and is counted, not judged."""
-    from pytest_schedfuzz.model.llama import Call
-    from pytest_schedfuzz.properties.llama import llama_reuse_complete, rebuilds
+    from pytest_schedfuzz.model.llama_workload import Call
+    from pytest_schedfuzz.properties.llama_properties import llama_reuse_complete, rebuilds
 
     w = _sampler_workload(_decode((0, 8, "last")), Call("set_sampler", seq=0, on=False), _decode((0, 1, "last")))
     (v,) = llama_reuse_complete(w, _run(build_llama_seed((CAN_REUSE_NEVER,)), w))

@@ -24,7 +24,8 @@ from pytest_schedfuzz.cases.export import ExportError, build_and_run
 from pytest_schedfuzz.cases.export_llama import export_llama_case
 from pytest_schedfuzz.engine import Unsupported
 from pytest_schedfuzz.model.devices import DeviceLimits
-from pytest_schedfuzz.model.llama import (
+from pytest_schedfuzz.model.llama_model import ModelSpec
+from pytest_schedfuzz.model.llama_workload import (
     CPU_DEVICE,
     Call,
     ContextParams,
@@ -35,13 +36,12 @@ from pytest_schedfuzz.model.llama import (
     WorkloadError,
     all_experts_bytes,
 )
-from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.profiles import FuzzConfig
 from pytest_schedfuzz.properties import LLAMA_GROUP
 from pytest_schedfuzz.properties.derived import llama_trace
-from pytest_schedfuzz.properties.llama import LLAMA_CHECKS, unmade_calls
 from pytest_schedfuzz.properties.llama_logits import cpu_only
-from pytest_schedfuzz.strategies.llama import DEFAULT_ABSENT, llama_workloads
+from pytest_schedfuzz.properties.llama_properties import LLAMA_CHECKS, unmade_calls
+from pytest_schedfuzz.strategies.llama_workloads import DEFAULT_ABSENT, llama_workloads
 
 MOE = ModelSpec(kind="moe", n_layer=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, n_expert=4, n_expert_used=2)
 MAMBA = ModelSpec(kind="mamba2", arch="mamba2", n_layer=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, ssm_state=16, ssm_conv=4, ssm_groups=1,
@@ -134,7 +134,7 @@ def _case(w: LlamaWorkload, tmp_path: Path, lib: str) -> Case:
 
 
 def test_the_reproducer_sets_split_mode_tensor_and_the_moe_cache_where_the_build_has_it(tmp_path: Path) -> None:
-    from pytest_schedfuzz.llama.target import resolve_lib_dir
+    from pytest_schedfuzz.llama.llama_target import resolve_lib_dir
 
     export_llama_case(_case(TENSOR, tmp_path, ""), tmp_path / "tensor", "llama.cpp-0.3.36")
     source = (tmp_path / "tensor" / "repro.c").read_text()
@@ -212,7 +212,7 @@ def test_the_moe_cache_finding_is_exported_and_reproduced_by_ggmls_own_check_on_
 
 @pytest.mark.engine
 def test_a_moe_cache_on_a_build_without_it_is_refused_before_any_call() -> None:
-    from pytest_schedfuzz.llama.target import LlamaTarget
+    from pytest_schedfuzz.llama.llama_target import LlamaTarget
 
     target = LlamaTarget("llama.cpp-0.3.36")
     try:

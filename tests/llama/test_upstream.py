@@ -209,8 +209,8 @@ def test_replaying_a_gpu_like_case_on_a_headerless_build_is_a_clear_error(tmp_pa
     from pytest_schedfuzz.cases.corpus import Case, save_case
     from pytest_schedfuzz.cli import main
     from pytest_schedfuzz.model.layout import BackendSpec
-    from pytest_schedfuzz.model.llama import Devices, LlamaWorkload
     from pytest_schedfuzz.model.llama_model import ModelSpec
+    from pytest_schedfuzz.model.llama_workload import Devices, LlamaWorkload
 
     w = LlamaWorkload(ModelSpec(), Devices(n_rpc=0, gpus=(BackendSpec("gpu"),)))
     path = save_case(tmp_path, Case("llama-no-abort", "llama-no-abort[x]", None, "x", 0, engine={"name": "llama.cpp"}, llama=w))

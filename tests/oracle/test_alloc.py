@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_schedfuzz.cases.corpus import load_case
-from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
@@ -21,7 +21,7 @@ from pytest_schedfuzz.properties import matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
 from reference import alloc, sched, versions
 from reference.predict import predict
-from reference.versions import rules_for
+from reference.rules import rules_for
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 MAX_SIZE = 16384

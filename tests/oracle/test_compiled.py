@@ -21,7 +21,7 @@ from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.scenario import Scenario
 from pytest_schedfuzz.strategies import scenarios
 from reference.predict import predict
-from reference.versions import RULES
+from reference.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -29,7 +29,7 @@ import pickle, sys
 sys.path.insert(0, {tests!r})
 import reference.sched
 from reference.predict import predict
-from reference.versions import RULES
+from reference.rules import RULES
 if sys.argv[3] == "planted":
     from planted import WithoutPass2 as scheduler
 else:

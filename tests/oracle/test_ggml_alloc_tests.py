@@ -32,7 +32,7 @@ from pytest_schedfuzz.model.trace import Split
 from reference import sched
 from reference.alloc import SIZE_MAX, BufferType, Gallocr, aligned_offset
 from reference.graph import CGraph, Ref
-from reference.versions import rules_for
+from reference.rules import rules_for
 
 RULES = rules_for("0.25.3")[0]
 INPLACE_OPS = RULES.inplace_ops  # ggml_op_can_inplace of 0.25.3 (a test plants a fault here)

@@ -421,7 +421,7 @@ def test_leaf_count_is_part_of_the_plan():
 def test_a_split_with_29_inputs_and_a_node_needing_2_more_aborts_in_0_15_3():
     """0.15.3 checks the 30-input limit only when the split is already full (its FIXME): a node
     that brings two new inputs to a split of 29 hits GGML_ASSERT(n_inputs < 30)."""
-    from reference.versions import RULES
+    from reference.rules import RULES
 
     b = GraphBuilder()
     acc = b.op("mul_mat", b.weight("w", (8, 8), device=RPC), b.input("x0", (8, 1)), name="acc0")
@@ -465,7 +465,7 @@ def _without_leaf_count(mp: pytest.MonkeyPatch) -> None:
 def _without_split_input_limit(mp: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
 
-    from reference.versions import RULES
+    from reference.rules import RULES
 
     mp.setitem(RULES, "0.15.3", replace(RULES["0.15.3"], max_split_inputs=10**9))
 

@@ -1,5 +1,5 @@
 """The scheduler differences between ggml 0.15.3 and 0.25.3: each predicted per version by the
-reference (``reference.versions``), each shown on both real engines, and each rule load-bearing
+reference (``reference.rules``), each shown on both real engines, and each rule load-bearing
 (the other version's value of the one field changes the prediction). ggml 0.26.0 is known with
 0.25.3's rules (no scheduler or graph-allocator difference), and a newer version runs with them."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from pytest_schedfuzz.builds.compile import build_ggml_base
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder, GraphSpec
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
@@ -22,7 +22,7 @@ from pytest_schedfuzz.properties import matches_reference, no_abort
 from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.tools.mutants import MUTANTS
 from reference.predict import predict
-from reference.versions import NEWEST, RULES, Rules, rules_for
+from reference.rules import NEWEST, RULES, Rules, rules_for
 
 RPC_CPU = BackendLayout.of("rpc", "cpu")
 RPC, CPU = 0, 1

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.model.devices import DeviceLimits
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout
@@ -22,7 +22,7 @@ from pytest_schedfuzz.properties.derived import graph_trace
 from pytest_schedfuzz.sim.driver import Driver
 from pytest_schedfuzz.strategies import scenarios, workloads
 from reference.predict import predict
-from reference.versions import Rules, rules_for
+from reference.rules import Rules, rules_for
 
 
 @pytest.fixture(scope="module", params=["ggml-0.25.3", "ggml-0.15.3"])

@@ -14,15 +14,15 @@ from pytest_schedfuzz.builds.compile import source_tree
 from pytest_schedfuzz.campaign.known import KnownBugs
 from pytest_schedfuzz.campaign.stats import Stats
 from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, Case, case_files, load_case
-from pytest_schedfuzz.ggml.values import difference
-from pytest_schedfuzz.model.llama import Call, ContextParams, Devices, LlamaWorkload, Part
+from pytest_schedfuzz.ggml.cpu_values import difference
 from pytest_schedfuzz.model.llama_model import ModelSpec
 from pytest_schedfuzz.model.llama_trace import CallRecord, LlamaAbort, LlamaTrace, SchedCall
+from pytest_schedfuzz.model.llama_workload import Call, ContextParams, Devices, LlamaWorkload, Part
 from pytest_schedfuzz.model.shapes import Geometry
 from pytest_schedfuzz.model.trace import Abort, Trace
 from pytest_schedfuzz.properties.aborts import no_abort
-from pytest_schedfuzz.properties.llama import llama_no_abort, llama_reuse_complete, llama_reuse_sound, scheduler_reuses
 from pytest_schedfuzz.properties.llama_logits import logits_difference
+from pytest_schedfuzz.properties.llama_properties import llama_no_abort, llama_reuse_complete, llama_reuse_sound, scheduler_reuses
 from pytest_schedfuzz.properties.realloc import no_same_size_realloc
 from pytest_schedfuzz.properties.sites import check_site
 from pytest_schedfuzz.sim.driver import Driver, can_reuse

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_schedfuzz.builds.compile import build_ggml_base, coverage_build
 from pytest_schedfuzz.campaign.fuzz import Fuzzer
-from pytest_schedfuzz.ggml.target import GgmlTarget
+from pytest_schedfuzz.ggml.graph_target import GgmlTarget
 from pytest_schedfuzz.model.graph_spec import GraphBuilder
 from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step

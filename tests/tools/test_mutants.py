@@ -51,7 +51,7 @@ def test_pass3_ignoring_unreadable_srcs_is_caught_where_the_graph_has_it() -> No
     catches it: the add forced to the CPU reads the RPC matmul, and the mutant upgrades it to
     the device, which cannot read it."""
     from pytest_schedfuzz.builds.compile import build_ggml_base
-    from pytest_schedfuzz.ggml.target import GgmlTarget
+    from pytest_schedfuzz.ggml.graph_target import GgmlTarget
     from pytest_schedfuzz.model.graph_spec import GraphBuilder
     from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
     from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step

@@ -1,7 +1,7 @@
 """The process that runs server-like workloads on the real llama.cpp:
-``python -m pytest_schedfuzz.llama.worker`` (started by ``llama.target.LlamaTarget``).
+``python -m pytest_schedfuzz.llama.llama_worker`` (started by ``llama.llama_target.LlamaTarget``).
 
-Protocol: requests are JSON lines; replies are pickled messages, as ``ggml.worker``'s, on the file
+Protocol: requests are JSON lines; replies are pickled messages, as ``ggml.graph_worker``'s, on the file
 descriptor that was stdout, and fd 1 is pointed at stderr so that llama.cpp's and ggml's prints
 cannot corrupt them.
 
@@ -45,12 +45,12 @@ from types import ModuleType
 from typing import Any
 
 from ..engine import gc_paused
-from ..ggml.engine import CPU_THREADS, Ggml, gpu_device
+from ..ggml.bindings import CPU_THREADS, Ggml, gpu_device
+from ..ggml.graph_worker import no_realloc_fix, probe_scenario, replan_probe, run_scenario
 from ..ggml.lib import import_ggml, loaded_library_path
-from ..ggml.worker import no_realloc_fix, probe_scenario, replan_probe, run_scenario
-from ..model.llama import OPTIONAL_PARAMS, SAMPLER_CHAINS, ContextParams, LlamaWorkload
 from ..model.llama_calls import CALLS
 from ..model.llama_model import RECURRENT_KINDS
+from ..model.llama_workload import OPTIONAL_PARAMS, SAMPLER_CHAINS, ContextParams, LlamaWorkload
 from ..process.channel import Channel
 from ..process.children import die_with_parent
 from . import declarations, graph_records

@@ -1,6 +1,6 @@
 """ggml as loaded in a worker process: its bindings checked, its log, abort and realloc callbacks
 installed, and the constructors that build a graph spec's tensors through ggml's own API.
-Shared by the graph engine's worker (``ggml.worker``) and the llama.cpp worker (``llama.worker``)."""
+Shared by the graph engine's worker (``ggml.graph_worker``) and the llama.cpp worker (``llama.llama_worker``)."""
 
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ class Ggml:
         self.log = SchedLog()
         # backends outlive scenarios: an RPC backend keeps its connection, the CPU its threads
         self.backends: dict[tuple[str, str], int] = {}
-        # the last scenario's weights and caches (``run.ScenarioRun._alloc_persistent``), each
+        # the last scenario's weights and caches (``scenario_run.ScenarioRun._alloc_persistent``), each
         # group kept for a next scenario that asks for exactly it
         self.kept_weights: dict[tuple[Any, ...], Any] = {}
         self.helpers = load_helpers()

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for server-like llama.cpp workloads (``model.llama.LlamaWorkload``): a
+"""Hypothesis strategies for server-like llama.cpp workloads (``model.llama_workload.LlamaWorkload``): a
 tiny model, its devices, a context and a server's calls on it, each a small composable function."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from ..model.devices import DeviceLimits
 from ..model.layout import BackendSpec
-from ..model.llama import (
+from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, ROLLBACK_KINDS, LoraSpec, ModelSpec
+from ..model.llama_workload import (
     CPU_DEVICE,
     FLASH_ATTN,
     KV_TYPES,
@@ -32,7 +33,6 @@ from ..model.llama import (
     all_experts_bytes,
     expert_bytes,
 )
-from ..model.llama_model import KIND_ARCHS, LORA_TARGETS, MAX_WEIGHT_BYTES, RECURRENT_KINDS, ROLLBACK_KINDS, LoraSpec, ModelSpec
 from . import gpus, sampled
 
 FAMILIES = tuple(KIND_ARCHS)  # dense, moe, mamba2, hybrid, mtp, nemotron, lfm2

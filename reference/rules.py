@@ -117,7 +117,7 @@ RULES: dict[str, Rules] = {r.version: r for r in (
     replace(_0_25_3, version="0.26.0"),
 )}
 # keyed by the project's versions table (``model.versions.VERSIONS``): every entry has its rules
-assert sorted(RULES) == sorted(v.version for v in VERSIONS), "reference/versions.py: RULES and model/versions.py's VERSIONS name other versions"
+assert sorted(RULES) == sorted(v.version for v in VERSIONS), "reference/rules.py: RULES and model/versions.py's VERSIONS name other versions"
 NEWEST = RULES[VERSIONS[0].version]
 
 

@@ -14,10 +14,10 @@ from ..model.devices import DEVICE_KINDS
 from ..model.graph_spec import GraphSpec, TensorSpec
 from ..model.scenario import EVAL_CALLBACK_OPS, Scenario, SchedParams, Step
 from ..model.trace import SizeCounts, StepRecord
-from . import values
-from .backends import init_backends
+from . import cpu_values
+from .bindings import Built, Ggml, Ptr
+from .constructors import init_backends
 from .cpu_only import CpuOnly, tensor_key
-from .engine import Built, Ggml, Ptr
 from .program import GraphProgram, encoded, made_of
 from .record import Snapshot, StepRecording
 
@@ -245,10 +245,10 @@ class ScenarioRun(StepRecording):
             record = replace(record, buffer_sizes=tuple(measured))
         if ok and st.kind == "compute":
             # once a step's values are undetermined, so are the caches every later step reads
-            self.cpu_only.off = self.cpu_only.off or values.undetermined(spec)
+            self.cpu_only.off = self.cpu_only.off or cpu_values.undetermined(spec)
             if self.cpu_only.off is None:
                 diff = self.cpu_only.compare(index, spec, built, inputs, self.backends[-1])
-                record = replace(record, values=diff, values_checked=len(values.compared(spec)))
+                record = replace(record, values=diff, values_checked=len(cpu_values.compared(spec)))
         return record
 
     def _on_eval(self, t: Ptr, ask: bool, user_data: int | None) -> bool:

@@ -1,4 +1,4 @@
-"""The process that runs scenarios on the real ggml: ``python -m pytest_schedfuzz.ggml.worker``.
+"""The process that runs scenarios on the real ggml: ``python -m pytest_schedfuzz.ggml.graph_worker``.
 
 Protocol: messages pickled after their length (``process.channel.Channel``, ``process.worker.Worker.recv``; JSON
 cost several ms each way). The worker reads requests on stdin and writes replies on the file
@@ -12,7 +12,7 @@ print cannot corrupt the protocol.
   or kept from an earlier request (``kept.KeptSpecs``); ``values``: whether a property compares
   the values of its compute steps. The scenario comes validated, with its graphs' geometry
   inferred, by the parent, which is this worker's only writer; the values oracle's seed
-  (``values.scenario_seed``) is made here, where a step computes, while the parent's reference
+  (``cpu_values.scenario_seed``) is made here, where a step computes, while the parent's reference
   predicts. It is answered with one
   ``{"record": StepRecord}`` per step and then ``{"done": true}``; or ``{"unsupported": reason}``;
   or ``{"unreachable": endpoint}`` when an RPC server does not answer (the parent restarts it
@@ -51,11 +51,11 @@ from ..model.scenario import Scenario, SchedParams, Step
 from ..model.trace import StepRecord
 from ..process.channel import Channel
 from ..process.children import die_with_parent
-from .backends import RpcUnreachable
-from .engine import OBSERVE_SPLITS, Ggml, coverage_build, gcov_dump
+from .bindings import OBSERVE_SPLITS, Ggml, coverage_build, gcov_dump
+from .constructors import RpcUnreachable
 from .kept import KeptSpecs
 from .lib import import_ggml
-from .run import ScenarioRun
+from .scenario_run import ScenarioRun
 
 THAWED = 500  # requests between full collections (``main``)
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 
 from reference.params import can_reuse
 
-from ..model.llama import LlamaWorkload
 from ..model.llama_calls import CHANGES
 from ..model.llama_trace import LlamaTrace, SchedCall
+from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import SchedParams
 from .aborts import NO_ABORT, at_site, with_c_stack
 from .base import CPU_ONLY, Export, PropertyEntry, Violation
@@ -256,7 +256,7 @@ def llama_counters_agree(w: LlamaWorkload, trace: LlamaTrace) -> list[Violation]
     """Two oracles of each re-reservation, where the build has them (the seeds' system):
 
     * ggml's realloc callback says whether the graph size changed; the harness derives the same
-      from ggml's graph-size formula (``reference.versions``): they must agree;
+      from ggml's graph-size formula (``reference.rules``): they must agree;
     * llama.cpp counts the reallocations it did not expect (``n_same``/``n_diff``, traced after
       each one): its counts must equal the harness's count of the same events, every time, and
       at the end where its perf data has them (``n_reallocs_same``/``_diff``: upstream's API).

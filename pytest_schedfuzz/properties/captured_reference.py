@@ -11,7 +11,7 @@ llama.cpp, the reference must predict that abort at that step.
 from __future__ import annotations
 
 from ..model.captured import Captured
-from ..model.llama import LlamaWorkload
+from ..model.llama_workload import LlamaWorkload
 from ..model.trace import Trace
 from .base import CAPTURED, PropertyEntry, Violation
 from .sites import RPC_FAILED

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ..engine import TargetError, Unsupported
 from ..model.layout import BackendLayout, BackendSpec
-from .engine import CPU_THREADS, Ggml
+from .bindings import CPU_THREADS, Ggml
 
 
 def tcp_reachable(endpoint: str, timeout: float = 5.0) -> bool:

@@ -5,7 +5,7 @@ drawn scheduler parameters, where the scheduler is kept exactly when the reuse p
 ``llama_context::sched_reserve`` decides (``sim.driver.Driver``):
 
 - ``captured_scenarios``: in drawn sequences of reserves, allocs, computes (their inputs filled
-  by the values oracle, ``ggml.values``), splits, eval callbacks and re-reservations (``sched_new``);
+  by the values oracle, ``ggml.cpu_values``), splits, eval callbacks and re-reservations (``sched_new``);
 - ``captured_workloads``: in llama.cpp's own order, as a server would drive it: its reservation
   (the worst-case graphs ``sched_reserve`` reserved, in its order), then ubatches of the graphs
   llama.cpp built for its decodes, in a drawn order, and re-reservations (``sched_new`` with drawn

@@ -27,8 +27,8 @@ from ..engine import TargetError, Unsupported
 from ..files import cache_dir
 from ..ggml.lib import child_env, lib_overlay
 from ..ggml.rpc_program import RpcProgram
-from ..model.llama import LlamaWorkload
 from ..model.llama_trace import LlamaAbort, LlamaTrace, SchedCall
+from ..model.llama_workload import LlamaWorkload
 from ..process.crash import build_preload, with_preload
 from ..process.rpc import RpcServers
 from ..process.worker import Worker, WorkerGone, WorkerTarget, WorkerTimeout
@@ -87,7 +87,7 @@ class LlamaTarget(WorkerTarget):
     aborts on a same-size reallocation (an independent confirmation of a finding); 2 aborts on
     any reallocation, printing ggml's graph size."""
 
-    module, what = "pytest_schedfuzz.llama.worker", "llama.cpp"
+    module, what = "pytest_schedfuzz.llama.llama_worker", "llama.cpp"
     preload = ("cffi",)  # its fork server imports CFFI once; each worker reads its build's declarations with it
 
     def __init__(self, lib_dir: str | None = None, call_timeout: float = 60.0, start_timeout: float = 120.0, debug_realloc: int = 0) -> None:

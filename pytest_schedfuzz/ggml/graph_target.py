@@ -26,7 +26,7 @@ from .kept import SentSpecs
 from .lib import LIB_ENV, child_env, resolve_lib
 from .rpc_program import RpcProgram
 
-WORKER = "pytest_schedfuzz.ggml.worker"
+WORKER = "pytest_schedfuzz.ggml.graph_worker"
 
 
 class _Unreachable(Exception):
@@ -81,7 +81,7 @@ class GgmlTarget(WorkerTarget):
         an infrastructure fault, not ggml) makes it run once more, on fresh processes, and a
         ``TargetError`` if that happens again. ``meanwhile`` is called once the worker has the
         scenario, while it runs (the caller makes it idempotent: a run may be sent again).
-        ``values=False``: nobody compares the compute steps' values (``ggml.values``). The worker
+        ``values=False``: nobody compares the compute steps' values (``ggml.cpu_values``). The worker
         takes what it is sent as valid: the scenario is validated while it runs (``_sent``)."""
         for attempt in range(2):
             trace, infra = self._run_once(scenario, meanwhile, values)
