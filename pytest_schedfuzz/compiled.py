@@ -1,4 +1,4 @@
-"""The reference, compiled with mypyc: the same source, about 2.5× faster (docs/install.md).
+"""The reference, compiled with mypyc: the same source, faster (its figure: docs/install.md).
 
 ``reference/`` stays the oracle a maintainer reads and edits, in plain Python. ``compile_reference``
 has mypyc (mypy's compiler) compile its hot modules (``COMPILED``), unchanged, into a cache folder

@@ -71,9 +71,8 @@ def gc_young_threshold(threshold: int = 100_000) -> Iterator[None]:
     containers live than at its last run (700 by default), for a fuzzing run: an example's
     objects (its drawn graphs, a trace) are alive while Hypothesis draws and records it, and at
     700 each example had them collected, promoted and scanned again by full collections of the
-    whole heap (the cached specs with their reference graphs: 300,000 objects). A ci run of 60 s
-    in one process spent 5.0 s of its 25 s of CPU in the collector, 2.6 s with this. Cycles are
-    still collected, later."""
+    whole heap (the cached specs with their reference graphs), which made the collector a large share of a
+    ci run's CPU. Cycles are still collected, later."""
     before = gc.get_threshold()
     gc.set_threshold(threshold, *before[1:])
     try:

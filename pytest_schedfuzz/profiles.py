@@ -41,10 +41,9 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "dev": Profile(examples=15, devices=DeviceLimits.of(rpc=1, gpu=1), max_steps=5, budget=None, derandomize=False, llama_examples=40,
                    about="local and fast, 15 examples a property (40 llama.cpp workloads), a random seed"),
-    # ci: deterministic (seed 0) by counts: what the time shares of a 240 s run on two cores gave
-    # (930 to 1,579 examples a graph property, 1,715 llama.cpp workloads at 8281bdf, ggml 0.25.3), less
-    # a fifth, so that such a machine takes about 190 s; the budget only caps (a slower machine, or
-    # a loaded one, is cut short: a verdict of its own). Two GPU-like devices: peer copies between
+    # ci: deterministic (seed 0) by counts: what the time shares of a 240 s run on two cores gave,
+    # less a fifth (docs/benchmarks.md); the budget only caps (a slower machine, or a loaded one, is
+    # cut short: a verdict of its own). Two GPU-like devices: peer copies between
     # them, cpy_tensor_async
     "ci": Profile(examples=800, devices=DeviceLimits.of(rpc=2, gpu=2), max_steps=6, budget=600.0, derandomize=True, llama_examples=1200, min_examples=10,
                   about="seed 0, 800 examples a property and 1,200 llama.cpp workloads (about 190 s on 2 cores; capped at 600 s), "

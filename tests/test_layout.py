@@ -5,6 +5,7 @@ is imported from another package."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -679,3 +680,29 @@ def test_no_two_modules_share_a_name() -> None:
     planted pair is caught."""
     assert _name_collisions([Path("a/worker.py"), Path("b/worker.py"), Path("a/__init__.py"), Path("b/__init__.py")]) == {"worker.py": ["a/worker.py", "b/worker.py"]}
     assert _name_collisions([p.relative_to(ROOT) for p in [*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")]]) == {}
+
+
+FIGURE = re.compile(r"\b\d+(\.\d+)?\s?(ms|µs|×)(?!\w)|\b\d+(\.\d+)? ?s of (CPU|a)\b|\b\d+(\.\d+)?x (the|faster|slower)\b")
+
+
+def _figures_in_prose(source: str, where: str) -> list[str]:
+    """Measured figures (milliseconds, ratios, seconds of CPU) in ``source``'s comments and
+    docstrings, which go stale with the next change: figures live in docs/benchmarks.md."""
+    import io
+    import tokenize
+
+    texts = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and ast.get_docstring(node, clean=False):
+            texts.append((node.body[0].lineno, ast.get_docstring(node, clean=False) or ""))
+    return [f"{where}:{line}: {m.group(0)}" for line, text in texts for m in FIGURE.finditer(text)]
+
+
+def test_no_measured_figure_in_a_comment_or_docstring() -> None:
+    """Comments and docstrings say why in plain sentences; a measured figure there goes stale
+    (docs/benchmarks.md holds them, dated by commit). Planted ones are caught, a count is not."""
+    planted = '"""Fast: 2.5× the old one."""\nx = 5  # five items, 3 layers\ny = 1  # 5 ms a step\n'
+    assert _figures_in_prose(planted, "p") == ["p:3: 5 ms", "p:1: 2.5×"]
+    found = [x for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "reference").glob("*.py")])
+             for x in _figures_in_prose(path.read_text(), str(path.relative_to(ROOT)))]
+    assert found == []

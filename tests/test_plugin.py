@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -325,10 +326,16 @@ def test_a_release_build_is_refused_with_the_fix(pytester: pytest.Pytester, rele
 def test_keep_going_collects_several_distinct_findings_of_one_property(fuzz, pytester: pytest.Pytester):
     """Campaign mode: after a finding it is saved, counted as known, and fuzzing goes on; the
     item reports every distinct finding and the summary lists their signatures."""
-    result = fuzz("--no-schedfuzz-rereserve", "--schedfuzz-keep-going", "--schedfuzz-properties", "no-same-size-realloc", "--schedfuzz-examples", "60")
+    result = fuzz("--no-schedfuzz-rereserve", "--schedfuzz-keep-going", "--schedfuzz-properties", "no-same-size-realloc", "--schedfuzz-examples", "60",
+                  "--schedfuzz-sightings", "sightings.jsonl")
     result.assert_outcomes(failed=1)
     cases = saved_cases(pytester)
     signatures = {c["signature"] for c in cases}
+    # each signature sighted once, when first seen (the rediscovery benchmark's clock), before the run ended
+    sightings = [json.loads(line) for line in (pytester.path / "sightings.jsonl").read_text().splitlines()]
+    sighted = [s["signature"] for s in sightings]
+    assert len(sighted) == len(set(sighted)) and signatures <= set(sighted), (sighted, signatures)
+    assert all(s["property"] == "no-same-size-realloc" and s["t"] <= time.time() for s in sightings)
     # two root causes here: a reservation lost by a topology switch, and one lost by an
     # assignment change (the invalid tensor is no longer part of a lost reservation's signature)
     assert len(cases) == len(signatures) >= 2

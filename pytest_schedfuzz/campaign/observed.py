@@ -49,8 +49,8 @@ SIZE_FINDINGS = ("no-same-size-realloc[", "matches-reference[what=graph_size]", 
 def sampled(scenario: Scenario, every: int = SAMPLE_EVERY) -> bool:
     """Whether ``scenario`` is in the run's sample: one in ``every``, chosen by its content, so that
     a replay of the same case is sampled again. The content is its layout, its steps and each
-    graph's size and roots: writing every tensor out (``Scenario.dumps``) cost a graph step about
-    5 ms, as much as its ggml calls."""
+    graph's size and roots: writing every tensor out (``Scenario.dumps``) cost a graph step as
+    much as its ggml calls."""
     if every <= 1:
         return True
     sketch = [scenario.layout.to_json(), [s.to_json() for s in scenario.steps], [[n, len(g.tensors), *g.roots] for n, g in scenario.graphs]]

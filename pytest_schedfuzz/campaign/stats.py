@@ -471,13 +471,19 @@ COUNTERS = tuple(f.name for f in fields(Stats) if f.type == "int")
 DICTS = tuple(f.name for f in fields(Stats) if f.type == "dict[str, int]")
 
 
+_SIGHTED: set[tuple[Path, str]] = set()  # (sightings file, signature): what this process has written
+
+
 def sighted(path: Path | None, prop: str, signatures: list[str]) -> None:
-    """Append ``signatures``, first seen by this process now, to the sightings file ``path`` (one
-    JSON line each, written whole with ``O_APPEND``: the processes of a run share the file)."""
-    if path is None:
+    """Append those of ``signatures`` this process sees for the first time to the sightings file
+    ``path`` (one JSON line each, written whole with ``O_APPEND``: the processes of a run share
+    the file). A signature found beside another is sighted with it, though it is shrunk later."""
+    new = [sig for sig in dict.fromkeys(signatures) if path is not None and (path, sig) not in _SIGHTED]
+    if path is None or not new:
         return
+    _SIGHTED.update((path, sig) for sig in new)
     now = time.time()
-    lines = "".join(json.dumps({"t": now, "property": prop, "signature": sig, "pid": os.getpid()}) + "\n" for sig in signatures)
+    lines = "".join(json.dumps({"t": now, "property": prop, "signature": sig, "pid": os.getpid()}) + "\n" for sig in new)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         os.write(fd, lines.encode())

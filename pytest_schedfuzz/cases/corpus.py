@@ -254,7 +254,7 @@ class Case:
 @functools.cache
 def _validator() -> Any:
     """The case schema's validator, the schema checked once (``jsonschema.validate`` checks it
-    at every call: 20 ms a case, which each pytest-xdist worker paid for the whole corpus)."""
+    at every call, which each pytest-xdist worker paid for every case of the corpus)."""
     cls = jsonschema.validators.validator_for(SCHEMA)
     cls.check_schema(SCHEMA)
     return cls(SCHEMA)

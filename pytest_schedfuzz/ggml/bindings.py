@@ -33,7 +33,7 @@ OBSERVE_SPLITS = os.environ.get("SCHEDFUZZ_BARE") != "1"
 # servers'; llama.cpp's too): one count everywhere, so that a kernel splits its work, and rounds,
 # the same way on each. One, not more: the graphs are small, and under pytest-xdist an idle
 # OpenMP thread spins for its next region on a core another worker needs (2 threads cost the
-# RPC servers 20x the CPU of 1, for the same examples)
+# RPC servers many times the CPU of 1, for the same examples)
 CPU_THREADS = 1
 # ggml_backend_sched_realloc_callback (the seeds' ggml): (sched, graph, backend_ids_changed, graph_size_changed, user_data)
 REALLOC_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool, ctypes.c_void_p)

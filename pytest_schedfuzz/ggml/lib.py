@@ -48,7 +48,7 @@ def child_env(lib_dir: str | None, **extra: str) -> dict[str, str]:
     if env.pop("PYTHONDONTWRITEBYTECODE", None):
         # children start often (a worker after each abort, a spare with each worker, the RPC
         # servers): without bytecode each compiles ggml-python's 16k-line bindings and this
-        # package again (0.45 against 0.28 s a start); theirs goes to our cache, not the sources'
+        # package again at each start; theirs goes to our cache, not the sources'
         env.setdefault("PYTHONPYCACHEPREFIX", str(cache_dir() / "pycache"))
     return env
 

@@ -83,7 +83,7 @@ def encoded(spec: GraphSpec, persistent: bool, types: dict[str, int], ggml_versi
 @functools.cache
 def native_encoder() -> ModuleType | str:
     """``encode.c``'s module (``build.build_encoder``, built on first use), or why there is none:
-    ``encode`` then runs ``encode_rows``, the same encoding in Python, about 3x slower."""
+    ``encode`` then runs ``encode_rows``, the same encoding in Python, slower."""
     try:
         path = build_encoder()
     except BuildError as e:

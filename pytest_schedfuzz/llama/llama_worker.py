@@ -369,8 +369,8 @@ def bindings() -> tuple[declarations.Declarations, declarations.Bindings]:
 
 def prefork() -> None:
     """What the fork server does once for all the workers it forks (``forkserver.serve``): CFFI's
-    parse of llama.h, and of each type a worker names, cost every worker about 0.25 s of CPU at
-    its start (a known abort restarts it every few workloads). Every declared function and the
+    parse of llama.h, and of each type a worker names, cost every worker noticeable CPU at its
+    start, and a known abort restarts it every few workloads. Every declared function and the
     structs they pass are bound here, by name too (``Bindings.__getattr__``); nothing of ggml or
     llama.cpp is initialized (ggml-python's bindings and libraries are mapped, as the graph
     engine's fork server maps them). A failure is left for the worker's own start to report."""

@@ -236,7 +236,7 @@ class GraphSpec:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled for the engine's worker as rows of plain values (its geometry and validity
-        # with it, ``derived`` not): a third of the bytes, and 2.5x faster to write than the
+        # with it, ``derived`` not): fewer bytes, and faster to write than the
         # default; the parent writes one per graph per scenario
         inferred = "geometry" in self.__dict__ or "_geometry_rows" in self.__dict__
         return (_unpickle_graph, (

@@ -1,9 +1,8 @@
 """A fork server for the engine workers: ``python -m pytest_schedfuzz.process.forkserver FD MODULE [PRELOAD...]``.
 
 A worker dies with every ggml abort and crash, and a known bug can abort every few examples; a
-fresh Python process then spends about 0.25 s of CPU importing this package, numpy and
-ggml-python before its first step (in a ci run a graph property started 35 workers in 40 s: a
-fifth of its CPU time). The fork server, started once per worker module and environment
+fresh Python process then spends more CPU importing this package, numpy and ggml-python before
+its first step than the step itself (a large share of a ci run's CPU time, before this). The fork server, started once per worker module and environment
 (``children.spawn``: in its own session, dying with its parent), imports MODULE and the PRELOAD
 modules (CFFI, for the llama.cpp worker) once, runs MODULE's ``prefork()`` (which maps its
 engine's bindings and libraries), and forks each new worker from itself; it knows no engine: the worker then runs ``MODULE.main()`` as

@@ -34,7 +34,7 @@ PIPE_SIZE = 1 << 20  # a worker's reply pipe: /proc/sys/fs/pipe-max-size's defau
 
 # pytest's name of the test phase running, set in os.environ at each: a worker's environment
 # that carried it changed with every test item, and its fork server (``Forker``, one per
-# environment) was started again for each (36 in a 60 s ci run, 0.3 s of CPU each)
+# environment) was started again for each
 VOLATILE = ("PYTEST_CURRENT_TEST",)
 
 

@@ -14,7 +14,11 @@
    copy of the starter corpus, and its examples per CPU-second: the CPU time of pytest and of
    every process under it (xdist workers, ggml and llama.cpp workers, RPC servers), as the
    kernel accounts it when they are reaped. Run it on two checkouts one after the other to
-   compare them (docs/benchmarks.md).
+   compare them (docs/benchmarks.md);
+7. ``flake`` (only when named): ci jobs at fixed seeds, compared run by run;
+8. ``rediscovery`` (only when named): from an empty known list, how many of the starter
+   corpus's causes the ci profile finds again within a CPU budget, and how soon
+   (``tools/rediscovery.py``).
 
 The engine is timed inside its worker (``StepRecord.seconds``: the ggml calls alone), with
 ``GGML_SCHED_DEBUG`` off. Flash attention stays off the RPC devices: each FA node there costs
@@ -51,6 +55,8 @@ from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from ..sim.models import ModelShape, llama_graph
 from .flake import flake
 from .flake import report_lines as flake_lines
+from .rediscovery import rediscovery
+from .rediscovery import report_lines as rediscovery_lines
 
 LAYERS = (4, 8, 16, 32)  # about 1k, 2k, 4k and 8k nodes
 PLANTED = {
@@ -328,13 +334,14 @@ def ci_rate(budget: float, lib: str | None) -> dict[str, Any]:
             "known": sorted(k["signature"] for k in r["known_seen_again"])}
 
 
-SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama", "ci", "flake")
-ALL = SECTIONS[:-2]  # "all": ci and flake only when named, they run whole ci jobs
+SECTIONS = ("scaling", "overhead", "examples", "failure", "xdist", "llama", "ci", "flake", "rediscovery")
+ALL = SECTIONS[:-3]  # "all": ci, flake and rediscovery only when named, they run whole ci jobs
 
 
 def run(
     repeats: int = 5, release_lib: str | None = None, examples: int = 20, seeds: int = 5, sections: str = "all", xdist_examples: int = 500,
     ci_budget: float = 600.0, lib: str | None = None, flake_seeds: tuple[int, ...] = (0, 0, 1, 2, 3),
+    cpu_seconds: float = 600.0, llama_libs: tuple[str | None, ...] = (None,),
 ) -> dict[str, Any]:
     chosen = set(sections.split(",")) if sections != "all" else set(ALL)
     unknown = chosen - set(SECTIONS)
@@ -357,6 +364,8 @@ def run(
         results["ci"] = ci_rate(ci_budget, lib)
     if "flake" in chosen:
         results["flake"] = flake(flake_seeds, ci_budget)
+    if "rediscovery" in chosen:
+        results["rediscovery"] = rediscovery(tuple(range(seeds)), cpu_seconds, lib, llama_libs)
     return results
 
 
@@ -403,6 +412,8 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"  known seen again: {len(c['known'])} signatures")
     if "flake" in r:
         lines += flake_lines(r["flake"])
+    if "rediscovery" in r:
+        lines += rediscovery_lines(r["rediscovery"])
     return "\n".join(lines)
 
 
@@ -412,7 +423,8 @@ def main(args: Any) -> int:
         release = str(build_release(Path(args.build_release)))
     try:
         seeds = tuple(int(s) for s in args.flake_seeds.split(","))
-        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples, args.ci_budget, args.lib, seeds)
+        results = run(args.repeats, release, args.examples, args.seeds, args.sections, args.xdist_examples, args.ci_budget, args.lib, seeds,
+                      args.cpu_seconds, tuple(args.llama_lib or (None,)))
     except ValueError as e:
         print(f"schedfuzz bench: {e}", file=sys.stderr)
         return 2

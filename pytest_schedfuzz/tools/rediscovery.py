@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from ..cases.corpus import STARTER_CORPUS, Case, CaseError, case_files, load_case
-from ..model.llama_workload import MAX_GPU
 from ..profiles import PROFILES, Profile
 
 TAG_ENV = "SCHEDFUZZ_BENCH_TAG"
@@ -101,12 +100,11 @@ class Cause:
 
 
 def undrawable(case: Case, profile: Profile) -> str:
-    """Why ``profile``'s strategies cannot draw ``case`` ("" where they can): more devices of a
-    kind than its limits, or a llama.cpp workload with more calls or layers than it draws."""
+    """Why ``profile``'s strategies cannot draw ``case`` ("" where they can): a layout with more
+    devices of a kind than its limits, or a llama.cpp workload with more calls or layers than it
+    draws (its devices are within what any workload may hold, which is what the profile draws)."""
     if case.llama is not None:
         w = case.llama
-        if w.devices.n_rpc > profile.devices["rpc"] or len(w.devices.gpus) > MAX_GPU:
-            return f"{w.devices.n_rpc} RPC and {len(w.devices.gpus)} GPU-like devices"
         if len(w.calls) > profile.llama_calls:
             return f"{len(w.calls)} calls (the profile draws up to {profile.llama_calls})"
         if w.model.n_layer > profile.llama_layers:

@@ -19,7 +19,7 @@ from pytest_schedfuzz.model.layout import BackendLayout, BackendSpec
 from pytest_schedfuzz.model.scenario import Scenario, SchedParams, Step
 from pytest_schedfuzz.properties import matches_reference
 from pytest_schedfuzz.properties.derived import graph_trace
-from reference import alloc, sched, versions
+from reference import alloc, rules, sched
 from reference.predict import predict
 from reference.rules import rules_for
 
@@ -74,7 +74,7 @@ def without(rule: str) -> Iterator[None]:
     """The reference with one of ggml-alloc's rules taken out."""
     mp = pytest.MonkeyPatch()
     if rule == "in-place reuse":
-        mp.setattr(versions.Rules, "inplace_ops", property(lambda self: frozenset()))
+        mp.setattr(rules.Rules, "inplace_ops", property(lambda self: frozenset()))
     elif rule == "outputs are never freed":
         free_node: Callable = alloc.Gallocr.free_node
         mp.setattr(alloc.Gallocr, "free_node", lambda self, node: free_node(self, replace(node, output=False)))
