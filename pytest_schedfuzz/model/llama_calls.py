@@ -92,7 +92,7 @@ class Checking:
     pending: set[int] = field(default_factory=set)  # sequences rolled back by a snapshot since their last decode (single use)
 
 
-def _nothing(call: Call, where: str, st: Checking) -> None:
+def _nothing(call: Call, where: str, state: Checking) -> None:
     """A kind with no checks of its own."""
 
 
@@ -134,73 +134,73 @@ DRAFT_ACTIONS: dict[str, DraftAction] = {
 }
 
 
-def _check_decode(call: Call, where: str, st: Checking) -> None:
-    c, need = st.ctx, st.need
+def _check_decode(call: Call, where: str, state: Checking) -> None:
+    ctx, need = state.ctx, state.need
     need(bool(call.parts), f"{where}: a batch needs at least one part")
     seqs = [p.seq for p in call.parts]
     need(len(set(seqs)) == len(seqs), f"{where}: a sequence appears twice in one batch")
     for p in call.parts:
-        need(0 <= p.seq < c.n_seq_max, f"{where}: sequence id {p.seq} >= n_seq_max {c.n_seq_max}")
+        need(0 <= p.seq < ctx.n_seq_max, f"{where}: sequence id {p.seq} >= n_seq_max {ctx.n_seq_max}")
         need(p.n_tokens >= 1 and p.outputs in OUTPUTS, f"{where}: part {p} out of range")
-        need(p.n_outputs() <= c.outputs_max_per_seq(), f"{where}: {p.n_outputs()} outputs for seq {p.seq} > n_outputs_max_per_seq {c.outputs_max_per_seq()}")
-    need(call.n_tokens() <= c.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {c.n_batch}")
-    need(st.causal or call.n_tokens() <= c.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
-    need(call.n_outputs() <= c.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {c.outputs_max()}")
-    st.pending -= set(seqs)  # a decode uses the rolled-back state
+        need(p.n_outputs() <= ctx.outputs_max_per_seq(), f"{where}: {p.n_outputs()} outputs for seq {p.seq} > n_outputs_max_per_seq {ctx.outputs_max_per_seq()}")
+    need(call.n_tokens() <= ctx.n_batch, f"{where}: {call.n_tokens()} tokens > n_batch {ctx.n_batch}")
+    need(state.causal or call.n_tokens() <= ctx.n_ubatch, f"{where}: {call.n_tokens()} tokens > n_ubatch {ctx.n_ubatch} while causal attention is off")
+    need(call.n_outputs() <= ctx.outputs_max(), f"{where}: {call.n_outputs()} outputs > n_outputs_max {ctx.outputs_max()}")
+    state.pending -= set(seqs)  # a decode uses the rolled-back state
 
 
-def _check_spec(call: Call, where: str, st: Checking) -> None:
-    c, need = st.ctx, st.need
+def _check_spec(call: Call, where: str, state: Checking) -> None:
+    ctx, need = state.ctx, state.need
     verify = 1 + call.n_draft  # the last token and the drafts, all with outputs
     need(1 <= call.n_draft <= MAX_DRAFT and 0 <= call.accept <= call.n_draft,
          f"{where}: draft {call.n_draft} must be 1..{MAX_DRAFT}, accept {call.accept} 0..draft")
-    need(verify <= c.n_batch and verify <= c.outputs_max_per_seq() and verify <= c.outputs_max(),
+    need(verify <= ctx.n_batch and verify <= ctx.outputs_max_per_seq() and verify <= ctx.outputs_max(),
          f"{where}: verifying {verify} tokens needs n_batch and n_outputs_max (per seq) >= {verify}")
-    need(st.causal or verify <= c.n_ubatch, f"{where}: {verify} tokens > n_ubatch {c.n_ubatch} while causal attention is off")
-    st.pending.discard(call.seq)  # its verification decodes the sequence; its own rollback is its own
+    need(state.causal or verify <= ctx.n_ubatch, f"{where}: {verify} tokens > n_ubatch {ctx.n_ubatch} while causal attention is off")
+    state.pending.discard(call.seq)  # its verification decodes the sequence; its own rollback is its own
 
 
-def _drops_last_positions(call: Call, n: int, where: str, st: Checking) -> None:
+def _drops_last_positions(call: Call, n: int, where: str, state: Checking) -> None:
     # llama.cpp cannot drop a recurrent state's last positions (llama_memory_seq_rm returns false), but
     # by a snapshot: at most n_rs_seq of them, once between two decodes of the sequence
-    if st.recurrent and st.rs_seq:
-        st.need(n <= st.rs_seq and call.seq not in st.pending,
-                f"{where}: a recurrent state rolls back by at most n_rs_seq {st.rs_seq} positions, once between two decodes")
-        st.pending.add(call.seq)
+    if state.recurrent and state.rs_seq:
+        state.need(n <= state.rs_seq and call.seq not in state.pending,
+                f"{where}: a recurrent state rolls back by at most n_rs_seq {state.rs_seq} positions, once between two decodes")
+        state.pending.add(call.seq)
         return
-    st.need(not st.recurrent, f"{where}: a {st.model_kind} model's recurrent state cannot drop its last positions (checkpoint and restore instead)")
+    state.need(not state.recurrent, f"{where}: a {state.model_kind} model's recurrent state cannot drop its last positions (checkpoint and restore instead)")
 
 
-def _check_set_sampler(call: Call, where: str, st: Checking) -> None:
+def _check_set_sampler(call: Call, where: str, state: Checking) -> None:
     # llama_set_sampler refuses a chain with split mode tensor (returns false: "using CPU")
-    st.need(not (st.tensor and call.on), f"{where}: no backend sampler with split mode tensor")
+    state.need(not (state.tensor and call.on), f"{where}: no backend sampler with split mode tensor")
 
 
-def _check_set_causal_attn(call: Call, where: str, st: Checking) -> None:
-    st.causal = call.on
+def _check_set_causal_attn(call: Call, where: str, state: Checking) -> None:
+    state.causal = call.on
 
 
-def _check_checkpoint(call: Call, where: str, st: Checking) -> None:
-    st.saved.add(call.seq)
+def _check_checkpoint(call: Call, where: str, state: Checking) -> None:
+    state.saved.add(call.seq)
 
 
-def _check_restore(call: Call, where: str, st: Checking) -> None:
-    st.need(call.seq in st.saved, f"{where}: no checkpoint of sequence {call.seq} before it")
+def _check_restore(call: Call, where: str, state: Checking) -> None:
+    state.need(call.seq in state.saved, f"{where}: no checkpoint of sequence {call.seq} before it")
 
 
-def _check_lora_load_free(call: Call, where: str, st: Checking) -> None:
-    need = st.need
-    need(0 <= call.adapter < st.n_loras, f"{where}: adapter {call.adapter}: the workload has {st.n_loras}")
-    need((call.adapter in st.loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.adapter} is {'not ' if call.kind == 'lora_free' else ''}loaded")
+def _check_lora_load_free(call: Call, where: str, state: Checking) -> None:
+    need = state.need
+    need(0 <= call.adapter < state.n_loras, f"{where}: adapter {call.adapter}: the workload has {state.n_loras}")
+    need((call.adapter in state.loaded) == (call.kind == "lora_free"), f"{where}: adapter {call.adapter} is {'not ' if call.kind == 'lora_free' else ''}loaded")
     # freeing an attached adapter leaves the context a dangling pointer: llama-server never does
-    need(call.kind == "lora_load" or not st.attached >> call.adapter & 1, f"{where}: adapter {call.adapter} is attached to the context")
-    st.loaded ^= {call.adapter}
+    need(call.kind == "lora_load" or not state.attached >> call.adapter & 1, f"{where}: adapter {call.adapter} is attached to the context")
+    state.loaded ^= {call.adapter}
 
 
-def _check_lora_set(call: Call, where: str, st: Checking) -> None:
-    st.need(call.adapters >= 0 and all(call.adapters >> i & 1 == 0 or i in st.loaded for i in range(max(call.adapters.bit_length(), 1))),
-            f"{where}: attaches adapters that are not loaded (mask {call.adapters}, loaded {sorted(st.loaded)})")
-    st.attached = call.adapters
+def _check_lora_set(call: Call, where: str, state: Checking) -> None:
+    state.need(call.adapters >= 0 and all(call.adapters >> i & 1 == 0 or i in state.loaded for i in range(max(call.adapters.bit_length(), 1))),
+            f"{where}: attaches adapters that are not loaded (mask {call.adapters}, loaded {sorted(state.loaded)})")
+    state.attached = call.adapters
 
 
 def _flag(name: str) -> CallKind:
@@ -227,7 +227,7 @@ CALLS: dict[str, CallKind] = {
         lambda c: f"llama_memory_seq_rm(seq {c.seq}, {'all' if c.n_drop < 0 else f'last {c.n_drop}'})",
         lambda c: f"{{ llama_pos end = llama_memory_seq_pos_max(mem, {c.seq}) + 1; "
                   f"rc = !llama_memory_seq_rm(mem, {c.seq}, {'0' if c.n_drop < 0 else f'end > {c.n_drop} ? end - {c.n_drop} : 0'}, -1); }}",
-        "_make_seq_rm", check=lambda c, where, st: _drops_last_positions(c, c.n_drop, where, st) if c.n_drop > 0 else None, draft="drop_after",
+        "_make_seq_rm", check=lambda c, where, state: _drops_last_positions(c, c.n_drop, where, state) if c.n_drop > 0 else None, draft="drop_after",
         format1_n="n_drop", changes=True),
     # copy ``seq`` to ``dst``
     "seq_cp": CallKind(lambda c: f"llama_memory_seq_cp({c.seq} -> {c.dst})", lambda c: f"llama_memory_seq_cp(mem, {c.seq}, {c.dst}, -1, -1);",
@@ -241,7 +241,7 @@ CALLS: dict[str, CallKind] = {
         lambda c: (f"if (!llama_memory_can_shift(mem)) rc = -1; "
                    f"else if (!llama_memory_seq_rm(mem, {c.seq}, {c.n_keep}, {c.n_keep + c.n_discard})) rc = 1; "
                    f"else llama_memory_seq_add(mem, {c.seq}, {c.n_keep + c.n_discard}, -1, {-c.n_discard});"),
-        "_make_shift", ("llama_memory_can_shift", "llama_memory_seq_add"), check=lambda c, where, st: _drops_last_positions(c, c.n_discard, where, st), draft="shift",
+        "_make_shift", ("llama_memory_can_shift", "llama_memory_seq_add"), check=lambda c, where, state: _drops_last_positions(c, c.n_discard, where, state), draft="shift",
         format1_n="n_discard", changes=True),
     "set_embeddings": _flag("set_embeddings"),
     "set_causal_attn": _flag("set_causal_attn"),
@@ -291,17 +291,17 @@ SWITCHES = tuple(k for k, v in CALLS.items() if v.switch)  # calls that switch t
 CHANGES = tuple(k for k, v in CALLS.items() if v.changes)  # calls that change what the devices hold
 
 
-def check_calls(calls: tuple[Call, ...], st: Checking) -> None:
-    """Each call's checks, in order (``st`` carries what the calls before it left)."""
-    c, need = st.ctx, st.need
+def check_calls(calls: tuple[Call, ...], state: Checking) -> None:
+    """Each call's checks, in order (``state`` carries what the calls before it left)."""
+    ctx, need = state.ctx, state.need
     for i, call in enumerate(calls):
         where = f"calls[{i}] ({call.kind})"
         need(call.kind in CALLS, f"{where}: unknown call kind; one of {', '.join(CALL_KINDS)}")
-        need(0 <= call.seq < c.n_seq_max and 0 <= call.dst < c.n_seq_max, f"{where}: sequence id >= n_seq_max {c.n_seq_max}")
+        need(0 <= call.seq < ctx.n_seq_max and 0 <= call.dst < ctx.n_seq_max, f"{where}: sequence id >= n_seq_max {ctx.n_seq_max}")
         counts = {"n_drop": call.n_drop + 1, "n_keep": call.n_keep, "n_discard": call.n_discard, "adapter": call.adapter, "n_draft": call.n_draft}
         need(min(counts.values()) >= 0, f"{where}: {', '.join(f'{k} {getattr(call, k)}' for k, v in counts.items() if v < 0)} out of range")
         need(not call.chain or call.chain in SAMPLER_CHAINS, f"{where}: chain {call.chain!r}: one of {', '.join(SAMPLER_CHAINS)}")
-        CALLS[call.kind].check(call, where, st)
+        CALLS[call.kind].check(call, where, state)
 
 
 def call_from_format1(d: Mapping[str, Any]) -> dict[str, Any]:
