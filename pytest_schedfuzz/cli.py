@@ -143,6 +143,7 @@ def build_parser() -> tuple[SuggestingParser, dict[str, SuggestingParser]]:
     bn.add_argument("--llama-lib", action="append", metavar="NAME|DIR",
                     help="the rediscovery section's builds, one table each: --schedfuzz-llama-lib values (repeatable; default: the plugin's)")
     bn.add_argument("--cpu-seconds", type=float, default=600.0, help="the rediscovery section's budget per seed, in CPU-seconds of the run's processes")
+    bn.add_argument("--against", metavar="JSON", help="the rediscovery section beside an earlier run's (its --json, the same seeds and budget): the ratio per build")
     bn.set_defaults(func="tools:bench")
     cm = sub.add_parser("compare", help="the same llama.cpp workloads on two builds (a port against upstream): each difference and its cause")
     cm.add_argument("--a", default=SEED_LLAMA, help="build A: a built-in name or a library folder (default: the seeds' port)")

@@ -46,6 +46,22 @@ class Unit:
         return self.prop if self.shards == 1 else f"{self.prop}[{self.shard}]"
 
 
+# a unit that keeps going on time and has found nothing new for this part of its share gives the
+# rest on to the units after it (``patience``): time goes where the causes still are
+PATIENCE = 1 / 3
+
+
+def patience(unit: Unit, share: float | None, keeps_going: bool, last_prop: str) -> float | None:
+    """How long a unit that keeps going on time may go without a new finding before it gives the
+    rest of its share on to the units after it in this process (``Fuzzer.campaign``):
+    ``PATIENCE`` of its share, as a fuzzer spends its time where it still finds. None for the
+    shards of the plan's last property (its next shard is only another seed of the same draws,
+    and the last one has nothing after it to give to) and for a run by count."""
+    if share is None or not keeps_going or unit.prop == last_prop:
+        return None
+    return share * PATIENCE
+
+
 @dataclass(frozen=True)
 class Fuzzed:
     """What fuzzing a unit gave: each finding in full (``reports``, with where it was saved), the
@@ -124,6 +140,7 @@ class Campaign:
         # as pytest's own --junitxml: relative to the folder the run started in
         self.report_path = Path(value["report"]).absolute() if "report" in value else None
         self.pending = 1  # weight of the units this process has still to fuzz (``plan``)
+        self.last_prop = ""  # the property the plan fuzzes last (``patience``)
         self.shards = 1
         # what the run found, over every process: statistics, findings, corpus outcomes
         self.stats = Stats()
@@ -146,6 +163,7 @@ class Campaign:
         self.shards = shards_for(workers)
         units = fuzz_units(self.properties, policy=self.config.policy is not None)
         self.pending = sum(w for _, w in units) * self.shards // workers
+        self.last_prop = units[-1][0] if units else ""
         return [Unit(prop, weight, k, self.shards) for prop, weight in units for k in range(self.shards)]
 
     def time_share(self, unit: Unit) -> float | None:
@@ -181,7 +199,8 @@ class Campaign:
         done, short = False, None
         try:
             if self.config.keeps_going():
-                fuzzer.campaign(unit.prop, shard=unit.shard, shards=unit.shards, seconds=seconds, on_finding=save)
+                fuzzer.campaign(unit.prop, shard=unit.shard, shards=unit.shards, seconds=seconds, on_finding=save,
+                                patience=patience(unit, seconds, True, self.last_prop))
             else:
                 finding = fuzzer.fuzz(unit.prop, shard=unit.shard, shards=unit.shards, seconds=seconds)
                 if finding is not None:

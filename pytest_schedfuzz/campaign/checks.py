@@ -24,12 +24,13 @@ from ..model.scenario import Scenario
 from ..model.trace import Trace
 from ..profiles import FuzzConfig
 from ..properties.captured_reference import llama_matches_reference
-from ..properties.llama_logits import compares_logits, cpu_only, logit_pairs
+from ..properties.llama_logits import cpu_only, logit_pairs
 from ..properties.llama_properties import LLAMA_CHECKS, cpu_run_violations, llama_same_logits, out_of_memory, unmade_calls
 from ..sim.driver import Driver, Workload
 from . import observed
 from .causes import causes_told_apart, switches_told_apart
 from .engines import Deferred, Engines
+from .judging import LlamaJudges, in_cpu_run
 from .known import KnownBugs
 from .stats import Stats
 
@@ -38,7 +39,6 @@ from .stats import Stats
 RACE_TRIES = 30
 
 Predict = Callable[[Scenario], Trace]
-
 
 class Checks:
     """How one case is checked. A part of ``Fuzzer``, which sets up the engines, the reference
@@ -53,7 +53,7 @@ class Checks:
     _rules: Rules | None
     rules_note: str | None
     llama_judged: tuple[str, ...]
-    confirm_llama: bool
+    judges: LlamaJudges  # which judge a llama.cpp run
     scenario_of: Callable[[Workload | Scenario], Scenario]
 
     @property
@@ -82,10 +82,8 @@ class Checks:
         search for reallocations. A call the harness could not make is a ``TargetError``, never
         a pass (``unmade_calls``). The CPU-only run llama-same-logits compares with is made where
         a judged property needs it, or ``cpu_run`` asks for it (a replayed case found there)."""
-        judged = self.llama_judged if prop == props.LLAMA_GROUP else (prop,)
-        needs = frozenset().union(*(props.ENTRIES[p].needs for p in judged if p in props.ENTRIES))
-        logits = (props.CPU_ONLY in needs or cpu_run) and compares_logits(workload)
-        capture = props.CAPTURED in needs
+        judging = self.judges.of(self.llama_judged if prop == props.LLAMA_GROUP else (prop,), workload, cpu_run, replayed, self.stats)
+        judged, logits, capture = judging.judged, judging.logits, judging.capture
         # the captured graphs are made into specs and the reference's graphs as they come, while
         # llama.cpp goes on with the workload
         prepare = preparer(workload, CGraph.of if not self.config.reference else lambda spec: None) if capture else None
@@ -110,7 +108,8 @@ class Checks:
         # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) is compiled out of a Release build (NDEBUG): there, without the
         # callback, a same-size decision stays derived, unconfirmed
         confirmable = trace.engine.get("realloc_callback") != "observed" and trace.engine.get("build", "Debug").startswith("Debug")
-        if self.confirm_llama and confirmable and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
+        # confirmed by ggml's own check, but not while Hypothesis shrinks one (each candidate would cost a second run; the shrunk one is)
+        if self.judges.shrinking is None and confirmable and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
             # a new same-size finding is reported once ggml's own check confirms it (``observed``)
             extra = observed.confirm_llama_same_size(workload, trace, lambda w: self.engines.llama_debug_realloc().run(w))
             self.stats.ggml_same_size_confirmed += not extra
@@ -145,7 +144,7 @@ class Checks:
         rules, note = rules_for(trace.engine.get("ggml_version"))
         found: list[props.Violation] = []
         if note is not None:
-            unjudged = f"ggml {trace.engine.get('ggml_version')}: no reference rules"
+            self.judges.no_rules = unjudged = f"ggml {trace.engine.get('ggml_version')}: no reference rules"
             self.stats.llama_not_captured[unjudged] = self.stats.llama_not_captured.get(unjudged, 0) + 1
             return found
         for context in (0, 1) if workload.draft else (0,):  # the draft context's graphs are a scenario of their own
@@ -248,7 +247,7 @@ class Checks:
         case the build cannot run raises ``Unsupported`` instead of showing nothing."""
         if case.llama is not None:
             # a case found in llama-same-logits' CPU-only run is replayed with that run
-            cpu_run = f"run={props.CPU_ONLY}" in case.signature
+            cpu_run = in_cpu_run(case.signature)
             try:
                 found = self.check_llama(case.property, case.llama, cpu_run, replayed=True)
                 if ("kind=crash" in case.signature or "server=" in case.signature) and all(v.signature() != case.signature for v in found):

@@ -25,6 +25,7 @@ from ..model.llama_workload import LlamaWorkload
 from ..model.scenario import Scenario
 from ..sim.driver import Workload
 from .engines import Engines
+from .judging import in_cpu_run
 
 if TYPE_CHECKING:
     from .fuzz import Fuzzer
@@ -139,13 +140,14 @@ def confirmed_finding(fuzzer: Fuzzer, prop: str, e: ViolationFound) -> Finding |
     violation = e.violation
     if e.llama is not None and violation.property == "llama-no-same-size-realloc":
         # the shrunk case, confirmed by ggml's own check before it is reported
-        again = [v for v in fuzzer.check_llama(prop, e.llama) if v.property == "llama-no-same-size-realloc"]
+        again = fuzzer.check_llama(violation.property, e.llama, in_cpu_run(violation.signature()))
         violation = next((v for v in again if v.signature() == violation.signature()), again[0] if again else violation)
     if fuzzer.interrupted:  # Ctrl-C: nothing runs again
         confirmation = Confirmation((), INTERRUPTED)
     else:
         llama = e.llama
-        check = (lambda: fuzzer.check(prop, e.scenario)) if llama is None else (lambda: fuzzer.check_llama(prop, llama))  # type: ignore[arg-type]
+        # a llama.cpp failure is replayed as its case will be: its property judged alone (``Checks.replay``)
+        check = (lambda: fuzzer.check(prop, e.scenario)) if llama is None else (lambda: fuzzer.check_llama(violation.property, llama, in_cpu_run(violation.signature())))  # type: ignore[arg-type]
         confirmation = confirm(fuzzer.engines, violation, check, fuzzer.config.confirm_runs)
     sig, stats = violation.signature(), fuzzer.stats
     if not confirmation.confirmed:

@@ -13,8 +13,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, given, reject, settings
@@ -30,15 +31,17 @@ from ..engine import TargetError, Unsupported, gc_paused, gc_young_threshold
 from ..model.devices import DeviceLimits
 from ..model.llama_workload import MAX_GPU, MAX_RPC, OPTIONAL_PARAMS, LlamaWorkload
 from ..model.scenario import Scenario
-from ..profiles import FuzzConfig, load_spec
+from ..profiles import FuzzConfig, Profile, load_spec
 from ..sim.driver import Driver, Workload, can_reuse, load_policy
-from ..strategies import scenarios, workloads
+from ..strategies import Pool, scenarios, workloads
 from ..strategies.captured_graphs import captured_scenarios, captured_workloads
 from ..strategies.llama_workloads import FAMILIES, llama_workloads
+from ..strategies.neighbours import neighbours
 from .captures import session_pool
 from .checks import Checks, Predict
 from .confirm import FLAKY, Confirmation, Finding, ViolationFound, confirmed_finding, keep_unconfirmed
 from .engines import Engines
+from .judging import LlamaJudges
 from .known import KnownBugs
 from .stats import Stats, sighted
 
@@ -62,6 +65,44 @@ def shrinking_by_count() -> Iterator[None]:
         yield
     finally:
         hypothesis_engine.MAX_SHRINKING_SECONDS = before  # type: ignore[attr-defined]
+
+def llama_strategy(p: Profile, info: Mapping[str, str], favoured: list[LlamaWorkload], stats: Stats) -> st.SearchStrategy[LlamaWorkload]:
+    """What draws the llama.cpp properties' server-like workloads on the build ``info`` describes,
+    sized by the profile; once a campaign that keeps going has found a cause, half of them next
+    to the workloads that found one (``strategies.neighbours``, counted: a dead dimension shows)."""
+    limits = DeviceLimits.of(rpc=min(MAX_RPC, p.devices["rpc"]), gpu=MAX_GPU).without(  # the kinds this build can serve
+        lambda k: (k.fake_gpu and info.get("gpu_device", "available") != "available") or (k.endpoint and info.get("rpc_round_trip", "").startswith("absent")))
+    # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
+    absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
+        frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
+    drawn = llama_workloads(p.llama_layers, limits, p.llama_calls, families=FAMILIES, absent=absent, draft_models=True)
+    if not favoured:
+        return drawn
+
+    def counted(workload: LlamaWorkload) -> LlamaWorkload:
+        stats.llama_neighbours += 1
+        return workload
+
+    return st.one_of(drawn, neighbours(Pool(favoured), p.llama_layers, limits, p.llama_calls, FAMILIES, absent).map(counted))
+
+
+@dataclass
+class Quiet:
+    """When a unit that keeps going on time ends (``Fuzzer.campaign``): at its ``deadline``, or
+    ``patience`` seconds after its start or its last new finding (``campaign.patience``)."""
+
+    deadline: float | None
+    patience: float | None
+    since: float
+
+    def left(self) -> float | None:
+        ends = [t for t in (self.deadline, None if self.patience is None else self.since + self.patience) if t is not None]
+        return min(ends) - time.monotonic() if ends else None
+
+    def given_on(self) -> int:
+        """Seconds of the unit's share it gives on to those after it (0: it ran to its deadline)."""
+        return round(max(0.0, self.deadline - time.monotonic())) if self.deadline is not None and self.patience is not None else 0
+
 
 class Fuzzer(Checks):
     """Engine + reference + driver for one session (one pytest-xdist worker)."""
@@ -96,9 +137,8 @@ class Fuzzer(Checks):
         self.llama_judged: tuple[str, ...] = props.LLAMA_PROPERTY_IDS  # what LLAMA_GROUP judges (the selected ones)
         self.interrupted = False  # Ctrl-C was pressed while fuzzing: the caller saves what fuzz() returned, then stops
         self._captured: tuple[Scenario, ...] | None = None  # llama.cpp's graphs (``captured_pool``), made on first use
-        # whether check_llama confirms a new same-size finding with ggml's own check: not while
-        # Hypothesis shrinks one (each candidate would cost a second llama.cpp run; the shrunk one is confirmed)
-        self.confirm_llama = True
+        self.judges = LlamaJudges()  # which judge a llama.cpp run: a sample of the costly ones while generating on time
+        self.favoured: list[LlamaWorkload] = []  # llama.cpp workloads that found a cause in this campaign (``strategy``)
         self.shared: SharedCampaign | None = None  # --schedfuzz-db: the campaign shared on Redis
         if config.shared is not None:
             from .shared import SharedCampaign
@@ -127,13 +167,7 @@ class Fuzzer(Checks):
         profile. Layouts have GPU-like devices only where this ggml can."""
         p = self.profile
         if props.is_llama(prop):
-            info = self.engines.llama_target.start()
-            limits = DeviceLimits.of(rpc=min(MAX_RPC, p.devices["rpc"]), gpu=MAX_GPU).without(  # the kinds this build can serve
-                lambda k: (k.fake_gpu and info.get("gpu_device", "available") != "available") or (k.endpoint and info.get("rpc_round_trip", "").startswith("absent")))
-            # call kinds and context parameters this build lacks (the engine's word; one that does not say has none of the parameters)
-            absent = frozenset(k for k in info.get("absent_calls", "").split(",") if k) | \
-                frozenset(k for k in info.get("absent_params", ",".join(OPTIONAL_PARAMS)).split(",") if k)
-            return llama_workloads(p.llama_layers, limits, p.llama_calls, families=FAMILIES, absent=absent, draft_models=True)
+            return llama_strategy(p, self.engines.llama_target.start(), self.favoured, self.stats)
         limits = p.devices if self.engines.gpu_device() == "available" else p.devices.without(lambda k: k.fake_gpu)
         d = props.PROPERTIES[prop].draws
         drawn: list[st.SearchStrategy[Workload | Scenario | LlamaWorkload]] = []
@@ -151,7 +185,7 @@ class Fuzzer(Checks):
     def captured_pool(self) -> tuple[Scenario, ...]:
         """llama.cpp's graphs, captured once per session (``captures.session_pool``)."""
         if self._captured is None:
-            self._captured = session_pool(self.engines, self.stats, self.config.target is None)
+            self._captured = Pool(session_pool(self.engines, self.stats, self.config.target is None))
         return self._captured
 
     def scenario_of(self, case: Workload | Scenario) -> Scenario:
@@ -171,14 +205,15 @@ class Fuzzer(Checks):
         return min(n, self.profile.chunk) if rules else n
 
     def campaign(self, prop: str, shard: int = 0, shards: int = 1, seconds: float | None = None,
-                 on_finding: Callable[[Finding], None] = lambda f: None) -> list[Finding]:
+                 on_finding: Callable[[Finding], None] = lambda f: None, patience: float | None = None) -> list[Finding]:
         """Keep going after a finding: record it (``on_finding``), count its signature as known,
         and fuzz on (round ``r`` under seeds offset by ``r``), until the property's examples or
-        time are spent; every distinct finding, in order."""
+        time are spent, or ``patience`` has passed without a new finding (``Quiet``); every
+        distinct finding, in order."""
         findings: list[Finding] = []
-        deadline = time.monotonic() + seconds if seconds is not None else None
+        quiet = Quiet(time.monotonic() + seconds if seconds is not None else None, patience, time.monotonic())
         for rnd in range(10_000):
-            left = None if deadline is None else deadline - time.monotonic()
+            left = quiet.left()
             if (left is not None and left <= 0) or self.out_of_budget():
                 break
             finding = self.fuzz(prop, shard=shard, shards=shards, seconds=left, round_=rnd)
@@ -186,9 +221,14 @@ class Fuzzer(Checks):
                 break
             findings.append(finding)
             self.known.campaign.add(finding.violation.signature())
+            if finding.llama is not None:  # a favoured input: the next draws go next to it too
+                self.favoured.append(finding.llama)
             on_finding(finding)
             if self.interrupted:
                 break
+            quiet.since = time.monotonic()
+        if not self.interrupted and not self.out_of_budget() and (given := quiet.given_on()):
+            self.stats.quiet_ends[prop] = self.stats.quiet_ends.get(prop, 0) + given
         return findings
 
     def fuzz(self, prop: str, examples: int | None = None, shard: int = 0, shards: int = 1, seconds: float | None = None,
@@ -286,7 +326,7 @@ class Fuzzer(Checks):
             if scenario is not None:
                 self.stats.add_features(scenario)
             try:
-                self.confirm_llama = not target
+                self.judges.sampling, self.judges.shrinking = not counted and not target, target[0] if target else None
                 found = self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
             except Unsupported:
                 reject()  # the case tests nothing here (counted in the stats where it is the engine's answer): not a pass
@@ -350,6 +390,8 @@ class Fuzzer(Checks):
             except KeyboardInterrupt:
                 interrupted()
         except ViolationFound as e:
-            self.confirm_llama = True
+            self.judges.sampling, self.judges.shrinking = False, None
             return confirmed_finding(self, prop, e)
+        finally:
+            self.judges.sampling, self.judges.shrinking = False, None
         return None

@@ -68,6 +68,7 @@ class Stats:
     short_items: dict[str, int] = field(default_factory=dict)  # item -> examples it judged, for items below their floor (not passed)
     unjudged: dict[str, int] = field(default_factory=dict)  # "property: why" -> items not run: it does not judge this build (``Checks.unjudged``)
     short_floors: dict[str, int] = field(default_factory=dict)  # ... and its floor (``Profile.min_examples``)
+    quiet_ends: dict[str, int] = field(default_factory=dict)  # property -> seconds given on, nothing new found (``campaign.patience``)
     signatures: dict[str, int] = field(default_factory=dict)  # each finding's signature
     seen_again: dict[str, int] = field(default_factory=dict)  # violations matching a known signature, per signature
     components: dict[str, str] = field(default_factory=dict)  # known signature -> where its bug is (``corpus.component``)
@@ -95,6 +96,8 @@ class Stats:
     llama_logit_rows: int = 0  # ... output rows compared
     llama_cpu_runs_kept: int = 0  # ... against the CPU-only run of an earlier workload of the same model, context and calls
     llama_switch_reruns: int = 0  # workloads run again without a switch a new lost reservation names (``causes.switches_told_apart``)
+    llama_neighbours: int = 0  # workloads of a campaign that keeps going drawn next to one that found a cause (``strategies.neighbours``)
+    llama_sampled_out: int = 0  # workloads of a campaign on time the costly judges left to their sample (``properties.COSTLY``)
     llama_captured: int = 0  # workloads whose graphs were captured and predicted (llama-matches-reference)
     llama_captured_nodes: int = 0  # ... node assignments compared, over all their steps
     llama_not_captured: dict[str, int] = field(default_factory=dict)  # workloads no graph scenario can say, by cause (not judged)
@@ -247,6 +250,9 @@ class Stats:
                 f"{self.llama_out_of_memory - self.llama_out_of_memory_judged})",
                 f"llama.cpp: logits compared with the CPU alone (llama-same-logits) = {self.llama_logits_compared} workloads, {self.llama_logit_rows} output rows "
                 f"({self.llama_cpu_runs_kept} workloads against the CPU-only run of an earlier one with the same model, context and calls)",
+                f"llama.cpp: workloads drawn next to one that found a cause (one dimension drawn again) = {self.llama_neighbours}",
+                f"llama.cpp: workloads of a campaign on time left to the sample of the costly judges (1 in {props.SAMPLE}: llama-same-logits, "
+                f"llama-matches-reference; judged by the others) = {self.llama_sampled_out}",
                 f"llama.cpp: graphs reused = {self.llama_graphs_reused}",
                 f"llama.cpp: workloads captured and predicted by the reference (llama-matches-reference) = {self.llama_captured}, "
                 f"node assignments compared = {self.llama_captured_nodes}; not captured (not judged): "
@@ -272,6 +278,9 @@ class Stats:
                          + ("; below their floor, not passed (judged / floor): "
                             + ", ".join(f"{i} {n}/{self.short_floors.get(i, 0)}" for i, n in sorted(self.short_items.items()))
                             if self.short_items else ""))
+        if self.quiet_ends:
+            lines.append("time shares given on, nothing new found for a third of them (seconds): "
+                         + ", ".join(f"{p} = {n}" for p, n in sorted(self.quiet_ends.items())))
         lines += [f"findings[{p}] = {self.findings.get(p, 0)}" for p in props.PROPERTY_IDS]
         if self.signatures:
             lines.append(f"distinct signatures = {len(self.signatures)}")

@@ -16,11 +16,13 @@ from .aborts import at_site, no_abort, with_c_stack, without_c_stack
 from .agreement import matches_reference
 from .base import (
     CAPTURED,
+    COSTLY,
     CPU_ONLY,
     ENGINE,
     FRESH,
     LLAMA_GROUP,
     REFERENCE,
+    SAMPLE,
     VALUES,
     Draws,
     Export,
@@ -58,7 +60,7 @@ PROPERTIES: dict[str, Property] = {p.id: _graph_property(p) for p in REGISTRY if
 
 
 __all__ = [
-    "CAPTURED", "CPU_ONLY", "ENGINE", "ENTRIES", "EXPORTED_IDS", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "REGISTRY", "VALUES", "Draws",
+    "CAPTURED", "COSTLY", "CPU_ONLY", "ENGINE", "ENTRIES", "EXPORTED_IDS", "FRESH", "GRAPH_PROPERTY_IDS", "LLAMA_GROUP", "LLAMA_PROPERTY_IDS", "POLICY_PROPERTY_IDS", "PROPERTIES", "PROPERTY_IDS", "REFERENCE", "REGISTRY", "SAMPLE", "VALUES", "Draws",
     "Export", "Observed", "Property", "PropertyEntry", "Violation", "as_forced_view", "as_race", "at_site", "forced_views", "fresh_variant", "fuzz_units", "is_llama",
     "matches_reference", "no_abort", "no_same_size_realloc", "normalize_reason", "reason_kind", "reuse_complete", "reuse_equivalent",
     "reuse_sound", "role", "same_values", "synchronous_variant", "unforced_views_variant", "with_c_stack", "without_c_stack",

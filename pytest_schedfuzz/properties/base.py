@@ -46,6 +46,11 @@ ENGINE, REFERENCE, FRESH, VALUES = "engine", "reference", "fresh", "values"
 # what a llama.cpp property needs beside the workload's run: the same workload's run on the CPU
 # alone (``llama_logits.cpu_only``), the run's graphs captured (``cases.capture``)
 CPU_ONLY, CAPTURED = "cpu-only", "captured"
+# ... those that cost more than the run they judge (the capture predicted by the reference, a second
+# run): a campaign on time has them judge one workload in SAMPLE, the others judging every one
+# (``campaign.judging``); a replay, a shrink and a confirmation judge with every judge
+COSTLY = frozenset({CPU_ONLY, CAPTURED})
+SAMPLE = 4
 
 
 @dataclass(frozen=True)

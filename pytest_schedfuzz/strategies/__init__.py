@@ -26,6 +26,16 @@ from ..sim.models import ModelShape, llama_graph
 DIMS = (8, 16, 32)
 
 
+class Pool(tuple):  # type: ignore[type-arg]
+    """Values a strategy draws from (llama.cpp's captured graphs, the workloads that found a
+    cause), whose repr says only how many: Hypothesis writes a strategy's arguments into messages
+    it throws away while it shrinks (``CannotInvert``), and writing out every scenario of a pool
+    was a large part of the time the shrinker spent on its own."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} {type(self[0]).__name__ if self else 'value'}s>"
+
+
 def sampled(values: tuple[Any, ...]) -> st.SearchStrategy[Any]:
     """``st.sampled_from(values)``, one strategy object for equal tuples of the same types:
     Hypothesis validates each strategy object the first time it is drawn from, and keeps

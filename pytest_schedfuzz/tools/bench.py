@@ -55,7 +55,7 @@ from ..properties import LLAMA_GROUP, LLAMA_PROPERTY_IDS, PROPERTY_IDS
 from ..sim.models import ModelShape, llama_graph
 from .flake import flake
 from .flake import report_lines as flake_lines
-from .rediscovery import rediscovery
+from .rediscovery import against_lines, load_rediscovery, rediscovery
 from .rediscovery import report_lines as rediscovery_lines
 
 LAYERS = (4, 8, 16, 32)  # about 1k, 2k, 4k and 8k nodes
@@ -428,7 +428,14 @@ def main(args: Any) -> int:
     except ValueError as e:
         print(f"schedfuzz bench: {e}", file=sys.stderr)
         return 2
-    print(report(results))
+    text = report(results)
+    if args.against and "rediscovery" in results:
+        try:
+            text += "\n" + "\n".join(against_lines(results["rediscovery"], load_rediscovery(Path(args.against))))
+        except ValueError as e:
+            print(f"schedfuzz bench: --against {args.against}: {e}", file=sys.stderr)
+            return 2
+    print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

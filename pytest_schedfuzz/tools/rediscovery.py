@@ -230,3 +230,37 @@ def report_lines(r: dict[str, Any]) -> list[str]:
         lines += [f"    never seen: {sig}" for sig in b["never_seen"]]
         lines += [f"    not drawable by ci ({why}): {sig}" for sig, why in b["undrawable"].items()]
     return lines
+
+
+def load_rediscovery(path: Path) -> dict[str, Any]:
+    """The rediscovery section of an earlier ``bench --json`` file; a clear error for anything else."""
+    try:
+        r = json.loads(path.read_text())["rediscovery"]
+        r["builds"], r["seeds"], r["cpu_seconds"]  # noqa: B018 -- what the comparison reads
+    except OSError as e:
+        raise ValueError(f"cannot read it: {e.strerror or e}") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"not a bench --json file with a rediscovery section ({type(e).__name__}: {e})") from None
+    return r
+
+
+def against_lines(r: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """This run beside ``base`` (an earlier one of the same seeds and budget, another code), build
+    by build: the causes per CPU-hour and their ratio, and the causes each found on some seed
+    that the other never did."""
+    if (base["seeds"], base["cpu_seconds"]) != (r["seeds"], r["cpu_seconds"]):
+        raise ValueError(f"seeds {base['seeds']} at {base['cpu_seconds']:g} CPU-seconds, not this run's seeds {r['seeds']} at {r['cpu_seconds']:g}")
+    lines = [f"rediscovery beside the earlier run (same seeds {r['seeds']}, {r['cpu_seconds']:g} CPU-seconds a seed):"]
+    for name, b in r["builds"].items():
+        old = base["builds"].get(name)
+        if old is None:
+            lines.append(f"  {name}: not in the earlier run")
+            continue
+        ratio = b["k_per_cpu_hour"] / old["k_per_cpu_hour"] if old["k_per_cpu_hour"] else float("inf")
+        lines.append(f"  {name}: {b['k_per_cpu_hour']:.1f} causes per CPU-hour (median {b['k_median']:g} of {b['n']}) against "
+                     f"{old['k_per_cpu_hour']:.1f} ({old['k_median']:g} of {old['n']}): {ratio:.2f}x; on any seed {b['k_any_seed']} against {old['k_any_seed']}")
+        ever = {sig for row in b["seeds"] for sig in row["first_seen"]}
+        before = {sig for row in old["seeds"] for sig in row["first_seen"]}
+        lines += [f"    found only now: {sig}" for sig in sorted(ever - before)]
+        lines += [f"    found only before: {sig}" for sig in sorted(before - ever)]
+    return lines

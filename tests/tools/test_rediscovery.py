@@ -13,9 +13,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from pytest_schedfuzz.cases.corpus import STARTER_CORPUS, load_case, save_case
 from pytest_schedfuzz.profiles import PROFILES
-from pytest_schedfuzz.tools.rediscovery import TAG_ENV, TreeClock, causes, report_lines, undrawable
+from pytest_schedfuzz.tools.rediscovery import (
+    TAG_ENV,
+    TreeClock,
+    against_lines,
+    causes,
+    load_rediscovery,
+    report_lines,
+    undrawable,
+)
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
 
@@ -74,3 +84,26 @@ def test_the_table_says_k_of_n_the_median_and_what_was_never_seen():
     text = "\n".join(report_lines(json.loads(json.dumps(r))))
     assert "causes rediscovered 1.5 of 3 (median over seeds; per seed [1, 2]; 2 on any seed), 9.0 per CPU-hour" in text
     assert "never seen: c" in text and "not drawable by ci (3 RPC devices): d" in text and "other signatures: 1" in text
+
+
+def test_a_run_beside_an_earlier_one_gives_the_ratio_and_what_each_found_alone(tmp_path: Path):
+    def run(k: list[int], seen: list[list[str]], seeds: list[int] | None = None) -> dict:
+        return {"cpu_seconds": 600.0, "seeds": seeds or [0, 1], "builds": {"llama.cpp-0.3.36": {
+            "n": 5, "k_median": sorted(k)[len(k) // 2], "k_per_seed": k, "k_any_seed": len({s for row in seen for s in row}),
+            "k_per_cpu_hour": sorted(k)[len(k) // 2] * 6.0, "seeds": [{"first_seen": {s: 1.0 for s in row}} for row in seen]}}}
+
+    before, now = run([1, 2], [["a"], ["a", "b"]]), run([4, 4], [["a", "c", "d", "e"], ["a", "c", "d", "e"]])
+    text = "\n".join(against_lines(now, before))
+    assert "llama.cpp-0.3.36: 24.0 causes per CPU-hour (median 4 of 5) against 12.0 (2 of 5): 2.00x" in text
+    assert "found only now: c" in text and "found only before: b" in text and "found only now: a" not in text
+    with pytest.raises(ValueError, match="seeds \\[0, 1, 2\\]"):
+        against_lines(now, run([1, 1, 1], [[], [], []], seeds=[0, 1, 2]))
+    (tmp_path / "bench.json").write_text(json.dumps({"overhead": {}}))
+    with pytest.raises(ValueError, match="no.* rediscovery section|not a bench --json file"):
+        load_rediscovery(tmp_path / "bench.json")
+    assert load_rediscovery(_written(tmp_path / "ok.json", {"rediscovery": before}))["seeds"] == [0, 1]
+
+
+def _written(path: Path, data: dict) -> Path:
+    path.write_text(json.dumps(data))
+    return path
