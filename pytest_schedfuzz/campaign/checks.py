@@ -106,9 +106,8 @@ class Checks:
         found, reruns = switches_told_apart(workload, found, self.engines.run_llama, frozenset() if replayed else known)  # a replay: in full
         self.stats.llama_switch_reruns += reruns
         # ggml's own check (GGML_SCHED_DEBUG_REALLOC=1) is compiled out of a Release build (NDEBUG): there, without the
-        # callback, a same-size decision stays derived, unconfirmed
+        # callback, a same-size decision stays derived, unconfirmed; nor is it made while Hypothesis shrinks one (the shrunk one is)
         confirmable = trace.engine.get("realloc_callback") != "observed" and trace.engine.get("build", "Debug").startswith("Debug")
-        # confirmed by ggml's own check, but not while Hypothesis shrinks one (each candidate would cost a second run; the shrunk one is)
         if self.judges.shrinking is None and confirmable and any(v.property == "llama-no-same-size-realloc" and v.signature() not in known for v in found):
             # a new same-size finding is reported once ggml's own check confirms it (``observed``)
             extra = observed.confirm_llama_same_size(workload, trace, lambda w: self.engines.llama_debug_realloc().run(w))

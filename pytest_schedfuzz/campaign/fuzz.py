@@ -50,6 +50,13 @@ if TYPE_CHECKING:
 
 
 
+# the most llama.cpp runs a campaign on time spends shrinking one failure (each candidate is a run):
+# Hypothesis's shrinker goes on until 200 candidates in a row keep nothing, which on llama.cpp cost
+# more than the search for the next cause; a count, so that one seed still gives one case, and
+# ``schedfuzz minimize`` shrinks a saved case further
+LLAMA_SHRINK_RUNS = 64
+
+
 @contextmanager
 def shrinking_by_count() -> Iterator[None]:
     """Hypothesis stops shrinking after ``MAX_SHRINKING_SECONDS`` of the clock: on a loaded
@@ -221,8 +228,7 @@ class Fuzzer(Checks):
                 break
             findings.append(finding)
             self.known.campaign.add(finding.violation.signature())
-            if finding.llama is not None:  # a favoured input: the next draws go next to it too
-                self.favoured.append(finding.llama)
+            self.favoured += [finding.llama] if finding.llama is not None else []  # a favoured input: the next draws go next to it too
             on_finding(finding)
             if self.interrupted:
                 break
@@ -325,9 +331,11 @@ class Fuzzer(Checks):
             scenario = None if isinstance(case, LlamaWorkload) else self.scenario_of(case)
             if scenario is not None:
                 self.stats.add_features(scenario)
+            shrunk[0] += bool(target) and scenario is None and not counted  # once spent, the smallest case so far is the finding
             try:
                 self.judges.sampling, self.judges.shrinking = not counted and not target, target[0] if target else None
-                found = self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
+                found = ([best[0].violation] if case == best[0].llama else []) if shrunk[0] > LLAMA_SHRINK_RUNS else \
+                    self.check(prop, scenario) if scenario is not None else self.check_llama(prop, case)  # type: ignore[arg-type]
             except Unsupported:
                 reject()  # the case tests nothing here (counted in the stats where it is the engine's answer): not a pass
 
@@ -358,6 +366,7 @@ class Fuzzer(Checks):
                 raise best[0]
 
         best: list[ViolationFound] = []  # the smallest failing case so far (Hypothesis shrinks in order)
+        shrunk = [0]  # llama.cpp runs of the shrink's candidates, in a campaign on time
         if self.shared is not None:
             # ``seed`` turns Hypothesis's database off: a seeded run is decided by its seed alone, as a
             # local run stays. A shared campaign needs it on, so that every host replays first the

@@ -213,3 +213,49 @@ def test_a_shrink_judges_its_failures_property_alone() -> None:
         assert target.runs[0] == (True, True)
     finally:
         fuzzer.engines._llama = None
+
+
+class Failing(Recording):
+    """A llama.cpp whose decodes fail (-3: llama-no-abort) in workloads of 8 calls or more, so that
+    a failure has calls to shrink away; ``first``: the run that failed first."""
+
+    first: int | None = None
+
+    def start(self) -> dict[str, str]:
+        return {"gpu_device": "available", "absent_calls": "", "absent_params": "moe_cache_size,n_rs_seq"}
+
+    def run(self, workload: LlamaWorkload, logits: bool = False, capture: bool = False, meanwhile: Any = None, on_graph: Any = None) -> LlamaTrace:
+        self.runs.append((logits, capture))
+        if meanwhile is not None:
+            meanwhile()
+        fails = len(workload.calls) >= 8
+        if fails and self.first is None:
+            self.first = len(self.runs)
+        calls = tuple(CallRecord(i, c.kind, -3 if fails and c.kind in ("decode", "spec") else 0) for i, c in enumerate(workload.calls))
+        return LlamaTrace((CallRecord(-1, "init", 0, (SchedCall("reserve", 0),)), *calls), engine={"ggml_version": "0.25.3"})
+
+
+def _shrink_runs(monkeypatch: pytest.MonkeyPatch, on_time: bool) -> tuple[int, Any]:
+    """llama.cpp runs a failure's shrink made, on time (a keep-going campaign's chunk) or by count."""
+    fuzzer = Fuzzer(FuzzConfig(profile="ci", database=None, keep_going=True, budget=600.0, confirm_runs=1))
+    fuzzer.engines._llama = target = Failing()
+    monkeypatch.setattr(fuzzer.engines, "llama_confirmed", lambda w, trace, *a: trace)
+    try:
+        finding = fuzzer._fuzz_run(LLAMA_GROUP, 200, 3, fuzz_module.time.monotonic(), None, counted=not on_time)
+    finally:
+        fuzzer.engines._llama = None
+    assert finding is not None and finding.violation.property == "llama-no-abort" and target.first is not None
+    return len(target.runs) - target.first, finding
+
+
+def test_a_shrink_on_time_spends_a_bounded_number_of_llama_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every candidate of a llama.cpp shrink is a run: on time, at most ``LLAMA_SHRINK_RUNS`` of
+    them, then the smallest case so far is the finding (Hypothesis's last replay of it included,
+    without a run); by count the shrink goes on as Hypothesis decides."""
+    from pytest_schedfuzz.campaign.fuzz import LLAMA_SHRINK_RUNS
+
+    bounded, found = _shrink_runs(monkeypatch, True)
+    unbounded, full = _shrink_runs(monkeypatch, False)
+    assert bounded <= LLAMA_SHRINK_RUNS + 4 < unbounded, (bounded, unbounded)  # + the first failure and its confirmation's replays
+    found.llama.validate()
+    assert len(found.llama.calls) >= len(full.llama.calls) == 8  # the smallest the bounded shrink reached, and the smallest
