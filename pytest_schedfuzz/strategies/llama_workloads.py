@@ -404,7 +404,7 @@ def llama_workloads(draw: st.DrawFn, max_layers: int = 3, limits: DeviceLimits =
     if pipeline_ready(dv):
         ctx = replace(ctx, offload_kqv=True)  # llama.cpp keeps the KV cache on the CPU otherwise, and pipelines nothing
     # llama-server drafts only for completions: no draft beside an embeddings context
-    model, draft, dv, draft_model = draw(_mtp(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) \
+    model, draft, dv, draft_model = draw(mtp_model(model, dv, families, absent | ({"draft mtp"} if ctx.embeddings else set()))) \
         if "mtp" in families and not adapters else (model, "", dv, None)
     # llama-server makes a draft context for speculative decoding: in 3 of 4 workloads with speculative steps, 1 of 8 without
     speculative = any(c.kind == "spec" for c in calls)
@@ -432,7 +432,7 @@ def _draft_model(draw: st.DrawFn, model: ModelSpec, dv: Devices, ctx: ContextPar
 
 
 @st.composite
-def _mtp(draw: st.DrawFn, model: ModelSpec, dv: Devices, families: tuple[str, ...],
+def mtp_model(draw: st.DrawFn, model: ModelSpec, dv: Devices, families: tuple[str, ...],
          absent: frozenset[str]) -> tuple[ModelSpec, str, Devices, DraftModel | None]:
     """In a quarter of the draws (every one where ``families`` is "mtp" alone), a dense or MoE model made the
     GLM-4.5 style one with its MTP layer (experts always, the shared expert an expert's size), and

@@ -16,7 +16,7 @@ from ..model.devices import DeviceLimits
 from ..model.llama_model import RECURRENT_KINDS, ROLLBACK_KINDS
 from ..model.llama_workload import NO_TENSOR_SPLIT, OPTIONAL_PARAMS, Call, LlamaWorkload, Part, WorkloadError
 from . import sampled
-from .llama_workloads import context_params, devices, model_specs, pipeline_ready, server_calls
+from .llama_workloads import context_params, devices, model_specs, mtp_model, pipeline_ready, server_calls
 
 # what one neighbour draws again
 DIMENSIONS = ("model", "devices", "context", "calls")
@@ -26,13 +26,18 @@ DIMENSIONS = ("model", "devices", "context", "calls")
 def neighbours(draw: st.DrawFn, found: tuple[LlamaWorkload, ...], max_layers: int, limits: DeviceLimits, max_calls: int,
                families: tuple[str, ...], absent: frozenset[str]) -> LlamaWorkload:
     """A workload of ``found`` with one of its ``DIMENSIONS`` drawn again as ``llama_workloads``
-    draws it (within the same bounds, without the ``absent`` call kinds and context parameters);
+    draws it (within the same bounds, without the ``absent`` call kinds and context parameters;
+    a model with its MTP draft, which may put the MTP layer on a device of its own);
     a mix the workload's own checks refuse (an adapter the new model cannot take, calls the new
     context cannot hold) is rejected."""
     w = draw(st.sampled_from(found))
     what = draw(sampled(DIMENSIONS))
     if what == "model":
-        w = replace(w, model=draw(model_specs(max_layers, families)))
+        model, dv, draft, draft_model = draw(model_specs(max_layers, families)), w.devices, w.draft, w.draft_model
+        if "mtp" in families and not w.loras:  # an MTP model too, as llama_workloads makes one (its draft with it)
+            model, mtp_draft, dv, mtp_own = draw(mtp_model(model, dv, families, absent | ({"draft mtp"} if w.ctx.embeddings else set())))
+            draft, draft_model = (mtp_draft, mtp_own) if model.kind == "mtp" else ("", None) if draft == "mtp" else (draft, draft_model)
+        w = replace(w, model=model, devices=dv, draft=draft, draft_model=draft_model)
     elif what == "devices":
         tensor = w.model.arch not in NO_TENSOR_SPLIT and w.ctx.flash_attn != "off" and not w.ctx.backend_samplers
         w = replace(w, devices=draw(devices(w.model, limits, tensor)))
