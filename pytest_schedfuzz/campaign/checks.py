@@ -40,6 +40,7 @@ RACE_TRIES = 30
 
 Predict = Callable[[Scenario], Trace]
 
+
 class Checks:
     """How one case is checked. A part of ``Fuzzer``, which sets up the engines, the reference
     and the statistics."""
